@@ -1,0 +1,68 @@
+"""The dialect registry: the single source for CLI choices, detection and the docs table."""
+
+from __future__ import annotations
+
+from ..errors import AmbiguousFormatError, UnknownFormatError
+from . import eagle, modelopt, nemo, specforge, speculators, torchspec
+from ._base import Detection, Dialect, Probe, Signal, config_get, MISSING
+
+__all__ = ["DIALECTS", "Detection", "Dialect", "MISSING", "Probe", "Signal", "config_get", "detect",
+           "evaluate", "get", "names", "register"]
+
+DIALECTS: dict[str, Dialect] = {}
+
+
+def register(dialect: Dialect) -> Dialect:
+    if dialect.name in DIALECTS:
+        raise ValueError(f"dialect '{dialect.name}' registered twice")
+    DIALECTS[dialect.name] = dialect
+    return dialect
+
+
+for _module in (eagle, specforge, speculators, torchspec, modelopt, nemo):
+    register(_module.DIALECT)
+
+
+def names() -> list[str]:
+    return list(DIALECTS)
+
+
+def get(name: str) -> Dialect:
+    return DIALECTS[name]
+
+
+def evaluate(dialect: Dialect, probe: Probe) -> Detection:
+    for s in dialect.forbidden:
+        if s.holds(probe):
+            return Detection(dialect.name, None, (f"excluded: {s.describe()}",))
+    missing = [s for s in dialect.required if not s.holds(probe)]
+    if missing:
+        return Detection(dialect.name, None, tuple(f"missing: {s.describe()}" for s in missing))
+    any_held = [s for s in dialect.required_any if s.holds(probe)]
+    if dialect.required_any and not any_held:
+        alternatives = " or ".join(s.describe() for s in dialect.required_any)
+        return Detection(dialect.name, None, (f"missing: {alternatives}",))
+    held = [*dialect.required, *any_held, *(s for s in dialect.supporting if s.holds(probe))]
+    return Detection(dialect.name, sum(s.weight for s in held), tuple(s.describe() for s in held))
+
+
+def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Dialect, list[Detection]]:
+    """The dialect with the highest score, or the forced one; never a guess between equals."""
+    detections = sorted((evaluate(d, probe) for d in DIALECTS.values()),
+                        key=lambda d: -(d.score if d.score is not None else -1))
+    if forced is not None:
+        return DIALECTS[forced], detections
+    fitting = [d for d in detections if d.score is not None]
+    if not fitting:
+        raise UnknownFormatError(
+            f"{where}: no known dialect matches ({'; '.join(f'{d.dialect}: {d.evidence[0]}' for d in detections)})",
+            path=where, hint=f"pass --from with one of {', '.join(DIALECTS)} if you know the producer",
+        )
+    if len(fitting) > 1 and fitting[0].score == fitting[1].score:
+        tied = [d for d in fitting if d.score == fitting[0].score]
+        raise AmbiguousFormatError(
+            f"{where}: {' and '.join(d.dialect for d in tied)} fit equally "
+            f"({'; '.join(f'{d.dialect}: ' + ', '.join(d.evidence) for d in tied)})",
+            path=where, hint=f"pass --from {tied[0].dialect} (or another) to say which producer wrote it",
+        )
+    return DIALECTS[fitting[0].dialect], detections

@@ -1,0 +1,117 @@
+"""What a dialect is: detection signals, key renames and config placement, all declared as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MISSING = object()
+
+
+def config_get(config: dict[str, Any] | None, path: str) -> Any:
+    """Value at a dotted path (`eagle_config.norm_before_fc`), or MISSING."""
+    node: Any = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return MISSING
+        node = node[part]
+    return node
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What detection looks at: tensor names, config, safetensors metadata, file names."""
+
+    tensors: frozenset[str]
+    config: dict[str, Any] | None
+    metadata: dict[str, str] | None
+    files: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One observable fact. `kind` is one of KINDS; `value` only for config-value."""
+
+    kind: str
+    arg: str
+    value: Any = None
+    weight: float = 1.0
+
+    def holds(self, p: Probe) -> bool:
+        if self.kind == "tensor-prefix":
+            return any(t.startswith(self.arg) for t in p.tensors)
+        if self.kind == "tensor":
+            return self.arg in p.tensors
+        if self.kind == "config-key":
+            return config_get(p.config, self.arg) not in (MISSING, None)
+        if self.kind == "config-value":
+            v = config_get(p.config, self.arg)
+            return v == self.value or (isinstance(v, list) and self.value in v)
+        if self.kind == "metadata-key":
+            return self.arg in (p.metadata or {})
+        if self.kind == "file":
+            return any(f == self.arg or f.endswith("/" + self.arg) for f in p.files)
+        raise ValueError(f"unknown signal kind {self.kind}")
+
+    def describe(self) -> str:
+        return {
+            "tensor-prefix": f"tensor names start with '{self.arg}'",
+            "tensor": f"tensor '{self.arg}' present",
+            "config-key": f"config has '{self.arg}'",
+            "config-value": f"config '{self.arg}' is {self.value!r}",
+            "metadata-key": f"safetensors metadata has '{self.arg}'",
+            "file": f"file '{self.arg}' present",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """A checkpoint dialect. Every field is data; `formats/__init__.py` interprets them."""
+
+    name: str  # stable id used in the CLI and JSON
+    title: str
+    producers: str
+    # detection: all `required` hold, at least one of `required_any` (if given), no `forbidden`;
+    # the score is the summed weight of the required and supporting signals that hold.
+    required: tuple[Signal, ...]
+    supporting: tuple[Signal, ...] = ()
+    forbidden: tuple[Signal, ...] = ()
+    required_any: tuple[Signal, ...] = ()
+    # (canonical prefix, dialect prefix): renames in both directions, first match wins, and a
+    # name matching none is kept as is.
+    key_rules: tuple[tuple[str, str], ...] = ()
+    arch_config: str | None = None  # sub-dict holding the decoder-layer config (speculators)
+    aux_ids_paths: tuple[str, ...] = ()  # where ids are stored, in reading order
+    aux_convention: str = "boundary"
+    # (signals that all hold, convention, why): overrides `aux_convention`
+    aux_convention_when: tuple[tuple[tuple[Signal, ...], str, str], ...] = ()
+    aux_convention_note: str | None = None  # why the convention cannot be known from the files
+    flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
+    flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
+    pickle_ok: bool = False  # the producer itself ships .bin
+    notes: tuple[str, ...] = ()
+
+    def to_canonical(self, name: str) -> str:
+        for canonical, ours in self.key_rules:
+            if name.startswith(ours):
+                return canonical + name[len(ours):]
+        return name
+
+    def from_canonical(self, name: str) -> str:
+        for canonical, ours in self.key_rules:
+            if name.startswith(canonical):
+                return ours + name[len(canonical):]
+        return name
+
+    def aux_convention_for(self, probe: Probe) -> tuple[str, str]:
+        for signals, convention, why in self.aux_convention_when:
+            if all(s.holds(probe) for s in signals):
+                return convention, why
+        return self.aux_convention, f"{self.title} convention"
+
+
+@dataclass(frozen=True)
+class Detection:
+    dialect: str
+    score: float | None  # None: excluded
+    evidence: tuple[str, ...]  # signals that held (or, when excluded, why)

@@ -1,0 +1,37 @@
+"""SafeAILab/EAGLE reference layout (`yuhuili/EAGLE3-*`).
+
+`midlayer.*` keys, `d2t`/`t2d`, no aux ids (hard-coded (2, L//2, L-3), boundary convention) and no
+3.1 flags: the layout can only express EAGLE-3 with a raw residual, so every flag is False by
+definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnets.py`,
+`eagle/traineagle3/config.json` (formats.md §5.1).
+"""
+
+from ._base import Dialect, Signal
+
+_ALL_OFF = "SafeAILab layout cannot express it: EAGLE-3 semantics"
+
+DIALECT = Dialect(
+    name="eagle",
+    title="SafeAILab/EAGLE",
+    producers="SafeAILab EAGLE-3 training (yuhuili/EAGLE3-* heads)",
+    required=(Signal("tensor-prefix", "midlayer.", weight=2),),
+    supporting=(
+        Signal("config-value", "architectures", "LlamaForCausalLM"),
+        Signal("file", "pytorch_model.bin"),
+    ),
+    forbidden=(
+        Signal("config-key", "eagle_config"),
+        Signal("config-key", "eagle_aux_hidden_state_layer_ids"),
+        Signal("config-key", "speculators_config"),
+        Signal("config-key", "_torchspec_version"),
+        Signal("metadata-key", "torchspec_version"),
+        Signal("config-key", "fc_norm"),
+        Signal("config-key", "norm_output"),
+        Signal("tensor-prefix", "fc_norm."),
+    ),
+    key_rules=(("layers.0.", "midlayer."),),
+    aux_convention="boundary",
+    flag_defaults={f: (False, _ALL_OFF) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+    pickle_ok=True,
+    notes=("one decoder layer only", "attention uses hidden/heads, ignoring an explicit head_dim"),
+)

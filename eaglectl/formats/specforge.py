@@ -1,0 +1,39 @@
+"""SpecForge (sgl-project) training exports and sglang serving layout, EAGLE-3 and 3.1.
+
+`midlayer.*` keys, `LlamaForCausalLMEagle3`, aux ids in `eagle_config` in the output-of-layer
+convention, top-level `fc_norm` / `norm_output` (PR #568), `d2t`/`t2d` always present. No
+`norm_before_fc` and no `norm_before_residual` (raw residual). `norm_output` changed meaning at
+PR #879 (2026-09-15): absent means False from then on; before it, absent meant True with plain
+EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (formats.md §5.2, H9).
+"""
+
+from ._base import Dialect, Signal
+
+DIALECT = Dialect(
+    name="specforge",
+    title="SpecForge / sglang",
+    producers="sgl-project/SpecForge `specforge export`, sglang drafts",
+    required=(Signal("tensor-prefix", "midlayer.", weight=2),),
+    supporting=(
+        Signal("config-value", "architectures", "LlamaForCausalLMEagle3"),
+        Signal("config-key", "eagle_config.eagle_aux_hidden_state_layer_ids", weight=2),
+        Signal("config-key", "fc_norm", weight=0.5),
+    ),
+    forbidden=(
+        Signal("config-key", "speculators_config"),
+        Signal("config-key", "_torchspec_version"),
+        Signal("metadata-key", "torchspec_version"),
+        Signal("config-key", "eagle_config.next_layer_regular"),
+    ),
+    key_rules=(("layers.0.", "midlayer."),),
+    aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+    aux_convention="output",
+    flag_fields=frozenset({"fc_norm", "norm_output"}),
+    flag_defaults={
+        "norm_before_residual": (False, "SpecForge has no such option: raw residual"),
+        "norm_before_fc": (False, "SpecForge has no input_norm"),
+        "fc_norm": (False, "SpecForge default"),
+        "norm_output": (False, "SpecForge default since PR #879 (True in the #568..#879 window)"),
+    },
+    notes=("one decoder layer only", "exactly 3 aux ids"),
+)

@@ -1,0 +1,33 @@
+"""vLLM speculators format (`Eagle3Speculator`, served by vLLM without a target argument).
+
+No top-level `model_type`, a `speculators_config`, the decoder config in
+`transformer_layer_config`, `layers.N.*` keys, top-level flags and boundary-convention aux ids.
+vLLM's reader treats a missing `norm_before_residual` as **True** (the speculators class default
+is False), so that default is the one recorded here (formats.md §5.3, H6).
+"""
+
+from ._base import Dialect, Signal
+
+DIALECT = Dialect(
+    name="speculators",
+    title="vLLM speculators",
+    producers="vllm-project/speculators training and `speculators convert`",
+    required=(Signal("config-key", "speculators_config", weight=3),),
+    supporting=(
+        Signal("config-value", "speculators_model_type", "eagle3"),
+        Signal("config-key", "transformer_layer_config"),
+        Signal("tensor-prefix", "layers.", weight=0.5),
+    ),
+    forbidden=(Signal("config-key", "model_type"),),
+    arch_config="transformer_layer_config",
+    aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
+    aux_convention="boundary",
+    flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
+    flag_defaults={
+        "norm_before_residual": (True, "vLLM's speculators reader assumes True when absent"),
+        "norm_before_fc": (False, "vLLM default"),
+        "fc_norm": (False, "vLLM default"),
+        "norm_output": (False, "vLLM default"),
+    },
+    notes=("norm_before_fc together with fc_norm is rejected by speculators",),
+)

@@ -1,0 +1,39 @@
+"""TorchSpec (lightseekorg) `convert_to_hf` exports, the origin of EAGLE-3.1 (PR #97).
+
+Marked by `_torchspec_version` in the config and `torchspec_version` in the safetensors metadata
+(which lacks `format`). `midlayer.*` natively, `layers.0.*` with `--vllm`; aux ids in
+`eagle_config`, output-of-layer, except `--vllm` exports of `kimi_k2` drafters, whose ids were
+shifted +1 to vLLM's boundary convention (formats.md §5.4, commit ec1eeab2).
+"""
+
+from ._base import Dialect, Signal
+
+DIALECT = Dialect(
+    name="torchspec",
+    title="TorchSpec",
+    producers="lightseekorg/TorchSpec `tools/convert_to_hf.py`",
+    required=(),
+    required_any=(
+        Signal("config-key", "_torchspec_version", weight=3),
+        Signal("metadata-key", "torchspec_version", weight=3),
+    ),
+    supporting=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),),
+    forbidden=(Signal("config-key", "speculators_config"),),
+    key_rules=(("layers.0.", "midlayer."),),
+    aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
+    aux_convention="output",
+    aux_convention_when=(
+        (
+            (Signal("tensor-prefix", "layers.0."), Signal("config-value", "model_type", "kimi_k2")),
+            "boundary",
+            "TorchSpec --vllm export of a kimi_k2 drafter shifts ids +1",
+        ),
+    ),
+    flag_fields=frozenset({"fc_norm", "norm_output"}),
+    flag_defaults={
+        "norm_before_residual": (False, "TorchSpec has no such option: raw residual"),
+        "norm_before_fc": (False, "TorchSpec has no input_norm"),
+        "fc_norm": (False, "TorchSpec default"),
+        "norm_output": (False, "TorchSpec default"),
+    },
+)

@@ -1,0 +1,161 @@
+"""The one output layer: results to stdout (rich tables or JSON), everything else to stderr.
+
+Two module-level consoles (Rich resolves sys.stdout / sys.stderr on every write, so Click's test
+runner captures them). No colour when NO_COLOR is set or the stream is not a terminal (Rich's own
+rules); no progress bars with --json, NO_COLOR, or a non-terminal stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import EaglectlError
+
+stdout = Console(highlight=False, soft_wrap=True)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+T = TypeVar("T")
+
+
+@dataclass
+class Mode:
+    json: bool = False
+
+
+MODE = Mode()
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def warning(message: str) -> None:
+    stderr.print(f"[yellow]warning:[/] {escape(message)}")
+
+
+def error(exc: EaglectlError) -> None:
+    """One line on stderr (plus a hint); with --json also the error object on stdout."""
+    stderr.print(f"[bold red]{escape(f'error[{exc.reference}]:')}[/] {escape(exc.message)}")
+    if exc.hint:
+        stderr.print(f"[dim]hint:[/] {escape(exc.hint)}")
+    if MODE.json:
+        emit_json({"schema": "eaglectl.error/1", "error": exc.to_json(), "exit_code": exc.exit_code})
+
+
+def internal_error(exc: BaseException) -> None:
+    stderr.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc).splitlines()[0] if str(exc) else '')}")
+    stderr.print("[dim]hint:[/] this is a bug in eaglectl; set EAGLECTL_DEBUG=1 for a traceback and report it")
+
+
+def progress_enabled() -> bool:
+    return not MODE.json and "NO_COLOR" not in os.environ and stderr.is_terminal
+
+
+def progress(items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
+    """Wrap an iterable in a transient progress bar when a human watches stderr; else pass through."""
+    if not progress_enabled():
+        yield from items
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=stderr, transient=True, refresh_per_second=6) as bar:
+        task = bar.add_task(label, total=total)
+        for item in items:
+            yield item
+            bar.advance(task)
+
+
+def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> Table:
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for c in columns:
+        t.add_column(c, overflow="fold")
+    for row in rows:
+        t.add_row(*(escape(_text(v)) for v in row))
+    return t
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return str(v)
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} B"
+
+
+def render_inspect(report: Any) -> None:
+    """Human view of an InspectReport."""
+    spec = report.spec
+    out = stdout
+    out.print(f"[bold]{escape(report.source)}[/]")
+    out.print(f"dialect  [bold]{report.dialect.name}[/] ({escape(report.dialect.title)})"
+              + ("  [dim](--from)[/]" if report.forced else ""))
+    for line in report.evidence:
+        out.print(f"  [dim]- {escape(line)}[/]")
+    others = [d for d in report.detections if d.dialect != report.dialect.name and d.score is not None]
+    for d in others:
+        out.print(f"  [dim]also fits {d.dialect} (score {d.score:g} vs "
+                  f"{next((x.score for x in report.detections if x.dialect == report.dialect.name), 0) or 0:g})[/]")
+    out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
+    out.print()
+    fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
+              "aux_convention", "num_aux_hidden_states", "rms_norm_eps", "rope_theta", "rope_scaling",
+              "max_position_embeddings", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+              "has_embed_tokens", "has_lm_head", "tie_word_embeddings", "config_dtype"]
+    rows = [(f, getattr(spec, f), spec.sources.get(f, "weights" if f.startswith("has_") else "")) for f in fields]
+    if spec.aux_layer_ids is not None and spec.aux_convention == "output":
+        rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
+    out.print(table("spec", ["field", "value", "source"], rows))
+    out.print()
+    t = report.tensors
+    out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
+              f"{human_size(t['bytes'])}, dtypes "
+              + ", ".join(f"{k}×{v}" for k, v in t["dtypes"].items()))
+    if report.target:
+        tg = report.target
+        out.print(f"target   {escape(str(tg['source']))}: {tg.get('num_hidden_layers')} layers, hidden "
+                  f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
+    out.print()
+    if report.findings:
+        ft = Table(title="findings", title_justify="left", show_edge=False, pad_edge=False, box=None,
+                   header_style="bold")
+        for c in ("severity", "rule", "message", "where"):
+            ft.add_column(c, overflow="fold")
+        for f in report.findings:
+            style = SEVERITY_STYLE[f.severity]
+            ft.add_row(f"[{style}]{f.severity}[/]", f.rule, escape(f.message), escape(f.locator or ""))
+        out.print(ft)
+        hints = {f.rule: f.to_json()["hint"] for f in report.findings if f.severity != "info"}
+        for rule, hint in hints.items():
+            out.print(f"  [dim]{rule}: {escape(hint)}[/]")
+        out.print()
+    out.print("vLLM:")
+    out.print(f"  {escape(report.serve_command)}", soft_wrap=True)
+    s = report.summary
+    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
+    out.print(f"\n{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
+              + ("  (--strict: warnings fail)" if report.strict else ""))

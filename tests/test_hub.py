@@ -1,0 +1,103 @@
+"""Hub ids through huggingface_hub's cache and offline mode (the Hub itself is unreachable here).
+
+These run the CLI in a subprocess so that huggingface_hub reads HF_HUB_CACHE / HF_HUB_OFFLINE /
+HF_ENDPOINT from the environment exactly as it does for users.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from eaglectl.hub import parse_hub_id
+
+from .conftest import DRAFTERS, ROOT, TARGET
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _cache(tmp_path, repo: str, src, sub: str | None = None):
+    cache = tmp_path / "hub"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    snap = folder / "snapshots" / SHA
+    shutil.copytree(src, snap / sub if sub else snap)
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(SHA)
+    return cache
+
+
+def _run(cache, *args, offline=True):
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    else:
+        env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens: the Hub is unreachable
+        env["HF_HUB_ETAG_TIMEOUT"] = "2"
+    return subprocess.run([sys.executable, "-m", "eaglectl", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("org/name", ("org/name", None, None)),
+    ("org/name@v1.0", ("org/name", "v1.0", None)),
+    ("hf://org/name@abc/sub/dir", ("org/name", "abc", "sub/dir")),
+    ("hf://org/name", ("org/name", None, None)),
+    ("org/name/sub", None),  # a subfolder needs hf://
+    ("./local", None),
+    ("name", None),
+])
+def test_parse_hub_id(text, expected):
+    ref = parse_hub_id(text)
+    assert (None if ref is None else (ref.repo_id, ref.revision, ref.subfolder)) == expected
+
+
+def test_cached_repo_inspects_offline_and_reports_the_sha(tmp_path):
+    cache = _cache(tmp_path, "acme/drafter-eagle3", DRAFTERS / "speculators-3.1")
+    r = _run(cache, "inspect", "acme/drafter-eagle3", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dialect"] == "speculators" and doc["inputs"]["sha"] == SHA
+    assert doc["speculative_config"]["model"] == "acme/drafter-eagle3"
+    assert doc["speculative_config"]["revision"] == SHA
+
+
+def test_revision_and_subfolder_forms(tmp_path):
+    cache = _cache(tmp_path, "acme/heads", DRAFTERS / "specforge-3.1", sub="llama")
+    r = _run(cache, "inspect", f"hf://acme/heads@{SHA}/llama", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dialect"] == "specforge" and doc["speculative_config"]["model"] == "acme/heads/llama"
+    r = _run(cache, "inspect", "acme/heads", "--revision", "main", "--json")
+    assert r.returncode == 3  # the snapshot root holds no weights, only the subfolder does
+
+
+def test_hub_target(tmp_path):
+    cache = _cache(tmp_path, "acme/tiny-llama", TARGET)
+    r = _run(cache, "inspect", str(DRAFTERS / "speculators-3.1"), "--target", "acme/tiny-llama", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["target"]["revision"] == SHA
+    assert any(f["rule_id"] == "target-embeddings" for f in doc["findings"])
+
+
+def test_not_cached_offline_is_one_line_exit_3(tmp_path):
+    (tmp_path / "hub").mkdir()
+    r = _run(tmp_path / "hub", "inspect", "acme/missing")
+    assert r.returncode == 3
+    assert r.stderr.startswith("error[checkpoint-not-found]: acme/missing@main: not in the local Hugging Face cache")
+    assert "Traceback" not in r.stderr
+
+
+def test_unreachable_hub_falls_back_to_the_cache(tmp_path):
+    cache = _cache(tmp_path, "acme/drafter", DRAFTERS / "specforge-3")
+    r = _run(cache, "inspect", "acme/drafter", "--json", offline=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["inputs"]["sha"] == SHA
+    r = _run(cache, "inspect", "acme/other", offline=False)
+    assert r.returncode == 3 and "unreachable" in r.stderr

@@ -1,0 +1,305 @@
+"""`eaglectl inspect` end to end: dialects, planted defects, corrupt files, targets, exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from eaglectl.inspection import inspect_checkpoint
+from eaglectl.rules import RULES
+
+from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
+
+# fixture -> (dialect, eagle version, arch, exit code)
+EXPECTED = {
+    "eagle-3": ("eagle", "3", "llama", 0),
+    "eagle-3-bin": ("eagle", "3", "llama", 0),
+    "specforge-3": ("specforge", "3", "llama", 0),
+    "specforge-3.1": ("specforge", "3.1", "llama", 0),
+    "speculators-3": ("speculators", "3", "llama", 0),
+    "speculators-3.1": ("speculators", "3.1", "llama", 0),
+    "speculators-norm-before-fc": ("speculators", "3.1-single-norm", "llama", 0),
+    "speculators-qwen3": ("speculators", "3", "qwen3", 0),
+    "speculators-sharded": ("speculators", "3.1", "llama", 0),
+    "torchspec-3.1": ("torchspec", "3.1", "llama", 0),
+    "modelopt-3": ("modelopt", "3", "llama", 0),
+    "modelopt-mla": ("modelopt", "3.1", "mla", 0),
+    "nemo-3.1": ("nemo", "3.1", "llama", 1),  # model.-prefixed keys: vLLM cannot load it as is
+}
+
+
+# the findings each dialect fixture carries by design (pins the info rules too)
+EXPECTED_FINDINGS = {
+    "eagle-3": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
+                "method-from-path", "rope-theta-missing"},  # the folder name contains "eagle-"
+    "eagle-3-bin": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
+                    "method-from-path", "pickle-file", "rope-theta-missing"},
+    "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared", "flag-absent"},
+    "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared", "flag-absent"},
+    "nemo-3.1": {"architectures-unregistered", "aux-ids-missing", "model-prefix"},
+    "specforge-3": {"embed-tokens-shared"},
+    "specforge-3.1": {"embed-tokens-shared", "specforge-norm-output-window"},
+    "speculators-3": set(),
+    "speculators-3.1": set(),
+    "speculators-norm-before-fc": set(),
+    "speculators-qwen3": set(),
+    "speculators-sharded": set(),
+    "torchspec-3.1": {"metadata-format"},
+}
+
+
+def _json(result) -> dict:
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_dialect_fixture_is_named(invoke, name):
+    dialect, version, arch, code = EXPECTED[name]
+    r = invoke("inspect", DRAFTERS / name, "--json", "--allow-pickle")
+    assert r.exit_code == code, r.stderr
+    doc = _json(r)
+    assert (doc["dialect"], doc["eagle_version"], doc["arch"], doc["exit_code"]) == (dialect, version, arch, code)
+    assert doc["schema"] == "eaglectl.inspect/1"
+    assert {"dialect", "eagle_version", "spec", "findings", "exit_code", "speculative_config"} <= set(doc)
+    assert doc["dialect_evidence"]
+    assert {f["rule_id"] for f in doc["findings"]} == EXPECTED_FINDINGS[name]
+
+
+def test_the_same_drafter_reads_the_same_in_every_dialect():
+    """One EAGLE-3.1 drafter written in five layouts: same canonical tensors, values and semantics."""
+    names = ["speculators-3.1", "speculators-sharded", "specforge-3.1", "torchspec-3.1", "nemo-3.1"]
+    reports = {n: inspect_checkpoint(str(DRAFTERS / n)) for n in names}
+    base = reports["speculators-3.1"]
+    for name, rep in reports.items():
+        for field in ("hidden_size", "target_hidden_size", "vocab_size", "draft_vocab_size", "fc_norm",
+                      "norm_output", "norm_before_residual", "norm_before_fc", "num_aux_hidden_states"):
+            assert getattr(rep.spec, field) == getattr(base.spec, field), (name, field)
+        assert rep.spec.aux_layer_ids_vllm in (base.spec.aux_layer_ids_vllm, None), name
+        shared = set(rep.canonical_names) & set(base.canonical_names)
+        assert set(rep.canonical_names) - {"embed_tokens.weight"} == set(base.canonical_names) - {"embed_tokens.weight"}
+        from eaglectl.checkpoint import open_checkpoint
+
+        a, b = open_checkpoint(str(DRAFTERS / name)), open_checkpoint(str(DRAFTERS / "speculators-3.1"))
+        for canon in shared:
+            np.testing.assert_array_equal(a.read(rep.canonical_names[canon]), b.read(base.canonical_names[canon]))
+
+
+def test_output_convention_ids_translate_to_vllm_ids():
+    sf = inspect_checkpoint(str(DRAFTERS / "specforge-3.1")).spec
+    sp = inspect_checkpoint(str(DRAFTERS / "speculators-3.1")).spec
+    assert (sf.aux_convention, sf.aux_layer_ids) == ("output", (0, 3, 6))
+    assert (sp.aux_convention, sp.aux_layer_ids) == ("boundary", (1, 4, 7))
+    assert sf.aux_layer_ids_vllm == sp.aux_layer_ids_vllm == (1, 4, 7)
+
+
+@pytest.mark.parametrize("rule", sorted(p.name for p in DEFECTS.iterdir()))
+def test_planted_defect_is_reported_under_its_rule(invoke, rule):
+    r = invoke("inspect", DEFECTS / rule, "--json", "--scan")
+    doc = _json(r)
+    hits = [f for f in doc["findings"] if f["rule_id"] == rule]
+    assert hits, [f["rule_id"] for f in doc["findings"]]
+    assert all(f["severity"] == RULES[rule].severity and f["message"] and f["hint"] for f in hits)
+    expected = 1 if any(f["severity"] == "error" for f in doc["findings"]) else 0
+    assert r.exit_code == doc["exit_code"] == expected
+
+
+def test_every_rule_with_a_fixture_or_a_test():
+    """Each rule id is planted in fixtures/defects or exercised by name in this file."""
+    planted = {p.name for p in DEFECTS.iterdir()}
+    source = (ROOT / "tests" / "test_inspect.py").read_text()
+    by_fixture = set().union(*EXPECTED_FINDINGS.values())
+    missing = [r for r in RULES if r not in planted | by_fixture and f'"{r}"' not in source]
+    assert not missing
+
+
+def test_clean_fixtures_raise_no_silent_breakage(invoke):
+    r = invoke("inspect", DRAFTERS / "speculators-3.1", "--json", "--scan")
+    assert r.exit_code == 0 and _json(r)["findings"] == []
+
+
+def test_strict_fails_on_warnings(invoke):
+    assert invoke("inspect", DRAFTERS / "specforge-3.1").exit_code == 0
+    assert invoke("inspect", DRAFTERS / "specforge-3.1", "--strict").exit_code == 1
+
+
+CORRUPT_CASES = sorted(p.name for p in CORRUPT.iterdir() if p.suffix != ".bin")
+
+
+@pytest.mark.parametrize("name", CORRUPT_CASES)
+def test_corrupt_input_gets_one_line_and_exit_4(invoke, name):
+    r = invoke("inspect", CORRUPT / name)
+    assert r.exit_code == 4
+    assert r.stdout == ""
+    first, *rest = r.stderr.strip().splitlines()
+    assert first.startswith("error[corrupt-checkpoint]: ") and name in first
+    assert "Traceback" not in r.stderr and all(line.startswith("hint:") for line in rest)
+
+
+def test_corrupt_error_in_json_mode(invoke):
+    r = invoke("inspect", CORRUPT / "hole.safetensors", "--json")
+    assert r.exit_code == 4
+    err = _json(r)["error"]
+    assert err["reference"] == "corrupt-checkpoint" and err["exit_code"] == 4 and "'b'" in err["message"]
+
+
+def test_pickle_policy_exit_codes(invoke):
+    assert invoke("inspect", DRAFTERS / "eagle-3-bin").exit_code == 11
+    r = invoke("inspect", CORRUPT / "not-a-pickle.bin", "--allow-pickle")
+    assert r.exit_code == 4 and "not-a-pickle.bin" in r.stderr
+
+
+def test_ambiguous_dialect_asks_for_from(invoke, tmp_path):
+    shutil.copytree(DRAFTERS / "eagle-3", tmp_path / "d")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    del cfg["architectures"]
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    r = invoke("inspect", tmp_path / "d")
+    assert r.exit_code == 6 and "eagle and specforge" in r.stderr and "--from" in r.stderr
+    r = invoke("inspect", tmp_path / "d", "--from", "eagle", "--json")
+    assert _json(r)["dialect"] == "eagle" and _json(r)["dialect_forced"] is True
+
+
+def test_unknown_dialect(invoke, tmp_path):
+    from safetensors.torch import save_file
+    import torch
+
+    save_file({"encoder.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
+    r = invoke("inspect", tmp_path)
+    assert r.exit_code == 5 and "error[unknown-format]" in r.stderr
+
+
+def test_missing_source(invoke):
+    r = invoke("inspect", "./no/such/drafter")
+    assert r.exit_code == 3 and "error[checkpoint-not-found]" in r.stderr
+
+
+def test_usage_error_is_2(invoke):
+    from click.testing import CliRunner
+
+    from eaglectl.cli import cli
+
+    assert CliRunner().invoke(cli, ["inspect", str(DRAFTERS / "eagle-3"), "--from", "nope"]).exit_code == 2
+
+
+def test_internal_error_is_70_with_debug_hint(monkeypatch, invoke):
+    import eaglectl.inspection
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("oops")
+
+    monkeypatch.setattr(eaglectl.inspection, "inspect_checkpoint", boom)
+    r = invoke("inspect", DRAFTERS / "eagle-3")
+    assert r.exit_code == 70 and "EAGLECTL_DEBUG" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_human_output_has_every_section(invoke):
+    r = invoke("inspect", DRAFTERS / "specforge-3.1", "--target", TARGET)
+    out = r.stdout
+    for part in ("dialect  specforge", "EAGLE    3.1", "spec", "aux ids (vLLM)", "tensors", "findings",
+                 "specforge-norm-output-window", "vllm serve", '"method": "eagle3"', "target "):
+        assert part in out, part
+    assert "\x1b[" not in out  # not a terminal: no colour
+
+
+def test_speculative_config_is_ready_to_paste(invoke):
+    doc = _json(invoke("inspect", DRAFTERS / "speculators-3.1", "--json"))
+    cfg = doc["speculative_config"]
+    assert cfg["method"] == "eagle3" and cfg["num_speculative_tokens"] == 3 and cfg["draft_tensor_parallel_size"] == 1
+    assert cfg["model"] == str(DRAFTERS / "speculators-3.1")
+    assert "tensor_parallel_size" not in cfg
+    assert doc["serve_command"].startswith("vllm serve target-llama --speculative-config ")
+
+
+def test_method_from_path(invoke, tmp_path):
+    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "my-eagle-head")
+    doc = _json(invoke("inspect", tmp_path / "my-eagle-head", "--json"))
+    assert "method-from-path" in {f["rule_id"] for f in doc["findings"]}
+    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "my-eagle3-head")
+    doc = _json(invoke("inspect", tmp_path / "my-eagle3-head", "--json"))
+    assert "method-from-path" not in {f["rule_id"] for f in doc["findings"]}
+
+
+# ------------------------------------------------------------------------------------ target
+
+def _target(tmp_path, **changes):
+    dest = tmp_path / "target"
+    shutil.copytree(TARGET, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg.update(changes)
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def _rules(invoke, drafter, target) -> dict[str, str]:
+    doc = _json(invoke("inspect", drafter, "--target", target, "--json"))
+    return {f["rule_id"]: f["message"] for f in doc["findings"]}
+
+
+def test_matching_target_gives_only_facts(invoke):
+    found = _rules(invoke, DRAFTERS / "speculators-3.1", TARGET)
+    assert set(found) == {"target-embeddings"}
+    assert "embed_tokens identical to the target's" in found["target-embeddings"]
+    assert "lm_head trained separately" in found["target-embeddings"]
+
+
+@pytest.mark.parametrize("changes,rule", [
+    ({"vocab_size": 100}, "target-vocab-mismatch"),
+    ({"hidden_size": 48}, "target-hidden-mismatch"),
+    ({"num_hidden_layers": 6}, "target-aux-range"),
+    ({"rope_theta": 500000.0}, "target-rope-differs"),
+])
+def test_target_disagreements(invoke, tmp_path, changes, rule):
+    assert rule in _rules(invoke, DRAFTERS / "speculators-3.1", _target(tmp_path, **changes))
+
+
+def test_output_convention_ids_are_checked_against_the_target_in_their_convention(invoke, tmp_path):
+    # specforge ids [0, 3, 6] (output-of-layer) fit a 7-layer target; boundary ids [1, 4, 7] do too (7 = L)
+    target = _target(tmp_path, num_hidden_layers=7)
+    assert "target-aux-range" not in _rules(invoke, DRAFTERS / "specforge-3.1", target)
+    assert "target-aux-range" not in _rules(invoke, DRAFTERS / "speculators-3.1", target)
+    target6 = _target(tmp_path / "six", num_hidden_layers=6)
+    assert "target-aux-range" in _rules(invoke, DRAFTERS / "specforge-3.1", target6)
+
+
+def test_default_ids_collide_on_a_small_target(invoke, tmp_path):
+    found = _rules(invoke, DRAFTERS / "eagle-3", _target(tmp_path, num_hidden_layers=6))
+    assert "target-aux-default-collision" in found and "[2, 3]" in found["target-aux-default-collision"]
+
+
+def test_verifier_mismatch(invoke, tmp_path):
+    other = _target(tmp_path / "x")
+    renamed = other.parent / "another-model"
+    other.rename(renamed)
+    assert "target-verifier-mismatch" in _rules(invoke, DRAFTERS / "speculators-3.1", renamed)
+
+
+def test_target_without_weights_still_checks_config(invoke, tmp_path):
+    dest = tmp_path / "cfg-only"
+    dest.mkdir()
+    shutil.copy(TARGET / "config.json", dest / "config.json")
+    found = _rules(invoke, DRAFTERS / "speculators-3.1", dest)
+    assert "target-embeddings" not in found and "target-vocab-mismatch" not in found
+
+
+# -------------------------------------------------------------------------------- lightness
+
+def test_header_only_inspect_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from eaglectl.cli import cli\n"
+        f"try:\n    cli(['inspect', {str(DRAFTERS / 'speculators-3.1')!r}, '--target', {str(TARGET)!r}, '--json'])\n"
+        "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = [m for m in ('torch', 'safetensors.torch', 'transformers', 'vllm') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+def test_help_does_not_import_torch():
+    code = "import sys\nfrom eaglectl.cli import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
