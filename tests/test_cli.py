@@ -1,0 +1,79 @@
+"""Every command's --help, the registry listings, docs freshness, and the error contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eaglectl import errors, formats
+from eaglectl.cli import cli
+from eaglectl.inspection import inspect_checkpoint
+from eaglectl.rules import RULES
+
+from .conftest import DRAFTERS, ROOT
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in cli.commands)])
+def test_help_of_every_command(invoke, command):
+    r = invoke(*command, "--help")
+    assert r.exit_code == 0 and "Usage:" in r.stdout
+
+
+def test_version(invoke):
+    from eaglectl import __version__
+
+    assert __version__ in invoke("--version").stdout
+
+
+def test_formats_json_lists_the_registry(invoke):
+    doc = json.loads(invoke("formats", "--json").stdout)
+    assert doc["schema"] == "eaglectl.formats/1"
+    assert [d["id"] for d in doc["dialects"]] == formats.names()
+    assert invoke("formats").stdout.count("\n") > len(formats.names())
+
+
+def test_rules_json_is_the_catalogue(invoke):
+    doc = json.loads(invoke("rules", "--json").stdout)
+    assert [r["id"] for r in doc["rules"]] == list(RULES)
+    assert {r["severity"] for r in doc["rules"]} == {"error", "warning", "info"}
+
+
+def test_generated_docs_are_current():
+    r = subprocess.run([sys.executable, str(ROOT / "docs" / "generate.py"), "--check"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def test_json_keys_are_documented():
+    page = (ROOT / "docs" / "inspect.md").read_text()
+    doc = inspect_checkpoint(str(DRAFTERS / "speculators-3.1"), target=str(ROOT / "fixtures" / "target-llama")).to_json()
+    for key in [*doc, *doc["spec"], *doc["inputs"], *doc["tensors"], *doc["target"]]:
+        assert f"`{key}`" in page, key
+
+
+def test_error_types_have_distinct_codes_and_references():
+    codes = [c.exit_code for c in errors.ERROR_TYPES]
+    refs = [c.reference for c in errors.ERROR_TYPES]
+    assert len(set(codes)) == len(codes) and len(set(refs)) == len(refs)
+    assert not {errors.EXIT_OK, errors.EXIT_FINDINGS, errors.EXIT_USAGE, errors.EXIT_INTERNAL} & set(codes)
+    subclasses = set(errors.EaglectlError.__subclasses__())
+    assert subclasses == set(errors.ERROR_TYPES)
+
+
+def test_changelog_names_every_exit_code_and_dialect():
+    log = (ROOT / "CHANGELOG.md").read_text()
+    for cls in errors.ERROR_TYPES:
+        assert f"{cls.exit_code} `{cls.reference}`" in log.replace("\n  ", " ")
+    for name in formats.names():
+        assert f"`{name}`" in log
+
+
+def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Set up and run", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
