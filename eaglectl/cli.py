@@ -96,9 +96,10 @@ def formats_cmd(as_json: bool) -> None:
     if as_json:
         report.emit_json({"schema": "eaglectl.formats/1", "dialects": rows})
         return
-    report.stdout.print(report.table(None, ["id", "name", "aux ids", "flags it records", "detected by"], [
-        (r["id"], r["title"], f"{r['aux_convention']} ({', '.join(r['aux_ids_paths']) or 'not stored'})",
-         ", ".join(r["flag_fields"]) or "none", "; ".join(r["required"])) for r in rows]))
+    report.stdout.print(report.table(None, ["id", "name", "aux-id convention", "flags it records"], [
+        (r["id"], r["title"], r["aux_convention"] + ("" if r["aux_ids_paths"] else " (ids not stored)"),
+         ", ".join(r["flag_fields"]) or "none") for r in rows]))
+    report.stdout.print("\n[dim]detection signals and key renames: eaglectl formats --json, docs/formats.md[/]")
 
 
 @cli.command("rules")

@@ -360,9 +360,14 @@ CANONICAL = [re.compile(p + r"$") for p in (
 )]
 
 
+# Scales of a quantized drafter (ModelOpt FP8/NVFP4 exports); known only with a quantization_config.
+QUANT_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale", ".v_scale")
+
+
 @check
 def names(ctx: Context) -> None:
     stored = list(ctx.ckpt.tensor_file)
+    quantized = "quantization_config" in (ctx.ckpt.config or {})
     prefixed = [n for n in stored if n.startswith("model.")]
     if prefixed:
         ctx.emit("model-prefix", f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
@@ -375,13 +380,15 @@ def names(ctx: Context) -> None:
     for canon in ctx.view.names():
         if mid and ctx.view.stored[canon] in mid:
             continue
+        if quantized and canon.endswith(QUANT_SUFFIXES):
+            continue
         if not any(p.match(canon) for p in CANONICAL):
             ctx.emit("unknown-tensor", f"'{ctx.view.stored[canon]}' is not an EAGLE-3 tensor", ctx.view.locate(canon))
         elif canon.endswith(".bias") and (canon == "fc.bias" or not (ctx.ckpt.config or {}).get("attention_bias")):
             ctx.emit("bias-ignored", f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
 
 
-def _layer_tensors(spec: DrafterSpec, i: int) -> dict[str, tuple[int | None, ...] | None]:
+def _layer_tensors(spec: DrafterSpec, i: int, lora_q: bool = True) -> dict[str, tuple[int | None, ...] | None]:
     """Expected canonical tensors of decoder layer i with their shapes (None: unknown / not checked)."""
     H, I = spec.hidden_size, spec.intermediate_size
     nh, nkv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
@@ -397,9 +404,11 @@ def _layer_tensors(spec: DrafterSpec, i: int) -> dict[str, tuple[int | None, ...
     if i == 0:
         out[p + "hidden_norm.weight"] = (H,)
     if spec.arch == "mla":
-        for name in ("q_a_proj", "kv_a_proj_with_mqa"):
+        # q goes through a low-rank q_a/q_b pair unless q_lora_rank is null (then a plain q_proj)
+        q_in = ("q_a_proj",) if lora_q else ("q_proj",)
+        for name in (*q_in, "kv_a_proj_with_mqa"):
             out[f"{p}self_attn.{name}.weight"] = (None, in_w)
-        for name in ("kv_a_layernorm", "kv_b_proj"):
+        for name in ("kv_a_layernorm", "kv_b_proj", *(("q_a_layernorm", "q_b_proj") if lora_q else ())):
             out[f"{p}self_attn.{name}.weight"] = None
         out[p + "self_attn.o_proj.weight"] = (H, None)
         return out
@@ -434,8 +443,9 @@ def layers(ctx: Context) -> None:
         ctx.emit("layer-count", f"num_hidden_layers is {declared}, layer blocks present: {present or 'none'}",
                  f"{ctx.where}:num_hidden_layers")
     expected: dict[str, tuple[int | None, ...] | None] = {}
+    lora_q = (ctx.ckpt.config or {}).get("q_lora_rank", 0) is not None
     for i in sorted(set(present) | set(range(declared or 0))):
-        expected.update(_layer_tensors(spec, i))
+        expected.update(_layer_tensors(spec, i, lora_q))
     H, Ht, n = spec.hidden_size, spec.aux_width, spec.num_aux_hidden_states
     expected["fc.weight"] = (H, None)
     expected["norm.weight"] = (H,)
@@ -574,6 +584,10 @@ def aux(ctx: Context) -> None:
             ctx.emit("aux-ids-range", f"aux ids {list(ids)} include a negative id", loc)
         if n is not None and len(ids) != n:
             ctx.emit("aux-ids-count", f"{len(ids)} aux ids but fc.weight takes {n} states of {Ht}", loc)
+    declared = cfg.get("num_aux_hidden_states")
+    if isinstance(declared, int) and n is not None and declared != n:
+        ctx.emit("aux-ids-count", f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
+                 f"{ctx.where}:num_aux_hidden_states")
     if ctx.dialect.aux_convention_note and ids is not None:
         ctx.emit("aux-convention-unverifiable", ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
