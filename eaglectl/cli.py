@@ -86,6 +86,52 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
     click.get_current_context().exit(result.exit_code)
 
 
+@cli.command("verify", epilog="""\b
+Examples:
+  eaglectl verify ./converted --against ./original          # conversion parity, fp32 CPU
+  eaglectl verify ./drafter --dtype bfloat16 --device cuda  # precision parity vs fp32 CPU
+  eaglectl verify ./drafter --target ./target-model --steps 5 --json
+""")
+@click.argument("candidate")
+@click.option("--against", metavar="REFERENCE", help="Compare with this checkpoint (any dialect) on the same inputs.")
+@click.option("--target", metavar="TARGET", help="Real aux states from this HF target (folder or Hub id).")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
+@click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--text", type=click.Path(exists=True, dir_okay=False), help="Text for --target (default: bundled).")
+@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Dialect of CANDIDATE.")
+@click.option("--against-from", type=click.Choice(formats.names()), help="Dialect of REFERENCE.")
+@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@json_option
+def verify_cmd(candidate: str, against: str | None, target: str | None, device: str, dtype: str, steps: int,
+               tokens: int, seed: int, text: str | None, from_dialect: str | None, against_from: str | None,
+               allow_pickle: bool, as_json: bool) -> None:
+    """Numerical parity of a drafter through the reference drafter.
+
+    With --against: conversion parity (identical tensors must give identical outputs; a dtype
+    change gets that precision's tolerance). Without: CANDIDATE at --dtype on --device against its
+    own fp32 CPU run. Reports per draft step; exit 8 when a step fails (the report prints first).
+    """
+    from pathlib import Path
+
+    from .errors import ParityMismatchError
+    from .parity import verify
+
+    result = verify(candidate, against=against, target=target, device=device, dtype=dtype, steps=steps,
+                    tokens=tokens, seed=seed, text=Path(text).read_text() if text else None,
+                    from_dialect=from_dialect, against_from=against_from, allow_pickle=allow_pickle)
+    if as_json:
+        report.emit_json(result.to_json())
+    else:
+        report.render_verify(result)
+    if result.passed is False:
+        failed = [str(m.step) for m in result.metrics if m.passed is False]
+        raise ParityMismatchError(f"{candidate}: step(s) {', '.join(failed)} exceed the {result.regime} tolerance",
+                                  reported=True)
+
+
 @cli.command("formats")
 @json_option
 def formats_cmd(as_json: bool) -> None:

@@ -10,7 +10,8 @@
     ├── SmokeFailedError           9   vLLM failed or acceptance red flags
     ├── MissingDependencyError    10   vLLM interpreter, CUDA or an extra is unavailable
     ├── PickleNotAllowedError     11   a pickle (.bin) input without --allow-pickle
-    └── OutputExistsError         12   destination exists and --force was not given
+    ├── OutputExistsError         12   destination exists and --force was not given
+    └── IncompatibleDrafterError  13   the reference drafter cannot run this checkpoint
 
 Exit code 1 means "findings at error level" (or warnings under --strict), 2 is Click's usage
 error, 70 (EX_SOFTWARE) is a bug in eaglectl. Library code raises only these types; messages are
@@ -32,10 +33,11 @@ class EaglectlError(Exception):
     reference: ClassVar[str] = "error"
     summary: ClassVar[str] = ""
 
-    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, reported: bool = False, **context: Any) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.reported = reported  # the command already printed its report (JSON or table)
         self.context = {k: v for k, v in context.items() if v is not None}
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +110,12 @@ class OutputExistsError(EaglectlError):
     summary = "The destination exists; pass --force to replace it."
 
 
+class IncompatibleDrafterError(EaglectlError):
+    exit_code = 13
+    reference = "incompatible-drafter"
+    summary = "The reference drafter cannot run this checkpoint (architecture, missing or extra tensor)."
+
+
 ERROR_TYPES: tuple[type[EaglectlError], ...] = (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -119,4 +127,5 @@ ERROR_TYPES: tuple[type[EaglectlError], ...] = (
     MissingDependencyError,
     PickleNotAllowedError,
     OutputExistsError,
+    IncompatibleDrafterError,
 )

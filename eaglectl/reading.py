@@ -125,7 +125,11 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView) -> tuple[
         kv_heads = heads
         f.sources["num_key_value_heads"] = "default: = num_attention_heads (HF)"
     head_dim = f.get("head_dim", "head_dim", int)
-    if head_dim is None and hidden and heads:
+    if arch == "mla":
+        nope, rope = f.get("qk_nope", "qk_nope_head_dim", int), f.get("qk_rope", "qk_rope_head_dim", int)
+        head_dim = nope + rope if nope is not None and rope is not None else None
+        f.sources["head_dim"] = "derived: qk_nope_head_dim + qk_rope_head_dim (MLA q/k head)"
+    elif head_dim is None and hidden and heads and hidden % heads == 0:
         head_dim = hidden // heads
         f.sources["head_dim"] = "derived: hidden_size / num_attention_heads"
 
@@ -148,6 +152,11 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView) -> tuple[
     if rope_theta is None:
         rope_theta = f.get("rope_theta", "rope_parameters.rope_theta", float)
     rope_scaling = f.get("rope_scaling", "rope_scaling", dict)
+    if rope_scaling is None:  # transformers 5 keeps scaling in rope_parameters
+        params = f.get("rope_scaling", "rope_parameters", dict)
+        rope_scaling = params if params and params.get("rope_type", "default") != "default" else None
+        if rope_scaling is None:
+            f.sources["rope_scaling"] = "absent: no rope_scaling, rope_parameters type default"
 
     flags = {}
     for flag in FLAGS:
@@ -157,6 +166,16 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView) -> tuple[
     if config_dtype is None and dialect.arch_config:
         config_dtype = f.get("config_dtype", "torch_dtype", str)
     tie = f.get("tie_word_embeddings", "tie_word_embeddings", bool)
+    if tie is None and dialect.arch_config:
+        tie = f.get("tie_word_embeddings", "tie_word_embeddings", bool, arch=False)
+    bias = bool(f.get("attention_bias", "attention_bias", bool))
+    window = f.get("sliding_window", "sliding_window", int)
+    layer_types = f.arch.get("layer_types")
+    sliding_on = f.arch.get("use_sliding_window") is True or (
+        isinstance(layer_types, list) and "sliding_attention" in layer_types)
+    if not sliding_on:
+        window = None
+        f.sources["sliding_window"] = "off: no use_sliding_window / sliding layer_types"
 
     spec = DrafterSpec(
         arch=arch,
@@ -179,6 +198,8 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView) -> tuple[
         has_embed_tokens="embed_tokens.weight" in view,
         has_lm_head="lm_head.weight" in view,
         tie_word_embeddings=tie,
+        attention_bias=bias,
+        sliding_window=window,
         config_dtype=config_dtype,
         tensor_dtypes=tuple(sorted({t.dtype for t in ckpt.tensors.values()})),
         sources=f.sources,

@@ -47,7 +47,7 @@ def error(exc: EaglectlError) -> None:
     stderr.print(f"[bold red]{escape(f'error[{exc.reference}]:')}[/] {escape(exc.message)}")
     if exc.hint:
         stderr.print(f"[dim]hint:[/] {escape(exc.hint)}")
-    if MODE.json:
+    if MODE.json and not exc.reported:
         emit_json({"schema": "eaglectl.error/1", "error": exc.to_json(), "exit_code": exc.exit_code})
 
 
@@ -159,3 +159,43 @@ def render_inspect(report: Any) -> None:
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"\n{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))
+
+
+def _num(x: float | None, fmt: str = ".2e") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render_verify(report: Any) -> None:
+    """Human view of a ParityReport."""
+    out = stdout
+    c, r = report.candidate, report.reference
+    out.print(f"[bold]verify[/] ({report.mode})")
+    for label, side in (("candidate", c), ("reference", r)):
+        out.print(f"{label}  {escape(side['source'])}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
+                  f"{side['dtype']} on {side['device']})")
+    out.print(f"inputs     {escape(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
+    if report.differing_tensors:
+        out.print(f"tensors    {len(report.differing_tensors)} differ: {escape(', '.join(report.differing_tensors[:5]))}")
+    else:
+        out.print("tensors    identical")
+    if report.regime:
+        tol = ", ".join(f"{k} {v:g}" for k, v in report.tolerances.items())
+        out.print(f"tolerance  {report.regime}: {tol}")
+    else:
+        out.print("tolerance  none: fidelity is a measurement")
+    rows = []
+    for m in report.metrics:
+        verdict = {True: "[green]pass[/]", False: "[bold red]FAIL[/]", None: "-"}[m.passed]
+        rows.append((str(m.step), _num(m.logits_max_abs, ".1e"), _num(m.state_max_abs, ".1e"),
+                     f"{m.state_cos_min:.6f}", _num(m.kl_mean, ".1e"), _num(m.kl_max, ".1e"),
+                     f"{100 * m.top1_agreement:.1f}%/{m.top1_rows}", str(m.near_ties), verdict))
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for col in ("step", "logit Δ", "state Δ", "cos min", "KL mean", "KL max", "top-1", "ties", ""):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*row)
+    out.print(t)
+    if report.passed is None:
+        out.print("\nfidelity measured (no pass/fail)")
+    else:
+        out.print("\n" + ("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"))

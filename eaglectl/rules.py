@@ -141,7 +141,8 @@ _rule("tie-word-embeddings", W, "tie_word_embeddings is true: sglang ties lm_hea
 _rule("rope-inconsistent", E, "rope_theta / rope_scaling disagree with rope_parameters",
       "write both encodings with the values the drafter was trained with")
 _rule("rope-theta-missing", I, "No rope_theta: engines use base 10000", "nothing, if the drafter was trained so")
-_rule("method-from-path", W, "The path contains 'eagle-': vLLM without an explicit method runs it as EAGLE-1",
+_rule("method-from-path", W, "The path contains 'eagle-': vLLM without an explicit method runs it as EAGLE-1 "
+      "(checked before 'eagle3')",
       "always pass method: eagle3 (as the printed speculative config does)")
 # --- against a target (--target)
 _rule("target-vocab-mismatch", E, "Drafter vocab differs from the target's vocab_size", "use the drafter trained for this target")
@@ -343,6 +344,10 @@ def required_fields(ctx: Context) -> None:
     for name in need:
         if getattr(ctx.spec, name) is None and not ctx.spec.sources.get(name, "").startswith("invalid"):
             ctx.emit("config-field-missing", f"config lacks '{name}'", f"{ctx.where}:{name}")
+    s = ctx.spec
+    if s.arch != "mla" and s.head_dim is None and s.hidden_size and s.num_attention_heads:
+        ctx.emit("config-field-missing", f"config lacks 'head_dim' and hidden_size {s.hidden_size} is not divisible "
+                 f"by num_attention_heads {s.num_attention_heads}", f"{ctx.where}:head_dim")
 
 
 # ------------------------------------------------------------------------------ tensor names
@@ -384,11 +389,29 @@ def names(ctx: Context) -> None:
             continue
         if not any(p.match(canon) for p in CANONICAL):
             ctx.emit("unknown-tensor", f"'{ctx.view.stored[canon]}' is not an EAGLE-3 tensor", ctx.view.locate(canon))
-        elif canon.endswith(".bias") and (canon == "fc.bias" or not (ctx.ckpt.config or {}).get("attention_bias")):
+        elif canon.endswith(".bias") and (canon == "fc.bias" or not ctx.spec.attention_bias):
             ctx.emit("bias-ignored", f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
 
 
-def _layer_tensors(spec: DrafterSpec, i: int, lora_q: bool = True) -> dict[str, tuple[int | None, ...] | None]:
+def _mla_dims(ctx: Context) -> dict[str, int | None]:
+    root = config_get(ctx.ckpt.config, ctx.dialect.arch_config) if ctx.dialect.arch_config else ctx.ckpt.config
+    root = root if isinstance(root, dict) else {}
+    dims: dict[str, int | None] = {k: root.get(k) if isinstance(root.get(k), int) else None
+                                   for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                             "v_head_dim")}
+    dims["lora_q"] = 0 if ("q_lora_rank" in root and root["q_lora_rank"] is None) else 1
+    return dims
+
+
+def _sum(*xs: int | None) -> int | None:
+    return None if any(x is None for x in xs) else sum(xs)  # type: ignore[arg-type]
+
+
+def _mul(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a * b
+
+
+def _layer_tensors(spec: DrafterSpec, i: int, mla: dict[str, int | None]) -> dict[str, tuple[int | None, ...] | None]:
     """Expected canonical tensors of decoder layer i with their shapes (None: unknown / not checked)."""
     H, I = spec.hidden_size, spec.intermediate_size
     nh, nkv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
@@ -404,13 +427,19 @@ def _layer_tensors(spec: DrafterSpec, i: int, lora_q: bool = True) -> dict[str, 
     if i == 0:
         out[p + "hidden_norm.weight"] = (H,)
     if spec.arch == "mla":
-        # q goes through a low-rank q_a/q_b pair unless q_lora_rank is null (then a plain q_proj)
-        q_in = ("q_a_proj",) if lora_q else ("q_proj",)
-        for name in (*q_in, "kv_a_proj_with_mqa"):
-            out[f"{p}self_attn.{name}.weight"] = (None, in_w)
-        for name in ("kv_a_layernorm", "kv_b_proj", *(("q_a_layernorm", "q_b_proj") if lora_q else ())):
-            out[f"{p}self_attn.{name}.weight"] = None
-        out[p + "self_attn.o_proj.weight"] = (H, None)
+        a = f"{p}self_attn."
+        q_lora, kv_lora, rope, v = mla["q_lora_rank"], mla["kv_lora_rank"], mla["qk_rope_head_dim"], mla["v_head_dim"]
+        qk = _sum(mla["qk_nope_head_dim"], rope)
+        if mla["lora_q"]:  # q through a low-rank q_a/q_b pair unless q_lora_rank is null
+            out[a + "q_a_proj.weight"] = (q_lora, in_w)
+            out[a + "q_a_layernorm.weight"] = (q_lora,)
+            out[a + "q_b_proj.weight"] = (_mul(nh, qk), q_lora)
+        else:
+            out[a + "q_proj.weight"] = (_mul(nh, qk), in_w)
+        out[a + "kv_a_proj_with_mqa.weight"] = (_sum(kv_lora, rope), in_w)
+        out[a + "kv_a_layernorm.weight"] = (kv_lora,)
+        out[a + "kv_b_proj.weight"] = (_mul(nh, _sum(mla["qk_nope_head_dim"], v)), kv_lora)
+        out[a + "o_proj.weight"] = (H, _mul(nh, v))
         return out
     q = nh * d if nh and d else None
     kv = nkv * d if nkv and d else None
@@ -443,9 +472,9 @@ def layers(ctx: Context) -> None:
         ctx.emit("layer-count", f"num_hidden_layers is {declared}, layer blocks present: {present or 'none'}",
                  f"{ctx.where}:num_hidden_layers")
     expected: dict[str, tuple[int | None, ...] | None] = {}
-    lora_q = (ctx.ckpt.config or {}).get("q_lora_rank", 0) is not None
-    for i in sorted(set(present) | set(range(declared or 0))):
-        expected.update(_layer_tensors(spec, i, lora_q))
+    mla = _mla_dims(ctx)
+    for i in sorted(set(present) | {0}):  # layer-count already names absent layers; no flood per tensor
+        expected.update(_layer_tensors(spec, i, mla))
     H, Ht, n = spec.hidden_size, spec.aux_width, spec.num_aux_hidden_states
     expected["fc.weight"] = (H, None)
     expected["norm.weight"] = (H,)
@@ -567,11 +596,13 @@ def aux(ctx: Context) -> None:
     if ids is None:
         if ctx.spec.sources.get("aux_layer_ids", "").startswith("invalid"):
             return
-        heuristics = "vLLM/SafeAILab (2, L//2, L-3) boundary; sglang/SpecForge/TRT-LLM (1, L//2-1, L-4) output-of-layer"
+        heuristics = ("engines use the default layers: vLLM (2, L//2, L-3) boundary = sglang/TRT-LLM (1, L//2-1, L-4) "
+                      "output-of-layer, the same physical states; right only if the drafter was trained on them")
         if ctx.target is not None and isinstance(ctx.target.text_config().get("num_hidden_layers"), int):
             L = ctx.target.text_config()["num_hidden_layers"]
-            heuristics = (f"for this {L}-layer target vLLM captures {list(default_aux_ids(L, 'boundary'))}, "
-                          f"sglang {list(default_aux_ids(L, 'output'))} (output-of-layer)")
+            heuristics = (f"for this {L}-layer target vLLM captures {list(default_aux_ids(L, 'boundary'))} "
+                          f"(= sglang {list(default_aux_ids(L, 'output'))} output-of-layer); right only if the "
+                          "drafter was trained on them")
         rule = "aux-ids-missing" if ctx.dialect.aux_ids_paths else "aux-ids-implicit"
         ctx.emit(rule, f"no aux layer ids; {heuristics}", ctx.where)
     else:
@@ -592,9 +623,11 @@ def aux(ctx: Context) -> None:
         ctx.emit("aux-convention-unverifiable", ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
     if count is not None and count != 3:
-        sized = cfg.get("num_aux_hidden_states") == count or (
-            isinstance(lists.get("eagle_config.eagle_aux_hidden_state_layer_ids"), list)
-            and len(lists["eagle_config.eagle_aux_hidden_state_layer_ids"]) == count)
+        # what vLLM sizes fc / fc_norm from (formats.md §4.2); the Qwen3 path reads more places
+        sizing = [cfg.get("num_aux_hidden_states"), len(lists.get("eagle_config.eagle_aux_hidden_state_layer_ids") or [])]
+        if spec.arch == "qwen3":
+            sizing += [cfg.get("num_aux_layers"), len(lists.get("eagle_aux_hidden_state_layer_ids") or [])]
+        sized = count in sizing
         if not sized:
             ctx.emit("aux-count-unsized", f"{count} aux states; vLLM builds fc for 3", ctx.where)
         else:
@@ -603,16 +636,21 @@ def aux(ctx: Context) -> None:
 
 # ------------------------------------------------------------------------------- norms, flags
 
-ENGINE_DEFAULTS: dict[str, dict[str, bool]] = {
-    "norm_before_residual": {"vLLM (HF-style config)": False, "vLLM (speculators config)": True,
-                             "speculators class": False, "speculators training CLI": True,
-                             "SpecForge / TorchSpec / NeMo / TRT-LLM": False},
+# (reader, config style it reads, default when the flag is absent). "hf" = HF-style configs,
+# "speculators" = the speculators format. Only readers of the dialect's style can disagree.
+ENGINE_DEFAULTS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "norm_before_residual": (("vLLM", "hf", False), ("sglang / TRT-LLM", "hf", False),
+                             ("vLLM speculators reader", "speculators", True),
+                             ("speculators class", "speculators", False)),
     # SpecForge's #568..#879 window read an absent norm_output as True, but that True meant plain
     # EAGLE-3 feedback, the same semantics as everyone's False: not a disagreement (see
     # specforge-norm-output-window for the case that is).
-    "norm_output": {"vLLM": False, "sglang": False, "TRT-LLM": False, "SpecForge >= #879": False},
-    "norm_before_fc": {"vLLM": False, "speculators class": False, "TRT-LLM": False},
-    "fc_norm": {"vLLM": False, "sglang": False, "speculators": False, "TRT-LLM": False},
+    "norm_output": (("vLLM", "hf", False), ("sglang", "hf", False), ("TRT-LLM", "hf", False),
+                    ("vLLM speculators reader", "speculators", False)),
+    "norm_before_fc": (("vLLM", "hf", False), ("TRT-LLM", "hf", False),
+                       ("vLLM speculators reader", "speculators", False), ("speculators class", "speculators", False)),
+    "fc_norm": (("vLLM", "hf", False), ("sglang", "hf", False), ("TRT-LLM", "hf", False),
+                ("vLLM speculators reader", "speculators", False)),
 }
 
 
@@ -639,7 +677,7 @@ def norms(ctx: Context) -> None:
         ctx.emit("double-norm", "norm_before_fc and fc_norm are both true", ctx.where)
     if spec.norm_before_fc:
         places = [p for p in ("norm_before_fc", "eagle_config.norm_before_fc") if config_get(cfg, p) is True]
-        if len(places) == 1:
+        if len(places) == 1 and ctx.dialect.hf_style:  # TRT-LLM reads no speculators-format config
             ctx.emit("norm-before-fc-placement", f"norm_before_fc only at '{places[0]}'", f"{ctx.where}:{places[0]}")
         if spec.arch == "mla":
             ctx.emit("mla-norm-before-fc", "MLA drafter with norm_before_fc", ctx.where)
@@ -649,8 +687,10 @@ def norms(ctx: Context) -> None:
     if not ctx.dialect.flag_fields:
         ctx.emit("flags-implicit", f"{ctx.dialect.title} layout: " + ", ".join(
             f"{f}={getattr(spec, f)}" for f in ENGINE_DEFAULTS), ctx.where)
-    for flag, defaults in ENGINE_DEFAULTS.items():
+    style = "hf" if ctx.dialect.hf_style else "speculators"
+    for flag, readers in ENGINE_DEFAULTS.items():
         absent = spec.sources.get(flag, "").startswith("default")
+        defaults = {name: value for name, kind, value in readers if kind == style}
         if absent and flag in ctx.dialect.flag_fields and len(set(defaults.values())) > 1:
             named = ", ".join(f"{k} {str(v).lower()}" for k, v in defaults.items())
             ctx.emit("flag-absent", f"'{flag}' absent (read as {str(getattr(spec, flag)).lower()}); "
@@ -708,7 +748,7 @@ def rope(ctx: Context) -> None:
 @check
 def method_path(ctx: Context) -> None:
     text = ctx.ckpt.source.lower()
-    if "eagle-" in text and "eagle3" not in text:
+    if "eagle-" in text:  # vLLM tests 'eagle-' before 'eagle3' (speculative.py)
         ctx.emit("method-from-path", f"'{ctx.ckpt.source}'", ctx.ckpt.source)
 
 
@@ -747,7 +787,10 @@ def against_target(ctx: Context) -> None:
     if t_theta is not None and float(t_theta) != float(d_theta):
         ctx.emit("target-rope-differs", f"drafter rope_theta {d_theta:g}, target {float(t_theta):g}", ctx.where)
     verifier = config_get(ctx.ckpt.config, "speculators_config.verifier.name_or_path")
-    if isinstance(verifier, str) and verifier and not _same_model(verifier, t.source):
+    from .hub import parse_hub_id
+
+    # only a Hub id names a model anywhere; local paths in a published config are placeholders
+    if isinstance(verifier, str) and parse_hub_id(verifier) and not _same_model(verifier, t.source):
         ctx.emit("target-verifier-mismatch", f"verifier '{verifier}', --target '{t.source}'", ctx.where)
     _fingerprint(ctx, t)
 

@@ -66,6 +66,8 @@ class DrafterSpec:
     has_embed_tokens: bool
     has_lm_head: bool
     tie_word_embeddings: bool | None
+    attention_bias: bool  # q/k/v biases (vLLM reads attention_bias)
+    sliding_window: int | None  # set when the config enables sliding-window attention
     config_dtype: str | None  # torch_dtype / dtype in the config
     tensor_dtypes: tuple[str, ...]
     sources: dict[str, str] = field(default_factory=dict)

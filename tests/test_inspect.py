@@ -39,8 +39,8 @@ EXPECTED_FINDINGS = {
                 "method-from-path", "rope-theta-missing"},  # the folder name contains "eagle-"
     "eagle-3-bin": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
                     "method-from-path", "pickle-file", "rope-theta-missing"},
-    "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared", "flag-absent"},
-    "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared", "flag-absent"},
+    "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared"},
+    "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared"},
     "nemo-3.1": {"architectures-unregistered", "aux-ids-missing", "model-prefix"},
     "specforge-3": {"embed-tokens-shared"},
     "specforge-3.1": {"embed-tokens-shared", "specforge-norm-output-window"},
@@ -212,7 +212,7 @@ def test_speculative_config_is_ready_to_paste(invoke):
     assert cfg["method"] == "eagle3" and cfg["num_speculative_tokens"] == 3 and cfg["draft_tensor_parallel_size"] == 1
     assert cfg["model"] == str(DRAFTERS / "speculators-3.1")
     assert "tensor_parallel_size" not in cfg
-    assert doc["serve_command"].startswith("vllm serve target-llama --speculative-config ")
+    assert doc["serve_command"].startswith("vllm serve eaglectl-fixtures/target-llama --speculative-config ")
 
 
 def test_method_from_path(invoke, tmp_path):
@@ -303,3 +303,56 @@ def test_header_only_inspect_does_not_import_torch():
 def test_help_does_not_import_torch():
     code = "import sys\nfrom eaglectl.cli import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
+
+
+# ----------------------------------------------------- regressions from real published configs
+
+def _edit_config(tmp_path, fixture, **changes):
+    dest = tmp_path / fixture
+    shutil.copytree(DRAFTERS / fixture, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg.update(changes)
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def test_mla_ranks_are_checked_against_the_config(invoke, tmp_path):
+    doc = _json(invoke("inspect", _edit_config(tmp_path, "modelopt-mla", q_lora_rank=12, kv_lora_rank=20), "--json"))
+    shapes = [f["message"] for f in doc["findings"] if f["rule_id"] == "tensor-shape"]
+    assert any("q_a_proj" in m for m in shapes) and any("kv_a_proj_with_mqa" in m for m in shapes)
+    assert doc["spec"]["head_dim"] == 16  # qk_nope 8 + qk_rope 8, not hidden / heads
+
+
+def test_a_wrong_layer_count_is_one_finding_not_a_flood(invoke, tmp_path):
+    doc = _json(invoke("inspect", _edit_config(tmp_path, "nemo-3.1", num_hidden_layers=32), "--json"))
+    rules = [f["rule_id"] for f in doc["findings"]]
+    assert rules.count("layer-count") == 1 and "missing-tensor" not in rules
+
+
+def test_eagle_dash_wins_over_eagle3_in_vllm_method_inference(invoke, tmp_path):
+    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "eagle-checkpoints" / "eagle3_export")
+    doc = _json(invoke("inspect", tmp_path / "eagle-checkpoints" / "eagle3_export", "--json"))
+    assert "method-from-path" in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_speculators_nested_rope_parameters_and_top_level_tie(invoke, tmp_path):
+    dest = tmp_path / "s"
+    shutil.copytree(DRAFTERS / "speculators-3", dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    layer = cfg["transformer_layer_config"]
+    del layer["tie_word_embeddings"], layer["rope_theta"]
+    layer["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0}
+    cfg["tie_word_embeddings"] = False
+    (dest / "config.json").write_text(json.dumps(cfg))
+    spec = _json(invoke("inspect", dest, "--json"))["spec"]
+    assert spec["rope_scaling"]["rope_type"] == "yarn" and spec["rope_theta"] == 150000.0
+    assert spec["tie_word_embeddings"] is False
+
+
+def test_head_dim_required_when_hidden_is_not_divisible(invoke, tmp_path):
+    dest = _edit_config(tmp_path, "specforge-3", num_attention_heads=3)
+    del_cfg = json.loads((dest / "config.json").read_text())
+    del del_cfg["head_dim"]
+    (dest / "config.json").write_text(json.dumps(del_cfg))
+    found = {f["rule_id"]: f["message"] for f in _json(invoke("inspect", dest, "--json"))["findings"]}
+    assert "head_dim" in found["config-field-missing"]

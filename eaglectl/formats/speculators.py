@@ -29,5 +29,6 @@ DIALECT = Dialect(
         "fc_norm": (False, "vLLM default"),
         "norm_output": (False, "vLLM default"),
     },
+    hf_style=False,
     notes=("norm_before_fc together with fc_norm is rejected by speculators",),
 )

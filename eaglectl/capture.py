@@ -1,0 +1,103 @@
+"""Run a real HF transformers target and capture the aux hidden states a drafter consumes.
+
+vLLM's aux id k (boundary convention) is the residual stream entering target layer k: the token
+embeddings for k = 0, the output of decoder layer k-1 otherwise, and for k = L the last layer's
+output *before* the final norm. HF's `hidden_states[L]` is post-norm, so states are taken with
+forward hooks on the decoder layers rather than from `output_hidden_states` (formats.md H20).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CheckpointNotFoundError, IncompatibleDrafterError, MissingDependencyError
+
+
+@dataclass
+class Target:
+    model: Any
+    tokenizer: Any | None
+    path: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def embedding(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight.detach()
+
+
+def load_target(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Target:
+    """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise MissingDependencyError("transformers is needed to run the target", hint="pip install transformers") from None
+    hf_logging.disable_progress_bar()  # our stderr carries one-line messages only
+    hf_logging.set_verbosity_error()
+    path = _local_folder(source)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
+    tokenizer = None
+    if any((Path(path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return Target(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+
+
+def _local_folder(source: str) -> str:
+    if Path(source).is_dir():
+        return source
+    from huggingface_hub import snapshot_download
+
+    from .hub import parse_hub_id
+
+    ref = parse_hub_id(source)
+    if ref is None:
+        raise CheckpointNotFoundError(f"{source}: target not found", path=source)
+    folder = snapshot_download(ref.repo_id, revision=ref.revision,
+                               allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
+    return str(Path(folder) / ref.subfolder) if ref.subfolder else folder
+
+
+def decoder_layers(model: Any) -> Any:
+    for path in ("model.layers", "model.language_model.layers", "transformer.h"):
+        node = model
+        try:
+            for part in path.split("."):
+                node = getattr(node, part)
+        except AttributeError:
+            continue
+        return node
+    raise IncompatibleDrafterError(f"{type(model).__name__}: cannot find the decoder layers to capture")
+
+
+@torch.no_grad()
+def capture_aux(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
+    """(B, T, len(ids)·H_t): states at boundary ids `layer_ids` (ascending), concatenated in that order."""
+    L = target.num_layers
+    bad = [i for i in layer_ids if not 0 <= i <= L]
+    if bad:
+        raise IncompatibleDrafterError(f"aux ids {bad} are outside 0..{L} for this {L}-layer target")
+    layers = decoder_layers(target.model)
+    captured: dict[int, torch.Tensor] = {}
+    hooks = []
+    for k in layer_ids:
+        if k == 0:
+            continue
+
+        def hook(module: Any, args: Any, output: Any, k: int = k) -> None:
+            captured[k] = output[0] if isinstance(output, tuple) else output
+
+        hooks.append(layers[k - 1].register_forward_hook(hook))
+    try:
+        out = target.model(input_ids=input_ids.to(target.model.device), output_hidden_states=0 in layer_ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    if 0 in layer_ids:
+        captured[0] = out.hidden_states[0]
+    return torch.cat([captured[k].float() for k in layer_ids], dim=-1)

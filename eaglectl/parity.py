@@ -1,0 +1,359 @@
+"""`eaglectl verify`: numerical parity of drafters through the reference drafter.
+
+Modes
+- conversion: CANDIDATE and `--against` REFERENCE (any dialects) on the same inputs, both at the
+  chosen dtype/device. Identical tensors must give bit-identical outputs; changed tensors are held
+  to the tolerance of their precision.
+- precision: CANDIDATE at `--dtype` on `--device` against the fp32 CPU reference of itself.
+- fidelity: like conversion, but a measurement without pass/fail (upgrade reports it).
+
+Every step is teacher-forced: both sides draft from every anchor of the same token sequence, so
+one argmax flip does not cascade (math.md §7.3). Inputs are real aux states of `--target` on text,
+or seeded synthetic states with per-layer scales and a large-norm sink token at position 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import __version__, formats
+from .checkpoint import open_checkpoint
+from .errors import IncompatibleDrafterError, MissingDependencyError
+from .reading import CanonicalView, probe_of, read_spec
+from .reference import Drafter, DrafterArgs, StepOutput
+from .spec import DrafterSpec, default_aux_ids
+
+SCHEMA = "eaglectl.verify/1"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
+
+# Tolerances (math.md §7.3). "exact": identical tensors, same precision: outputs bit-identical.
+# "fp32": torch.allclose on logits and fed-back state. "low-precision": distribution-level.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "exact": {"max_abs": 0.0},
+    "fp32": {"rtol": 1e-4, "atol": 1e-4},
+    "low-precision": {"kl_mean_max": 1e-3, "top1_agreement_min": 0.99, "state_cos_mean_min": 0.999},
+}
+BUNDLED_TEXT = Path(__file__).with_name("data") / "calibration.txt"
+
+
+@dataclass
+class LoadedDrafter:
+    source: str
+    dialect: str
+    spec: DrafterSpec
+    args: DrafterArgs
+    tensors: dict[str, torch.Tensor]  # canonical name -> fp32 values (exact for bf16/fp16 files)
+    stored_dtypes: dict[str, str]
+    has_embed: bool
+
+    def build(self, dtype: torch.dtype, device: str, embed: torch.Tensor | None) -> Drafter:
+        model = Drafter(self.args)
+        state = {k: v for k, v in self.tensors.items() if k != "t2d"}
+        if not self.has_embed:
+            if embed is None:
+                raise IncompatibleDrafterError(f"{self.source}: no embed_tokens and no target embedding to borrow")
+            state["embed_tokens.weight"] = embed.float()
+        if "d2t" not in state:
+            state["d2t"] = torch.zeros(self.args.draft_vocab_size, dtype=torch.long)
+        expected = set(model.state_dict())
+        extra = sorted(set(state) - expected)
+        missing = sorted(expected - set(state))
+        if extra or missing:
+            what = f"unexpected {extra[0]!r}" if extra else f"missing {missing[0]!r}"
+            raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
+                                           f"({len(extra)} unexpected, {len(missing)} missing)",
+                                           tensor=(extra or missing)[0])
+        model.load_state_dict(state, strict=True)
+        model.d2t = model.d2t.long()
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
+    ckpt = open_checkpoint(source, allow_pickle=allow_pickle)
+    dialect, _ = formats.detect(probe_of(ckpt), from_dialect, where=ckpt.root)
+    view = CanonicalView(ckpt, dialect)
+    spec, _ = read_spec(ckpt, dialect, view)
+    if spec.arch == "mla":
+        raise IncompatibleDrafterError(f"{source}: MLA drafters are inspected, not run, by the reference drafter")
+    if spec.sliding_window is not None:
+        raise IncompatibleDrafterError(f"{source}: sliding-window attention (window {spec.sliding_window}) is not "
+                                       "implemented in the reference drafter")
+    args = DrafterArgs.from_spec(spec)
+    tensors: dict[str, torch.Tensor] = {}
+    for canon in view.names():
+        if canon.startswith("layers.") and canon.endswith(".hidden_norm.weight") and not canon.startswith("layers.0."):
+            continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
+        value = np.ascontiguousarray(view.read(canon))
+        t = torch.from_numpy(value.copy())
+        tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
+    stored = {c: view.info(c).dtype for c in view.names()}
+    return LoadedDrafter(source, dialect.name, spec, args, tensors, stored, "embed_tokens.weight" in tensors)
+
+
+# --------------------------------------------------------------------------------------- inputs
+
+@dataclass
+class Inputs:
+    aux: torch.Tensor  # (1, T, n_aux·H_t) fp32
+    tokens: torch.Tensor  # (1, T + steps)
+    embed: torch.Tensor | None  # the target's embedding table, if a target was run
+    description: str
+
+
+def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens: int, steps: int,
+                     seed: int) -> Inputs:
+    """Seeded states: chunk j ~ N(0, σ_j²) with σ growing with layer depth, position 0 a sink (×30)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = aux_ids or tuple(range(1, args.num_aux + 1))
+    chunks = []
+    for layer in ids[: args.num_aux]:
+        sigma = 0.5 * math.sqrt(1.0 + layer)
+        chunks.append(torch.randn(1, tokens, args.target_hidden_size, generator=g) * sigma)
+    aux = torch.cat(chunks, dim=-1)
+    aux[:, 0] *= 30.0
+    tok = torch.randint(0, args.vocab_size, (1, tokens + steps), generator=g)
+    embed = torch.randn(args.vocab_size, args.hidden_size, generator=g) * 0.5
+    return Inputs(aux, tok, embed, f"synthetic (seed {seed}): per-layer scales 0.5·sqrt(1+id), sink ×30 at 0")
+
+
+def target_inputs(target_source: str, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int, seed: int,
+                  text: str | None) -> Inputs:
+    from .capture import capture_aux, load_target
+
+    target = load_target(target_source)
+    ids = spec.aux_layer_ids_vllm or default_aux_ids(target.num_layers, "boundary")
+    ids = tuple(sorted(set(ids)))
+    if len(ids) != args.num_aux:
+        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
+    if target.tokenizer is not None:
+        body = text if text is not None else BUNDLED_TEXT.read_text()
+        all_ids = target.tokenizer(body, return_tensors="pt").input_ids[:, : tokens + steps]
+        how = "bundled text" if text is None else "given text"
+        if all_ids.shape[1] < tokens + steps:
+            raise IncompatibleDrafterError(f"the text has {all_ids.shape[1]} tokens; {tokens + steps} needed")
+    else:
+        g = torch.Generator().manual_seed(seed)
+        all_ids = torch.randint(0, target.vocab_size, (1, tokens + steps), generator=g)
+        how = f"random token ids (seed {seed}; the target has no tokenizer)"
+    aux = capture_aux(target, all_ids[:, :tokens], ids)
+    return Inputs(aux.cpu(), all_ids, target.embedding().float().cpu(),
+                  f"target {target_source}: aux ids {list(ids)} on {how}")
+
+
+# -------------------------------------------------------------------------------------- metrics
+
+@dataclass
+class StepMetrics:
+    step: int
+    logits_max_abs: float
+    logits_max_rel: float  # max |Δ| / max |reference|
+    state_max_abs: float
+    state_max_rel: float
+    state_cos_mean: float
+    state_cos_min: float
+    kl_mean: float  # KL(P_ref ‖ P_cand) over the draft vocab, nats
+    kl_max: float
+    top1_agreement: float  # over rows whose reference top-2 margin is ≥ NEAR_TIE_NATS
+    top1_rows: int
+    near_ties: int
+    near_tie_agreement: float | None
+    passed: bool | None = None
+
+
+def step_metrics(step: int, ref: StepOutput, cand: StepOutput) -> StepMetrics:
+    a, b = ref.logits.double().flatten(0, 1), cand.logits.double().flatten(0, 1).to(ref.logits.device)
+    za, zb = ref.feedback.double().flatten(0, 1), cand.feedback.double().flatten(0, 1).to(ref.logits.device)
+    la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+    kl = (la.exp() * (la - lb)).sum(-1)
+    top2 = la.topk(2, dim=-1).values
+    near = (top2[:, 0] - top2[:, 1]) < NEAR_TIE_NATS
+    agree = a.argmax(-1) == b.argmax(-1)
+    cos = torch.nn.functional.cosine_similarity(za, zb, dim=-1)
+    return StepMetrics(
+        step=step,
+        logits_max_abs=float((a - b).abs().max()),
+        logits_max_rel=float((a - b).abs().max() / a.abs().max().clamp_min(1e-30)),
+        state_max_abs=float((za - zb).abs().max()),
+        state_max_rel=float((za - zb).abs().max() / za.abs().max().clamp_min(1e-30)),
+        state_cos_mean=float(cos.mean()),
+        state_cos_min=float(cos.min()),
+        kl_mean=float(kl.mean()),
+        kl_max=float(kl.max()),
+        top1_agreement=float(agree[~near].double().mean()) if (~near).any() else 1.0,
+        top1_rows=int((~near).sum()),
+        near_ties=int(near.sum()),
+        near_tie_agreement=float(agree[near].double().mean()) if near.any() else None,
+    )
+
+
+def judge(m: StepMetrics, ref: StepOutput, cand: StepOutput, regime: str) -> bool:
+    if regime == "exact":
+        return m.logits_max_abs == 0.0 and m.state_max_abs == 0.0
+    if regime == "fp32":
+        tol = TOLERANCES["fp32"]
+        return all(torch.allclose(c.float().cpu(), r.float().cpu(), rtol=tol["rtol"], atol=tol["atol"])
+                   for c, r in ((cand.logits, ref.logits), (cand.feedback, ref.feedback)))
+    tol = TOLERANCES["low-precision"]
+    return (m.kl_mean <= tol["kl_mean_max"] and m.top1_agreement >= tol["top1_agreement_min"]
+            and m.state_cos_mean >= tol["state_cos_mean_min"])
+
+
+# --------------------------------------------------------------------------------------- report
+
+@dataclass
+class ParityReport:
+    mode: str  # conversion | precision | fidelity
+    candidate: dict[str, Any]
+    reference: dict[str, Any]
+    inputs: str
+    steps: int
+    tokens: int
+    seed: int
+    regime: str | None  # exact | fp32 | low-precision (None for fidelity)
+    tolerances: dict[str, float]
+    metrics: list[StepMetrics] = field(default_factory=list)
+    identical_tensors: bool = False
+    differing_tensors: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool | None:
+        if self.mode == "fidelity":
+            return None
+        return all(m.passed for m in self.metrics)
+
+    @property
+    def exit_code(self) -> int:
+        from .errors import ParityMismatchError
+
+        return ParityMismatchError.exit_code if self.passed is False else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "tool_version": __version__,
+            "command": "verify",
+            "mode": self.mode,
+            "candidate": self.candidate,
+            "reference": self.reference,
+            "inputs": self.inputs,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "seed": self.seed,
+            "regime": self.regime,
+            "tolerances": self.tolerances,
+            "near_tie_nats": NEAR_TIE_NATS,
+            "identical_tensors": self.identical_tensors,
+            "differing_tensors": self.differing_tensors,
+            "per_step": [asdict(m) for m in self.metrics],
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+        }
+
+
+def _side(d: LoadedDrafter, dtype: str, device: str) -> dict[str, Any]:
+    return {"source": d.source, "dialect": d.dialect, "eagle_version": d.spec.eagle_version, "dtype": dtype,
+            "device": device, "stored_dtypes": sorted(set(d.stored_dtypes.values()))}
+
+
+def _check_device(device: str) -> None:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise MissingDependencyError("--device cuda: no CUDA device is available", hint="run on a GPU machine")
+
+
+@torch.no_grad()
+def verify(
+    candidate: str,
+    *,
+    against: str | None = None,
+    target: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    steps: int = 3,
+    tokens: int = 64,
+    seed: int = 0,
+    text: str | None = None,
+    from_dialect: str | None = None,
+    against_from: str | None = None,
+    allow_pickle: bool = False,
+    fidelity: bool = False,
+) -> ParityReport:
+    _check_device(device)
+    cand = load_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
+    _same_shape(cand, ref)
+    inputs = (target_inputs(target, ref.spec, ref.args, tokens, steps, seed, text) if target
+              else synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed))
+    embed = _shared_embedding(cand, ref, inputs)
+
+    if against is None:  # precision / device parity against the fp32 CPU reference of itself
+        mode, ref_dtype, ref_device = "precision", "float32", "cpu"
+    else:
+        mode, ref_dtype, ref_device = ("fidelity" if fidelity else "conversion"), dtype, device
+    # a drafter without embed_tokens borrows the other side's table: that is not a difference
+    names = set(cand.tensors) | set(ref.tensors)
+    if cand.has_embed != ref.has_embed:
+        names.discard("embed_tokens.weight")
+    differing = sorted(k for k in names if k not in cand.tensors or k not in ref.tensors
+                       or not torch.equal(cand.tensors[k], ref.tensors[k]))
+    regime = None if fidelity else choose_regime(cand, ref, differing, (dtype, device), (ref_dtype, ref_device))
+
+    ref_out = _run(ref, ref_dtype, ref_device, inputs, embed, steps)
+    cand_out = _run(cand, dtype, device, inputs, embed, steps)
+    report = ParityReport(mode, _side(cand, dtype, device), _side(ref, ref_dtype, ref_device), inputs.description,
+                          steps, tokens, seed, regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
+                          differing_tensors=differing[:20])
+    for j, (r, c) in enumerate(zip(ref_out, cand_out, strict=True)):
+        m = step_metrics(j, r, c)
+        if regime is not None:
+            m.passed = judge(m, r, c, regime)
+        report.metrics.append(m)
+    return report
+
+
+def choose_regime(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], run: tuple[str, str],
+                  ref_run: tuple[str, str]) -> str:
+    """Which tolerance applies.
+
+    A tensor whose value changed while its stored dtype did not cannot be explained by a conversion:
+    outputs must then be bit-identical ("exact"), so any effect fails. Changes that come with a
+    dtype change (a cast) and runs at another precision get the tolerance of that precision.
+    """
+    if any(k not in cand.stored_dtypes or k not in ref.stored_dtypes
+           or cand.stored_dtypes[k] == ref.stored_dtypes[k] for k in differing):
+        return "exact"
+    low_storage = any(d.stored_dtypes[k] in ("BF16", "F16") for k in differing for d in (cand, ref))
+    if run[0] != "float32" or ref_run[0] != "float32" or low_storage:
+        return "low-precision"
+    return "exact" if run == ref_run and not differing else "fp32"
+
+
+def _run(d: LoadedDrafter, dtype: str, device: str, inputs: Inputs, embed: torch.Tensor | None,
+         steps: int) -> list[StepOutput]:
+    model = d.build(DTYPES[dtype], device, embed)
+    return model.run(inputs.aux.to(device), inputs.tokens.to(device), steps)
+
+
+def _same_shape(cand: LoadedDrafter, ref: LoadedDrafter) -> None:
+    fields = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "num_layers")
+    for f in fields:
+        if getattr(cand.args, f) != getattr(ref.args, f):
+            raise IncompatibleDrafterError(f"{f} differs: candidate {getattr(cand.args, f)}, reference "
+                                           f"{getattr(ref.args, f)}", key=f)
+
+
+def _shared_embedding(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs) -> torch.Tensor | None:
+    """The table for drafters that ship none: the reference's own, else the target's (or synthetic)."""
+    if cand.has_embed and ref.has_embed:
+        return None
+    if ref.has_embed:
+        return ref.tensors["embed_tokens.weight"]
+    if cand.has_embed:
+        return cand.tensors["embed_tokens.weight"]
+    return inputs.embed

@@ -1,0 +1,346 @@
+"""The reference EAGLE-3 / EAGLE-3.1 drafter: the executable form of `math.md`, torch only.
+
+Mirrors vLLM 0.32 `vllm/model_executor/models/llama_eagle3.py` (and `qwen3_eagle3.py`), SafeAILab
+`eagle/model/cnets.py` and speculators `models/eagle3/model_definitions.py`:
+
+- aux combine (step 0 only): `input_norm` over the concatenation if `norm_before_fc`, then one
+  RMSNorm per aux chunk if `fc_norm` (both when both flags are set, as vLLM does), then `fc`;
+- layer 0: token embedding → `input_layernorm`, hidden → `hidden_norm`, attention over
+  `[emb ; hidden]` (embedding first) at the hidden state's position; the residual is the raw hidden
+  (or the normed one with `norm_before_residual`); layers ≥ 1 are plain pre-norm layers;
+- final `norm` → `lm_head` over the draft vocab; draft id i means target id `i + d2t[i]`;
+- the state fed to the next step is the pre-norm sum (EAGLE-3) or the post-norm state
+  (`norm_output`, EAGLE-3.1);
+- norms in fp32 (HF form `w * (x32 * rsqrt(mean(x32²) + eps)).to(dtype)`), softmax in fp32.
+
+Attention keys: a step-j query of anchor t sees the step-0 (context) keys at positions ≤ t and its
+own chain's keys of steps 1..j — vLLM's drafter KV cache for a chain drafted from t, and the
+training-time-test mask. `Drafter.run` evaluates every anchor at once with that mask; `ChainCache`
+drafts one chain incrementally. Canonical tensor names are the module attribute names, so loading
+is `load_state_dict(strict=True)`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .spec import DrafterSpec
+
+
+@dataclass
+class DrafterArgs:
+    hidden_size: int
+    target_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_layers: int
+    vocab_size: int
+    draft_vocab_size: int
+    num_aux: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    attention_bias: bool = False
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: DrafterSpec) -> DrafterArgs:
+        def need(name: str) -> Any:
+            value = getattr(spec, name)
+            if value is None:
+                from .errors import IncompatibleDrafterError
+
+                raise IncompatibleDrafterError(f"the drafter's config lacks '{name}'", key=name)
+            return value
+
+        hidden = need("hidden_size")
+        return cls(
+            hidden_size=hidden,
+            target_hidden_size=spec.target_hidden_size or hidden,
+            num_heads=need("num_attention_heads"),
+            num_kv_heads=need("num_key_value_heads"),
+            head_dim=need("head_dim"),
+            intermediate_size=need("intermediate_size"),
+            num_layers=need("num_hidden_layers"),
+            vocab_size=need("vocab_size"),
+            draft_vocab_size=spec.draft_vocab_size or need("vocab_size"),
+            num_aux=need("num_aux_hidden_states"),
+            rms_norm_eps=spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6,
+            rope_theta=spec.rope_theta if spec.rope_theta is not None else 10000.0,
+            rope_scaling=spec.rope_scaling,
+            qk_norm=spec.arch == "qwen3",
+            attention_bias=spec.attention_bias,
+            norm_before_residual=spec.norm_before_residual,
+            norm_before_fc=spec.norm_before_fc,
+            fc_norm=spec.fc_norm,
+            norm_output=spec.norm_output,
+        )
+
+
+# ------------------------------------------------------------------------------------ building blocks
+
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """fp32 for half types, fp64 stays fp64 (the math tests run in fp64)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = wide(x)
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies (fp64), with HF `default`, `linear` and `llama3` scaling."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])  # type: ignore[index]
+    elif kind == "llama3":
+        assert scaling is not None
+        factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        mid = (wavelen <= old / low) & (wavelen >= old / high)
+        inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind not in ("default", None):
+        from .errors import IncompatibleDrafterError
+
+        raise IncompatibleDrafterError(f"rope_scaling type '{kind}' is not implemented in the reference drafter",
+                                       key="rope_scaling")
+    return inv
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """NeoX rotate-half RoPE in fp32 (fp64 for fp64 x). x: (B, nh, T, d), positions: (B, T)."""
+    x32 = wide(x)
+    inv = inv_freq.to(device=x.device, dtype=x32.dtype)
+    angles = positions.to(x32.dtype)[:, None, :, None] * inv[None, None, None, :]  # (B, 1, T, d/2)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    half = x32.shape[-1] // 2
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], -1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: DrafterArgs, in_features: int) -> None:
+        super().__init__()
+        self.a = a
+        self.q_proj = nn.Linear(in_features, a.num_heads * a.head_dim, bias=a.attention_bias)
+        self.k_proj = nn.Linear(in_features, a.num_kv_heads * a.head_dim, bias=a.attention_bias)
+        self.v_proj = nn.Linear(in_features, a.num_kv_heads * a.head_dim, bias=a.attention_bias)
+        self.o_proj = nn.Linear(a.num_heads * a.head_dim, a.hidden_size, bias=False)
+        if a.qk_norm:
+            self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+            self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, nh, T, d) and k, v (B, nkv, T, d), RoPE applied."""
+        B, T, _ = x.shape
+        a = self.a
+        q = self.q_proj(x).view(B, T, a.num_heads, a.head_dim)
+        k = self.k_proj(x).view(B, T, a.num_kv_heads, a.head_dim)
+        v = self.v_proj(x).view(B, T, a.num_kv_heads, a.head_dim)
+        if a.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q (B, nh, Tq, d); k, v (B, nkv, Tk, d); mask (Tq, Tk) True = visible. Returns (B, Tq, H)."""
+        a = self.a
+        group = a.num_heads // a.num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = (wide(q) @ wide(k).transpose(-1, -2)) / math.sqrt(a.head_dim)  # (B, nh, Tq, Tk)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        out = (probs @ v).transpose(1, 2).reshape(q.shape[0], q.shape[2], a.num_heads * a.head_dim)
+        return self.o_proj(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: DrafterArgs) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    """Decoder layer i. Layer 0 takes [norm(embeds) ; hidden_norm(hidden)] (2H wide)."""
+
+    def __init__(self, a: DrafterArgs, index: int) -> None:
+        super().__init__()
+        self.a, self.index = a, index
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        if index == 0:
+            self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.self_attn = Attention(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.mlp = FeedForward(a)
+
+    def inputs(self, hidden: torch.Tensor, embeds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention input, residual) for this layer."""
+        if self.index == 0:
+            assert embeds is not None
+            normed = self.hidden_norm(hidden)
+            attn_in = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H), embedding first
+            return attn_in, (normed if self.a.norm_before_residual else hidden)
+        return self.input_layernorm(hidden), hidden
+
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        s1 = residual + attn_out
+        return s1 + self.mlp(self.post_attention_layernorm(s1))  # pre-norm layer output
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # (B, T, V_d) draft-vocab logits, fp32
+    feedback: torch.Tensor  # (B, T, H) the state fed to the next step
+    target_ids: torch.Tensor  # (B, T) greedy draft mapped to target ids
+
+
+class Drafter(nn.Module):
+    def __init__(self, a: DrafterArgs) -> None:
+        super().__init__()
+        self.a = a
+        width = a.num_aux * a.target_hidden_size
+        if a.norm_before_fc:
+            self.input_norm = RMSNorm(width, a.rms_norm_eps)
+        if a.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(a.target_hidden_size, a.rms_norm_eps) for _ in range(a.num_aux))
+        self.fc = nn.Linear(width, a.hidden_size, bias=False)
+        self.layers = nn.ModuleList(Layer(a, i) for i in range(a.num_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.lm_head = nn.Linear(a.hidden_size, a.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(a.draft_vocab_size, dtype=torch.long), persistent=True)
+        # a plain attribute, not a buffer: Module.to(dtype) must not round it to bf16
+        self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta, a.rope_scaling)
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """(B, T, n_aux·H_t) target features → (B, T, H); step 0 only."""
+        x = aux.to(self.fc.weight.dtype)
+        if self.a.norm_before_fc:
+            x = self.input_norm(x)
+        if self.a.fc_norm:
+            chunks = x.split(self.a.target_hidden_size, dim=-1)  # chunk j = j-th smallest aux id
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
+        return self.fc(x)
+
+    def head(self, s2: torch.Tensor) -> StepOutput:
+        post = self.norm(s2)
+        logits = wide(self.lm_head(post))
+        draft = logits.argmax(-1)
+        return StepOutput(logits, post if self.a.norm_output else s2, draft + self.d2t[draft])
+
+    def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits scattered to target ids, −inf elsewhere (vLLM `compute_logits`)."""
+        out = logits.new_full((*logits.shape[:-1], self.a.vocab_size), float("-inf"))
+        ids = torch.arange(self.a.draft_vocab_size, device=logits.device) + self.d2t
+        return out.index_copy(-1, ids, logits)
+
+    # -- all anchors at once (parity, training-time-test layout) -----------------------------
+
+    def run(self, aux: torch.Tensor, tokens: torch.Tensor, steps: int,
+            embed: torch.Tensor | None = None) -> list[StepOutput]:
+        """Draft `steps` tokens from every anchor t = 0..T-1, teacher-forced.
+
+        aux: (B, T, n_aux·H_t) target features of positions 0..T-1; tokens: (B, T + steps) token ids,
+        the step-j input of anchor t is tokens[t + j + 1] at position t + j. `embed` overrides the
+        embedding table (the target's, for drafters that ship none).
+        """
+        B, T = aux.shape[:2]
+        table = self.embed_tokens.weight if embed is None else embed.to(self.embed_tokens.weight.dtype)
+        pos0 = torch.arange(T, device=aux.device).expand(B, T)
+        causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
+        diag = torch.eye(T, dtype=torch.bool, device=aux.device)
+        caches: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in self.layers]
+        hidden = self.combine(aux)
+        outs = []
+        for j in range(steps):
+            embeds = F.embedding(tokens[:, j + 1: j + 1 + T], table)
+            mask = torch.cat([causal] + [diag] * j, dim=1)  # (T, T·(j+1)): context ≤ t, own chain
+            x, emb = hidden, embeds
+            for layer, (ks, vs) in zip(self.layers, caches, strict=True):
+                attn_in, residual = layer.inputs(x, emb)
+                q, k, v = layer.self_attn.project(attn_in, pos0 + j, self.inv_freq)
+                ks.append(k)
+                vs.append(v)
+                x = layer.finish(residual, layer.self_attn.attend(q, torch.cat(ks, 2), torch.cat(vs, 2), mask))
+                emb = None
+            out = self.head(x)
+            outs.append(out)
+            hidden = out.feedback
+        return outs
+
+
+@dataclass
+class ChainCache:
+    """Drafter KV for one sequence: context entries (target-derived) plus the current chain's."""
+
+    k: list[torch.Tensor] = field(default_factory=list)  # per layer (B, nkv, P, d)
+    v: list[torch.Tensor] = field(default_factory=list)
+
+
+def prefill(drafter: Drafter, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
+            cache: ChainCache, embed: torch.Tensor | None = None) -> StepOutput:
+    """Write context entries (features of positions p paired with token p+1) and return step-0 output."""
+    table = drafter.embed_tokens.weight if embed is None else embed.to(drafter.embed_tokens.weight.dtype)
+    return _incremental(drafter, drafter.combine(aux), F.embedding(next_tokens, table), positions, cache)
+
+
+def chain_step(drafter: Drafter, feedback: torch.Tensor, token: torch.Tensor, position: torch.Tensor,
+               cache: ChainCache, embed: torch.Tensor | None = None) -> StepOutput:
+    """One chain step: previous feedback (B, 1, H) and previous draft's target id (B, 1)."""
+    table = drafter.embed_tokens.weight if embed is None else embed.to(drafter.embed_tokens.weight.dtype)
+    return _incremental(drafter, feedback, F.embedding(token, table), position, cache)
+
+
+def _incremental(drafter: Drafter, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
+                 cache: ChainCache) -> StepOutput:
+    T = hidden.shape[1]
+    x, emb = hidden, embeds
+    for i, layer in enumerate(drafter.layers):
+        attn_in, residual = layer.inputs(x, emb)
+        q, k, v = layer.self_attn.project(attn_in, positions, drafter.inv_freq)
+        if i == len(cache.k):
+            cache.k.append(k)
+            cache.v.append(v)
+        else:
+            cache.k[i] = torch.cat([cache.k[i], k], 2)
+            cache.v[i] = torch.cat([cache.v[i], v], 2)
+        P = cache.k[i].shape[2]
+        mask = torch.ones(T, P, dtype=torch.bool, device=hidden.device).tril(P - T)  # causal within the new block
+        x = layer.finish(residual, layer.self_attn.attend(q, cache.k[i], cache.v[i], mask))
+        emb = None
+    return drafter.head(x)
