@@ -53,13 +53,10 @@ class LoadedDrafter:
     stored_dtypes: dict[str, str]
     has_embed: bool
 
-    def build(self, dtype: torch.dtype, device: str, embed: torch.Tensor | None) -> Drafter:
-        model = Drafter(self.args)
+    def build(self, dtype: torch.dtype, device: str) -> Drafter:
+        with torch.device("meta"):  # no random init of weights that are replaced anyway
+            model = Drafter(self.args, own_embedding=self.has_embed)
         state = {k: v for k, v in self.tensors.items() if k != "t2d"}
-        if not self.has_embed:
-            if embed is None:
-                raise IncompatibleDrafterError(f"{self.source}: no embed_tokens and no target embedding to borrow")
-            state["embed_tokens.weight"] = embed.float()
         if "d2t" not in state:
             state["d2t"] = torch.zeros(self.args.draft_vocab_size, dtype=torch.long)
         expected = set(model.state_dict())
@@ -70,8 +67,7 @@ class LoadedDrafter:
             raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
                                            f"({len(extra)} unexpected, {len(missing)} missing)",
                                            tensor=(extra or missing)[0])
-        model.load_state_dict(state, strict=True)
-        model.d2t = model.d2t.long()
+        model.load_state_dict(state, strict=True, assign=True)  # shares the fp32 tensors, no copy
         return model.to(device=device, dtype=dtype).eval()
 
 
@@ -91,7 +87,7 @@ def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: 
         if canon.startswith("layers.") and canon.endswith(".hidden_norm.weight") and not canon.startswith("layers.0."):
             continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
         value = np.ascontiguousarray(view.read(canon))
-        t = torch.from_numpy(value.copy())
+        t = torch.from_numpy(value if value.flags.writeable else value.copy())
         tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
     stored = {c: view.info(c).dtype for c in view.names()}
     return LoadedDrafter(source, dialect.name, spec, args, tensors, stored, "embed_tokens.weight" in tensors)
@@ -118,9 +114,13 @@ def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens:
         chunks.append(torch.randn(1, tokens, args.target_hidden_size, generator=g) * sigma)
     aux = torch.cat(chunks, dim=-1)
     aux[:, 0] *= 30.0
-    tok = torch.randint(0, args.vocab_size, (1, tokens + steps), generator=g)
-    embed = torch.randn(args.vocab_size, args.hidden_size, generator=g) * 0.5
-    return Inputs(aux, tok, embed, f"synthetic (seed {seed}): per-layer scales 0.5·sqrt(1+id), sink ×30 at 0")
+    # token ids from the first 4096 ids, so a borrowed synthetic table stays small (a 128k x 4096
+    # table would cost 2 GB for rows nobody reads); which ids they are does not matter to the drafter
+    rows = min(args.vocab_size, 4096)
+    tok = torch.randint(0, rows, (1, tokens + steps), generator=g)
+    embed = torch.randn(rows, args.hidden_size, generator=g) * 0.5
+    return Inputs(aux, tok, embed, f"synthetic (seed {seed}): per-layer scales 0.5·sqrt(1+id), sink ×30 at 0, "
+                  f"token ids < {rows}")
 
 
 def target_inputs(target_source: str, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int, seed: int,
@@ -336,12 +336,15 @@ def choose_regime(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str],
 
 def _run(d: LoadedDrafter, dtype: str, device: str, inputs: Inputs, embed: torch.Tensor | None,
          steps: int) -> list[StepOutput]:
-    model = d.build(DTYPES[dtype], device, embed)
-    return model.run(inputs.aux.to(device), inputs.tokens.to(device), steps)
+    if not d.has_embed and embed is None:
+        raise IncompatibleDrafterError(f"{d.source}: no embed_tokens and no target embedding to borrow")
+    model = d.build(DTYPES[dtype], device)
+    return model.run(inputs.aux.to(device), inputs.tokens.to(device), steps, embed=None if d.has_embed else embed)
 
 
 def _same_shape(cand: LoadedDrafter, ref: LoadedDrafter) -> None:
-    fields = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "num_layers")
+    fields = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "num_layers",
+              "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "qk_norm")
     for f in fields:
         if getattr(cand.args, f) != getattr(ref.args, f):
             raise IncompatibleDrafterError(f"{f} differs: candidate {getattr(cand.args, f)}, reference "

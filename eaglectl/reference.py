@@ -110,7 +110,7 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     """Inverse frequencies (fp64), with HF `default`, `linear` and `llama3` scaling."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "linear":
         inv = inv / float(scaling["factor"])  # type: ignore[index]
@@ -228,7 +228,10 @@ class StepOutput:
 
 
 class Drafter(nn.Module):
-    def __init__(self, a: DrafterArgs) -> None:
+    """`own_embedding=False` for drafters that ship no `embed_tokens`: pass the target's table (or
+    any table covering the token ids used) as `embed` to `run` / `prefill` / `chain_step`."""
+
+    def __init__(self, a: DrafterArgs, own_embedding: bool = True) -> None:
         super().__init__()
         self.a = a
         width = a.num_aux * a.target_hidden_size
@@ -243,7 +246,15 @@ class Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(a.draft_vocab_size, dtype=torch.long), persistent=True)
         # a plain attribute, not a buffer: Module.to(dtype) must not round it to bf16
         self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta, a.rope_scaling)
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        if own_embedding:
+            self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+
+    def table(self, embed: torch.Tensor | None) -> torch.Tensor:
+        if embed is not None:
+            return embed.to(device=self.fc.weight.device, dtype=self.fc.weight.dtype)
+        if not hasattr(self, "embed_tokens"):
+            raise ValueError("this drafter has no embed_tokens: pass the target's embedding table")
+        return self.embed_tokens.weight
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -280,7 +291,7 @@ class Drafter(nn.Module):
         embedding table (the target's, for drafters that ship none).
         """
         B, T = aux.shape[:2]
-        table = self.embed_tokens.weight if embed is None else embed.to(self.embed_tokens.weight.dtype)
+        table = self.table(embed)
         pos0 = torch.arange(T, device=aux.device).expand(B, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
         diag = torch.eye(T, dtype=torch.bool, device=aux.device)
@@ -315,15 +326,13 @@ class ChainCache:
 def prefill(drafter: Drafter, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
             cache: ChainCache, embed: torch.Tensor | None = None) -> StepOutput:
     """Write context entries (features of positions p paired with token p+1) and return step-0 output."""
-    table = drafter.embed_tokens.weight if embed is None else embed.to(drafter.embed_tokens.weight.dtype)
-    return _incremental(drafter, drafter.combine(aux), F.embedding(next_tokens, table), positions, cache)
+    return _incremental(drafter, drafter.combine(aux), F.embedding(next_tokens, drafter.table(embed)), positions, cache)
 
 
 def chain_step(drafter: Drafter, feedback: torch.Tensor, token: torch.Tensor, position: torch.Tensor,
                cache: ChainCache, embed: torch.Tensor | None = None) -> StepOutput:
     """One chain step: previous feedback (B, 1, H) and previous draft's target id (B, 1)."""
-    table = drafter.embed_tokens.weight if embed is None else embed.to(drafter.embed_tokens.weight.dtype)
-    return _incremental(drafter, feedback, F.embedding(token, table), position, cache)
+    return _incremental(drafter, feedback, F.embedding(token, drafter.table(embed)), position, cache)
 
 
 def _incremental(drafter: Drafter, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,

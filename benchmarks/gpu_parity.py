@@ -1,0 +1,76 @@
+"""GPU check: `verify` in bf16 on CUDA against the fp32 CPU reference, on the bundled fixtures and a
+synthetic 8B-class drafter; writes the per-step numbers as one JSON file.
+
+On a machine with a GPU (e.g. the device tool):
+    python benchmarks/gpu_parity.py --out gpu-parity.json
+Locally, to check the script itself without a GPU (what the test suite does):
+    python benchmarks/gpu_parity.py --device cpu --skip-8b --out /tmp/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--skip-8b", action="store_true")
+    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
+    args = ap.parse_args()
+
+    import torch
+
+    from eaglectl.parity import verify
+
+    sources = [p for p in sorted((ROOT / "fixtures" / "drafters").iterdir())
+               if p.name not in ("modelopt-mla", "eagle-3-bin")]
+    if not args.skip_8b:
+        from bench_verify import DIMS, build
+
+        big = args.work / "gpu-8B"
+        build(big, **DIMS)
+        sources.append(big)
+    results = {
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "runs": [],
+    }
+    ok = True
+    try:
+        for src in sources:
+            for dtype in args.dtypes.split(","):
+                t = time.perf_counter()
+                tokens = 128 if src.name == "gpu-8B" else 64
+                rep = verify(str(src), device=args.device, dtype=dtype, steps=3, tokens=tokens)
+                row = {"source": src.name, "dtype": dtype, "seconds": round(time.perf_counter() - t, 2),
+                       "passed": rep.passed, "regime": rep.regime,
+                       "per_step": [{k: v for k, v in m.__dict__.items()} for m in rep.metrics]}
+                ok &= bool(rep.passed)
+                results["runs"].append(row)
+                worst = max(rep.metrics, key=lambda m: m.kl_mean)
+                print(f"{src.name:28} {dtype:9} passed={rep.passed} kl_mean<= {worst.kl_mean:.2e} "
+                      f"top1>= {min(m.top1_agreement for m in rep.metrics):.4f} "
+                      f"cos_min>= {min(m.state_cos_min for m in rep.metrics):.6f}", flush=True)
+    finally:
+        shutil.rmtree(args.work / "gpu-8B", ignore_errors=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
