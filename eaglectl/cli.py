@@ -132,6 +132,71 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, device: 
                                   reported=True)
 
 
+def _aux_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        return tuple(int(x) for x in value.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise click.BadParameter("comma-separated integers, e.g. 2,16,29") from None
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from .convert import parse_size
+
+    try:
+        return None if value is None else parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+WRITABLE = [name for name in formats.names() if formats.get(name).writer is not None]
+
+
+@cli.command("convert", epilog="""\b
+Examples:
+  eaglectl convert ./eagle-head ./out --to speculators --target meta-llama/Llama-3.1-8B-Instruct
+  eaglectl convert ./nemo-draft ./vllm-draft --to modelopt --dry-run
+  eaglectl convert ./head ./head-fp16 --to specforge --dtype float16 --max-shard-size 2GB
+""")
+@click.argument("source")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--to", "to", type=click.Choice(WRITABLE), required=True, help="Destination dialect.")
+@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Source dialect, if detection cannot tell.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
+@click.option("--target", metavar="TARGET", help="Target model: verifier name, vocab, default aux ids, missing tables.")
+@click.option("--aux-layer-ids", callback=_aux_ids, metavar="IDS", help="Aux ids in vLLM's (boundary) convention.")
+@click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
+              help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
+@click.option("--max-shard-size", callback=_size, metavar="SIZE", help="Shard the output (e.g. 5GB).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Replace an existing DEST.")
+@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@json_option
+def convert_cmd(source: str, dest: str, to: str, from_dialect: str | None, dtype: str | None, target: str | None,
+                aux_layer_ids: tuple[int, ...] | None, source_aux_convention: str | None, max_shard_size: int | None,
+                dry_run: bool, force: bool, allow_pickle: bool, as_json: bool) -> None:
+    """Convert a drafter between dialects: planned, streamed, fail-closed, checked after writing.
+
+    Every source tensor is copied (byte ranges), cast, dropped by a named rule, or the conversion
+    fails naming it. Semantic flags, aux ids (translated between conventions) and the vocabulary
+    mapping are written explicitly. DEST appears only when complete and re-checked.
+    """
+    from .convert import ConversionResult, execute, open_source, plan_conversion
+    from .inspection import open_target
+
+    src = open_source(source, from_dialect, allow_pickle)
+    tgt = open_target(target) if target else None
+    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=aux_layer_ids,
+                           source_aux_convention=source_aux_convention, max_shard_size=max_shard_size)
+    result = (ConversionResult(plan, False, []) if dry_run
+              else execute(plan, src, target=tgt, force=force, progress=report.progress))
+    if as_json:
+        report.emit_json(result.to_json())
+    else:
+        report.render_conversion(result)
+
+
 @cli.command("formats")
 @json_option
 def formats_cmd(as_json: bool) -> None:

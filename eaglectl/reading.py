@@ -209,8 +209,13 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView) -> tuple[
 
 
 def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...] | None, str]:
-    convention, why = dialect.aux_convention_for(probe)
-    f.sources["aux_convention"] = f"dialect: {why}"
+    recorded = config_get(f.config, "eaglectl_provenance.aux_convention")
+    if recorded in ("boundary", "output"):  # eaglectl wrote these ids and said what they mean
+        convention = recorded
+        f.sources["aux_convention"] = "recorded: eaglectl_provenance.aux_convention"
+    else:
+        convention, why = dialect.aux_convention_for(probe)
+        f.sources["aux_convention"] = f"dialect: {why}"
     for path in dialect.aux_ids_paths or AUX_ID_PATHS:
         value = config_get(f.config, path)
         if value is MISSING or value is None:

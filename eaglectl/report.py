@@ -199,3 +199,37 @@ def render_verify(report: Any) -> None:
         out.print("\nfidelity measured (no pass/fail)")
     else:
         out.print("\n" + ("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"))
+
+
+def render_conversion(result: Any) -> None:
+    """Human view of a ConversionResult (the plan, and what the check established)."""
+    plan, out = result.plan, stdout
+    verb = "plan (dry run: nothing written)" if not result.written else "converted"
+    out.print(f"[bold]{verb}[/]  {escape(plan.source)} ({plan.source_dialect}) -> {escape(plan.dest)} "
+              f"({plan.dest_dialect})")
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for col in ("tensor", "action", "dtype", "shape", "from"):
+        t.add_column(col, overflow="fold")
+    for a in plan.tensors:
+        src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
+        t.add_row(escape(a.dest), a.action, a.dtype, _text(list(a.shape)), escape(src or ""))
+    out.print(t)
+    for name, why in plan.dropped:
+        out.print(f"  [yellow]drop[/] {escape(name)}: {escape(why)}")
+    out.print("config:")
+    for c in plan.config_changes:
+        if c["key"] == "eaglectl_provenance":
+            continue
+        new = json_short(c.get("new"))
+        old = json_short(c.get("old"))
+        line = {"added": f"+ {c['key']} = {new}", "removed": f"- {c['key']} (was {old})",
+                "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
+        out.print(f"  {escape(line)}")
+    out.print(f"files: {', '.join(plan.file_names())}")
+    for check in result.checked:
+        out.print(f"[green]checked[/] {escape(check)}")
+
+
+def json_short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

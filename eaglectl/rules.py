@@ -619,7 +619,7 @@ def aux(ctx: Context) -> None:
     if isinstance(declared, int) and n is not None and declared != n:
         ctx.emit("aux-ids-count", f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
                  f"{ctx.where}:num_aux_hidden_states")
-    if ctx.dialect.aux_convention_note and ids is not None:
+    if ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith("dialect"):
         ctx.emit("aux-convention-unverifiable", ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
     if count is not None and count != 3:

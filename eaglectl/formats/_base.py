@@ -65,6 +65,23 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Writer:
+    """How eaglectl writes a dialect. What is absent here the dialect cannot represent, and a
+    conversion that needs it fails with the reason (never a silent default)."""
+
+    architectures: dict[str, str]  # arch family -> `architectures` entry; a missing family cannot be written
+    style: str = "hf"  # hf: decoder fields at the top level | speculators: nested transformer_layer_config
+    aux_ids_paths: tuple[str, ...] = ()  # where aux ids go (in the dialect's convention); () = cannot record
+    flag_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> paths; absent = must be False
+    extra_config: dict[str, Any] = field(default_factory=dict)  # constant keys (dotted paths)
+    max_layers: int | None = None
+    exactly_3_aux: bool = False
+    t2d: bool = True  # write t2d (derived from d2t if needed) for reduced vocabularies
+    require_embed_tokens: bool = False
+    allowed_tensors: tuple[str, ...] | None = None  # regexes of canonical names it can hold (None: all)
+
+
+@dataclass(frozen=True)
 class Dialect:
     """A checkpoint dialect. Every field is data; `formats/__init__.py` interprets them."""
 
@@ -88,6 +105,7 @@ class Dialect:
     aux_convention_note: str | None = None  # why the convention cannot be known from the files
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
+    writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
     pickle_ok: bool = False  # the producer itself ships .bin
     # HF-style config (read by vLLM's EAGLEConfig, sglang, TRT-LLM) vs the speculators format
     hf_style: bool = True

@@ -6,7 +6,7 @@ definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnet
 `eagle/traineagle3/config.json` (formats.md §5.1).
 """
 
-from ._base import Dialect, Signal
+from ._base import Dialect, Signal, Writer
 
 _ALL_OFF = "SafeAILab layout cannot express it: EAGLE-3 semantics"
 
@@ -32,6 +32,11 @@ DIALECT = Dialect(
     key_rules=(("layers.0.", "midlayer."),),
     aux_convention="boundary",
     flag_defaults={f: (False, _ALL_OFF) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+    writer=Writer(
+        architectures={"llama": "LlamaForCausalLM"},
+        max_layers=1,
+        allowed_tensors=(r"(?!fc_norm|input_norm).*",),
+    ),
     pickle_ok=True,
     notes=("one decoder layer only", "attention uses hidden/heads, ignoring an explicit head_dim"),
 )

@@ -7,7 +7,7 @@ the training data was generated (HF hooks: output-of-layer; vLLM dumps: boundary
 reported as unverifiable (formats.md §5.5, H13, H21).
 """
 
-from ._base import Dialect, Signal
+from ._base import Dialect, Signal, Writer
 
 DIALECT = Dialect(
     name="modelopt",
@@ -36,6 +36,19 @@ DIALECT = Dialect(
     aux_convention_note=(
         "ModelOpt ids are output-of-layer when the training data came from HF hooks and boundary when it "
         "came from a vLLM dump; the files do not say which"
+    ),
+    writer=Writer(
+        architectures={"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
+                       "mla": "Eagle3DeepseekV2ForCausalLM"},
+        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        flag_paths={"norm_before_residual": ("norm_before_residual",),
+                    "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # H8: both places
+                    "fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+        extra_config={"eagle_config.use_aux_hidden_state": True, "eagle_config.use_input_layernorm_in_first_layer": True,
+                      "eagle_config.use_last_layernorm": True, "eagle_config.use_mtp_layernorm": False,
+                      "eagle_config.next_layer_regular": True, "eagle_config.parallel_draft_step": 1,
+                      "eagle_config.parallel_draft_heads_num_layers": 1},
+        t2d=False,  # the ModelOpt allow-list has no t2d (vLLM ignores it anyway)
     ),
     flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
     flag_defaults={

@@ -7,7 +7,7 @@ PR #879 (2026-09-15): absent means False from then on; before it, absent meant T
 EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (formats.md §5.2, H9).
 """
 
-from ._base import Dialect, Signal
+from ._base import Dialect, Signal, Writer
 
 DIALECT = Dialect(
     name="specforge",
@@ -35,5 +35,13 @@ DIALECT = Dialect(
         "fc_norm": (False, "SpecForge default"),
         "norm_output": (False, "SpecForge default since PR #879 (True in the #568..#879 window)"),
     },
+    writer=Writer(
+        architectures={"llama": "LlamaForCausalLMEagle3"},
+        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+        max_layers=1,
+        exactly_3_aux=True,
+        allowed_tensors=(r"(?!input_norm).*",),
+    ),
     notes=("one decoder layer only", "exactly 3 aux ids"),
 )

@@ -6,7 +6,7 @@ vLLM's reader treats a missing `norm_before_residual` as **True** (the speculato
 is False), so that default is the one recorded here (formats.md §5.3, H6).
 """
 
-from ._base import Dialect, Signal
+from ._base import Dialect, Signal, Writer
 
 DIALECT = Dialect(
     name="speculators",
@@ -29,6 +29,12 @@ DIALECT = Dialect(
         "fc_norm": (False, "vLLM default"),
         "norm_output": (False, "vLLM default"),
     },
+    writer=Writer(
+        architectures={"llama": "Eagle3Speculator", "qwen3": "Eagle3Speculator"},
+        style="speculators",
+        aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
+        flag_paths={f: (f,) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+    ),
     hf_style=False,
     notes=("norm_before_fc together with fc_norm is rejected by speculators",),
 )

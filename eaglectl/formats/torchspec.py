@@ -6,7 +6,7 @@ Marked by `_torchspec_version` in the config and `torchspec_version` in the safe
 shifted +1 to vLLM's boundary convention (formats.md §5.4, commit ec1eeab2).
 """
 
-from ._base import Dialect, Signal
+from ._base import Dialect, Signal, Writer
 
 DIALECT = Dialect(
     name="torchspec",
@@ -28,6 +28,14 @@ DIALECT = Dialect(
             "boundary",
             "TorchSpec --vllm export of a kimi_k2 drafter shifts ids +1",
         ),
+    ),
+    writer=Writer(
+        architectures={"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"},
+        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+        extra_config={"eagle_config.use_aux_hidden_state": True, "_torchspec_version": "eaglectl"},
+        max_layers=1,
+        allowed_tensors=(r"(?!input_norm).*",),
     ),
     flag_fields=frozenset({"fc_norm", "norm_output"}),
     flag_defaults={
