@@ -197,6 +197,49 @@ def convert_cmd(source: str, dest: str, to: str, from_dialect: str | None, dtype
         report.render_conversion(result)
 
 
+@cli.command("upgrade", epilog="""\b
+Examples:
+  eaglectl upgrade ./eagle3-head ./eagle31-head                        # fc_norm = 1, norm_output on
+  eaglectl upgrade ./head ./head-31 --init calibrated --target ./target  # least-squares fc_norm
+  eaglectl upgrade ./safeailab-head ./out --to speculators --target org/target
+""")
+@click.argument("source")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
+@click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
+@click.option("--init", type=click.Choice(["ones", "harmonic", "calibrated", "refit"]), default="ones",
+              show_default=True, help="How fc_norm starts (all but ones run --target over calibration text).")
+@click.option("--target", metavar="TARGET", help="Target model (calibration; fidelity inputs; verifier).")
+@click.option("--calibration-text", type=click.Path(exists=True, dir_okay=False), help="Default: bundled text.")
+@click.option("--to", "to", type=click.Choice(WRITABLE), help="Output dialect (default: the source's).")
+@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Source dialect.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Replace an existing DEST.")
+@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@json_option
+def upgrade_cmd(source: str, dest: str, fc_norm: bool, norm_output: bool, init: str, target: str | None,
+                calibration_text: str | None, to: str | None, from_dialect: str | None, dry_run: bool, force: bool,
+                allow_pickle: bool, as_json: bool) -> None:
+    """Take an EAGLE-3 drafter to the EAGLE-3.1 layout (fc_norm, norm_output).
+
+    Not function-preserving: the result is a warm start for 3.1 fine-tuning, recorded as such in
+    its config and metadata. Reports its fidelity to the source (per-step top-1 agreement and KL).
+    Upgrading a drafter that already has the features changes nothing and says so.
+    """
+    from pathlib import Path
+
+    from .upgrade import upgrade
+
+    text = Path(calibration_text).read_text() if calibration_text else None
+    result = upgrade(source, dest, fc_norm=fc_norm, norm_output=norm_output, init=init, target=target,
+                     calibration_text=text, to=to, from_dialect=from_dialect, allow_pickle=allow_pickle, force=force,
+                     dry_run=dry_run, progress=report.progress)
+    if as_json:
+        report.emit_json(result.to_json())
+    else:
+        report.render_upgrade(result)
+
+
 @cli.command("formats")
 @json_option
 def formats_cmd(as_json: bool) -> None:

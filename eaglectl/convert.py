@@ -99,10 +99,12 @@ class ConversionResult:
     plan: ConversionPlan
     written: bool
     checked: list[str]  # what the post-write check established
+    source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
-                "plan": self.plan.to_json(), "checked": self.checked, "exit_code": 0}
+                "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
+                "exit_code": 0}
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -372,29 +374,84 @@ def _verifier(src: Source, target: TargetFacts | None) -> dict[str, Any] | None:
     return existing if isinstance(existing, dict) and existing.get("name_or_path") else None
 
 
+# The source digest is computed from the bytes streamed while writing (no extra pass over the
+# source) and patched into config and safetensors metadata afterwards; same length, so the header
+# layout does not move.
+DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
+
+
 def provenance(src: Source, operation: str, to: str, **extra: Any) -> dict[str, Any]:
     out = {
         "tool": f"eaglectl {__version__}",
         "operation": operation,
         "source": src.ckpt.hub_ref.display if src.ckpt.hub_ref else src.ckpt.source,
         "source_dialect": src.dialect.name,
-        "source_digest": source_digest(src.ckpt),
+        "source_digest": DIGEST_PLACEHOLDER,
         "dialect": to,
     }
     out.update(extra)
     return out
 
 
-def source_digest(ckpt: Checkpoint) -> str:
-    """sha256 over the tensors' names, dtypes, shapes and bytes (layout- and metadata-independent)."""
+def combine_digests(ckpt: Checkpoint, per_tensor: dict[str, str]) -> str:
+    """sha256 over every source tensor's name, dtype, shape and sha256 (layout- and metadata-free)."""
     h = hashlib.sha256()
     for name in sorted(ckpt.tensor_file):
-        wf = ckpt.tensor_file[name]
-        info = wf.header.tensors[name]
-        h.update(f"{name}|{info.dtype}|{list(info.shape)}|".encode())
-        for chunk in _raw_chunks(ckpt, name):
-            h.update(chunk)
+        info = ckpt.tensors[name]
+        if name not in per_tensor:
+            per_tensor[name] = _digest(_raw_chunks(ckpt, name))
+        h.update(f"{name}|{info.dtype}|{list(info.shape)}|{per_tensor[name]}\n".encode())
     return "sha256:" + h.hexdigest()
+
+
+def _digest(chunks: Any) -> str:
+    h = hashlib.sha256()
+    for _ in _hashing(chunks, h):
+        pass
+    return h.hexdigest()
+
+
+def _hashing(chunks: Any, h: Any) -> Any:
+    """Yield `chunks` while they are read ahead in one thread and hashed in another (both release
+    the GIL on large buffers), so reading, hashing and writing overlap."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as hasher:
+        pending: deque[Any] = deque()
+        for chunk in _read_ahead(chunks):
+            pending.append(hasher.submit(h.update, chunk))
+            if len(pending) > 2:
+                pending.popleft().result()
+            yield chunk
+        for f in pending:
+            f.result()
+
+
+def _read_ahead(chunks: Any, depth: int = 2) -> Any:
+    import queue
+    import threading
+
+    q: queue.Queue[Any] = queue.Queue(depth)
+    done = object()
+    failure: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for c in chunks:
+                q.put(c)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
+            failure.append(e)
+        finally:
+            q.put(done)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    while (item := q.get()) is not done:
+        yield item
+    worker.join()
+    if failure:
+        raise failure[0]
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
@@ -443,8 +500,9 @@ def parse_size(text: str) -> int:
 def _raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Any:
     wf = ckpt.tensor_file[stored]
     if wf.pickled is not None:
-        t = wf.pickled[stored].contiguous()
-        yield t.reshape(-1).view(__import__("torch").uint8).numpy().tobytes()
+        import torch
+
+        yield wf.pickled[stored].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         return
     assert wf.source is not None
     info = wf.header.tensors[stored]
@@ -454,12 +512,13 @@ def _raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Any:
 
 
 def _cast_chunks(ckpt: Checkpoint, stored: str, src_dtype: str, dtype: str) -> Any:
+    """Cast chunk by chunk: elementwise, and the 16 MB chunks hold whole elements."""
     import torch
 
     tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-    raw = b"".join(_raw_chunks(ckpt, stored))
-    t = torch.frombuffer(bytearray(raw), dtype=tdt[src_dtype]).to(tdt[dtype])
-    yield t.view(torch.uint8).numpy().tobytes()
+    for raw in _raw_chunks(ckpt, stored):
+        t = torch.frombuffer(bytearray(raw), dtype=tdt[src_dtype]).to(tdt[dtype])
+        yield t.view(torch.uint8).numpy().tobytes()
 
 
 def _from_numpy(arr: Any, dtype: str) -> bytes:
@@ -508,25 +567,55 @@ def tensor_bytes(a: TensorAction, src: Source, target: TargetFacts | None, suppl
 
 def execute(plan: ConversionPlan, src: Source, *, target: TargetFacts | None = None, force: bool = False,
             supplied: dict[str, bytes] | None = None, progress: Any = None) -> ConversionResult:
-    """Write exactly `plan` into a staging folder, check it against the source, then rename to DEST."""
+    """Write exactly `plan` into a staging folder, check it, then rename to DEST.
+
+    Each tensor's bytes are hashed as they stream out; the check re-reads the output and compares.
+    """
     supplied = supplied or {}
     dest = Path(plan.dest)
     _refuse_overlap(src, dest)
     by_name = {a.dest: a for a in plan.tensors}
+    streamed: dict[str, str] = {}  # dest tensor -> sha256 of the bytes written
     wrap = progress or (lambda it, **kw: it)
+
+    def hashed(a: TensorAction) -> Any:
+        h = hashlib.sha256()
+        yield from _hashing(tensor_bytes(a, src, target, supplied), h)
+        streamed[a.dest] = h.hexdigest()
+
     with staged_output(dest, force=force) as stage:
         names = plan.file_names()
         for file_name, members in wrap(list(zip(names, plan.shards, strict=True)), label="writing", total=len(names)):
-            entries = [TensorEntry(n, by_name[n].dtype, by_name[n].shape,
-                                   lambda a=by_name[n]: tensor_bytes(a, src, target, supplied)) for n in members]
+            entries = [TensorEntry(n, by_name[n].dtype, by_name[n].shape, lambda a=by_name[n]: hashed(a))
+                       for n in members]
             write_safetensors(stage / file_name, entries, plan.metadata)
+        digest = combine_digests(src.ckpt, {a.source: streamed[a.dest] for a in plan.tensors if a.action == "copy"})
+        for file_name in names:
+            _patch(stage / file_name, DIGEST_PLACEHOLDER.encode(), digest.encode())
         if len(names) > 1:
             weight_map = {n: f for f, members in zip(names, plan.shards, strict=True) for n in members}
             index = {"metadata": {"total_size": sum(a.nbytes for a in plan.tensors)}, "weight_map": weight_map}
             (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        (stage / "config.json").write_text(json.dumps(plan.config, indent=2) + "\n")
-        checked = check_written(stage, plan, src, target, supplied)
-    return ConversionResult(plan, True, checked)
+        config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, digest))
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        checked = check_written(stage, plan, streamed, target)
+    return ConversionResult(plan, True, checked, digest)
+
+
+def _patch(path: Path, old: bytes, new: bytes) -> None:
+    """Replace a same-length placeholder inside a safetensors header (the metadata)."""
+    assert len(old) == len(new)
+    with path.open("r+b") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little")
+        header = f.read(n)
+        at = header.find(old)
+        if at < 0:
+            return
+        f.seek(8 + at)
+        f.write(new)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _refuse_overlap(src: Source, dest: Path) -> None:
@@ -537,9 +626,9 @@ def _refuse_overlap(src: Source, dest: Path) -> None:
                               path=str(dest))
 
 
-def check_written(stage: Path, plan: ConversionPlan, src: Source, target: TargetFacts | None,
-                  supplied: dict[str, bytes]) -> list[str]:
-    """Re-open the output: every tensor equals its planned bytes, the dialect is detected, no errors."""
+def check_written(stage: Path, plan: ConversionPlan, streamed: dict[str, str], target: TargetFacts | None) -> list[str]:
+    """Re-open the output: every tensor has its planned dtype/shape and exactly the bytes streamed for it
+    (the source's for copies, the documented transform otherwise); detection names the dialect; no errors."""
     out = open_checkpoint(str(stage))
     where = f"{plan.dest} (staged)"
     expected = {a.dest for a in plan.tensors}
@@ -551,11 +640,10 @@ def check_written(stage: Path, plan: ConversionPlan, src: Source, target: Target
         if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)):
             raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)}, planned "
                                   f"{a.dtype}{list(a.shape)}", tensor=a.dest)
-        if not _same_bytes(_raw_chunks(out, a.dest), tensor_bytes(a, src, target, supplied)):
+        if _digest(_raw_chunks(out, a.dest)) != streamed[a.dest]:
             raise ConversionError(f"{where}: tensor '{a.dest}' does not equal its source ({a.action})", tensor=a.dest)
     checks = [f"{len(plan.tensors)} tensors equal their source or documented transform"]
-    probe = probe_of(out)
-    dialect, _ = formats.detect(probe, where=where)
+    dialect, _ = formats.detect(probe_of(out), where=where)
     if dialect.name != plan.dest_dialect:
         raise ConversionError(f"{where}: written checkpoint is detected as {dialect.name}, not {plan.dest_dialect}")
     checks.append(f"detected as {dialect.name}")
@@ -566,20 +654,3 @@ def check_written(stage: Path, plan: ConversionPlan, src: Source, target: Target
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule}] {errors[0].message}", tensor=errors[0].locator)
     checks.append("inspect finds no errors")
     return checks
-
-
-def _same_bytes(a: Any, b: Any) -> bool:
-    """Compare two streams of byte chunks of any chunking, without holding either whole."""
-    a, b = iter(a), iter(b)
-    x = y = b""
-    while True:
-        if not x:
-            x = next(a, None)
-        if not y:
-            y = next(b, None)
-        if x is None or y is None:
-            return x is None and y is None
-        n = min(len(x), len(y))
-        if memoryview(x)[:n] != memoryview(y)[:n]:
-            return False
-        x, y = x[n:], y[n:]

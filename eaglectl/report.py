@@ -233,3 +233,31 @@ def render_conversion(result: Any) -> None:
 def json_short(value: Any, limit: int = 80) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_upgrade(result: Any) -> None:
+    out = stdout
+    render_conversion(result.conversion)
+    out.print()
+    if result.changed:
+        out.print(f"[bold]upgrade[/]: {', '.join(result.steps)}" + (f" (fc_norm init: {result.init})" if result.init else ""))
+    for note in result.notes:
+        out.print(f"[yellow]note:[/] {escape(note)}")
+    stats = result.statistics
+    if stats:
+        out.print(f"calibration: {stats['tokens']} tokens of {escape(stats['text_source'])} through "
+                  f"{escape(str(stats['target']))}, aux ids {stats['aux_ids_vllm']} (sink excluded)")
+        out.print("  chunk RMS mean " + ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
+                  + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]))
+        if "fc_output_relative_error" in stats:
+            out.print(f"  FC output relative error: {stats['fc_output_relative_error']:.4f} "
+                      f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})")
+    if result.fidelity is not None:
+        out.print(f"fidelity to the source ({escape(result.fidelity.inputs)}):")
+        t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for col in ("step", "top-1 agreement", "near ties", "KL mean", "KL max"):
+            t.add_column(col)
+        for m in result.fidelity.metrics:
+            t.add_row(str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties),
+                      f"{m.kl_mean:.3g}", f"{m.kl_max:.3g}")
+        out.print(t)

@@ -77,3 +77,19 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     commands = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert commands == ["make demo", "make test"]
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_convert_and_upgrade_json_keys_are_documented(tmp_path):
+    from eaglectl.convert import execute, open_source, plan_conversion
+    from eaglectl.upgrade import upgrade
+
+    src = open_source(str(DRAFTERS / "speculators-3"), None, False)
+    doc = execute(plan_conversion(src, tmp_path / "c", "modelopt"), src).to_json()
+    page = (ROOT / "docs" / "convert.md").read_text()
+    for key in [*doc, *doc["plan"], *doc["plan"]["tensors"][0]]:
+        assert f"`{key}`" in page, key
+    up = upgrade(str(DRAFTERS / "speculators-3"), str(tmp_path / "u"), init="calibrated",
+                 target=str(ROOT / "fixtures" / "target-llama")).to_json()
+    page = (ROOT / "docs" / "upgrade.md").read_text()
+    for key in [*up, *up["statistics"], *up["fidelity"], *up["fidelity"]["per_step"][0]]:
+        assert f"`{key}`" in page, key

@@ -360,6 +360,25 @@ def test_cli_choices_and_human_output(invoke, tmp_path):
 def test_provenance_is_recorded(tmp_path):
     convert(DRAFTERS / "nemo-3.1", tmp_path / "o", "modelopt")
     prov = config(tmp_path / "o")["eaglectl_provenance"]
-    assert prov["source_dialect"] == "nemo" and prov["source_digest"].startswith("sha256:")
+    assert prov["source_dialect"] == "nemo" and prov["aux_convention"] == "output"
     meta = open_checkpoint(str(tmp_path / "o")).metadata
     assert meta["format"] == "pt" and json.loads(meta["eaglectl"]) == prov
+
+
+def test_source_digest_identifies_tensors_not_layout(tmp_path):
+    """The digest streamed while writing equals an independent hash, and ignores sharding."""
+    a = convert(DRAFTERS / "speculators-3.1", tmp_path / "a", "modelopt", max_shard_size=10_000)
+    b = convert(DRAFTERS / "speculators-sharded", tmp_path / "b", "modelopt")
+    assert a.source_digest == b.source_digest
+    ck = open_checkpoint(str(DRAFTERS / "speculators-3.1"))
+    h = hashlib.sha256()
+    for name in sorted(ck.tensor_file):
+        info = ck.tensors[name]
+        raw = (DRAFTERS / "speculators-3.1" / "model.safetensors").read_bytes()
+        start = ck.files[0].header.data_start
+        sha = hashlib.sha256(raw[start + info.begin: start + info.end]).hexdigest()
+        h.update(f"{name}|{info.dtype}|{list(info.shape)}|{sha}\n".encode())
+    assert a.source_digest == "sha256:" + h.hexdigest()
+    for shard in sorted((tmp_path / "a").glob("*.safetensors")):
+        meta = json.loads(open_checkpoint(str(shard)).metadata["eaglectl"])
+        assert meta["source_digest"] == a.source_digest == config(tmp_path / "a")["eaglectl_provenance"]["source_digest"]

@@ -1,0 +1,238 @@
+"""`eaglectl upgrade`: an EAGLE-3 drafter to the EAGLE-3.1 layout (`fc_norm`, `norm_output`).
+
+Not function-preserving (math.md §4): `fc_norm` rescales every aux chunk per token and
+`norm_output` changes what steps ≥ 1 see. The result is a warm start that needs fine-tuning, and
+says so in its config and safetensors metadata. `fc_norm` weights are initialised by one of:
+
+- `ones`: γ_j = 1, the plain warm start;
+- `harmonic`: γ_j = c_j·1 with c_j the harmonic mean of chunk j's RMS (math.md §4.1: makes each
+  block's linear contribution unbiased);
+- `calibrated`: per-channel least squares. With u_t the per-chunk normalised aux features and c_t
+  the raw ones, choose γ (n·H_t values) minimising Σ_t ‖W_fc diag(u_t) γ − W_fc c_t‖², i.e. the FC
+  output of the 3.1 drafter closest to the 3.0 one over the calibration tokens. Normal equations
+  (M ⊙ U) γ = (M ⊙ Cᵀ) 1 with M = W_fcᵀW_fc, U = Σ u uᵀ, C = Σ c uᵀ; a tiny ridge keeps it stable;
+- `refit`: keep γ = 1 and refit W_fc by ridge regression from u_t to the 3.0 FC output
+  (W' = W_fc Cᵀ (U + λI)⁻¹): the richest linear option, it changes `fc.weight` too.
+
+Statistics come from the real target (`--target`) on calibration text; position 0 (the sink token,
+whose norm is an outlier) is excluded and its RMS reported separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .convert import ConversionPlan, ConversionResult, Source, execute, open_source, plan_conversion
+from .errors import ConversionError
+
+SCHEMA = "eaglectl.upgrade/1"
+INITS = ("ones", "harmonic", "calibrated", "refit")
+NEEDS_TARGET = ("harmonic", "calibrated", "refit")
+
+
+@dataclass
+class UpgradeResult:
+    source: str
+    dest: str
+    changed: bool
+    steps: list[str]  # what was done, in order
+    init: str | None
+    statistics: dict[str, Any]
+    conversion: ConversionResult
+    fidelity: Any = None  # a ParityReport (mode fidelity) of DEST against SOURCE
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        fid = self.fidelity.to_json() if self.fidelity is not None else None
+        return {
+            "schema": SCHEMA, "tool_version": __version__, "command": "upgrade", "source": self.source,
+            "dest": self.dest, "changed": self.changed, "steps": self.steps, "init": self.init,
+            "statistics": self.statistics, "needs_fine_tuning": self.changed, "dry_run": not self.conversion.written,
+            "fidelity": None if fid is None else {"inputs": fid["inputs"], "per_step": [
+                {k: s[k] for k in ("step", "top1_agreement", "near_ties", "kl_mean", "kl_max", "state_cos_mean")}
+                for s in fid["per_step"]]},
+            "plan": self.conversion.plan.to_json(), "checked": self.conversion.checked, "notes": self.notes,
+            "exit_code": 0,
+        }
+
+
+def upgrade(
+    source: str,
+    dest: str,
+    *,
+    fc_norm: bool = True,
+    norm_output: bool = True,
+    init: str = "ones",
+    target: str | None = None,
+    calibration_text: str | None = None,
+    to: str | None = None,
+    from_dialect: str | None = None,
+    allow_pickle: bool = False,
+    force: bool = False,
+    dry_run: bool = False,
+    fidelity_tokens: int = 64,
+    progress: Any = None,
+) -> UpgradeResult:
+    from .inspection import open_target
+
+    src = open_source(source, from_dialect, allow_pickle)
+    spec = src.spec
+    to = to or src.dialect.name
+    if init not in INITS:
+        raise ConversionError(f"--init {init}: one of {', '.join(INITS)}")
+    if to == src.dialect.name and src.dialect.writer is None:
+        raise ConversionError(f"{source}: eaglectl does not write {to} checkpoints", hint="pass --to DIALECT")
+    if fc_norm and not spec.fc_norm and spec.norm_before_fc:
+        raise ConversionError(f"{source}: the drafter has norm_before_fc; adding fc_norm would normalise twice "
+                              "(vLLM applies both, TRT-LLM one, speculators refuses)",
+                              hint="upgrade with --no-fc-norm (norm_output only)")
+    add_fc_norm = fc_norm and not spec.fc_norm
+    set_norm_output = norm_output and not spec.norm_output
+    steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", set_norm_output)) if on]
+    if init in NEEDS_TARGET and add_fc_norm and target is None:
+        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target")
+    tgt = open_target(target) if target else None
+
+    new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm, norm_output=spec.norm_output or set_norm_output)
+    supplied: dict[str, bytes] = {}
+    extra: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    stats: dict[str, Any] = {}
+    dtype = _float_dtype(src)
+    if add_fc_norm:
+        gammas, new_fc, stats = _init_fc_norm(src, init, target, calibration_text)
+        Ht = spec.aux_width
+        for j, g in enumerate(gammas):
+            canon = f"fc_norm.{j}.weight"
+            extra[canon] = (dtype, (Ht,), f"fc_norm init {init}")  # type: ignore[assignment]
+            supplied[canon] = _to_bytes(g, dtype)
+        if new_fc is not None:
+            extra["fc.weight"] = (dtype, tuple(new_fc.shape), "refit to the 3.0 FC output")
+            supplied["fc.weight"] = _to_bytes(new_fc, dtype)
+    plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra)
+    _mark(plan, steps, init if add_fc_norm else None, stats)
+    notes = []
+    if steps:
+        notes.append("structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune "
+                     "(training-time test) before serving it as a 3.1 drafter")
+    else:
+        notes.append("already has the requested 3.1 features: nothing to change (tensors copied unchanged)")
+    if dry_run:
+        return UpgradeResult(source, dest, bool(steps), steps, init if add_fc_norm else None, stats,
+                             ConversionResult(plan, False, []), None, notes)
+    result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
+    fid = None
+    if steps:
+        from .parity import verify
+
+        fid = verify(dest, against=source, target=target, fidelity=True, tokens=fidelity_tokens, steps=3,
+                     allow_pickle=allow_pickle, text=calibration_text)
+    return UpgradeResult(source, dest, bool(steps), steps, init if add_fc_norm else None, stats, result, fid, notes)
+
+
+def _float_dtype(src: Source) -> str:
+    fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"
+    return fc if fc in ("F32", "BF16", "F16") else "BF16"
+
+
+def _to_bytes(values: np.ndarray, dtype: str) -> bytes:
+    import torch
+
+    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(tdt).view(torch.uint8).numpy().tobytes()
+
+
+def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[str, Any]) -> None:
+    """Provenance in config and safetensors metadata: what was done and that it needs fine-tuning."""
+    import json
+
+    prov = plan.config["eaglectl_provenance"]
+    prov.update({"operation": "upgrade", "upgrade_steps": steps, "fc_norm_init": init, "needs_fine_tuning": bool(steps)})
+    if stats:
+        prov["calibration"] = {k: v for k, v in stats.items() if k != "per_channel"}
+    plan.metadata["eaglectl"] = json.dumps(prov, sort_keys=True)
+
+
+# ------------------------------------------------------------------------------- calibration
+
+def _init_fc_norm(src: Source, init: str, target: str | None, text: str | None
+                  ) -> tuple[list[np.ndarray], np.ndarray | None, dict[str, Any]]:
+    spec = src.spec
+    n, Ht = spec.num_aux_hidden_states, spec.aux_width
+    if n is None or Ht is None:
+        raise ConversionError(f"{src.ckpt.root}: cannot tell the aux count / width from fc.weight")
+    if init == "ones":
+        return [np.ones(Ht, dtype=np.float32) for _ in range(n)], None, {}
+    assert target is not None
+    aux, ids, tokens = _calibration_states(src, target, text)
+    eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
+    chunks = aux.reshape(aux.shape[0], n, Ht)  # (T, n, H_t), position 0 removed
+    rms = np.sqrt((chunks ** 2).mean(-1) + eps)  # (T, n)
+    stats: dict[str, Any] = {
+        "target": target, "aux_ids_vllm": list(ids), "tokens": int(aux.shape[0]), "text_source": tokens,
+        "sink_excluded": True,
+        "rms_mean": [float(x) for x in rms.mean(0)],
+        "rms_harmonic_mean": [float(x) for x in 1.0 / (1.0 / rms).mean(0)],
+        "rms_min": [float(x) for x in rms.min(0)], "rms_max": [float(x) for x in rms.max(0)],
+    }
+    if init == "harmonic":
+        return [np.full(Ht, c, dtype=np.float32) for c in stats["rms_harmonic_mean"]], None, stats
+    W = src.view.read("fc.weight").astype(np.float64)  # (H, n·H_t)
+    u = (chunks / rms[..., None]).reshape(aux.shape[0], n * Ht)  # normalised features
+    c = aux.astype(np.float64)
+    U = u.T @ u  # (D, D)
+    C = c.T @ u  # Σ c uᵀ
+    if init == "calibrated":
+        M = W.T @ W
+        A = M * U
+        rhs = (M * C).sum(0)  # Σ_k M_ki C_ki  (M symmetric)
+        gamma = _ridge_solve(A, rhs)
+        err = _relative_fc_error(W, c, u, gamma, None)
+        stats["fc_output_relative_error"] = err
+        stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
+        return [gamma[j * Ht:(j + 1) * Ht].astype(np.float32) for j in range(n)], None, stats
+    # refit: W' = W Cᵀ... the ridge regression of g = W c on u: W' = (W C) (U + λI)^-1
+    G = W @ C  # Σ g uᵀ, (H, D)
+    Wn = _ridge_solve(U, G.T).T  # solves (U + λI) X = Gᵀ -> X = Wnᵀ
+    stats["fc_output_relative_error"] = _relative_fc_error(W, c, u, np.ones(n * Ht), Wn)
+    stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
+    return [np.ones(Ht, dtype=np.float32) for _ in range(n)], Wn.astype(np.float32), stats
+
+
+def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    lam = 1e-6 * float(np.trace(A)) / A.shape[0]
+    return np.linalg.solve(A + lam * np.eye(A.shape[0]), b)
+
+
+def _relative_fc_error(W: np.ndarray, c: np.ndarray, u: np.ndarray, gamma: np.ndarray, W_new: np.ndarray | None) -> float:
+    """‖g' − g‖ / ‖g‖ over the calibration tokens (g = 3.0 FC output, g' = 3.1 FC output)."""
+    g = c @ W.T
+    g_new = (u * gamma) @ (W_new if W_new is not None else W).T
+    return float(np.linalg.norm(g_new - g) / np.linalg.norm(g))
+
+
+def _calibration_states(src: Source, target: str, text: str | None) -> tuple[np.ndarray, tuple[int, ...], str]:
+    import torch
+
+    from .capture import capture_aux, load_target
+    from .parity import BUNDLED_TEXT
+    from .spec import default_aux_ids
+
+    t = load_target(target)
+    ids = src.spec.aux_layer_ids_vllm or default_aux_ids(t.num_layers, "boundary")
+    ids = tuple(sorted(set(ids)))
+    body = text if text is not None else BUNDLED_TEXT.read_text()
+    if t.tokenizer is not None:
+        input_ids = t.tokenizer(body, return_tensors="pt").input_ids[:, :2048]
+        how = "bundled text" if text is None else "given text"
+    else:
+        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
+        raw = torch.tensor(list(body.encode("utf-8"))[:2048]) % t.vocab_size
+        input_ids = raw[None]
+        how = "text bytes as token ids (the target has no tokenizer)"
+    aux = capture_aux(t, input_ids, ids)[0, 1:].double().numpy()  # drop position 0: the sink
+    return aux, ids, how
+
