@@ -19,30 +19,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _measure import measure  # noqa: E402
 from bench_verify import DIMS, build  # noqa: E402
 
-HWM = ("import atexit, sys\n"
-       "def _hwm():\n"
-       "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
-       "    sys.stderr.write('VMHWM ' + line.split()[1] + '\\n')\n"
-       "atexit.register(_hwm)\n")
-CONVERT = HWM + "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
-NAIVE = HWM + ("from safetensors.torch import load_file, save_file\n"
+CONVERT = "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
+NAIVE = ("from safetensors.torch import load_file, save_file\n"
                "sd = load_file(sys.argv[1])\nsd = {k: v.clone() for k, v in sd.items()}\n"
                "save_file(sd, sys.argv[2], metadata={'format': 'pt'})\n")
 
 
 def run(argv: list[str], durable: bool = False) -> tuple[float, float]:
     """Wall time (after flushing earlier writes, so runs do not pay for each other) and peak RSS."""
-    subprocess.run(["sync"], check=True)
-    t = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
-    if durable:
+    if argv[0] == "cp":
         subprocess.run(["sync"], check=True)
-    wall = time.perf_counter() - t
-    if r.returncode != 0:
-        raise SystemExit(f"{argv[:6]} failed: {r.stderr[-2000:]}")
-    rss = int(r.stderr.rsplit("VMHWM ", 1)[1].split()[0]) / 1024 if "VMHWM" in r.stderr else float("nan")
+        t = time.perf_counter()
+        subprocess.run(argv, check=True)
+        if durable:
+            subprocess.run(["sync"], check=True)
+        return time.perf_counter() - t, float("nan")
+    wall, rss, _ = measure(argv[0], argv[2], *argv[3:], sync=True)
     return wall, rss
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _measure import measure as _measure  # noqa: E402
 
 from eaglectl.safetensors_io import TensorEntry, serialize_header  # noqa: E402
 
@@ -83,25 +85,10 @@ def build(folder: Path, H: int, I: int, NH: int, NKV: int, V: int, VD: int) -> i
     return path.stat().st_size
 
 
-# Peak RSS is read from the child's own /proc/self/status VmHWM at exit: rusage's ru_maxrss would
-# include the parent's memory copied at fork time (Linux keeps maxrss across exec).
-_HWM = ("import atexit, sys\n"
-        "def _hwm():\n"
-        "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
-        "    sys.stderr.write('VMHWM ' + line.split()[1] + '\\n')\n"
-        "atexit.register(_hwm)\n")
-
-
 def measure(argv: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB) of one child process (`python -c CODE args`)."""
-    argv = [argv[0], "-c", _HWM + argv[2], *argv[3:]]
-    start = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, check=False)
-    wall = time.perf_counter() - start
-    err = proc.stderr.decode()
-    if proc.returncode not in (0, 1) or "VMHWM" not in err:
-        raise SystemExit(f"{argv[3:]} failed: {err}")
-    return wall, int(err.rsplit("VMHWM ", 1)[1].split()[0]) / 1024
+    wall, rss, _ = _measure(argv[0], argv[2], *argv[3:], ok_codes=(0, 1))
+    return wall, rss
 
 
 INSPECT = ("import sys\nfrom eaglectl.cli import cli\n"

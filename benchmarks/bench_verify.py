@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _measure import measure  # noqa: E402
 
 from eaglectl.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 
@@ -68,14 +70,9 @@ def build(folder: Path, H: int, I: int, NH: int, NKV: int, V: int, VD: int) -> N
         "tie_word_embeddings": False}))
 
 
-HWM = ("import atexit, sys\n"
-       "def _hwm():\n"
-       "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
-       "    sys.stderr.write('VMHWM ' + line.split()[1] + '\\n')\n"
-       "atexit.register(_hwm)\n"
-       "from eaglectl.cli import main\n"
-       "sys.argv = ['eaglectl', 'verify', sys.argv[1], '--tokens', '128', '--steps', '3', '--json']\n"
-       "main()\n")
+VERIFY = ("from eaglectl.cli import main\n"
+          "sys.argv = ['eaglectl', 'verify', sys.argv[1], '--tokens', '128', '--steps', '3', '--json']\n"
+          "main()\n")
 
 
 def split(folder: Path) -> dict[str, float]:
@@ -115,13 +112,10 @@ def main() -> None:
         build(folder, **DIMS)
         print(f"built 8B-class drafter ({(folder / 'model.safetensors').stat().st_size / 1e9:.2f} GB) "
               f"in {time.perf_counter() - t:.1f} s")
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-c", HWM, str(folder)], capture_output=True, text=True, cwd=ROOT)
-        wall = time.perf_counter() - t
-        rss = int(r.stderr.rsplit("VMHWM ", 1)[1].split()[0]) / 1024
-        doc = json.loads(r.stdout)
+        wall, rss, stdout = measure(sys.executable, VERIFY, str(folder))
+        doc = json.loads(stdout)
         print(f"eaglectl verify (CLI, fresh process): {wall:.1f} s wall, peak RSS {rss:.0f} MB, "
-              f"exit {r.returncode}, regime {doc['regime']}, passed {doc['passed']}  "
+              f"exit {doc['exit_code']}, regime {doc['regime']}, passed {doc['passed']}  "
               f"(goal <= 60 s: {'met' if wall <= 60 else 'MISSED'})")
         times = split(folder)
         total = sum(times.values())

@@ -78,6 +78,12 @@ def decoder_layers(model: Any) -> Any:
 @torch.no_grad()
 def capture_aux(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
     """(B, T, len(ids)·H_t): states at boundary ids `layer_ids` (ascending), concatenated in that order."""
+    return run_target(target, input_ids, layer_ids)[1]
+
+
+@torch.no_grad()
+def run_target(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, T, V) and the aux states of `layer_ids` from one forward pass."""
     L = target.num_layers
     bad = [i for i in layer_ids if not 0 <= i <= L]
     if bad:
@@ -100,4 +106,4 @@ def capture_aux(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, .
             h.remove()
     if 0 in layer_ids:
         captured[0] = out.hidden_states[0]
-    return torch.cat([captured[k].float() for k in layer_ids], dim=-1)
+    return out.logits, torch.cat([captured[k].float() for k in layer_ids], dim=-1)

@@ -216,7 +216,7 @@ def plan_conversion(
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
     config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail)
-    config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=dialect.aux_convention)
+    config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=w.aux_convention or dialect.aux_convention)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
     return ConversionPlan(
@@ -284,7 +284,7 @@ def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: Targ
         return None
     if w.exactly_3_aux and len(boundary) != 3:
         fail(f"{dialect.title} holds exactly 3 aux ids, not {len(boundary)}")
-    if dialect.aux_convention == "output":
+    if (w.aux_convention or dialect.aux_convention) == "output":
         if 0 in boundary:
             fail("aux id 0 (the embeddings) has no output-of-layer equivalent")
         return tuple(i - 1 for i in boundary)

@@ -322,6 +322,11 @@ class ChainCache:
     k: list[torch.Tensor] = field(default_factory=list)  # per layer (B, nkv, P, d)
     v: list[torch.Tensor] = field(default_factory=list)
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions (drops the previous chain before new context entries)."""
+        self.k = [t[:, :, :length] for t in self.k]
+        self.v = [t[:, :, :length] for t in self.v]
+
 
 def prefill(drafter: Drafter, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
             cache: ChainCache, embed: torch.Tensor | None = None) -> StepOutput:

@@ -261,3 +261,76 @@ def render_upgrade(result: Any) -> None:
             t.add_row(str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties),
                       f"{m.kl_mean:.3g}", f"{m.kl_max:.3g}")
         out.print(t)
+
+
+def _bar(value: float, width: int = 30) -> str:
+    full = max(0, min(width, round(value * width)))
+    return "█" * full + "·" * (width - full)
+
+
+def render_smoke(rep: Any) -> None:
+    out = stdout
+    doc = rep.to_json()
+    out.print(f"[bold]smoke[/] ({rep.engine})  {escape(rep.drafter)} on {escape(rep.target)}  k={rep.k}, {rep.dtype}, "
+              f"{doc['prompts']['description']}, {rep.max_tokens} new tokens, greedy")
+    v = doc["versions"]
+    out.print("versions: " + ", ".join(f"{k} {v[k]}" for k in v))
+    rows = []
+    for r in [doc, *doc["baselines"]]:
+        name = "drafter" if r is doc else r["name"]
+        if r.get("skipped"):
+            rows.append((name, "skipped: " + r["skipped"], "", "", "", "", ""))
+            continue
+        al = r.get("mean_acceptance_length")
+        rows.append((name, "-" if al is None else f"{al:.3f}",
+                     "-" if al is None else f"{al - 1:.3f}",
+                     "-" if r.get("draft_acceptance_rate") is None else f"{100 * r['draft_acceptance_rate']:.1f}%",
+                     " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
+                     "-" if r.get("num_drafts") is None else str(r["num_drafts"]),
+                     "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
+    out.print(table(None, ["config", "AL", "accepted len", "accept rate", "per position", "drafts", "= no-spec"], rows))
+    per = doc.get("per_position_acceptance") or []
+    if per:
+        out.print("\nper-position acceptance (drafter):")
+        for i, rate in enumerate(per):
+            out.print(f"  {i + 1:2d} {_bar(rate)} {100 * rate:5.1f}%")
+    if doc["speedup"]:
+        out.print("\nspeedup over no speculation (per-user output tokens/s):")
+        conc = sorted({s["concurrency"] for s in doc["speedup"]})
+        configs = list(dict.fromkeys(s["config"] for s in doc["speedup"]))
+        rows = [(c, *(f"{next(s['speedup'] for s in doc['speedup'] if s['config'] == c and s['concurrency'] == n):.2f}x"
+                      for n in conc)) for c in configs]
+        out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
+    for flag in rep.red_flags:
+        out.print(f"[bold red]red flag:[/] {escape(flag)}")
+    if rep.log:
+        out.print(f"[dim]vLLM log: {escape(rep.log)}[/]")
+
+
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
+
+
+def render_check(rep: Any) -> None:
+    out = stdout
+    out.print(f"[bold]check[/]  {escape(rep.source)}")
+    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+    for col in ("stage", "status", "what was checked", "s"):
+        t.add_column(col, overflow="fold")
+    for s in rep.stages:
+        t.add_row(s.name, f"[{STATUS_STYLE[s.status]}]{s.status}[/]", escape(s.detail), f"{s.seconds:.1f}")
+    out.print(t)
+    shown = [f for f in rep.findings if f.severity != "info"]
+    if shown:
+        out.print(table("findings", ["severity", "rule", "message", "where"],
+                        ((f.severity, f.rule, f.message, f.locator) for f in shown)))
+    if rep.card_written:
+        out.print(f"card written: {escape(rep.card_written)}")
+    out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
+
+
+def render_batch(command: str, result: Any) -> None:
+    out = stdout
+    out.print(table(f"{command}: {len(result.rows)} item(s)", ["source", "dest", "exit", "result"],
+                    ((r["source"], r.get("dest", ""), r["exit_code"], r["summary"]) for r in result.rows)))
+    ok = sum(r["exit_code"] == 0 for r in result.rows)
+    out.print(f"\n{ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")

@@ -103,6 +103,8 @@ _rule("aux-ids-count", E, "Number of aux ids differs from fc's in-features / tar
 _rule("aux-count-unsized", E, "N != 3 aux states but vLLM sizes fc for 3 (no num_aux_hidden_states)",
       "write num_aux_hidden_states and eagle_config.eagle_aux_hidden_state_layer_ids")
 _rule("aux-count-not-3", W, "N != 3 aux states: older engines hard-code 3", "serve with vLLM >= 0.22 or sglang with N-aux support")
+_rule("aux-ids-output-convention", W, "Aux ids are output-of-layer ids: vLLM reads the same numbers as boundary "
+      "ids, one layer too early", "for vLLM: eaglectl convert --to speculators (or modelopt), which translates them")
 _rule("aux-convention-unverifiable", W, "The aux-id convention cannot be known from the files",
       "pass the convention when converting; measure AL with `eaglectl smoke`")
 _rule("target-hidden-size", E, "fc's in-features do not fit target_hidden_size x aux count",
@@ -153,6 +155,13 @@ _rule("target-aux-default-collision", E, "No aux ids and the target's default id
 _rule("target-rope-differs", I, "Drafter RoPE differs from the target's (normal for SafeAILab heads)", "nothing, if trained so")
 _rule("target-embeddings", I, "Whether embed_tokens / lm_head rows equal the target's", "nothing")
 _rule("target-verifier-mismatch", W, "speculators verifier differs from --target", "serve with the intended target")
+# --- model card (check)
+_rule("card-base-model", E, "The card's base_model is not the drafter's target", "fix base_model (eaglectl check --card)")
+_rule("card-eagle-version", E, "The card claims another EAGLE version than the files", "fix the eagle3 / eagle3.1 tags")
+_rule("card-tags", W, "The card lacks the speculative-decoding / eagle3 tags", "add them (eaglectl check --card)")
+_rule("card-k", E, "The card's vLLM snippet uses another k than the speculators config", "fix the snippet")
+_rule("card-dialect", E, "The card claims another checkpoint layout than the files", "fix the card")
+_rule("card-provenance", W, "An upgraded drafter's card does not say it needs fine-tuning", "say so (check --card does)")
 
 
 @dataclass
@@ -619,6 +628,9 @@ def aux(ctx: Context) -> None:
     if isinstance(declared, int) and n is not None and declared != n:
         ctx.emit("aux-ids-count", f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
                  f"{ctx.where}:num_aux_hidden_states")
+    if ids is not None and spec.aux_convention == "output" and not ctx.dialect.aux_convention_note:
+        ctx.emit("aux-ids-output-convention", f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; "
+                 f"vLLM would capture {list(ids)}", ctx.where)
     if ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith("dialect"):
         ctx.emit("aux-convention-unverifiable", ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)

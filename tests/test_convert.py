@@ -146,7 +146,10 @@ def test_h3_aux_ids_are_translated_between_conventions(tmp_path):
     convert(tmp_path / "s", tmp_path / "f", "specforge")
     assert config(tmp_path / "f")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]
     convert(DRAFTERS / "speculators-3", tmp_path / "o", "modelopt", aux_layer_ids=(2, 5, 8))
-    assert config(tmp_path / "o")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
+    cfg = config(tmp_path / "o")  # written for vLLM: boundary ids, and the file says so
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 5, 8]
+    assert cfg["eaglectl_provenance"]["aux_convention"] == "boundary"
+    assert inspect_checkpoint(str(tmp_path / "o")).spec.aux_layer_ids_vllm == (2, 5, 8)
 
 
 def test_h3_unverifiable_convention_must_be_stated(tmp_path):
@@ -172,7 +175,7 @@ def test_h4_unsorted_ids_are_refused(tmp_path):
 def test_h5_four_aux_states_are_sized_explicitly(tmp_path):
     convert(DEFECTS / "aux-count-not-3", tmp_path / "o", "modelopt")
     cfg = config(tmp_path / "o")
-    assert cfg["num_aux_hidden_states"] == 4 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4, 6]
+    assert cfg["num_aux_hidden_states"] == 4 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5, 7]
     convert(DEFECTS / "aux-count-not-3", tmp_path / "s", "speculators")
     assert config(tmp_path / "s")["num_aux_hidden_states"] == 4
 
@@ -360,7 +363,7 @@ def test_cli_choices_and_human_output(invoke, tmp_path):
 def test_provenance_is_recorded(tmp_path):
     convert(DRAFTERS / "nemo-3.1", tmp_path / "o", "modelopt")
     prov = config(tmp_path / "o")["eaglectl_provenance"]
-    assert prov["source_dialect"] == "nemo" and prov["aux_convention"] == "output"
+    assert prov["source_dialect"] == "nemo" and prov["aux_convention"] == "boundary"
     meta = open_checkpoint(str(tmp_path / "o")).metadata
     assert meta["format"] == "pt" and json.loads(meta["eaglectl"]) == prov
 

@@ -71,7 +71,8 @@ class Writer:
 
     architectures: dict[str, str]  # arch family -> `architectures` entry; a missing family cannot be written
     style: str = "hf"  # hf: decoder fields at the top level | speculators: nested transformer_layer_config
-    aux_ids_paths: tuple[str, ...] = ()  # where aux ids go (in the dialect's convention); () = cannot record
+    aux_ids_paths: tuple[str, ...] = ()  # where aux ids go; () = cannot record
+    aux_convention: str | None = None  # convention of the ids written (None: the dialect's own)
     flag_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> paths; absent = must be False
     extra_config: dict[str, Any] = field(default_factory=dict)  # constant keys (dotted paths)
     max_layers: int | None = None

@@ -41,6 +41,8 @@ DIALECT = Dialect(
         architectures={"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
                        "mla": "Eagle3DeepseekV2ForCausalLM"},
         aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        # written for vLLM, which reads these ids as boundary ids; the provenance records it
+        aux_convention="boundary",
         flag_paths={"norm_before_residual": ("norm_before_residual",),
                     "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # H8: both places
                     "fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},

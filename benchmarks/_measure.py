@@ -1,0 +1,31 @@
+"""Shared by the benchmarks: run a Python snippet in a fresh process and read its wall time and peak RSS.
+
+Peak RSS is the child's own VmHWM at exit, printed by an atexit hook: rusage's ru_maxrss would include
+the parent's memory copied at fork time (Linux keeps maxrss across exec).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HWM = ("import atexit, sys\n"
+       "def _hwm():\n"
+       "    line = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
+       "    sys.stderr.write('VMHWM ' + line.split()[1] + '\\n')\n"
+       "atexit.register(_hwm)\n")
+
+
+def measure(python: str, code: str, *args: str, ok_codes: tuple[int, ...] = (0,), sync: bool = False
+            ) -> tuple[float, float, str]:
+    """(wall seconds, peak RSS in MB, stdout) of `python -c HWM+code args...`."""
+    if sync:
+        subprocess.run(["sync"], check=True)
+    t = time.perf_counter()
+    r = subprocess.run([python, "-c", HWM + code, *args], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - t
+    if r.returncode not in ok_codes or "VMHWM" not in r.stderr:
+        raise SystemExit(f"{args} failed ({r.returncode}): {r.stderr[-2000:]}")
+    return wall, int(r.stderr.rsplit("VMHWM ", 1)[1].split()[0]) / 1024, r.stdout

@@ -1,0 +1,102 @@
+"""Runs inside the vLLM interpreter (its own virtualenv): JSON request in, JSON result out.
+
+    python _vllm_worker.py REQUEST.json RESULT.json
+
+Standalone on purpose (stdlib + vllm only): eaglectl never imports vLLM in-process, and vLLM's
+torch pin stays out of eaglectl's environment. One `LLM` per configuration (k, drafter and dtype
+are fixed at construction); counters are deltas around the measured `generate` calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+
+def counters(llm) -> dict:  # type: ignore[no-untyped-def]
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
+    names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+    for metric in llm.get_metrics():
+        if metric.name in names:
+            out[names[metric.name]] += int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            values = [int(v) for v in metric.values]
+            acc = out["accepted_per_pos"]
+            out["accepted_per_pos"] = [a + b for a, b in zip(acc + [0] * len(values), values)] if acc else values
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    per = [a - (before["accepted_per_pos"][i] if i < len(before["accepted_per_pos"]) else 0)
+           for i, a in enumerate(after["accepted_per_pos"])]
+    return {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")} | {
+        "accepted_per_pos": per}
+
+
+def run_config(req: dict, cfg: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    max_seqs = max(16, max(req["concurrency"]))
+    kwargs = dict(model=req["target"], skip_tokenizer_init=True, dtype=req["dtype"], max_model_len=req["max_model_len"],
+                  enforce_eager=True, max_num_seqs=max_seqs, disable_log_stats=False, seed=req["seed"],
+                  tensor_parallel_size=req["tensor_parallel_size"])
+    if req.get("revision"):
+        kwargs["revision"] = req["revision"]
+    if cfg["speculative_config"] is not None:
+        kwargs["speculative_config"] = cfg["speculative_config"]
+    llm = LLM(**kwargs)
+    load = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=True, seed=req["seed"])
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
+    llm.generate([TokensPrompt(prompt_token_ids=req["prompts"][0][:8])],
+                 SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)  # warm-up
+    before = counters(llm)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    gen = time.perf_counter() - t
+    result = {"name": cfg["name"], "load_seconds": round(load, 3), "generate_seconds": round(gen, 4),
+              "counters": delta(counters(llm), before),
+              "outputs": [list(o.outputs[0].token_ids) for o in outs], "throughput": []}
+    for c in req["concurrency"]:
+        groups = [prompts[i: i + c] for i in range(0, len(prompts) - c + 1, c)] or [prompts[:c]]
+        walls = []
+        for group in groups:
+            t = time.perf_counter()
+            llm.generate(group, params, use_tqdm=False)
+            walls.append(time.perf_counter() - t)
+        n = sum(len(g) for g in groups)
+        result["throughput"].append({
+            "concurrency": c, "requests": n, "seconds": round(sum(walls), 4),
+            "per_user_tokens_per_s": round(sum(req["max_tokens"] / w * len(g) for g, w in zip(groups, walls)) / n, 3),
+            "total_tokens_per_s": round(req["max_tokens"] * n / sum(walls), 3)})
+    del llm
+    gc.collect()
+    return result
+
+
+def main() -> None:
+    request, result_path = sys.argv[1], sys.argv[2]
+    with open(request) as f:
+        req = json.load(f)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(req.get("kv_cache_gib", 1)))
+    import torch
+    import vllm
+
+    out = {"vllm_version": vllm.__version__, "torch_version": torch.__version__,
+           "cuda": torch.cuda.is_available(), "python": sys.version.split()[0], "configs": []}
+    for cfg in req["configs"]:
+        out["configs"].append(run_config(req, cfg))
+        with open(result_path, "w") as f:  # partial results survive a later crash
+            json.dump(out, f)
+    with open(result_path, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()

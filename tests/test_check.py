@@ -1,0 +1,141 @@
+"""`eaglectl check`: the gate over fixtures and planted defects, the model card, SARIF, batches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from eaglectl.rules import RULES
+
+from .conftest import CORRUPT, DEFECTS, DRAFTERS, TARGET
+
+
+def run(invoke, *args):
+    r = invoke("check", *args, "--json")
+    return r, json.loads(r.stdout)
+
+
+@pytest.mark.parametrize("name,code", [("speculators-3.1", 0), ("specforge-3", 0), ("eagle-3", 0),
+                                       ("modelopt-mla", 0), ("nemo-3.1", 1)])
+def test_fixture_verdicts(invoke, name, code):
+    r, doc = run(invoke, DRAFTERS / name, "--target", TARGET)
+    assert r.exit_code == code == doc["exit_code"]
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert list(stages) == ["inspect", "parity", "smoke", "card"]
+    assert stages["smoke"]["status"] == "skipped" and "--smoke" in stages["smoke"]["detail"]
+    if name == "modelopt-mla":
+        assert stages["parity"]["status"] == "skipped" and "MLA" in stages["parity"]["detail"]
+    elif code == 0:
+        assert stages["parity"]["status"] == "pass"
+    else:
+        assert stages["parity"]["status"] == "skipped"  # never "passed" after inspect errors
+
+
+@pytest.mark.parametrize("rule", sorted(p.name for p in DEFECTS.iterdir()))
+def test_every_planted_defect_fails_the_strict_gate_with_its_rule(invoke, rule):
+    r, doc = run(invoke, DEFECTS / rule, "--strict", "--no-card")
+    assert r.exit_code == 1, doc["stages"]
+    if rule != "nonfinite-values":  # found by inspect --scan, and here by the parity stage
+        assert rule in {f["rule_id"] for f in doc["findings"]}
+    else:
+        assert any(s["status"] == "fail" for s in doc["stages"])
+
+
+def test_card_is_written_then_lints_clean_and_contradictions_are_findings(invoke, tmp_path):
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTERS / "speculators-3.1", d)
+    r, doc = run(invoke, d, "--target", TARGET, "--card")
+    assert r.exit_code == 0 and doc["card_written"] == str(d / "README.md")
+    text = (d / "README.md").read_text()
+    assert "base_model: " in text and "eagle3.1" in text and '"method": "eagle3"' in text
+    assert "<org>/<this-drafter>" in text  # a local path means nothing on the Hub
+    bad = text.replace("- eagle3.1\n", "").replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 5')
+    bad = bad.replace("in the `speculators` layout", "in the `specforge` layout")
+    (d / "README.md").write_text(bad.replace(f"base_model: {TARGET}", "base_model: meta-llama/Other-8B"))
+    r, doc = run(invoke, d, "--target", TARGET)
+    found = {f["rule_id"] for f in doc["findings"]}
+    assert {"card-base-model", "card-eagle-version", "card-k", "card-dialect"} <= found
+    assert r.exit_code == 1 and all(rid in RULES for rid in found)
+
+
+def test_upgraded_drafter_card_says_it_needs_fine_tuning(invoke, tmp_path):
+    assert invoke("upgrade", DRAFTERS / "speculators-3", tmp_path / "u").exit_code == 0
+    r, doc = run(invoke, tmp_path / "u", "--card")
+    assert "needs EAGLE-3.1 fine-tuning" in (tmp_path / "u" / "README.md").read_text()
+    (tmp_path / "u" / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nA drafter.\n")
+    r, doc = run(invoke, tmp_path / "u")
+    assert "card-provenance" in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_smoke_stage_is_skipped_with_the_reason_never_passed(invoke):
+    _, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke")
+    assert doc["stages"][2] == {**doc["stages"][2], "status": "skipped", "detail": "needs --target"}
+    _, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke", "--target", TARGET, "--vllm-python", "/bin/false")
+    assert doc["stages"][2]["status"] == "skipped" and "no vLLM" in doc["stages"][2]["detail"]
+
+
+def test_sarif_lists_findings_with_rules_and_locations(invoke, tmp_path):
+    sarif = tmp_path / "out.sarif"
+    invoke("check", DEFECTS / "d2t-range", "--sarif", sarif)
+    doc = json.loads(sarif.read_text())
+    run0 = doc["runs"][0]
+    assert doc["version"] == "2.1.0" and run0["tool"]["driver"]["name"] == "eaglectl"
+    rules = [r["id"] for r in run0["tool"]["driver"]["rules"]]
+    hit = next(r for r in run0["results"] if r["ruleId"] == "d2t-range")
+    assert hit["level"] == "error" and rules[hit["ruleIndex"]] == "d2t-range"
+    assert hit["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].endswith("model.safetensors")
+    assert hit["locations"][0]["logicalLocations"][0]["name"] == "d2t"
+
+
+def test_batch_manifest_of_mixed_checkpoints(invoke, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps({"source": str(p)}) for p in (
+        DRAFTERS / "speculators-3", DEFECTS / "d2t-range", CORRUPT / "hole.safetensors", DRAFTERS / "specforge-3")))
+    r = invoke("check", "--manifest", manifest, "--json", "--no-card")
+    doc = json.loads(r.stdout)
+    assert [i["exit_code"] for i in doc["items"]] == [0, 1, 4, 0]
+    assert doc["summary"] == {"total": 4, "ok": 2, "failed": 2} and r.exit_code == doc["exit_code"] == 4
+    r = invoke("check", "--manifest", manifest, "--json", "--no-card", "--fail-fast")
+    assert len(json.loads(r.stdout)["items"]) == 2
+
+
+def test_convert_and_upgrade_manifests(invoke, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps(x) for x in (
+        {"source": str(DRAFTERS / "specforge-3"), "dest": str(tmp_path / "a"), "to": "modelopt"},
+        {"source": str(DEFECTS / "d2t-range"), "dest": str(tmp_path / "b"), "to": "modelopt"},
+        {"source": str(DRAFTERS / "nemo-3.1"), "dest": str(tmp_path / "c")})))
+    r = invoke("convert", "--manifest", manifest, "--to", "speculators", "--target", TARGET)
+    assert r.exit_code == 7 and "1 ok" not in r.stdout and "2 ok, 1 failed" in r.stdout
+    assert (tmp_path / "a").exists() and not (tmp_path / "b").exists() and (tmp_path / "c").exists()
+    up = tmp_path / "u.jsonl"
+    up.write_text(json.dumps({"source": str(tmp_path / "a"), "dest": str(tmp_path / "a31")}) + "\n")
+    r = invoke("upgrade", "--manifest", up, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["items"][0]["summary"] == "add-fc-norm, set-norm-output"
+
+
+def test_batch_usage_errors(invoke, tmp_path):
+    assert invoke("convert", DRAFTERS / "eagle-3").exit_code == 2
+    assert invoke("check").exit_code == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"dest": "x"}\n')
+    r = invoke("convert", "--manifest", bad, "--to", "modelopt")
+    assert r.exit_code == 3 and "needs 'source' and 'dest'" in r.stderr
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_scripts(invoke, shell):
+    r = invoke("completion", shell)
+    assert r.exit_code == 0 and "_EAGLECTL_COMPLETE" in r.stdout
+
+
+def test_card_without_the_drafter_tags(invoke, tmp_path):
+    d = tmp_path / "d"
+    shutil.copytree(DRAFTERS / "speculators-3", d)
+    (d / "README.md").write_text("---\nlicense: apache-2.0\n---\nMy drafter.\n")
+    _, doc = run(invoke, d)
+    assert "card-tags" in {f["rule_id"] for f in doc["findings"]}
+    run(invoke, d, "--card")  # rewriting keeps the license it found
+    assert "license: apache-2.0" in (d / "README.md").read_text()

