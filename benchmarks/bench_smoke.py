@@ -1,5 +1,6 @@
 """Benchmark: `eaglectl smoke` overhead against a bare vLLM script doing the same generation, and the
-trained fixtures' acceptance length at k = 1..5 for EAGLE-3 vs EAGLE-3.1, short vs long context.
+trained fixtures' acceptance length for EAGLE-3, EAGLE-3.1, the vanilla draft model and ngram, short vs
+long context, and the speedup by concurrency at k = 3.
 
 Needs the vLLM interpreter (EAGLECTL_VLLM_PYTHON, e.g. .venv-vllm/bin/python). Goal (issue 5):
 <= 10 % wall overhead beyond vLLM start-up.
@@ -65,29 +66,36 @@ def overhead(python: str) -> None:
     print(f"overhead: {smoke - bare:+.1f} s = {100 * (smoke - bare) / bare:+.1f} % of the bare run (goal <= 10 %)")
 
 
-def table() -> None:
+def table(ks: tuple[int, ...]) -> None:
     from eaglectl.smoke import parse_baselines, smoke
 
-    print("\nacceptance length (vLLM, greedy, fp32, 64 new tokens): EAGLE-3 / EAGLE-3.1")
-    print(f"{'k':>2} | {'short (16 x 64-token prompts)':>30} | {'long (4 prompts near max length)':>34}")
-    for k in range(1, 6):
-        cells = []
-        for prompts in ("builtin:short", "builtin:long"):
-            rep = smoke(str(TRAINED / "eagle3"), str(TRAINED / "target"), k=k, prompts=prompts, concurrency=(1,),
-                        baselines=parse_baselines(str(TRAINED / "eagle3.1"))).to_json()
-            cells.append(f"{rep['mean_acceptance_length']:.3f} / {rep['baselines'][0]['mean_acceptance_length']:.3f}")
-        print(f"{k:>2} | {cells[0]:>30} | {cells[1]:>34}", flush=True)
+    base = parse_baselines(f"{TRAINED / 'eagle3.1'},draft_model:{TRAINED / 'vanilla-draft'},ngram,none")
+    names = ["EAGLE-3", "EAGLE-3.1", "vanilla draft", "ngram"]
+    print("\nacceptance length (vLLM, greedy, fp32, 64 new tokens)")
+    print(f"{'k':>2} {'prompts':>7} | " + " | ".join(f"{n:>13}" for n in names))
+    for prompts in ("builtin:short", "builtin:long"):
+        for k in ks:
+            conc = (1, 4, 16) if (k == 3 and prompts == "builtin:short") else (1,)
+            rep = smoke(str(TRAINED / "eagle3"), str(TRAINED / "target"), k=k, prompts=prompts, concurrency=conc,
+                        baselines=base).to_json()
+            als = [rep["mean_acceptance_length"], *(b.get("mean_acceptance_length") for b in rep["baselines"][:3])]
+            print(f"{k:>2} {prompts.split(':')[1]:>7} | " + " | ".join(f"{a:13.3f}" for a in als), flush=True)
+            if len(conc) > 1:
+                speed = rep["speedup"]
+                print("    speedup over no speculation (per-user tokens/s) by concurrency: " + "; ".join(
+                    f"{s['config'].split('/')[-1]} c={s['concurrency']}: {s['speedup']:.2f}x" for s in speed), flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-table", action="store_true")
+    ap.add_argument("--ks", default="1,3,5", help="k values for the acceptance table")
     args = ap.parse_args()
     python = os.environ.get("EAGLECTL_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
     os.environ["EAGLECTL_VLLM_PYTHON"] = python
     overhead(python)
     if not args.skip_table:
-        table()
+        table(tuple(int(k) for k in args.ks.split(",")))
 
 
 if __name__ == "__main__":

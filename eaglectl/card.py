@@ -12,7 +12,7 @@ from typing import Any
 
 from . import __version__
 from .inspection import InspectReport
-from .rules import Finding
+from .rules import Finding, same_model
 
 CARD = "README.md"
 
@@ -120,7 +120,7 @@ def lint_card(card: Any, rep: InspectReport, target: str | None) -> list[Finding
     claimed = data.get("base_model")
     if isinstance(claimed, list):
         claimed = claimed[0] if claimed else None
-    if base and claimed and not _same(claimed, base):
+    if base and claimed and not same_model(claimed, base):
         out.append(Finding("card-base-model", f"card says base_model '{claimed}', the drafter's target is '{base}'",
                            f"{where}:base_model"))
     is31 = rep.spec.eagle_version.startswith("3.1")
@@ -146,9 +146,3 @@ def lint_card(card: Any, rep: InspectReport, target: str | None) -> list[Finding
                            "does not say so", where))
     return out
 
-
-def _same(a: str, b: str) -> bool:
-    def norm(s: str) -> str:
-        return s.rstrip("/").removeprefix("hf://").split("@")[0].rsplit("/", 2)[-1].lower()
-
-    return a == b or norm(a) == norm(b)

@@ -802,12 +802,14 @@ def against_target(ctx: Context) -> None:
     from .hub import parse_hub_id
 
     # only a Hub id names a model anywhere; local paths in a published config are placeholders
-    if isinstance(verifier, str) and parse_hub_id(verifier) and not _same_model(verifier, t.source):
+    if isinstance(verifier, str) and parse_hub_id(verifier) and not same_model(verifier, t.source):
         ctx.emit("target-verifier-mismatch", f"verifier '{verifier}', --target '{t.source}'", ctx.where)
     _fingerprint(ctx, t)
 
 
-def _same_model(a: str, b: str) -> bool:
+def same_model(a: str, b: str) -> bool:
+    """Two model references name the same model (repo id, path or hf:// URI, ignoring revisions)."""
+
     def norm(s: str) -> str:
         return s.rstrip("/").removeprefix("hf://").split("@")[0].rsplit("/", 2)[-1].lower()
 
