@@ -138,9 +138,18 @@ def manifest_options(fn: Any) -> Any:
                         help="JSONL, one item per line: {\"source\": ..., \"dest\": ...} (+ per-item options).")(fn)
 
 
-def _need(*values: str | None) -> None:
-    if any(v is None for v in values):
+def _single_or_batch(command: str, source: str | None, dest: str | None, manifest: str | None, fail_fast: bool,
+                     one: Any, defaults: dict[str, Any], render: Any) -> None:
+    """SOURCE DEST runs once and renders; --manifest runs the batch."""
+    if _run_manifest(command, manifest, fail_fast, one, defaults, need_dest=True):
+        return
+    if source is None or dest is None:
         raise click.UsageError("give SOURCE and DEST, or --manifest FILE")
+    _, _, result = one({"source": source, "dest": dest, **defaults})
+    if report.MODE.json:
+        report.emit_json(result.to_json())
+    else:
+        render(result)
 
 
 def _run_manifest(command: str, manifest: str | None, fail_fast: bool, one: Any, defaults: dict[str, Any],
@@ -232,15 +241,8 @@ def convert_cmd(source: str | None, dest: str | None, to: str | None, from_diale
                   else execute(plan, src, target=tgt, force=force, progress=report.progress))
         return 0, f"{plan.source_dialect} -> {plan.dest_dialect}: {len(plan.tensors)} tensors", result
 
-    defaults = {"to": to, "target": target}
-    if _run_manifest("convert", manifest, fail_fast, one, defaults, need_dest=True):
-        return
-    _need(source, dest)
-    _, _, result = one({"source": source, "dest": dest, **defaults})
-    if as_json:
-        report.emit_json(result.to_json())
-    else:
-        report.render_conversion(result)
+    _single_or_batch("convert", source, dest, manifest, fail_fast, one, {"to": to, "target": target},
+                     report.render_conversion)
 
 
 @cli.command("upgrade", epilog="""\b
@@ -286,15 +288,8 @@ def upgrade_cmd(source: str | None, dest: str | None, fc_norm: bool, norm_output
                       allow_pickle=allow_pickle, force=force, dry_run=dry_run, progress=report.progress)
         return 0, ", ".join(res.steps) or "nothing to change", res
 
-    defaults = {"to": to, "target": target}
-    if _run_manifest("upgrade", manifest, fail_fast, one, defaults, need_dest=True):
-        return
-    _need(source, dest)
-    _, _, result = one({"source": source, "dest": dest, **defaults})
-    if as_json:
-        report.emit_json(result.to_json())
-    else:
-        report.render_upgrade(result)
+    _single_or_batch("upgrade", source, dest, manifest, fail_fast, one, {"to": to, "target": target},
+                     report.render_upgrade)
 
 
 def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
