@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 HWM = ("import atexit, sys\n"
@@ -29,3 +30,13 @@ def measure(python: str, code: str, *args: str, ok_codes: tuple[int, ...] = (0,)
     if r.returncode not in ok_codes or "VMHWM" not in r.stderr:
         raise SystemExit(f"{args} failed ({r.returncode}): {r.stderr[-2000:]}")
     return wall, int(r.stderr.rsplit("VMHWM ", 1)[1].split()[0]) / 1024, r.stdout
+
+
+def work_args(description: str) -> Any:
+    """--work DIR (scratch, removed afterwards unless --keep) for the benchmarks that build checkpoints."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
+    ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
+    return ap.parse_args()

@@ -8,7 +8,6 @@ Goals (issue 4): no-cast conversion <= 2x the cp wall time and <= 400 MB peak RS
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure  # noqa: E402
+from _measure import measure, work_args  # noqa: E402
 from bench_verify import DIMS, build  # noqa: E402
 
 CONVERT = "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
@@ -42,10 +41,7 @@ def run(argv: list[str], durable: bool = False) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
+    args = work_args(__doc__.splitlines()[0])
     work = args.work / "convert"
     shutil.rmtree(work, ignore_errors=True)
     src = work / "src"

@@ -11,7 +11,6 @@ and prints ratios. Goals (issue 2): inspect <= 0.5 s and <= 100 MB peak RSS on b
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _measure import measure as _measure  # noqa: E402
+from _measure import work_args  # noqa: E402
 
 from eaglectl.safetensors_io import TensorEntry, serialize_header  # noqa: E402
 
@@ -106,10 +106,7 @@ def best_of(n: int, argv: list[str]) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
-    ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
-    args = ap.parse_args()
+    args = work_args(__doc__.splitlines()[0])
     py = sys.executable
     bare_wall, bare_rss = best_of(3, [py, "-c", BARE])
     print(f"python startup alone: {bare_wall:.3f} s, {bare_rss:.0f} MB\n")

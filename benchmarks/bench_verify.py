@@ -12,7 +12,6 @@ Goal (issue 3): <= 60 s; peak RSS reported.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure  # noqa: E402
+from _measure import measure, work_args  # noqa: E402
 
 from eaglectl.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
 
@@ -102,10 +101,7 @@ def split(folder: Path) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
+    args = work_args(__doc__.splitlines()[0])
     folder = args.work / "verify-8B"
     try:
         t = time.perf_counter()
