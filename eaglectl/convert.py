@@ -263,7 +263,7 @@ def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: Targ
     elif spec.aux_layer_ids is not None:
         convention = source_convention or spec.aux_convention
         unverifiable = src.dialect.aux_convention_note and spec.sources["aux_convention"].startswith("dialect")
-        if unverifiable and source_convention is None and not _same_convention(src, dialect):
+        if unverifiable and source_convention is None and src.dialect.name != dialect.name:
             fail(f"{src.dialect.aux_convention_note}; pass --source-aux-convention boundary|output")
         shift = 1 if convention == "output" else 0
         boundary = tuple(i + shift for i in spec.aux_layer_ids)
@@ -289,10 +289,6 @@ def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: Targ
             fail("aux id 0 (the embeddings) has no output-of-layer equivalent")
         return tuple(i - 1 for i in boundary)
     return boundary
-
-
-def _same_convention(src: Source, dialect: Dialect) -> bool:
-    return src.dialect.name == dialect.name
 
 
 def _layer_config(src: Source) -> dict[str, Any]:

@@ -107,7 +107,6 @@ class Dialect:
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
-    pickle_ok: bool = False  # the producer itself ships .bin
     # HF-style config (read by vLLM's EAGLEConfig, sglang, TRT-LLM) vs the speculators format
     hf_style: bool = True
     notes: tuple[str, ...] = ()

@@ -37,6 +37,5 @@ DIALECT = Dialect(
         max_layers=1,
         allowed_tensors=(r"(?!fc_norm|input_norm).*",),
     ),
-    pickle_ok=True,
     notes=("one decoder layer only", "attention uses hidden/heads, ignoring an explicit head_dim"),
 )
