@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _measure import measure as _measure  # noqa: E402
 from _measure import work_args  # noqa: E402
 
-from eaglectl.safetensors_io import TensorEntry, serialize_header  # noqa: E402
+from eaglectl.io.safetensors import TensorEntry, serialize_header  # noqa: E402
 
 SIZES = {
     "8B-class": dict(H=4096, I=14336, NH=32, NKV=8, V=128256, VD=32000),

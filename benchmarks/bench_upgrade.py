@@ -17,8 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eaglectl.smoke import smoke  # noqa: E402
-from eaglectl.upgrade import upgrade  # noqa: E402
+from eaglectl.smoke import run as smoke  # noqa: E402
+from eaglectl.upgrade import run as upgrade  # noqa: E402
 
 TRAINED = ROOT / "fixtures" / "trained"
 

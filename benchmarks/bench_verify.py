@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _measure import measure, work_args  # noqa: E402
 
-from eaglectl.safetensors_io import TensorEntry, write_safetensors  # noqa: E402
+from eaglectl.io.safetensors import TensorEntry, write_safetensors  # noqa: E402
 
 DIMS = dict(H=4096, I=14336, NH=32, NKV=8, V=128256, VD=32000)
 

@@ -33,7 +33,7 @@ def main() -> int:
 
     import torch
 
-    from eaglectl.parity import verify
+    from eaglectl.verify import run as verify
 
     sources = [p for p in sorted((ROOT / "fixtures" / "drafters").iterdir())
                if p.name not in ("modelopt-mla", "eagle-3-bin")]

@@ -1,18 +1,20 @@
 """Batch runs for CI migrations: a list of sources or a JSONL manifest, one summary, the worst exit code.
 
 A failing item does not stop the others unless `fail_fast`. Manifest lines are JSON objects with
-`source` and (for convert / upgrade) `dest`; other keys are per-item options (e.g. `to`, `target`).
+`source` (and `dest` for convert / upgrade) plus per-item options named like the command's flags
+(`to`, `target`, `dtype`, `init`, ...); an unknown key is an error, never silently ignored.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_INTERNAL, CheckpointNotFoundError, EaglectlError
+from .errors import EXIT_INTERNAL, EaglectlError, UsageError, filesystem_error
+from .io.jsonio import loads
+from .limits import limit
 
 
 @dataclass
@@ -31,22 +33,36 @@ class BatchResult:
                             "failed": sum(r["exit_code"] != 0 for r in self.rows)}, "exit_code": self.exit_code}
 
 
-def read_manifest(path: str, need_dest: bool) -> list[dict[str, Any]]:
+def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[dict[str, Any]]:
+    """Parse a JSONL manifest; `keys` are the per-item keys the command accepts (besides source/dest)."""
     p = Path(path)
-    if not p.is_file():
-        raise CheckpointNotFoundError(f"{path}: manifest not found", path=path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise filesystem_error(e, "read the manifest", path) from None
+    if len(raw) > limit("json_bytes"):
+        raise UsageError(f"{path}: {len(raw)} bytes exceeds the {limit('json_bytes')}-byte limit")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 (byte {e.start})") from None
+    allowed = keys | {"source"} | ({"dest"} if need_dest else set())
     items = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            obj = json.loads(line)
-        except ValueError:
-            raise CheckpointNotFoundError(f"{path}:{lineno}: not a JSON object", path=path) from None
+            obj = loads(line.encode(), f"{path}:{lineno}")
+        except EaglectlError as e:
+            raise UsageError(e.message) from None
+        where = f"{path}:{lineno}"
         if not isinstance(obj, dict) or not isinstance(obj.get("source"), str) or (
                 need_dest and not isinstance(obj.get("dest"), str)):
-            keys = "'source' and 'dest'" if need_dest else "'source'"
-            raise CheckpointNotFoundError(f"{path}:{lineno}: needs {keys}", path=path)
+            keys_needed = "'source' and 'dest'" if need_dest else "'source'"
+            raise UsageError(f"{where}: needs {keys_needed} (strings)")
+        unknown = sorted(set(obj) - allowed)
+        if unknown:
+            raise UsageError(f"{where}: unknown key '{unknown[0]}' (this command takes: {', '.join(sorted(allowed))})")
         items.append(obj)
     return items
 

@@ -1,8 +1,9 @@
 """`eaglectl check`: the pre-publish gate — inspect, a parity self-check, optional smoke, the model card.
 
-One summary, one exit code. Stages that cannot run here (no vLLM, no target, an MLA drafter for the
-reference) are reported as skipped with the reason, never as passed. SARIF output carries the
-findings for code-scanning UIs.
+One summary, one exit code, and no stage reported as passed that did not run. A stage the user
+asked for (`--smoke`, `--min-acceptance`, `--card`) that cannot run here is a failure with the
+reason; only stages nobody asked for may be "skipped". The drafter is opened once. SARIF output
+carries the findings for code-scanning UIs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
+from .errors import EXIT_FINDINGS, EaglectlError
 from .rules import RULES, Finding
 
 SCHEMA = "eaglectl.check/1"
@@ -26,6 +27,7 @@ class Stage:
     detail: str
     seconds: float = 0.0
     data: dict[str, Any] | None = None
+    requested: bool = False  # the user asked for it (a requested stage is never "skipped")
 
 
 @dataclass
@@ -40,55 +42,71 @@ class CheckReport:
     def exit_code(self) -> int:
         return EXIT_FINDINGS if any(s.status == "fail" for s in self.stages) else 0
 
+    def summary_line(self) -> str:
+        return ", ".join(f"{s.name} {s.status}" for s in self.stages)
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "check", "source": self.source,
                 "stages": [{"name": s.name, "status": s.status, "detail": s.detail, "seconds": round(s.seconds, 3),
-                            "data": s.data} for s in self.stages],
+                            "requested": s.requested, "data": s.data} for s in self.stages],
                 "findings": [f.to_json() for f in self.findings], "card_written": self.card_written,
                 "passed": self.exit_code == 0, "exit_code": self.exit_code}
 
 
-def _timed(name: str, fn: Any) -> Stage:
+def _timed(fn: Any) -> Stage:
     t = time.perf_counter()
     stage = fn()
     stage.seconds = time.perf_counter() - t
     return stage
 
 
-def check(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
-          strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
-          allow_pickle: bool = False) -> CheckReport:
-    from .inspection import inspect_checkpoint
+def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
+        strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
+        allow_pickle: bool = False, base_model: str | None = None) -> CheckReport:
+    """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
+    from .drafter import open_drafter
+    from .inspect import inspect_opened
+    from .target import open_target
 
-    stages: list[Stage] = []
-    t = time.perf_counter()
-    rep = inspect_checkpoint(source, target=target, strict=strict, allow_pickle=allow_pickle)
+    t0 = time.perf_counter()
+    d = open_drafter(source, allow_pickle=allow_pickle)
+    tgt = open_target(target) if target else None
+    rep = inspect_opened(d, tgt, strict=strict)
     s = rep.summary
-    stages.append(Stage("inspect", "fail" if rep.exit_code else "pass",
-                        f"dialect {rep.dialect.name}, EAGLE {rep.spec.eagle_version}: {s['error']} error(s), "
-                        f"{s['warning']} warning(s)" + (" (strict)" if strict else "") +
-                        (f", against {target}" if target else ""), time.perf_counter() - t,
-                        {"dialect": rep.dialect.name, "eagle_version": rep.spec.eagle_version, "summary": s}))
-    out = CheckReport(source, stages, list(rep.findings), root=rep.inputs["root"])
-    stages.append(_timed("parity", lambda: _parity(source, rep, target, allow_pickle)))
-    smoke_doc: dict[str, Any] | None = None
-    smoke_stage = _timed("smoke", lambda: _smoke(source, rep, target, run_smoke, min_acceptance, vllm_python))
-    stages.append(smoke_stage)
-    if smoke_stage.status != "skipped":
-        smoke_doc = smoke_stage.data
-    stages.append(_timed("card", lambda: _card(out, rep, target, card, smoke_doc)))
+    inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
+                          f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "
+                          f"{s['warning']} warning(s)" + (" (strict)" if strict else "") +
+                          (f", against {target}" if target else ""), time.perf_counter() - t0,
+                          {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": s},
+                          requested=True)
+    out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
+    out.stages.append(_timed(lambda: _parity(rep, target)))
+    wants_smoke = run_smoke or min_acceptance is not None
+    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python))
+    out.stages.append(smoke_stage)
+    smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
+    out.stages.append(_timed(lambda: _card(out, rep, card, smoke_doc, base_model)))
     return out
 
 
-def _parity(source: str, rep: Any, target: str | None, allow_pickle: bool) -> Stage:
-    if rep.exit_code and any(f.severity == "error" for f in rep.findings):
+def _parity(rep: Any, target: str | None) -> Stage:
+    if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
     if rep.spec.arch == "mla":
         return Stage("parity", "skipped", "the reference drafter does not run MLA drafters")
-    from .parity import verify
+    from .errors import MissingDependencyError
+    from .model.loader import load_reference
+    from .verify import compare, synthetic_inputs, target_inputs
 
     try:
-        par = verify(source, dtype="bfloat16", target=target, tokens=32, steps=3, allow_pickle=allow_pickle)
+        loaded = load_reference(rep.drafter)
+        if target:
+            from .model.hf import load_target
+
+            inputs = target_inputs(load_target(target), loaded.spec, loaded.args, 32, 3, 0, None)
+        else:
+            inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
+        par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)
     except MissingDependencyError as e:
         return Stage("parity", "skipped", e.message)
     except EaglectlError as e:
@@ -100,59 +118,70 @@ def _parity(source: str, rep: Any, target: str | None, allow_pickle: bool) -> St
                  f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
 
 
-def _smoke(source: str, rep: Any, target: str | None, run: bool, min_acceptance: float | None,
+def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float | None,
            vllm_python: str | None) -> Stage:
-    if not run:
+    if not requested:
         return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM)")
-    if target is None:
-        return Stage("smoke", "skipped", "needs --target")
-    if rep.exit_code:
-        return Stage("smoke", "skipped", "inspect failed")
-    from .smoke import smoke
+    why_not = ("needs --target" if target is None else
+               "inspect found errors" if not rep.servable else None)
+    if why_not:
+        return Stage("smoke", "fail", f"requested but cannot run: {why_not}", requested=True)
+    from . import smoke
 
     try:
-        sm = smoke(source, target, min_acceptance=min_acceptance, vllm_python=vllm_python, concurrency=(1,)).to_json()
-    except MissingDependencyError as e:
-        return Stage("smoke", "skipped", e.message)
+        sm = smoke.run(rep.source, target, min_acceptance=min_acceptance, vllm_python=vllm_python,
+                       concurrency=(1,), preflight=False).to_json()
     except EaglectlError as e:
-        return Stage("smoke", "fail", f"[{e.reference}] {e.message}")
+        return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
     al = sm["mean_acceptance_length"]
     detail = (f"vLLM {sm['versions'].get('vllm_version')}: acceptance length {al:.3f} at k={sm['num_speculative_tokens']}"
               if al is not None else "no drafts")
+    if min_acceptance is not None:
+        detail += f" (--min-acceptance {min_acceptance:g})"
     if sm["red_flags"]:
-        return Stage("smoke", "fail", detail + "; " + sm["red_flags"][0], data=sm)
-    return Stage("smoke", "pass", detail, data=sm)
+        return Stage("smoke", "fail", detail + "; " + sm["red_flags"][0], data=sm, requested=True)
+    return Stage("smoke", "pass", detail, data=sm, requested=True)
 
 
-def _card(out: CheckReport, rep: Any, target: str | None, card: bool | None, smoke_doc: dict[str, Any] | None) -> Stage:
-    from .card import lint_card, load_card, render_card, write_card
+def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, Any] | None,
+          explicit_base: str | None) -> Stage:
+    from .card import base_model, load_card, render_card, write_card
+    from .rules.card import lint_card
 
     if card is False:
         return Stage("card", "skipped", "--no-card")
-    if rep.inputs.get("repo_id"):
+    if rep.drafter.ckpt.hub_ref is not None:
         if card:
-            return Stage("card", "skipped", "cards are written into local folders, not Hub repos")
-    folder = Path(rep.inputs["root"])
-    existing = load_card(folder) if folder.is_dir() else None
-    if card:
-        path = write_card(folder, render_card(rep, target=target, smoke=smoke_doc, existing=existing))
-        out.card_written = str(path)
-        existing = load_card(folder)
+            return Stage("card", "fail", "requested but cannot run: cards are written into local folders, not Hub repos",
+                         requested=True)
+    folder = Path(rep.drafter.root)
+    base = base_model(rep, explicit_base)
+    try:
+        existing = load_card(folder) if folder.is_dir() else None
+        if card:
+            path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing))
+            out.card_written = str(path)
+            existing = load_card(folder)
+    except EaglectlError as e:
+        return Stage("card", "fail", f"[{e.reference}] {e.message}", requested=bool(card))
     if existing is None:
         return Stage("card", "skipped", "no README.md (--card writes one)")
-    found = lint_card(existing, rep, target)
+    from .inspect import speculative_config
+
+    found = lint_card(existing, rep.drafter, base, speculative_config(rep.drafter)["num_speculative_tokens"])
     out.findings.extend(found)
     errors = [f for f in found if f.severity == "error"]
+    note = "" if base else "; base_model unknown (pass --base-model ORG/NAME)"
     return Stage("card", "fail" if errors else "pass",
                  ("written and " if card else "") + f"linted: {len(errors)} error(s), {len(found) - len(errors)} "
-                 "warning(s)")
+                 "warning(s)" + note, requested=bool(card))
 
 
 # ------------------------------------------------------------------------------------------ SARIF
 
 def sarif(reports: list[CheckReport]) -> dict[str, Any]:
     """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file."""
-    used = sorted({f.rule for r in reports for f in r.findings})
+    used = sorted({f.rule_id for r in reports for f in r.findings})
     level = {"error": "error", "warning": "warning", "info": "note"}
     results = []
     for r in reports:
@@ -161,15 +190,16 @@ def sarif(reports: list[CheckReport]) -> dict[str, Any]:
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": uri}}}
             if logical:
                 loc["logicalLocations"] = [{"name": logical, "kind": "member"}]
-            results.append({"ruleId": f.rule, "ruleIndex": used.index(f.rule), "level": level[f.severity],
+            results.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": level[f.severity],
                             "message": {"text": f.message}, "locations": [loc]})
     return {
         "version": "2.1.0",
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "runs": [{
             "tool": {"driver": {"name": "eaglectl", "version": __version__, "rules": [
-                {"id": rid, "shortDescription": {"text": RULES[rid].title}, "help": {"text": RULES[rid].fix},
-                 "defaultConfiguration": {"level": level[RULES[rid].severity]}} for rid in used]}},
+                {"id": rid, "shortDescription": {"text": RULES[rid].title},
+                 **({"help": {"text": RULES[rid].fix}} if RULES[rid].fix else {}),
+                 "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used]}},
             "results": results,
         }],
     }
@@ -189,6 +219,6 @@ def _location(r: CheckReport, f: Finding) -> tuple[str, str | None]:
         path, name = (root / "config.json"), loc
     try:
         uri = str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
+    except (ValueError, OSError):
         uri = path.resolve().as_uri()
     return uri, name or None

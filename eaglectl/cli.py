@@ -1,19 +1,44 @@
-"""The command line. Each command parses options, calls one library function and hands the result
-to `report`. torch is never imported here; heavy modules are imported inside command bodies."""
+"""The command line. Each command parses its options (validated here, at parse time), calls one
+library function (`<command>.run`) and hands the result to `report.finish`. torch is never
+imported here; heavy modules are imported inside command bodies.
+
+One error funnel (`EaglectlGroup.invoke`): eaglectl's own errors are one line and their exit code;
+an OSError naming a path is a filesystem error (15); Ctrl-C is 130, SIGTERM 143; anything else is
+a bug (70, with a traceback under --debug / EAGLECTL_DEBUG=1).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 from . import __version__, formats, report
-from .errors import EXIT_INTERNAL, EaglectlError
+from .errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EaglectlError,
+    UsageError,
+    filesystem_error,
+)
+
+# Workflow order for `eaglectl --help` (Click would sort alphabetically).
+COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "smoke", "check", "capture", "drift", "formats", "rules",
+                 "completion")
 
 
 class EaglectlGroup(click.Group):
     """Turns library errors into one line + exit code, and bugs into exit 70."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self.commands, key=lambda c: COMMAND_ORDER.index(c) if c in COMMAND_ORDER else len(COMMAND_ORDER))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -21,23 +46,189 @@ class EaglectlGroup(click.Group):
         except EaglectlError as e:
             report.error(e)
             ctx.exit(e.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            report.interrupted("interrupted (Ctrl-C); no output was left behind")
+            ctx.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except OSError as e:
+            if e.filename is None or report.SETTINGS.debug:
+                raise
+            report.error(filesystem_error(e, "access"))
+            ctx.exit(filesystem_error(e, "access").exit_code)
         except Exception as e:
-            if os.environ.get("EAGLECTL_DEBUG"):
+            if report.SETTINGS.debug:
                 raise
             report.internal_error(e)
             ctx.exit(EXIT_INTERNAL)
 
 
+# ------------------------------------------------------------------------------ parameter types
+
+class DialectChoice(click.Choice):
+    """The registry's dialects (or the writable ones), read when used: a dialect registered at run
+    time is a valid choice."""
+
+    def __init__(self, writable: bool = False) -> None:
+        self.writable = writable
+        super().__init__([])
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return tuple(formats.writable() if self.writable else formats.names())
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
+class Number(click.ParamType):
+    """A finite number within [lo, hi] (NaN and infinities are refused: `nan` would disable a gate)."""
+
+    name = "number"
+
+    def __init__(self, lo: float = -math.inf, hi: float = math.inf, *, lo_open: bool = False) -> None:
+        self.lo, self.hi, self.lo_open = lo, hi, lo_open
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        below = x <= self.lo if self.lo_open else x < self.lo
+        if not math.isfinite(x) or below or x > self.hi:
+            bound = f"{'>' if self.lo_open else '>='} {self.lo:g}" + (f" and <= {self.hi:g}" if self.hi < math.inf else "")
+            self.fail(f"{value!r} is not a finite number {bound}", param, ctx)
+        return x
+
+
+class IntList(click.ParamType):
+    """Comma-separated integers, every item present (`1,,4` is refused), each within [lo, hi]."""
+
+    name = "ints"
+
+    def __init__(self, lo: int = 0, hi: int = 1 << 20, example: str = "1,4,16") -> None:
+        self.lo, self.hi, self.example = lo, hi, example
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = [x.strip() for x in str(value).split(",")]
+        if not items or any(not x for x in items):
+            self.fail(f"{value!r}: comma-separated integers with no empty item, e.g. {self.example}", param, ctx)
+        try:
+            out = tuple(int(x) for x in items)
+        except ValueError:
+            self.fail(f"{value!r}: comma-separated integers, e.g. {self.example}", param, ctx)
+        if any(not self.lo <= x <= self.hi for x in out):
+            self.fail(f"{value!r}: each value must be in [{self.lo}, {self.hi}]", param, ctx)
+        return out
+
+
+class Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from .convert import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class Baselines(click.ParamType):
+    name = "baselines"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> list[Any]:
+        from .smoke import parse_baselines
+
+        if isinstance(value, list):
+            return value
+        try:
+            return parse_baselines(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+class TextFile(click.ParamType):
+    """A readable, non-empty UTF-8 text file; the value is its text."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        path = Path(str(value))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            self.fail(f"{value}: {getattr(e, 'strerror', None) or 'not readable UTF-8 text'}", param, ctx)
+        if not text.strip():
+            self.fail(f"{value}: the file is empty", param, ctx)
+        return text
+
+
+class OutputFile(click.ParamType):
+    """A file to write: its folder must exist (checked before any work starts)."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        parent = Path(os.path.abspath(str(value))).parent
+        if not parent.is_dir():
+            self.fail(f"{value}: the folder {parent} does not exist", param, ctx)
+        if Path(str(value)).is_dir():
+            self.fail(f"{value}: is a folder", param, ctx)
+        return str(value)
+
+
+SEED = click.IntRange(0, 2**63 - 1)
+
+
+# ---------------------------------------------------------------------------------- shared options
+
+def option(*decls: str, **kw: Any) -> Callable[[Any], Any]:
+    return click.option(*decls, **kw)
+
+
 def json_option(fn: Any) -> Any:
     def set_mode(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-        report.MODE.json = value
+        report.SETTINGS.json = value
         return value
 
-    return click.option("--json", "as_json", is_flag=True, is_eager=True, callback=set_mode, expose_value=True,
-                        help="Print one JSON document on stdout (schema id in 'schema').")(fn)
+    return click.option("--json", is_flag=True, is_eager=True, callback=set_mode, expose_value=False,
+                        help="Print one JSON document on stdout (schema id in 'schema'); no progress, no colour.")(fn)
 
+
+def target_option(help: str, required: bool = False) -> Callable[[Any], Any]:
+    return click.option("--target", metavar="TARGET", required=required, help=help)
+
+
+def from_option(fn: Any) -> Any:
+    return click.option("--from", "from_dialect", type=DialectChoice(),
+                        help="The source's dialect, when detection cannot tell.")(fn)
+
+
+def allow_pickle_option(fn: Any) -> Any:
+    return click.option("--allow-pickle", is_flag=True,
+                        help="Read .bin weights with torch.load(weights_only=True).")(fn)
+
+
+def write_options(fn: Any) -> Any:
+    fn = click.option("--force", is_flag=True,
+                      help="Replace an existing DEST folder that holds only checkpoint files.")(fn)
+    return click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")(fn)
+
+
+def manifest_options(fn: Any) -> Any:
+    fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
+    return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
+                        help="JSONL, one item per line: {\"source\": ..., \"dest\": ...} plus per-item options "
+                             "named like this command's flags (unknown keys are errors).")(fn)
+
+
+# ------------------------------------------------------------------------------------------ group
 
 @click.group(cls=EaglectlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="eaglectl")
@@ -46,12 +237,73 @@ def cli(debug: bool) -> None:
     """Inspect, convert, upgrade, verify and smoke-test EAGLE-3 / EAGLE-3.1 drafters.
 
     Exit codes: 0 ok, 1 findings at error level (warnings too with --strict), 2 usage,
-    3-13 specific failures (see docs/errors.md), 70 internal error.
+    3-17 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
     """
-    report.MODE.json = False
-    if debug:
-        os.environ["EAGLECTL_DEBUG"] = "1"
+    report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")))
 
+
+# ------------------------------------------------------------------------------------- single/batch
+
+def _manifest_keys(cmd: click.Command) -> dict[str, click.Parameter]:
+    """Per-item keys a manifest may use: the command's own options (as their flag names)."""
+    keys = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option) and p.name not in ("manifest", "fail_fast", "dry_run", "force") \
+                and p.expose_value and p.name is not None:
+            flag = max(p.opts, key=len).lstrip("-").replace("-", "_")
+            keys[flag] = p
+    return keys
+
+
+def _item_options(ctx: click.Context, item: dict[str, Any]) -> dict[str, Any]:
+    """A manifest item's options, validated by the same parameter types as the command line."""
+    params = _manifest_keys(ctx.command)
+    out = {}
+    for key, value in item.items():
+        if key in ("source", "dest"):
+            out[key] = value
+            continue
+        p = params[key]
+        try:
+            out[p.name] = p.type_cast_value(ctx, value)  # type: ignore[index]
+        except click.BadParameter as e:
+            raise UsageError(f"manifest key '{key}': {e.message}") from None
+    return out
+
+
+def _single_or_batch(command: str, source: str | None, dest: str | None, manifest: str | None, fail_fast: bool,
+                     one: Callable[[dict[str, Any]], Any], need_dest: bool = True,
+                     items: list[dict[str, Any]] | None = None) -> None:
+    """SOURCE [DEST] runs once and renders; --manifest (or several SOURCES: `items`) runs a batch with
+    one summary and the worst item's exit code."""
+    from .batch import read_manifest, run_batch
+
+    ctx = click.get_current_context()
+    defaults = {k: v for k, v in ctx.params.items() if k not in ("source", "sources", "dest", "manifest", "fail_fast")}
+    if items is not None:
+        if manifest is not None:
+            raise click.UsageError("give SOURCES or --manifest, not both")
+        report.finish_batch(command, run_batch(items, lambda item: _row(one({**defaults, **item})), fail_fast))
+        return
+    if manifest is None:
+        if source is None or (need_dest and dest is None):
+            raise click.UsageError("give SOURCE and DEST, or --manifest FILE" if need_dest else
+                                   "give SOURCE, or --manifest FILE")
+        report.finish(command, one({**defaults, "source": source, "dest": dest}))
+        return
+    if source is not None or dest is not None:
+        raise click.UsageError("give either SOURCE/DEST or --manifest, not both")
+    keys = frozenset(_manifest_keys(ctx.command))
+    lines = read_manifest(manifest, keys, need_dest)
+    report.finish_batch(command, run_batch(lines, lambda item: _row(one({**defaults, **_item_options(ctx, item)})),
+                                           fail_fast))
+
+
+def _row(result: Any) -> tuple[int, str, Any]:
+    return result.exit_code, result.summary_line(), result.to_json()
+
+
+# ---------------------------------------------------------------------------------------- inspect
 
 @cli.command("inspect", epilog="""\b
 Examples:
@@ -60,141 +312,28 @@ Examples:
   eaglectl inspect hf://org/drafter@v2 --json --strict
 """)
 @click.argument("source")
-@click.option("--target", metavar="TARGET", help="Target model folder or Hub id (config and a few rows only).")
-@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Dialect, when detection cannot tell.")
+@target_option("Target model folder or Hub id: checks against its config and a few table rows.")
+@from_option
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
-@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, allow_pickle: bool, as_json: bool) -> None:
+                scan: bool, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
     repo (org/name, org/name@rev, hf://org/name@rev/subfolder). Only headers, config.json and
     small tensors (d2t, t2d) are read; --scan reads everything.
     """
-    from .inspection import inspect_checkpoint
+    from . import inspect
 
-    result = inspect_checkpoint(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
-                                allow_pickle=allow_pickle, revision=revision, progress=report.progress)
-    if as_json:
-        report.emit_json(result.to_json())
-    else:
-        report.render_inspect(result)
-    click.get_current_context().exit(result.exit_code)
+    report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
+                                         allow_pickle=allow_pickle, revision=revision, progress=report.progress))
 
 
-@cli.command("verify", epilog="""\b
-Examples:
-  eaglectl verify ./converted --against ./original          # conversion parity, fp32 CPU
-  eaglectl verify ./drafter --dtype bfloat16 --device cuda  # precision parity vs fp32 CPU
-  eaglectl verify ./drafter --target ./target-model --steps 5 --json
-""")
-@click.argument("candidate")
-@click.option("--against", metavar="REFERENCE", help="Compare with this checkpoint (any dialect) on the same inputs.")
-@click.option("--target", metavar="TARGET", help="Real aux states from this HF target (folder or Hub id).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
-@click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
-@click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--text", type=click.Path(exists=True, dir_okay=False), help="Text for --target (default: bundled).")
-@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Dialect of CANDIDATE.")
-@click.option("--against-from", type=click.Choice(formats.names()), help="Dialect of REFERENCE.")
-@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
-@json_option
-def verify_cmd(candidate: str, against: str | None, target: str | None, device: str, dtype: str, steps: int,
-               tokens: int, seed: int, text: str | None, from_dialect: str | None, against_from: str | None,
-               allow_pickle: bool, as_json: bool) -> None:
-    """Numerical parity of a drafter through the reference drafter.
-
-    With --against: conversion parity (identical tensors must give identical outputs; a dtype
-    change gets that precision's tolerance). Without: CANDIDATE at --dtype on --device against its
-    own fp32 CPU run. Reports per draft step; exit 8 when a step fails (the report prints first).
-    """
-    from pathlib import Path
-
-    from .errors import ParityMismatchError
-    from .parity import verify
-
-    result = verify(candidate, against=against, target=target, device=device, dtype=dtype, steps=steps,
-                    tokens=tokens, seed=seed, text=Path(text).read_text() if text else None,
-                    from_dialect=from_dialect, against_from=against_from, allow_pickle=allow_pickle)
-    if as_json:
-        report.emit_json(result.to_json())
-    else:
-        report.render_verify(result)
-    if result.passed is False:
-        failed = [str(m.step) for m in result.metrics if m.passed is False]
-        raise ParityMismatchError(f"{candidate}: step(s) {', '.join(failed)} exceed the {result.regime} tolerance",
-                                  reported=True)
-
-
-def manifest_options(fn: Any) -> Any:
-    fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
-    return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
-                        help="JSONL, one item per line: {\"source\": ..., \"dest\": ...} (+ per-item options).")(fn)
-
-
-def _single_or_batch(command: str, source: str | None, dest: str | None, manifest: str | None, fail_fast: bool,
-                     one: Any, defaults: dict[str, Any], render: Any) -> None:
-    """SOURCE DEST runs once and renders; --manifest runs the batch."""
-    if _run_manifest(command, manifest, fail_fast, one, defaults, need_dest=True):
-        return
-    if source is None or dest is None:
-        raise click.UsageError("give SOURCE and DEST, or --manifest FILE")
-    _, _, result = one({"source": source, "dest": dest, **defaults})
-    if report.MODE.json:
-        report.emit_json(result.to_json())
-    else:
-        render(result)
-
-
-def _run_manifest(command: str, manifest: str | None, fail_fast: bool, one: Any, defaults: dict[str, Any],
-                  need_dest: bool, items: list[dict[str, Any]] | None = None) -> bool:
-    """Run a batch when a manifest (or several sources) is given; prints the summary and exits."""
-    from .batch import read_manifest, run_batch
-
-    if manifest is None and items is None:
-        return False
-    rows = items if items is not None else read_manifest(manifest, need_dest)  # type: ignore[arg-type]
-    result = run_batch([{**{k: v for k, v in defaults.items() if v is not None}, **r} for r in rows],
-                       lambda item: _row(one, item), fail_fast)
-    if report.MODE.json:
-        report.emit_json(result.to_json(command))
-    else:
-        report.render_batch(command, result)
-    click.get_current_context().exit(result.exit_code)
-    return True
-
-
-def _row(one: Any, item: dict[str, Any]) -> tuple[int, str, Any]:
-    code, summary, result = one(item)
-    return code, summary, result.to_json() if hasattr(result, "to_json") else result
-
-
-def _aux_ids(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
-    if value is None:
-        return None
-    try:
-        return tuple(int(x) for x in value.replace(" ", "").split(",") if x)
-    except ValueError:
-        raise click.BadParameter("comma-separated integers, e.g. 2,16,29") from None
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from .convert import parse_size
-
-    try:
-        return None if value is None else parse_size(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-WRITABLE = [name for name in formats.names() if formats.get(name).writer is not None]
-
+# ---------------------------------------------------------------------------------------- convert
 
 @cli.command("convert", epilog="""\b
 Examples:
@@ -204,50 +343,45 @@ Examples:
 """)
 @click.argument("source", required=False)
 @click.argument("dest", type=click.Path(file_okay=False), required=False)
-@click.option("--to", "to", type=click.Choice(WRITABLE), help="Destination dialect (per item in a manifest: 'to').")
-@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Source dialect, if detection cannot tell.")
+@click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect.")
+@from_option
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
-@click.option("--target", metavar="TARGET", help="Target model: verifier name, vocab, default aux ids, missing tables.")
-@click.option("--aux-layer-ids", callback=_aux_ids, metavar="IDS", help="Aux ids in vLLM's (boundary) convention.")
+@target_option("Target model: verifier name, default aux ids, missing tables (folder or Hub id).")
+@click.option("--aux-layer-ids", type=IntList(0, 1 << 16, "2,16,29"), metavar="IDS",
+              help="Aux ids in vLLM's (boundary) convention, e.g. 2,16,29.")
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
-@click.option("--max-shard-size", callback=_size, metavar="SIZE", help="Shard the output (e.g. 5GB).")
-@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
-@click.option("--force", is_flag=True, help="Replace an existing DEST.")
-@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@write_options
+@allow_pickle_option
 @manifest_options
 @json_option
-def convert_cmd(source: str | None, dest: str | None, to: str | None, from_dialect: str | None, dtype: str | None,
-                target: str | None, aux_layer_ids: tuple[int, ...] | None, source_aux_convention: str | None,
-                max_shard_size: int | None, dry_run: bool, force: bool, allow_pickle: bool, manifest: str | None,
-                fail_fast: bool, as_json: bool) -> None:
+def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Convert a drafter between dialects: planned, streamed, fail-closed, checked after writing.
 
     Every source tensor is copied (byte ranges), cast, dropped by a named rule, or the conversion
     fails naming it. Semantic flags, aux ids (translated between conventions) and the vocabulary
     mapping are written explicitly. DEST appears only when complete and re-checked.
     """
-    from .convert import ConversionResult, execute, open_source, plan_conversion
-    from .inspection import open_target
+    from . import convert
 
-    def one(item: dict[str, Any]) -> tuple[int, str, Any]:
-        if not item.get("to"):
-            raise click.UsageError("--to is required (or a 'to' key per manifest line)")
-        src = open_source(item["source"], from_dialect, allow_pickle)
-        tgt = open_target(item["target"]) if item.get("target") else None
-        plan = plan_conversion(src, item["dest"], item["to"], dtype=dtype, target=tgt, aux_layer_ids=aux_layer_ids,
-                               source_aux_convention=source_aux_convention, max_shard_size=max_shard_size)
-        result = (ConversionResult(plan, False, []) if dry_run
-                  else execute(plan, src, target=tgt, force=force, progress=report.progress))
-        return 0, f"{plan.source_dialect} -> {plan.dest_dialect}: {len(plan.tensors)} tensors", result
+    def one(o: dict[str, Any]) -> Any:
+        if not o.get("to"):
+            raise UsageError("--to is required (or a 'to' key per manifest line)")
+        return convert.run(o["source"], o["dest"], o["to"], from_dialect=o["from_dialect"], dtype=o["dtype"],
+                           target=o["target"], aux_layer_ids=o["aux_layer_ids"],
+                           source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
+                           dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
+                           progress=report.progress)
 
-    _single_or_batch("convert", source, dest, manifest, fail_fast, one, {"to": to, "target": target},
-                     report.render_conversion)
+    _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 
+
+# ---------------------------------------------------------------------------------------- upgrade
 
 @cli.command("upgrade", epilog="""\b
 Examples:
-  eaglectl upgrade ./eagle3-head ./eagle31-head                        # fc_norm = 1, norm_output on
+  eaglectl upgrade ./speculators-head ./head-31                        # fc_norm = 1, norm_output on
   eaglectl upgrade ./head ./head-31 --init calibrated --target ./target  # least-squares fc_norm
   eaglectl upgrade ./safeailab-head ./out --to speculators --target org/target
 """)
@@ -257,50 +391,74 @@ Examples:
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
 @click.option("--init", type=click.Choice(["ones", "harmonic", "calibrated", "refit"]), default="ones",
               show_default=True, help="How fc_norm starts (all but ones run --target over calibration text).")
-@click.option("--target", metavar="TARGET", help="Target model (calibration; fidelity inputs; verifier).")
-@click.option("--calibration-text", type=click.Path(exists=True, dir_okay=False), help="Default: bundled text.")
-@click.option("--to", "to", type=click.Choice(WRITABLE), help="Output dialect (default: the source's).")
-@click.option("--from", "from_dialect", type=click.Choice(formats.names()), help="Source dialect.")
-@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
-@click.option("--force", is_flag=True, help="Replace an existing DEST.")
-@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@target_option("Target model (calibration, fidelity inputs, verifier name).")
+@click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
+@click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
+@from_option
+@click.option("--fidelity/--no-fidelity", default=True, show_default=True,
+              help="Measure the result against the source through the reference drafter.")
+@write_options
+@allow_pickle_option
 @manifest_options
 @json_option
-def upgrade_cmd(source: str | None, dest: str | None, fc_norm: bool, norm_output: bool, init: str,
-                target: str | None, calibration_text: str | None, to: str | None, from_dialect: str | None,
-                dry_run: bool, force: bool, allow_pickle: bool, manifest: str | None, fail_fast: bool,
-                as_json: bool) -> None:
+def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Take an EAGLE-3 drafter to the EAGLE-3.1 layout (fc_norm, norm_output).
 
     Not function-preserving: the result is a warm start for 3.1 fine-tuning, recorded as such in
     its config and metadata. Reports its fidelity to the source (per-step top-1 agreement and KL).
     Upgrading a drafter that already has the features changes nothing and says so.
     """
-    from pathlib import Path
+    from . import upgrade
 
-    from .upgrade import upgrade
+    def one(o: dict[str, Any]) -> Any:
+        return upgrade.run(o["source"], o["dest"], fc_norm=o["fc_norm"], norm_output=o["norm_output"],
+                           init=o["init"], target=o["target"], calibration_text=o["calibration_text"], to=o["to"],
+                           from_dialect=o["from_dialect"], allow_pickle=o["allow_pickle"], force=o["force"],
+                           dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress)
 
-    text = Path(calibration_text).read_text() if calibration_text else None
-
-    def one(item: dict[str, Any]) -> tuple[int, str, Any]:
-        res = upgrade(item["source"], item["dest"], fc_norm=fc_norm, norm_output=norm_output, init=init,
-                      target=item.get("target"), calibration_text=text, to=item.get("to"), from_dialect=from_dialect,
-                      allow_pickle=allow_pickle, force=force, dry_run=dry_run, progress=report.progress)
-        return 0, ", ".join(res.steps) or "nothing to change", res
-
-    _single_or_batch("upgrade", source, dest, manifest, fail_fast, one, {"to": to, "target": target},
-                     report.render_upgrade)
+    _single_or_batch("upgrade", source, dest, manifest, fail_fast, one)
 
 
-def _int_list(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(x) for x in value.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter("comma-separated integers, e.g. 1,4,16") from None
-    if not out or min(out) < 1:
-        raise click.BadParameter("positive integers")
-    return out
+# ----------------------------------------------------------------------------------------- verify
 
+@cli.command("verify", epilog="""\b
+Examples:
+  eaglectl verify ./converted --against ./original          # conversion parity, fp32 CPU
+  eaglectl verify ./drafter --dtype bfloat16 --device cuda  # precision parity vs fp32 CPU
+  eaglectl verify ./drafter --target ./target-model --steps 5 --json
+""")
+@click.argument("candidate")
+@click.option("--against", metavar="REFERENCE", help="Compare with this checkpoint (any dialect) on the same inputs.")
+@target_option("Real aux states from this HF target (folder or Hub id); default: seeded synthetic states.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="Precision CANDIDATE runs at.")
+@click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
+@click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic inputs.")
+@click.option("--text", type=TextFile(), help="UTF-8 text for --target (default: bundled).")
+@from_option
+@click.option("--against-from", type=DialectChoice(), help="Dialect of REFERENCE.")
+@allow_pickle_option
+@json_option
+def verify_cmd(candidate: str, against: str | None, target: str | None, device: str, dtype: str, steps: int,
+               tokens: int, seed: int, text: str | None, from_dialect: str | None, against_from: str | None,
+               allow_pickle: bool) -> None:
+    """Numerical parity of a drafter through the reference drafter.
+
+    With --against: conversion parity (identical tensors must give identical outputs; a dtype
+    change gets that precision's tolerance). Without: CANDIDATE at --dtype on --device against its
+    own fp32 CPU run. Reports per draft step; exit 8 when a step fails (the report prints first).
+    """
+    from . import verify
+
+    report.finish("verify", verify.run(candidate, against=against, target=target, device=device, dtype=dtype,
+                                       steps=steps, tokens=tokens, seed=seed, text=text, from_dialect=from_dialect,
+                                       against_from=against_from, allow_pickle=allow_pickle))
+
+
+# ------------------------------------------------------------------------------------------ smoke
 
 @cli.command("smoke", epilog="""\b
 Examples:
@@ -309,29 +467,37 @@ Examples:
   eaglectl smoke ./drafter --target ./target --engine reference --json
 """)
 @click.argument("drafter")
-@click.option("--target", required=True, metavar="TARGET", help="Target model folder or Hub id (with a tokenizer).")
-@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True)
-@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True)
+@target_option("Target model folder or Hub id (with a tokenizer).", required=True)
+@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
+              help="Real vLLM (its own interpreter) or eaglectl's reference loop (same counts, no vLLM needed).")
+@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="Draft tokens per step (k).")
 @click.option("--prompts", default="builtin:short", show_default=True,
               help="builtin:short, builtin:long, or a JSONL file ({'prompt': text} or {'messages': [...]}).")
-@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True)
-@click.option("--max-model-len", type=click.IntRange(16, 1 << 20), default=1024, show_default=True)
-@click.option("--concurrency", callback=_int_list, default="1,4,16", show_default=True,
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True,
+              help="How many prompts to run.")
+@click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True,
+              help="New tokens per prompt (greedy, EOS ignored).")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 20), default=1024, show_default=True,
+              help="Context window given to vLLM.")
+@click.option("--concurrency", type=IntList(1, 4096), default="1,4,16", show_default=True,
               help="Concurrency levels for throughput and speedup (vLLM engine).")
-@click.option("--baseline", "baselines", default="none",
-              help="Comma list: none, ngram, draft_model:PATH, or other EAGLE drafters (PATH or eagle3:PATH).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
-@click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--baseline", "baselines", type=Baselines(), default="none", show_default=True,
+              help="Comma list: none, ngram, draft_model:PATH, eagle3:PATH (or a drafter path).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="Precision of target and drafter.")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="vLLM tensor parallelism.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
-@click.option("--min-acceptance", type=float, help="Fail (exit 9) below this mean acceptance length.")
-@click.option("--timeout-s", type=float, default=900.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--min-acceptance", type=Number(1.0, 65.0), help="Fail (exit 9) below this mean acceptance length.")
+@click.option("--timeout-s", type=Number(0.0, 86400.0, lo_open=True), default=900.0, show_default=True,
+              help="Give up on vLLM after this many seconds.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for prompt sampling and vLLM.")
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
-              max_model_len: int, concurrency: tuple[int, ...], baselines: str, dtype: str, tensor_parallel_size: int,
-              vllm_python: str | None, min_acceptance: float | None, timeout_s: float, seed: int,
-              as_json: bool) -> None:
+              max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
+              tensor_parallel_size: int, vllm_python: str | None, min_acceptance: float | None, timeout_s: float,
+              seed: int) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -340,20 +506,16 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
     and baselines side by side. Red flags (no drafts, acceptance ~1, ~k+1 with repetition, below
     --min-acceptance) exit 9 after the report.
     """
-    from .errors import SmokeFailedError
-    from .smoke import parse_baselines, smoke
+    from . import smoke
 
-    rep = smoke(drafter, target, engine=engine, k=k, prompts=prompts, num_prompts=num_prompts, max_tokens=max_tokens,
-                concurrency=concurrency, baselines=parse_baselines(baselines), dtype=dtype,
-                tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python, min_acceptance=min_acceptance,
-                max_model_len=max_model_len, seed=seed, timeout_s=timeout_s)
-    if as_json:
-        report.emit_json(rep.to_json())
-    else:
-        report.render_smoke(rep)
-    if rep.red_flags:
-        raise SmokeFailedError(rep.red_flags[0], reported=True)
+    report.finish("smoke", smoke.run(drafter, target, engine=engine, k=k, prompts=prompts, num_prompts=num_prompts,
+                                     max_tokens=max_tokens, concurrency=concurrency, baselines=baselines, dtype=dtype,
+                                     tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
+                                     min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
+                                     timeout_s=timeout_s))
 
+
+# ------------------------------------------------------------------------------------------ check
 
 @cli.command("check", epilog="""\b
 Examples:
@@ -362,58 +524,78 @@ Examples:
   eaglectl check --manifest drafters.jsonl --sarif eaglectl.sarif --json
 """)
 @click.argument("sources", nargs=-1)
-@click.option("--target", metavar="TARGET", help="Target model (inspect against it; parity inputs; smoke).")
+@target_option("Target model (inspect against it; parity inputs; smoke).")
 @click.option("--smoke", "run_smoke", is_flag=True, help="Also run the drafter under vLLM (needs --target).")
-@click.option("--min-acceptance", type=float, help="Smoke fails below this mean acceptance length.")
+@click.option("--min-acceptance", type=Number(1.0, 65.0), help="Run the smoke stage and fail below this mean "
+              "acceptance length.")
 @click.option("--card/--no-card", default=None,
               help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
+@click.option("--base-model", metavar="ORG/NAME", help="The target's Hub id for the card (never a local path).")
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
-@click.option("--sarif", "sarif_path", type=click.Path(dir_okay=False), help="Also write the findings as SARIF 2.1.0.")
+@click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
-@click.option("--allow-pickle", is_flag=True, help="Read .bin weights with torch.load(weights_only=True).")
+@allow_pickle_option
 @manifest_options
 @json_option
-def check_cmd(sources: tuple[str, ...], target: str | None, run_smoke: bool, min_acceptance: float | None,
-              card: bool | None, strict: bool, sarif_path: str | None, vllm_python: str | None, allow_pickle: bool,
-              manifest: str | None, fail_fast: bool, as_json: bool) -> None:
+def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
+              **options: Any) -> None:
     """The pre-publish gate: inspect, parity self-check, optional smoke, model card — one exit code.
 
-    Stages that cannot run here are reported as skipped with the reason, never as passed. Exit 0
-    when every stage that ran passed, 1 otherwise (a batch: the worst item's code).
+    A stage you asked for (--smoke, --min-acceptance, --card) that cannot run is a failure, never
+    "skipped". Exit 0 when every stage that ran passed, 1 otherwise (a batch: the worst item's code).
     """
     import json as _json
-    from pathlib import Path
 
-    from .check import check, sarif
+    from . import check
 
-    reports = []
+    reports: list[Any] = []
 
-    def one(item: dict[str, Any]) -> tuple[int, str, Any]:
-        rep = check(item["source"], target=item.get("target"), run_smoke=run_smoke, card=card, strict=strict,
-                    min_acceptance=min_acceptance, vllm_python=vllm_python, allow_pickle=allow_pickle)
+    def one(o: dict[str, Any]) -> Any:
+        rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
+                        strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
+                        allow_pickle=o["allow_pickle"], base_model=o["base_model"])
         reports.append(rep)
-        return rep.exit_code, ", ".join(f"{s.name} {s.status}" for s in rep.stages), rep
+        return rep
 
-    def write_sarif() -> None:
-        if sarif_path:
-            Path(sarif_path).write_text(_json.dumps(sarif(reports), indent=1) + "\n")
+    if base := options.get("base_model"):
+        from .card import is_hub_id
 
-    if manifest or len(sources) > 1:
-        items = None if manifest else [{"source": s} for s in sources]
-        try:
-            _run_manifest("check", manifest, fail_fast, one, {"target": target}, need_dest=False, items=items)
-        finally:
-            write_sarif()
-        return
-    if not sources:
-        raise click.UsageError("give SOURCE (or several, or --manifest FILE)")
-    code, _, rep = one({"source": sources[0], "target": target})
-    write_sarif()
-    if as_json:
-        report.emit_json(rep.to_json())
-    else:
-        report.render_check(rep)
-    click.get_current_context().exit(code)
+        if not is_hub_id(base):
+            raise click.BadParameter(f"{base!r} is not a Hub id (ORG/NAME)", param_hint="--base-model")
+    items = [{"source": s} for s in sources] if len(sources) > 1 else None
+    try:
+        _single_or_batch("check", sources[0] if len(sources) == 1 else None, None, manifest, fail_fast, one,
+                         need_dest=False, items=items)
+    finally:
+        if sarif_path and reports:
+            try:
+                Path(sarif_path).write_text(_json.dumps(check.sarif(reports), indent=1) + "\n")
+            except OSError as e:
+                raise filesystem_error(e, "write the SARIF file", sarif_path) from None
+
+
+# ------------------------------------------------------------------------------------ registry
+
+@cli.command("formats")
+@json_option
+def formats_cmd() -> None:
+    """List the dialects eaglectl reads, with their detection signals."""
+    from .docs_data import dialect_rows
+
+    report.finish_listing("formats", {"dialects": dialect_rows()}, report.render_formats)
+
+
+@cli.command("rules")
+@click.argument("rule_id", required=False)
+@json_option
+def rules_cmd(rule_id: str | None) -> None:
+    """List every inspect rule with its severity and fix (or explain one: eaglectl rules RULE_ID)."""
+    from .rules import RULES
+
+    if rule_id is not None and rule_id not in RULES:
+        raise UsageError(f"no rule '{rule_id}'", hint="eaglectl rules lists them all")
+    rules = [r for r in RULES.values() if rule_id in (None, r.id)]
+    report.finish_listing("rules", {"rules": [r.to_json() for r in rules]}, report.render_rules)
 
 
 @cli.command("completion")
@@ -427,36 +609,23 @@ def completion_cmd(shell: str) -> None:
     click.echo(cls(cli, {}, "eaglectl", "_EAGLECTL_COMPLETE").source())
 
 
-@cli.command("formats")
-@json_option
-def formats_cmd(as_json: bool) -> None:
-    """List the dialects eaglectl reads, with their detection signals."""
-    from .docs_data import dialect_rows
+# ------------------------------------------------------------------------------------------ main
 
-    rows = dialect_rows()
-    if as_json:
-        report.emit_json({"schema": "eaglectl.formats/1", "dialects": rows})
-        return
-    report.stdout.print(report.table(None, ["id", "name", "aux-id convention", "flags it records"], [
-        (r["id"], r["title"], r["aux_convention"] + ("" if r["aux_ids_paths"] else " (ids not stored)"),
-         ", ".join(r["flag_fields"]) or "none") for r in rows]))
-    report.stdout.print("\n[dim]detection signals and key renames: eaglectl formats --json, docs/formats.md[/]")
-
-
-@cli.command("rules")
-@json_option
-def rules_cmd(as_json: bool) -> None:
-    """List every inspect rule with its severity and fix."""
-    from .rules import RULES
-
-    if as_json:
-        report.emit_json({"schema": "eaglectl.rules/1",
-                          "rules": [{"id": r.id, "severity": r.severity, "title": r.title, "fix": r.fix}
-                                    for r in RULES.values()]})
-        return
-    report.stdout.print(report.table(None, ["rule", "severity", "meaning", "fix"],
-                                     ((r.id, r.severity, r.title, r.fix) for r in RULES.values())))
+def _terminated(signum: int, frame: object) -> None:
+    report.interrupted("terminated (SIGTERM); no output was left behind")
+    raise SystemExit(EXIT_TERMINATED)
 
 
 def main() -> None:
-    cli(prog_name="eaglectl")
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        code = cli.main(prog_name="eaglectl", standalone_mode=False)  # returns ctx.exit's code
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        report.usage_error(e)
+        sys.exit(e.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        report.interrupted("interrupted (Ctrl-C); no output was left behind")
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -5,8 +5,13 @@
 travel through the DrafterSpec: every flag is written explicitly where the destination keeps it,
 aux ids are translated between conventions, `d2t` is validated and `t2d` derived when needed, and
 tables missing from the source come from `--target` (single tensor / row reads). Anything the
-destination cannot represent is a ConversionError naming it. Output is built in a staging folder,
-re-opened and compared with the source, and only then renamed to DEST.
+destination cannot represent is a ConversionError naming it.
+
+Writing runs at disk speed: copied tensors move with `copy_file_range` (no user-space copy), the
+source's sha256 (the provenance digest) is computed on another core from the page cache while they
+copy, and the post-write check compares every copied range with its source byte for byte (memory
+mapped) and every produced tensor with the CRC-32 taken as it was written. The output is built in a
+staging folder, re-opened, detected and inspected, and only then renamed to DEST.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,31 +28,41 @@ from typing import Any
 import numpy as np
 
 from . import __version__, formats
-from .atomic import staged_output
-from .checkpoint import Checkpoint, open_checkpoint
-from .errors import ConversionError
-from .formats import MISSING, Dialect, config_get
-from .reading import CanonicalView, probe_of, read_spec
-from .rules import Context, TargetFacts, run_checks
-from .safetensors_io import DTYPE_BITS, FLOAT_DTYPES, TensorEntry, write_safetensors
+from .drafter import DrafterCheckpoint, interpret, open_drafter
+from .errors import ConversionError, EaglectlError, filesystem_error
+from .formats import Dialect
+from .io import cast as casting
+from .io.atomic import staged_output
+from .io.checkpoint import Checkpoint, open_checkpoint
+from .io.jsonio import MISSING, config_set
+from .io.safetensors import (
+    DTYPE_BITS,
+    FLOAT_DTYPES,
+    ByteRange,
+    TensorEntry,
+    Written,
+    crc32_range,
+    same_bytes,
+    sha256_range,
+    write_safetensors,
+)
+from .rules import Context, run_checks
 from .spec import FLAGS, DrafterSpec, default_aux_ids
+from .target import TargetCheckpoint, open_target
 
 SCHEMA = "eaglectl.convert/1"
 DTYPE_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 TORCH_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-# Source findings a conversion repairs by construction; any other error-level finding blocks it.
-REPAIRED_BY_CONVERSION = frozenset({
-    "model-prefix", "architectures-unregistered", "architectures-plain", "architectures-missing",
-    "d2t-full-vocab", "tie-word-embeddings", "metadata-format", "lm-head-missing", "lm-head-borrowed",
-    "embed-tokens-missing", "flag-absent", "aux-count-unsized", "norm-before-fc-placement", "pickle-file",
+# Keys of every config that describe the drafter as a whole, not its decoder layer.
+_DRAFTER_KEYS = frozenset({
+    "architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+    "num_aux_hidden_states", "eaglectl_provenance", "torch_dtype", "dtype", *FLAGS,
 })
-# Keys that belong to a dialect's wrapping, not to the decoder-layer config carried across.
-WRAPPER_KEYS = frozenset({
-    "architectures", "eagle_config", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-    "num_aux_hidden_states", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-    "_torchspec_version", "speculators_config", "speculators_model_type", "speculators_version",
-    "transformer_layer_config", "eaglectl_provenance", "auto_map", "has_no_defaults_at_init", "torch_dtype", "dtype",
-})
+
+
+def wrapper_keys() -> frozenset[str]:
+    """Keys that belong to a dialect's wrapping (never copied into the decoder-layer config)."""
+    return _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}
 
 
 @dataclass
@@ -101,37 +117,43 @@ class ConversionResult:
     checked: list[str]  # what the post-write check established
     source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
 
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+    def summary_line(self) -> str:
+        p = self.plan
+        return f"{p.source_dialect} -> {p.dest_dialect}: {len(p.tensors)} tensors" + ("" if self.written else " (dry run)")
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
                 "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
-                "exit_code": 0}
+                "exit_code": self.exit_code}
+
+
+def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dtype: str | None = None,
+        target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
+        source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
+        force: bool = False, allow_pickle: bool = False, progress: Any = None) -> ConversionResult:
+    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`)."""
+    src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    tgt = open_target(target) if target else None
+    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=aux_layer_ids,
+                           source_aux_convention=source_aux_convention, max_shard_size=max_shard_size)
+    if dry_run:
+        return ConversionResult(plan, False, [])
+    return execute(plan, src, target=tgt, force=force, progress=progress)
 
 
 # ------------------------------------------------------------------------------------------ plan
 
-@dataclass
-class Source:
-    ckpt: Checkpoint
-    dialect: Dialect
-    view: CanonicalView
-    spec: DrafterSpec
-
-
-def open_source(source: str, from_dialect: str | None, allow_pickle: bool) -> Source:
-    ckpt = open_checkpoint(source, allow_pickle=allow_pickle)
-    dialect, _ = formats.detect(probe_of(ckpt), from_dialect, where=ckpt.root)
-    view = CanonicalView(ckpt, dialect)
-    spec, _ = read_spec(ckpt, dialect, view)
-    return Source(ckpt, dialect, view, spec)
-
-
 def plan_conversion(
-    src: Source,
-    dest: str,
+    src: DrafterCheckpoint,
+    dest: str | os.PathLike[str],
     to: str,
     *,
     dtype: str | None = None,
-    target: TargetFacts | None = None,
+    target: TargetCheckpoint | None = None,
     aux_layer_ids: tuple[int, ...] | None = None,
     source_aux_convention: str | None = None,
     max_shard_size: int | None = None,
@@ -143,10 +165,13 @@ def plan_conversion(
     `spec_override` and `extra_tensors` (canonical name -> (dtype, shape, note)) let `upgrade` reuse
     the same machinery: they declare flags and new tensors whose bytes the caller supplies.
     """
+    if to not in formats.DIALECTS:
+        raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
     dialect = formats.get(to)
     w = dialect.writer
     if w is None:
-        raise ConversionError(f"eaglectl reads {to} checkpoints but does not write them", dialect=to)
+        raise ConversionError(f"eaglectl reads {to} checkpoints but does not write them", dialect=to,
+                              hint=f"write one of: {', '.join(formats.writable())}")
     _refuse_source_errors(src, target)
     spec = spec_override or src.spec
     fail = _failer(src, to)
@@ -172,7 +197,7 @@ def plan_conversion(
         stored = src.view.stored[canon]
         info = src.view.info(canon)
         if canon in ("d2t", "t2d") and not reduced:
-            dropped.append((stored, "draft vocab == vocab: vLLM has no parameter for it (H14)"))
+            dropped.append((stored, "draft vocab == vocab: vLLM has no parameter for it"))
             continue
         if canon == "t2d" and not w.t2d:
             dropped.append((stored, f"{dialect.title} stores no t2d (derivable from d2t)"))
@@ -192,7 +217,7 @@ def plan_conversion(
     float_dtype = out_dtype or _main_float_dtype(src)
 
     def need_from_target(canon: str, shape: tuple[int, ...], why: str) -> None:
-        if target is None or target.ckpt is None or not target.ckpt.tensor_file:
+        if target is None or not target.ckpt.tensor_file:
             fail(f"'{dialect.from_canonical(canon)}' is needed ({why}) and the source has none: pass --target")
         actions.append(TensorAction(dialect.from_canonical(canon), canon, "from-target", float_dtype, shape, note=why))
 
@@ -203,9 +228,9 @@ def plan_conversion(
                                     note="t2d[i + d2t[i]] = true"))
     H = spec.hidden_size
     if not spec.has_lm_head:
-        need_from_target("lm_head.weight", (Vd, H), "every engine needs the drafter's head (H15)")  # type: ignore[arg-type]
+        need_from_target("lm_head.weight", (Vd, H), "every engine needs the drafter's head")  # type: ignore[arg-type]
     if not spec.has_embed_tokens and (w.require_embed_tokens or (spec.target_hidden_size or H) != H):
-        need_from_target("embed_tokens.weight", (V, H), "the destination keeps embed_tokens (H16)")  # type: ignore[arg-type]
+        need_from_target("embed_tokens.weight", (V, H), "the destination keeps embed_tokens")  # type: ignore[arg-type]
     for canon, (dt, shape, note) in (extra_tensors or {}).items():
         name = dialect.from_canonical(canon)
         if not any(p.match(canon) for p in allowed):
@@ -220,27 +245,26 @@ def plan_conversion(
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
     return ConversionPlan(
-        source=src.ckpt.source, source_dialect=src.dialect.name, dest=str(dest), dest_dialect=to,
+        source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
         shards=_shard(actions, shard_limit), metadata=metadata,
     )
 
 
-def _failer(src: Source, to: str) -> Any:
+def _failer(src: DrafterCheckpoint, to: str) -> Any:
     def fail(message: str) -> None:
-        raise ConversionError(f"{src.ckpt.root} -> {to}: {message}", dialect=to, path=src.ckpt.root)
+        raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
     return fail
 
 
-def _refuse_source_errors(src: Source, target: TargetFacts | None) -> None:
-    ctx = Context(src.ckpt, src.dialect, src.view, src.spec, read_spec(src.ckpt, src.dialect, src.view)[1], target)
-    for f in run_checks(ctx):
-        if f.severity == "error" and f.rule not in REPAIRED_BY_CONVERSION:
-            raise ConversionError(f"{src.ckpt.root}: source has error [{f.rule}] {f.message} ({f.locator})",
-                                  path=src.ckpt.root, hint=f"eaglectl inspect {src.ckpt.source} shows every finding")
+def _refuse_source_errors(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> None:
+    for f in run_checks(Context(src, target)):
+        if f.severity == "error" and not f.rule.repaired_by_convert:
+            raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
+                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
 
 
-def _main_float_dtype(src: Source) -> str:
+def _main_float_dtype(src: DrafterCheckpoint) -> str:
     counts: dict[str, int] = {}
     for info in src.ckpt.tensors.values():
         if info.dtype in FLOAT_DTYPES:
@@ -253,7 +277,7 @@ def _tensor_order(canon: str) -> tuple[int, str]:
     return next((i for i, p in enumerate(order) if canon.startswith(p)), len(order)), canon
 
 
-def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: TargetFacts | None,
+def _dest_aux_ids(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, target: TargetCheckpoint | None,
                   override: tuple[int, ...] | None, source_convention: str | None, fail: Any) -> tuple[int, ...] | None:
     """Aux ids in the destination's convention; None when nobody knows them."""
     w = dialect.writer
@@ -269,17 +293,17 @@ def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: Targ
         boundary = tuple(i + shift for i in spec.aux_layer_ids)
     else:
         boundary = None
-    L = target.text_config().get("num_hidden_layers") if target else None
-    if boundary is None and isinstance(L, int) and w.aux_ids_paths:
+    L = target.num_layers if target else None
+    if boundary is None and L is not None and w.aux_ids_paths:
         boundary = default_aux_ids(L, "boundary")  # made explicit from the target, not guessed
     if boundary is None:
         return None
     if sorted(set(boundary)) != list(boundary):
         fail(f"aux ids {list(boundary)} must be ascending and distinct")
     if not w.aux_ids_paths:
-        if not isinstance(L, int) or tuple(boundary) != default_aux_ids(L, "boundary"):
+        if L is None or tuple(boundary) != default_aux_ids(L, "boundary"):
             fail(f"{dialect.title} cannot record aux ids {list(boundary)} (it always uses (2, L//2, L-3)); "
-                 + ("they are not that default for the target" if isinstance(L, int) else
+                 + ("they are not that default for the target" if L is not None else
                     "pass --target to show they are that default"))
         return None
     if w.exactly_3_aux and len(boundary) != 3:
@@ -291,30 +315,21 @@ def _dest_aux_ids(src: Source, spec: DrafterSpec, dialect: Dialect, target: Targ
     return boundary
 
 
-def _layer_config(src: Source) -> dict[str, Any]:
-    cfg = src.ckpt.config or {}
-    root = config_get(cfg, src.dialect.arch_config) if src.dialect.arch_config else cfg
-    return {k: v for k, v in (root if isinstance(root, dict) else {}).items() if k not in WRAPPER_KEYS}
+def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
+    skip = wrapper_keys()
+    return {k: v for k, v in src.layer_config.data.items() if k not in skip}
 
 
-def _set(cfg: dict[str, Any], path: str, value: Any) -> None:
-    *parents, last = path.split(".")
-    node = cfg
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[last] = value
-
-
-def _dest_config(src: Source, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetFacts | None, fail: Any) -> dict[str, Any]:
+def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Any) -> dict[str, Any]:
     w = dialect.writer
     assert w is not None
-    layer = _layer_config(src)
-    layer["tie_word_embeddings"] = False  # H15: the drafter's head is its own
+    layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
+    layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
     if spec.rope_theta is None and "rope_parameters" not in layer:
         layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
     if isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer:
-        layer["rope_parameters"]["rope_theta"] = layer["rope_theta"]  # H17: both encodings agree
+        layer["rope_parameters"]["rope_theta"] = layer["rope_theta"]  # both encodings agree
     n_aux = spec.num_aux_hidden_states
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
     torch_dtype = TORCH_DTYPE_NAMES.get(float_dtype, "float32")
@@ -323,8 +338,11 @@ def _dest_config(src: Source, spec: DrafterSpec, dialect: Dialect, aux_ids: tupl
         verifier = _verifier(src, target)
         if verifier is None:
             fail("the speculators format names its verifier (target): pass --target")
-        k = config_get(src.ckpt.config, "speculators_config.proposal_methods")
-        tokens = k[0].get("speculative_tokens", 3) if isinstance(k, list) and k and isinstance(k[0], dict) else 3
+        methods = src.config.raw("speculators_config.proposal_methods")
+        tokens = 3
+        if isinstance(methods, list) and methods and isinstance(methods[0], dict):
+            k = methods[0].get("speculative_tokens")
+            tokens = k if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64 else 3
         layer["model_type"] = "qwen3" if spec.arch == "qwen3" else "llama"
         layer["architectures"] = ["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"]
         layer["torch_dtype"] = torch_dtype
@@ -345,109 +363,46 @@ def _dest_config(src: Source, spec: DrafterSpec, dialect: Dialect, aux_ids: tupl
     top["target_hidden_size"] = spec.target_hidden_size
     for flag in FLAGS:
         for path in w.flag_paths.get(flag, ()):
-            _set(top, path, bool(getattr(spec, flag)))
+            config_set(top, path, bool(getattr(spec, flag)))
+        if flag in w.explicit_false:
+            config_set(top, flag, False)  # plan_conversion refused a true value above
     if aux_ids is not None:
         for path in w.aux_ids_paths:
-            _set(top, path, list(aux_ids))
-    if n_aux is not None and n_aux != 3:  # H5: vLLM sizes fc for 3 unless told
+            config_set(top, path, list(aux_ids))
+    if n_aux is not None and n_aux != 3:  # vLLM sizes fc for 3 unless told
         top["num_aux_hidden_states"] = n_aux
         if aux_ids is not None:
-            _set(top, "eagle_config.eagle_aux_hidden_state_layer_ids", list(aux_ids))
+            config_set(top, "eagle_config.eagle_aux_hidden_state_layer_ids", list(aux_ids))
     for path, value in w.extra_config.items():
-        _set(top, path, value)
+        config_set(top, path, value)
     top["torch_dtype"] = torch_dtype
     return top
 
 
-def _verifier(src: Source, target: TargetFacts | None) -> dict[str, Any] | None:
+def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> dict[str, Any] | None:
     if target is not None:
-        archs = target.config.get("architectures") or []
-        name = target.source
-        if target.ckpt is not None and target.ckpt.hub_ref is not None:
-            name = target.ckpt.hub_ref.repo_id
-        return {"name_or_path": name, "architectures": archs}
-    existing = config_get(src.ckpt.config, "speculators_config.verifier")
-    return existing if isinstance(existing, dict) and existing.get("name_or_path") else None
+        return {"name_or_path": target.hub_id or target.source, "architectures": list(target.architectures)}
+    existing = src.config.dict("speculators_config.verifier")
+    return existing if existing and isinstance(existing.get("name_or_path"), str) else None
 
 
-# The source digest is computed from the bytes streamed while writing (no extra pass over the
-# source) and patched into config and safetensors metadata afterwards; same length, so the header
-# layout does not move.
+# The source digest is computed from the bytes read while writing and patched into config and
+# safetensors metadata afterwards; same length, so the header layout does not move.
 DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
 
 
-def provenance(src: Source, operation: str, to: str, **extra: Any) -> dict[str, Any]:
+def provenance(src: DrafterCheckpoint, operation: str, to: str, **extra: Any) -> dict[str, Any]:
+    ref = src.ckpt.hub_ref
     out = {
         "tool": f"eaglectl {__version__}",
         "operation": operation,
-        "source": src.ckpt.hub_ref.display if src.ckpt.hub_ref else src.ckpt.source,
+        "source": ref.display if ref else src.ckpt.source,
         "source_dialect": src.dialect.name,
         "source_digest": DIGEST_PLACEHOLDER,
         "dialect": to,
     }
     out.update(extra)
     return out
-
-
-def combine_digests(ckpt: Checkpoint, per_tensor: dict[str, str]) -> str:
-    """sha256 over every source tensor's name, dtype, shape and sha256 (layout- and metadata-free)."""
-    h = hashlib.sha256()
-    for name in sorted(ckpt.tensor_file):
-        info = ckpt.tensors[name]
-        if name not in per_tensor:
-            per_tensor[name] = _digest(_raw_chunks(ckpt, name))
-        h.update(f"{name}|{info.dtype}|{list(info.shape)}|{per_tensor[name]}\n".encode())
-    return "sha256:" + h.hexdigest()
-
-
-def _digest(chunks: Any) -> str:
-    h = hashlib.sha256()
-    for _ in _hashing(chunks, h):
-        pass
-    return h.hexdigest()
-
-
-def _hashing(chunks: Any, h: Any) -> Any:
-    """Yield `chunks` while they are read ahead in one thread and hashed in another (both release
-    the GIL on large buffers), so reading, hashing and writing overlap."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as hasher:
-        pending: deque[Any] = deque()
-        for chunk in _read_ahead(chunks):
-            pending.append(hasher.submit(h.update, chunk))
-            if len(pending) > 2:
-                pending.popleft().result()
-            yield chunk
-        for f in pending:
-            f.result()
-
-
-def _read_ahead(chunks: Any, depth: int = 2) -> Any:
-    import queue
-    import threading
-
-    q: queue.Queue[Any] = queue.Queue(depth)
-    done = object()
-    failure: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            for c in chunks:
-                q.put(c)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer thread
-            failure.append(e)
-        finally:
-            q.put(done)
-
-    worker = threading.Thread(target=produce, daemon=True)
-    worker.start()
-    while (item := q.get()) is not done:
-        yield item
-    worker.join()
-    if failure:
-        raise failure[0]
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
@@ -463,7 +418,7 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _largest_file(src: Source) -> int:
+def _largest_file(src: DrafterCheckpoint) -> int:
     return max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
 
 
@@ -488,12 +443,58 @@ def parse_size(text: str) -> int:
     unit = (m.group(2) or "B").upper()
     scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
-    return int(float(m.group(1)) * scale)
+    size = int(float(m.group(1)) * scale)
+    if size <= 0:
+        raise ValueError(f"a shard size must be positive, not {text!r}")
+    return size
 
 
 # --------------------------------------------------------------------------------------- execute
 
-def _raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Any:
+class SourceDigest:
+    """sha256 of every source tensor (the provenance digest), computed off the main thread.
+
+    Local copied ranges are hashed from the page cache by a worker while the main thread copies;
+    bytes the main thread reads anyway (casts) are hashed as they pass; the rest at the end.
+    """
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt = ckpt
+        self.per_tensor: dict[str, Future[str] | str] = {}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eaglectl-sha256")
+
+    def start(self, stored: str) -> None:
+        r = self.ckpt.tensor_file[stored].byte_range(stored)
+        if r is not None and stored not in self.per_tensor:
+            self.per_tensor[stored] = self.pool.submit(sha256_range, r)
+
+    def chunks(self, stored: str, chunks: Any) -> Any:
+        """Pass `chunks` (the stored tensor's raw bytes) through, hashing them on the way."""
+        h = hashlib.sha256()
+        for chunk in chunks:
+            h.update(chunk)
+            yield chunk
+        self.per_tensor[stored] = h.hexdigest()
+
+    def result(self) -> str:
+        h = hashlib.sha256()
+        try:
+            for name in sorted(self.ckpt.tensor_file):
+                info = self.ckpt.tensors[name]
+                got = self.per_tensor.get(name)
+                if got is None:
+                    digest = hashlib.sha256()
+                    for chunk in raw_chunks(self.ckpt, name):
+                        digest.update(chunk)
+                    got = digest.hexdigest()
+                value = got.result() if isinstance(got, Future) else got
+                h.update(f"{name}|{info.dtype}|{list(info.shape)}|{value}\n".encode())
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        return "sha256:" + h.hexdigest()
+
+
+def raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Any:
     wf = ckpt.tensor_file[stored]
     if wf.pickled is not None:
         import torch
@@ -507,146 +508,164 @@ def _raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Any:
         yield wf.source.read(start + off, min(chunk, info.nbytes - off))
 
 
-def _cast_chunks(ckpt: Checkpoint, stored: str, src_dtype: str, dtype: str) -> Any:
-    """Cast chunk by chunk: elementwise, and the 16 MB chunks hold whole elements."""
-    import torch
-
-    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
-    for raw in _raw_chunks(ckpt, stored):
-        t = torch.frombuffer(bytearray(raw), dtype=tdt[src_dtype]).to(tdt[dtype])
-        yield t.view(torch.uint8).numpy().tobytes()
-
-
-def _from_numpy(arr: Any, dtype: str) -> bytes:
-    import torch
-
-    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "BOOL": torch.bool, "I64": torch.int64}
-    t = torch.from_numpy(np.ascontiguousarray(arr)).to(tdt[dtype])
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def _target_table(target: TargetFacts, canon: str) -> str:
-    assert target.ckpt is not None
-    names = target.ckpt.tensor_file
-    embed = next((n for n in ("model.embed_tokens.weight", "embed_tokens.weight",
-                              "model.language_model.embed_tokens.weight") if n in names), None)
-    head = "lm_head.weight" if "lm_head.weight" in names else embed  # a tied target's head is its embedding
-    name = embed if canon == "embed_tokens.weight" else head
+def _target_table(target: TargetCheckpoint, canon: str) -> str:
+    which = canon.split(".")[0]
+    name = target.table_name(which)
     if name is None:
-        raise ConversionError(f"{target.source}: the target has no {canon.split('.')[0]} tensor", path=target.source)
+        raise ConversionError(f"{target.source}: the target has no {which} tensor", path=target.source)
     return name
 
 
-def tensor_bytes(a: TensorAction, src: Source, target: TargetFacts | None, supplied: dict[str, bytes]) -> Any:
-    """An iterable over the bytes of one destination tensor, produced exactly as the plan says."""
+def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoint | None, supplied: dict[str, bytes],
+                 digest: SourceDigest) -> TensorEntry:
+    """How one destination tensor's bytes are produced, exactly as the plan says."""
     if a.action == "copy":
         assert a.source is not None
-        return _raw_chunks(src.ckpt, a.source)
+        r = src.ckpt.tensor_file[a.source].byte_range(a.source)
+        if r is not None:
+            digest.start(a.source)
+            return TensorEntry(a.dest, a.dtype, a.shape, copy=r)
+        return TensorEntry(a.dest, a.dtype, a.shape, lambda: digest.chunks(a.source, raw_chunks(src.ckpt, a.source)))
     if a.action == "cast":
         assert a.source is not None and a.source_dtype is not None
-        return _cast_chunks(src.ckpt, a.source, a.source_dtype, a.dtype)
+        src_dtype = a.source_dtype
+
+        def cast_chunks() -> Any:
+            for raw in digest.chunks(a.source, raw_chunks(src.ckpt, a.source)):
+                yield casting.cast(raw, src_dtype, a.dtype)  # elementwise; 16 MB chunks hold whole elements
+
+        return TensorEntry(a.dest, a.dtype, a.shape, cast_chunks)
     if a.action == "derive":
         if a.canonical in supplied:
-            return iter((supplied[a.canonical],))
+            data = supplied[a.canonical]
+            return TensorEntry(a.dest, a.dtype, a.shape, lambda: (data,))
         assert a.canonical == "t2d"
-        d2t = src.view.read("d2t").astype(np.int64)
-        t2d = np.zeros(a.shape[0], dtype=np.bool_)
-        t2d[np.arange(len(d2t)) + d2t] = True
-        return iter((t2d.tobytes(),))
-    assert a.action == "from-target" and target is not None and target.ckpt is not None
+
+        def t2d() -> Any:
+            d2t = src.view.read("d2t").astype(np.int64)
+            mask = np.zeros(a.shape[0], dtype=np.bool_)
+            mask[np.arange(len(d2t)) + d2t] = True
+            yield mask.tobytes()
+
+        return TensorEntry(a.dest, a.dtype, a.shape, t2d)
+    assert a.action == "from-target" and target is not None
     name = _target_table(target, a.canonical)
-    if a.canonical == "lm_head.weight" and "d2t" in src.view:
-        rows = (np.arange(a.shape[0]) + src.view.read("d2t").astype(np.int64)).tolist()  # H12: arange + d2t
-        return iter((_from_numpy(target.ckpt.read_rows(name, rows), a.dtype),))
-    return iter((_from_numpy(target.ckpt.read(name), a.dtype),))
+
+    def table() -> Any:
+        if a.canonical == "lm_head.weight" and "d2t" in src.view:
+            rows = (np.arange(a.shape[0]) + src.view.read("d2t").astype(np.int64)).tolist()  # arange + d2t
+            yield casting.encode(target.ckpt.read_rows(name, rows), a.dtype)
+        else:
+            yield casting.encode(target.ckpt.read(name), a.dtype)
+
+    return TensorEntry(a.dest, a.dtype, a.shape, table)
 
 
-def execute(plan: ConversionPlan, src: Source, *, target: TargetFacts | None = None, force: bool = False,
-            supplied: dict[str, bytes] | None = None, progress: Any = None) -> ConversionResult:
-    """Write exactly `plan` into a staging folder, check it, then rename to DEST.
+def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None, *extra: str) -> list[str]:
+    """Every local path a conversion reads: DEST may overlap none of them."""
+    paths = [*src.ckpt.identities, *extra]
+    for ckpt in [src.ckpt] + ([target.ckpt] if target is not None else []):
+        paths += list(ckpt.identities)
+        if Path(ckpt.root).exists():
+            paths.append(ckpt.root)
+    return paths
 
-    Each tensor's bytes are hashed as they stream out; the check re-reads the output and compares.
+
+def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
+            force: bool = False, supplied: dict[str, bytes] | None = None, progress: Any = None,
+            after_write: Any = None, inputs: tuple[str, ...] = ()) -> ConversionResult:
+    """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
+
+    `after_write(stage)` (upgrade, the behavioural check) runs on the staged output before the rename
+    and returns more lines for `checked`; `inputs` are further paths DEST may not overlap.
     """
     supplied = supplied or {}
-    dest = Path(plan.dest)
-    _refuse_overlap(src, dest)
     by_name = {a.dest: a for a in plan.tensors}
-    streamed: dict[str, str] = {}  # dest tensor -> sha256 of the bytes written
     wrap = progress or (lambda it, **kw: it)
-
-    def hashed(a: TensorAction) -> Any:
-        h = hashlib.sha256()
-        yield from _hashing(tensor_bytes(a, src, target, supplied), h)
-        streamed[a.dest] = h.hexdigest()
-
-    with staged_output(dest, force=force) as stage:
-        names = plan.file_names()
-        for file_name, members in wrap(list(zip(names, plan.shards, strict=True)), label="writing", total=len(names)):
-            entries = [TensorEntry(n, by_name[n].dtype, by_name[n].shape, lambda a=by_name[n]: hashed(a))
-                       for n in members]
-            write_safetensors(stage / file_name, entries, plan.metadata)
-        digest = combine_digests(src.ckpt, {a.source: streamed[a.dest] for a in plan.tensors if a.action == "copy"})
+    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target, *inputs)) as stage:
+        digest = SourceDigest(src.ckpt)
+        try:
+            written: list[Written] = []
+            names = plan.file_names()
+            total = sum(a.nbytes for a in plan.tensors)
+            for file_name, members in wrap(list(zip(names, plan.shards, strict=True)), label="writing", total=total,
+                                           weight=lambda item: sum(by_name[n].nbytes for n in item[1]), unit="B"):
+                entries = [tensor_entry(by_name[n], src, target, supplied, digest) for n in members]
+                written.append(write_safetensors(stage / file_name, entries, plan.metadata))
+            source_digest = digest.result()
+        except OSError as e:
+            raise filesystem_error(e, "write the output in", stage) from None
+        finally:
+            digest.pool.shutdown(wait=True, cancel_futures=True)
         for file_name in names:
-            _patch(stage / file_name, DIGEST_PLACEHOLDER.encode(), digest.encode())
+            _patch(stage / file_name, DIGEST_PLACEHOLDER.encode(), source_digest.encode())
         if len(names) > 1:
             weight_map = {n: f for f, members in zip(names, plan.shards, strict=True) for n in members}
-            index = {"metadata": {"total_size": sum(a.nbytes for a in plan.tensors)}, "weight_map": weight_map}
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-        config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, digest))
+        config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, source_digest))
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        checked = check_written(stage, plan, streamed, target)
-    return ConversionResult(plan, True, checked, digest)
+        checked = check_written(stage, plan, written, src, target)
+        if after_write is not None:
+            checked += after_write(stage)
+        src.ckpt.ensure_unchanged()
+        if target is not None:
+            target.ckpt.ensure_unchanged()
+        checked.append("the source did not change while it was read")
+    return ConversionResult(plan, True, checked, source_digest)
 
 
 def _patch(path: Path, old: bytes, new: bytes) -> None:
     """Replace a same-length placeholder inside a safetensors header (the metadata)."""
     assert len(old) == len(new)
     with path.open("r+b") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little")
+        n = int.from_bytes(f.read(8), "little")
         header = f.read(n)
         at = header.find(old)
         if at < 0:
             return
         f.seek(8 + at)
         f.write(new)
-        f.flush()
-        os.fsync(f.fileno())
 
 
-def _refuse_overlap(src: Source, dest: Path) -> None:
-    root = Path(os.path.abspath(src.ckpt.root))
-    d = Path(os.path.abspath(dest))
-    if src.ckpt.hub_ref is None and (d == root or root in d.parents or d in root.parents):
-        raise ConversionError(f"{dest}: the destination overlaps the source {root}; the source is never modified",
-                              path=str(dest))
-
-
-def check_written(stage: Path, plan: ConversionPlan, streamed: dict[str, str], target: TargetFacts | None) -> list[str]:
-    """Re-open the output: every tensor has its planned dtype/shape and exactly the bytes streamed for it
-    (the source's for copies, the documented transform otherwise); detection names the dialect; no errors."""
-    out = open_checkpoint(str(stage))
+def check_written(stage: Path, plan: ConversionPlan, written: list[Written], src: DrafterCheckpoint,
+                  target: TargetCheckpoint | None) -> list[str]:
+    """Re-open the output: every tensor has its planned dtype/shape; a copied tensor's bytes equal the
+    source's (compared directly), a produced one's bytes equal what was written (CRC-32); detection
+    names the planned dialect; inspect finds no errors."""
     where = f"{plan.dest} (staged)"
+    try:
+        out = open_checkpoint(str(stage))
+    except EaglectlError as e:
+        raise ConversionError(f"{where}: the written output does not open ({e.message})") from None
     expected = {a.dest for a in plan.tensors}
     if set(out.tensor_file) != expected:
         raise ConversionError(f"{where}: written tensors differ from the plan "
                               f"({sorted(set(out.tensor_file) ^ expected)[:3]})")
+    ranges = {name: (w, r) for w in written for name, r in w.ranges.items()}
     for a in plan.tensors:
         info = out.tensors[a.dest]
         if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)):
             raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)}, planned "
                                   f"{a.dtype}{list(a.shape)}", tensor=a.dest)
-        if _digest(_raw_chunks(out, a.dest)) != streamed[a.dest]:
+        w, r = ranges[a.dest]
+        reread = out.tensor_file[a.dest].byte_range(a.dest)
+        if reread != r:
+            raise ConversionError(f"{where}: tensor '{a.dest}' is not where it was written", tensor=a.dest)
+        source = src.ckpt.tensor_file[a.source].byte_range(a.source) if a.action == "copy" and a.source else None
+        ok = same_bytes(source, r) if a.dest not in w.crc32 and source is not None else \
+            crc32_range(r) == w.crc32.get(a.dest)
+        if not ok:
             raise ConversionError(f"{where}: tensor '{a.dest}' does not equal its source ({a.action})", tensor=a.dest)
-    checks = [f"{len(plan.tensors)} tensors equal their source or documented transform"]
-    dialect, _ = formats.detect(probe_of(out), where=where)
-    if dialect.name != plan.dest_dialect:
-        raise ConversionError(f"{where}: written checkpoint is detected as {dialect.name}, not {plan.dest_dialect}")
-    checks.append(f"detected as {dialect.name}")
-    view = CanonicalView(out, dialect)
-    spec, invalid = read_spec(out, dialect, view)
-    errors = [f for f in run_checks(Context(out, dialect, view, spec, invalid, target)) if f.severity == "error"]
+    checks = [f"{len(plan.tensors)} tensors equal their source or documented transform (re-read after writing)"]
+    d = interpret(out)
+    if d.dialect.name != plan.dest_dialect:
+        raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
+    checks.append(f"detected as {d.dialect.name}")
+    errors = [f for f in run_checks(Context(d, target)) if f.severity == "error"]
     if errors:
-        raise ConversionError(f"{where}: inspect finds [{errors[0].rule}] {errors[0].message}", tensor=errors[0].locator)
+        raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}",
+                              tensor=errors[0].locator)
     checks.append("inspect finds no errors")
     return checks
+

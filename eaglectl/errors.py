@@ -1,6 +1,7 @@
 """User-facing failures, each with a stable exit code and a kebab-case reference.
 
     EaglectlError                      (base, never raised directly)
+    ├── UsageError                 2   a bad argument or manifest line found by the library
     ├── CheckpointNotFoundError    3   path, Hub repo, revision or file missing / not cached
     ├── CorruptCheckpointError     4   header, offsets, dtype, shard index or config unreadable
     ├── UnknownFormatError         5   no dialect fits
@@ -10,12 +11,16 @@
     ├── SmokeFailedError           9   vLLM failed or acceptance red flags
     ├── MissingDependencyError    10   vLLM interpreter, CUDA or an extra is unavailable
     ├── PickleNotAllowedError     11   a pickle (.bin) input without --allow-pickle
-    ├── OutputExistsError         12   destination exists and --force was not given
-    └── IncompatibleDrafterError  13   the reference drafter cannot run this checkpoint
+    ├── OutputExistsError         12   destination exists (and --force was not given or may not replace it)
+    ├── IncompatibleDrafterError  13   the reference drafter cannot run this checkpoint
+    ├── OutputBusyError           14   another eaglectl run is writing the same destination
+    ├── FilesystemError           15   the operating system refused a read or write of a named path
+    ├── SourceChangedError        16   a source file changed while eaglectl was reading it
+    └── BehaviourChangedError     17   a written drafter drafts differently from its source
 
 Exit code 1 means "findings at error level" (or warnings under --strict), 2 is Click's usage
-error, 70 (EX_SOFTWARE) is a bug in eaglectl. Library code raises only these types; messages are
-one line and name the file, tensor or key.
+error, 130 an interrupt (Ctrl-C), 143 SIGTERM, 70 (EX_SOFTWARE) a bug in eaglectl. Library code
+raises only these types; messages are one line and name the file, tensor or key.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class EaglectlError(Exception):
@@ -48,6 +55,14 @@ class EaglectlError(Exception):
             "hint": self.hint,
             "exit_code": self.exit_code,
         }
+
+
+class UsageError(EaglectlError):
+    """Bad arguments found by the library (a manifest line, an option value): Click's exit code 2."""
+
+    exit_code = 2
+    reference = "usage"
+    summary = "Bad flags, arguments or manifest lines."
 
 
 class CheckpointNotFoundError(EaglectlError):
@@ -107,13 +122,45 @@ class PickleNotAllowedError(EaglectlError):
 class OutputExistsError(EaglectlError):
     exit_code = 12
     reference = "output-exists"
-    summary = "The destination exists; pass --force to replace it."
+    summary = ("The destination exists; --force replaces only a folder holding nothing but checkpoint files, "
+               "never a file, link or device.")
 
 
 class IncompatibleDrafterError(EaglectlError):
     exit_code = 13
     reference = "incompatible-drafter"
     summary = "The reference drafter cannot run this checkpoint (architecture, missing or extra tensor)."
+
+
+class OutputBusyError(EaglectlError):
+    exit_code = 14
+    reference = "output-busy"
+    summary = "Another eaglectl run holds the lock on this destination; nothing was written."
+
+
+class FilesystemError(EaglectlError):
+    exit_code = 15
+    reference = "filesystem-error"
+    summary = "A read or write was refused by the operating system (permissions, missing folder, name too long)."
+
+
+class SourceChangedError(EaglectlError):
+    exit_code = 16
+    reference = "source-changed"
+    summary = "A source file changed (size, mtime, inode) while it was read; the output was discarded."
+
+
+class BehaviourChangedError(EaglectlError):
+    exit_code = 17
+    reference = "behaviour-changed"
+    summary = "The written drafter drafts differently from its source under the reference loop; discarded."
+
+
+def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
+    """One line for an OSError: what was attempted, on which path, and the system's reason."""
+    where = path if path is not None else (e.filename or "?")
+    reason = e.strerror or str(e) or type(e).__name__
+    return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
 
 
 ERROR_TYPES: tuple[type[EaglectlError], ...] = (
@@ -128,4 +175,8 @@ ERROR_TYPES: tuple[type[EaglectlError], ...] = (
     PickleNotAllowedError,
     OutputExistsError,
     IncompatibleDrafterError,
+    OutputBusyError,
+    FilesystemError,
+    SourceChangedError,
+    BehaviourChangedError,
 )

@@ -2,18 +2,22 @@
 
 Two module-level consoles (Rich resolves sys.stdout / sys.stderr on every write, so Click's test
 runner captures them). No colour when NO_COLOR is set or the stream is not a terminal (Rich's own
-rules); no progress bars with --json, NO_COLOR, or a non-terminal stderr.
+rules); progress on stderr whenever stderr is a terminal and --json is off (NO_COLOR only removes
+colour). Every string that comes from a file (names, keys, messages) goes through `safe`: lone
+surrogates and control characters are escaped and Rich markup is neutralised, so a hostile tensor
+name cannot crash or restyle the output.
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -27,52 +31,126 @@ T = TypeVar("T")
 
 
 @dataclass
-class Mode:
+class Settings:
+    """The one output setting object (the CLI sets it; the library never reads it)."""
+
     json: bool = False
+    debug: bool = False
+
+    def reset(self, *, debug: bool = False) -> None:
+        self.json, self.debug = False, debug
 
 
-MODE = Mode()
+SETTINGS = Settings()
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: Any) -> str:
+    """`text` with lone surrogates as \\udXXXX and control characters as \\xNN (one line, any terminal)."""
+    s = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
+def safe(text: Any) -> str:
+    """Printable and markup-escaped: for anything derived from input files."""
+    return escape(printable(text))
 
 
 def emit_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
+# ------------------------------------------------------------------------------------ finishing
+
+def finish(command: str, result: Any) -> None:
+    """Print a command's result (JSON or human), its failure line if any, and exit with its code."""
+    if SETTINGS.json:
+        emit_json(result.to_json())
+    else:
+        RENDERERS[command](result)
+    failure = result.failure() if hasattr(result, "failure") else None
+    if failure is not None:
+        error(failure)
+    click.get_current_context().exit(result.exit_code)
+
+
+def finish_batch(command: str, result: Any) -> None:
+    if SETTINGS.json:
+        emit_json(result.to_json(command))
+    else:
+        render_batch(command, result)
+    click.get_current_context().exit(result.exit_code)
+
+
+def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> None:
+    from . import __version__
+
+    if SETTINGS.json:
+        emit_json({"schema": f"eaglectl.{command}/1", "tool_version": __version__, "command": command, **payload,
+                   "exit_code": 0})
+    else:
+        render(payload)
+
+
 def warning(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/] {escape(message)}")
+    stderr.print(f"[yellow]warning:[/] {safe(message)}")
 
 
 def error(exc: EaglectlError) -> None:
     """One line on stderr (plus a hint); with --json also the error object on stdout."""
-    stderr.print(f"[bold red]{escape(f'error[{exc.reference}]:')}[/] {escape(exc.message)}")
+    stderr.print(f"[bold red]{escape(f'error[{exc.reference}]:')}[/] {safe(exc.message)}")
     if exc.hint:
-        stderr.print(f"[dim]hint:[/] {escape(exc.hint)}")
-    if MODE.json and not exc.reported:
+        stderr.print(f"[dim]hint:[/] {safe(exc.hint)}")
+    if SETTINGS.json and not exc.reported:
         emit_json({"schema": "eaglectl.error/1", "error": exc.to_json(), "exit_code": exc.exit_code})
 
 
+def usage_error(exc: click.ClickException) -> None:
+    exc.show()
+
+
+def interrupted(message: str) -> None:
+    stderr.print(f"[bold red]eaglectl:[/] {safe(message)}")
+
+
 def internal_error(exc: BaseException) -> None:
-    stderr.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc).splitlines()[0] if str(exc) else '')}")
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    stderr.print(f"[bold red]internal error:[/] {safe(type(exc).__name__)}: {safe(first)}")
     stderr.print("[dim]hint:[/] this is a bug in eaglectl; set EAGLECTL_DEBUG=1 for a traceback and report it")
 
 
+# ------------------------------------------------------------------------------------- progress
+
 def progress_enabled() -> bool:
-    return not MODE.json and "NO_COLOR" not in os.environ and stderr.is_terminal
+    return not SETTINGS.json and stderr.is_terminal
 
 
-def progress(items: Iterable[T], *, label: str, total: int | None = None) -> Iterator[T]:
-    """Wrap an iterable in a transient progress bar when a human watches stderr; else pass through."""
+def progress(items: Iterable[T], *, label: str, total: int | None = None, weight: Callable[[T], int] | None = None,
+             unit: str | None = None) -> Iterator[T]:
+    """Wrap an iterable in a transient progress bar on stderr when a human watches it; else pass through.
+
+    `weight(item)` advances the bar by that amount (bytes with unit "B", tokens, ...) instead of 1.
+    """
     if not progress_enabled():
         yield from items
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TransferSpeedColumn,
+    )
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=stderr, transient=True, refresh_per_second=6) as bar:
+    columns = [TextColumn("{task.description}"), BarColumn()]
+    columns += [DownloadColumn(), TransferSpeedColumn()] if unit == "B" else [MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=stderr, transient=True, refresh_per_second=6) as bar:
         task = bar.add_task(label, total=total)
         for item in items:
             yield item
-            bar.advance(task)
+            bar.advance(task, weight(item) if weight else 1)
 
 
 def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> Table:
@@ -80,7 +158,7 @@ def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) 
     for c in columns:
         t.add_column(c, overflow="fold")
     for row in rows:
-        t.add_row(*(escape(_text(v)) for v in row))
+        t.add_row(*(safe(_text(v)) for v in row))
     return t
 
 
@@ -108,17 +186,16 @@ def human_size(n: int) -> str:
 
 def render_inspect(report: Any) -> None:
     """Human view of an InspectReport."""
-    spec = report.spec
+    d, spec = report.drafter, report.spec
     out = stdout
-    out.print(f"[bold]{escape(report.source)}[/]")
-    out.print(f"dialect  [bold]{report.dialect.name}[/] ({escape(report.dialect.title)})"
-              + ("  [dim](--from)[/]" if report.forced else ""))
-    for line in report.evidence:
-        out.print(f"  [dim]- {escape(line)}[/]")
-    others = [d for d in report.detections if d.dialect != report.dialect.name and d.score is not None]
-    for d in others:
-        out.print(f"  [dim]also fits {d.dialect} (score {d.score:g} vs "
-                  f"{next((x.score for x in report.detections if x.dialect == report.dialect.name), 0) or 0:g})[/]")
+    out.print(f"[bold]{safe(d.source)}[/]")
+    out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})" + ("  [dim](--from)[/]" if d.forced else ""))
+    for line in d.evidence:
+        out.print(f"  [dim]- {safe(line)}[/]")
+    mine = next((x.score for x in d.detections if x.dialect == d.dialect.name), 0) or 0
+    for x in d.detections:
+        if x.dialect != d.dialect.name and x.score is not None:
+            out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
     out.print()
     fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -131,13 +208,14 @@ def render_inspect(report: Any) -> None:
         rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
     out.print(table("spec", ["field", "value", "source"], rows))
     out.print()
-    t = report.tensors
+    from .inspect import tensor_summary
+
+    t = tensor_summary(d)
     out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
-              f"{human_size(t['bytes'])}, dtypes "
-              + ", ".join(f"{k}×{v}" for k, v in t["dtypes"].items()))
+              f"{human_size(t['bytes'])}, dtypes " + ", ".join(f"{safe(k)}×{v}" for k, v in t["dtypes"].items()))
     if report.target:
-        tg = report.target
-        out.print(f"target   {escape(str(tg['source']))}: {tg.get('num_hidden_layers')} layers, hidden "
+        tg = report.target.summary()
+        out.print(f"target   {safe(tg['source'])}: {tg.get('num_hidden_layers')} layers, hidden "
                   f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
     out.print()
     if report.findings:
@@ -147,14 +225,18 @@ def render_inspect(report: Any) -> None:
             ft.add_column(c, overflow="fold")
         for f in report.findings:
             style = SEVERITY_STYLE[f.severity]
-            ft.add_row(f"[{style}]{f.severity}[/]", f.rule, escape(f.message), escape(f.locator or ""))
+            ft.add_row(f"[{style}]{f.severity}[/]", f.rule_id, safe(f.message), safe(f.locator or ""))
         out.print(ft)
-        hints = {f.rule: f.to_json()["hint"] for f in report.findings if f.severity != "info"}
+        hints = {f.rule_id: f.rule.fix for f in report.findings if f.rule.fix}
         for rule, hint in hints.items():
-            out.print(f"  [dim]{rule}: {escape(hint)}[/]")
+            out.print(f"  [dim]{rule}: {safe(hint)}[/]")
         out.print()
-    out.print("vLLM:")
-    out.print(f"  {escape(report.serve_command)}", soft_wrap=True)
+    serve = report.serve_command()
+    if serve is not None:
+        out.print("vLLM:")
+        out.print(f"  {safe(serve)}", soft_wrap=True)
+    else:
+        out.print("vLLM: no serve command until the errors above are fixed")
     s = report.summary
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"\n{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
@@ -171,11 +253,11 @@ def render_verify(report: Any) -> None:
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
     for label, side in (("candidate", c), ("reference", r)):
-        out.print(f"{label}  {escape(side['source'])}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
+        out.print(f"{label}  {safe(side['source'])}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
                   f"{side['dtype']} on {side['device']})")
-    out.print(f"inputs     {escape(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
+    out.print(f"inputs     {safe(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
     if report.differing_tensors:
-        out.print(f"tensors    {len(report.differing_tensors)} differ: {escape(', '.join(report.differing_tensors[:5]))}")
+        out.print(f"tensors    {len(report.differing_tensors)} differ: {safe(', '.join(report.differing_tensors[:5]))}")
     else:
         out.print("tensors    identical")
     if report.regime:
@@ -205,17 +287,17 @@ def render_conversion(result: Any) -> None:
     """Human view of a ConversionResult (the plan, and what the check established)."""
     plan, out = result.plan, stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    out.print(f"[bold]{verb}[/]  {escape(plan.source)} ({plan.source_dialect}) -> {escape(plan.dest)} "
+    out.print(f"[bold]{verb}[/]  {safe(plan.source)} ({plan.source_dialect}) -> {safe(plan.dest)} "
               f"({plan.dest_dialect})")
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for col in ("tensor", "action", "dtype", "shape", "from"):
         t.add_column(col, overflow="fold")
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
-        t.add_row(escape(a.dest), a.action, a.dtype, _text(list(a.shape)), escape(src or ""))
+        t.add_row(safe(a.dest), a.action, a.dtype, _text(list(a.shape)), safe(src or ""))
     out.print(t)
     for name, why in plan.dropped:
-        out.print(f"  [yellow]drop[/] {escape(name)}: {escape(why)}")
+        out.print(f"  [yellow]drop[/] {safe(name)}: {safe(why)}")
     out.print("config:")
     for c in plan.config_changes:
         if c["key"] == "eaglectl_provenance":
@@ -224,10 +306,10 @@ def render_conversion(result: Any) -> None:
         old = json_short(c.get("old"))
         line = {"added": f"+ {c['key']} = {new}", "removed": f"- {c['key']} (was {old})",
                 "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
-        out.print(f"  {escape(line)}")
+        out.print(f"  {safe(line)}")
     out.print(f"files: {', '.join(plan.file_names())}")
     for check in result.checked:
-        out.print(f"[green]checked[/] {escape(check)}")
+        out.print(f"[green]checked[/] {safe(check)}")
 
 
 def json_short(value: Any, limit: int = 80) -> str:
@@ -242,18 +324,18 @@ def render_upgrade(result: Any) -> None:
     if result.changed:
         out.print(f"[bold]upgrade[/]: {', '.join(result.steps)}" + (f" (fc_norm init: {result.init})" if result.init else ""))
     for note in result.notes:
-        out.print(f"[yellow]note:[/] {escape(note)}")
+        out.print(f"[yellow]note:[/] {safe(note)}")
     stats = result.statistics
     if stats:
-        out.print(f"calibration: {stats['tokens']} tokens of {escape(stats['text_source'])} through "
-                  f"{escape(str(stats['target']))}, aux ids {stats['aux_ids_vllm']} (sink excluded)")
+        out.print(f"calibration: {stats['tokens']} tokens of {safe(stats['text_source'])} through "
+                  f"{safe(str(stats['target']))}, aux ids {stats['aux_ids_vllm']} (sink excluded)")
         out.print("  chunk RMS mean " + ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
                   + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]))
         if "fc_output_relative_error" in stats:
             out.print(f"  FC output relative error: {stats['fc_output_relative_error']:.4f} "
                       f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})")
     if result.fidelity is not None:
-        out.print(f"fidelity to the source ({escape(result.fidelity.inputs)}):")
+        out.print(f"fidelity to the source ({safe(result.fidelity.inputs)}):")
         t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
         for col in ("step", "top-1 agreement", "near ties", "KL mean", "KL max"):
             t.add_column(col)
@@ -271,7 +353,7 @@ def _bar(value: float, width: int = 30) -> str:
 def render_smoke(rep: Any) -> None:
     out = stdout
     doc = rep.to_json()
-    out.print(f"[bold]smoke[/] ({rep.engine})  {escape(rep.drafter)} on {escape(rep.target)}  k={rep.k}, {rep.dtype}, "
+    out.print(f"[bold]smoke[/] ({rep.engine})  {safe(rep.drafter)} on {safe(rep.target)}  k={rep.k}, {rep.dtype}, "
               f"{doc['prompts']['description']}, {rep.max_tokens} new tokens, greedy")
     v = doc["versions"]
     out.print("versions: " + ", ".join(f"{k} {v[k]}" for k in v))
@@ -302,9 +384,9 @@ def render_smoke(rep: Any) -> None:
                       for n in conc)) for c in configs]
         out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
     for flag in rep.red_flags:
-        out.print(f"[bold red]red flag:[/] {escape(flag)}")
+        out.print(f"[bold red]red flag:[/] {safe(flag)}")
     if rep.log:
-        out.print(f"[dim]vLLM log: {escape(rep.log)}[/]")
+        out.print(f"[dim]vLLM log: {safe(rep.log)}[/]")
 
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
@@ -312,19 +394,19 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
 
 def render_check(rep: Any) -> None:
     out = stdout
-    out.print(f"[bold]check[/]  {escape(rep.source)}")
+    out.print(f"[bold]check[/]  {safe(rep.source)}")
     t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     for col in ("stage", "status", "what was checked", "s"):
         t.add_column(col, overflow="fold")
     for s in rep.stages:
-        t.add_row(s.name, f"[{STATUS_STYLE[s.status]}]{s.status}[/]", escape(s.detail), f"{s.seconds:.1f}")
+        t.add_row(s.name, f"[{STATUS_STYLE[s.status]}]{s.status}[/]", safe(s.detail), f"{s.seconds:.1f}")
     out.print(t)
     shown = [f for f in rep.findings if f.severity != "info"]
     if shown:
         out.print(table("findings", ["severity", "rule", "message", "where"],
-                        ((f.severity, f.rule, f.message, f.locator) for f in shown)))
+                        ((f.severity, f.rule_id, f.message, f.locator) for f in shown)))
     if rep.card_written:
-        out.print(f"card written: {escape(rep.card_written)}")
+        out.print(f"card written: {safe(rep.card_written)}")
     out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
 
 
@@ -334,3 +416,28 @@ def render_batch(command: str, result: Any) -> None:
                     ((r["source"], r.get("dest", ""), r["exit_code"], r["summary"]) for r in result.rows)))
     ok = sum(r["exit_code"] == 0 for r in result.rows)
     out.print(f"\n{ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")
+
+
+def render_formats(payload: dict[str, Any]) -> None:
+    rows = payload["dialects"]
+    stdout.print(table(None, ["id", "name", "aux-id convention", "flags it records"], [
+        (r["id"], r["title"], r["aux_convention"] + ("" if r["aux_ids_paths"] else " (ids not stored)"),
+         ", ".join(r["flag_fields"]) or "none") for r in rows]))
+    stdout.print("\n[dim]detection signals and key renames: eaglectl formats --json, docs/formats.md[/]")
+
+
+def render_rules(payload: dict[str, Any]) -> None:
+    rules = payload["rules"]
+    if len(rules) == 1:
+        r = rules[0]
+        stdout.print(f"[bold]{r['rule_id']}[/] ({r['severity']})\n{safe(r['title'])}\nfix: {safe(r['hint'] or '-')}"
+                     + ("\nrepaired by eaglectl convert" if r["repaired_by_convert"] else ""))
+        return
+    stdout.print(table(None, ["rule", "severity", "meaning", "fix"],
+                       ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
+
+
+RENDERERS: dict[str, Callable[[Any], None]] = {
+    "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
+    "smoke": render_smoke, "check": render_check,
+}

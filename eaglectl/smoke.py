@@ -39,19 +39,32 @@ class Baseline:
     path: str | None = None
 
 
+BASELINE_KINDS = ("none", "ngram", "draft_model:PATH", "eagle3:PATH", "a drafter folder")
+
+
 def parse_baselines(text: str | None) -> list[Baseline]:
+    """`none`, `ngram`, `draft_model:PATH`, `eagle3:PATH` (or a drafter path), comma-separated.
+    Raises ValueError naming the first item that is none of these."""
     out: list[Baseline] = []
-    for item in (text or "").split(","):
-        item = item.strip()
+    items = (text or "").split(",")
+    for raw in items:
+        item = raw.strip()
         if not item:
+            if len(items) > 1:
+                raise ValueError(f"empty item in {text!r}")
             continue
+        kind, _, rest = item.partition(":")
         if item in ("none", "ngram"):
             out.append(Baseline(item, item))
-        elif item.startswith("draft_model:"):
-            out.append(Baseline(item, "draft_model", item.split(":", 1)[1]))
+        elif kind == "draft_model" or kind in ("eagle3", "eagle"):
+            if not rest.strip():
+                raise ValueError(f"'{item}' names no model: use {kind}:PATH")
+            out.append(Baseline(item if kind == "draft_model" else f"eagle3:{rest}",
+                                "draft_model" if kind == "draft_model" else "eagle3", rest))
+        elif "/" in item or Path(item).exists():
+            out.append(Baseline(f"eagle3:{item}", "eagle3", item))
         else:
-            path = item.split(":", 1)[1] if item.startswith(("eagle3:", "eagle:")) else item
-            out.append(Baseline(f"eagle3:{path}", "eagle3", path))
+            raise ValueError(f"unknown baseline '{item}' (one of: {', '.join(BASELINE_KINDS)})")
     return out
 
 
@@ -192,6 +205,13 @@ class SmokeReport:
                                  "speedup": t["per_user_tokens_per_s"] / base[t["concurrency"]]})
         return rows
 
+    @property
+    def exit_code(self) -> int:
+        return SmokeFailedError.exit_code if self.red_flags else 0
+
+    def failure(self) -> SmokeFailedError | None:
+        return SmokeFailedError(self.red_flags[0], reported=True) if self.red_flags else None
+
     def to_json(self) -> dict[str, Any]:
         ref = self.reference_outputs()
         main = self.main.to_json(self.k, ref)
@@ -209,7 +229,7 @@ class SmokeReport:
             "greedy_match": main.get("greedy_match"),
             "baselines": [r.to_json(self.k, ref) for r in self.results[1:]],
             "speedup": self.speedups(), "versions": self.versions, "red_flags": self.red_flags,
-            "min_acceptance": self.min_acceptance, "log": self.log, "exit_code": 9 if self.red_flags else 0,
+            "min_acceptance": self.min_acceptance, "log": self.log, "exit_code": self.exit_code,
         }
 
 
@@ -265,7 +285,7 @@ def _tail(path: Path, lines: int = 12) -> str:
     return "last log lines:\n" + "\n".join(text[-lines:])
 
 
-def smoke(
+def run(
     drafter: str,
     target: str,
     *,
@@ -283,16 +303,19 @@ def smoke(
     max_model_len: int = 1024,
     seed: int = 0,
     timeout_s: float = 900.0,
+    preflight: bool = True,
 ) -> SmokeReport:
-    from .inspection import inspect_checkpoint
+    """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every
+    drafter first (check turns it off: it has just inspected)."""
+    from . import inspect
 
     baselines = baselines or []
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
-    for path in [drafter] + [b.path for b in baselines if b.kind == "eagle3" and b.path]:
-        pre = inspect_checkpoint(path, target=target)
+    for path in ([drafter] if preflight else []) + [b.path for b in baselines if b.kind == "eagle3" and b.path]:
+        pre = inspect.run(path, target=target)
         if pre.exit_code:
             first = next(f for f in pre.findings if f.severity == "error")
-            raise SmokeFailedError(f"{path}: pre-flight inspect found errors, first [{first.rule}] {first.message}",
+            raise SmokeFailedError(f"{path}: pre-flight inspect found errors, first [{first.rule_id}] {first.message}",
                                    hint=f"eaglectl inspect {path} --target {target}")
     chat = Path(prompts).is_file() and '"messages"' in Path(prompts).read_text()
     tokenizer = _tokenizer(target, chat=chat)
@@ -339,7 +362,7 @@ class _FastTokenizer:
 
 
 def _tokenizer(target: str, chat: bool = False) -> Any:
-    from .capture import _local_folder
+    from .model.hf import _local_folder
 
     folder = Path(_local_folder(target))
     if not chat and (folder / "tokenizer.json").exists():
@@ -355,10 +378,11 @@ def _tokenizer(target: str, chat: bool = False) -> Any:
 
 def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, k: int, max_tokens: int,
                dtype: str) -> list[ConfigResult]:
-    from .capture import load_target
-    from .parity import DTYPES, load_drafter
+    from .model.hf import load_target
+    from .model.loader import DTYPES
+    from .model.specloop import greedy_generate, speculative_generate
     from .spec import default_aux_ids
-    from .specloop import greedy_generate, speculative_generate
+    from .verify import load_drafter
 
     tgt = load_target(target, dtype=DTYPES[dtype])
     results = []

@@ -26,8 +26,11 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .convert import ConversionPlan, ConversionResult, Source, execute, open_source, plan_conversion
+from .convert import ConversionPlan, ConversionResult, execute, plan_conversion
+from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError
+from .io import cast as casting
+from .target import open_target
 
 SCHEMA = "eaglectl.upgrade/1"
 INITS = ("ones", "harmonic", "calibrated", "refit")
@@ -46,6 +49,13 @@ class UpgradeResult:
     fidelity: Any = None  # a ParityReport (mode fidelity) of DEST against SOURCE
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+    def summary_line(self) -> str:
+        return ", ".join(self.steps) or "nothing to change"
+
     def to_json(self) -> dict[str, Any]:
         fid = self.fidelity.to_json() if self.fidelity is not None else None
         return {
@@ -56,11 +66,11 @@ class UpgradeResult:
                 {k: s[k] for k in ("step", "top1_agreement", "near_ties", "kl_mean", "kl_max", "state_cos_mean")}
                 for s in fid["per_step"]]},
             "plan": self.conversion.plan.to_json(), "checked": self.conversion.checked, "notes": self.notes,
-            "exit_code": 0,
+            "exit_code": self.exit_code,
         }
 
 
-def upgrade(
+def run(
     source: str,
     dest: str,
     *,
@@ -74,28 +84,41 @@ def upgrade(
     allow_pickle: bool = False,
     force: bool = False,
     dry_run: bool = False,
+    fidelity: bool = True,
     fidelity_tokens: int = 64,
     progress: Any = None,
 ) -> UpgradeResult:
-    from .inspection import open_target
-
-    src = open_source(source, from_dialect, allow_pickle)
+    """Take SOURCE to the EAGLE-3.1 layout at DEST; the target (when given) runs once, for calibration
+    and for the fidelity report."""
+    src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
     spec = src.spec
-    to = to or src.dialect.name
     if init not in INITS:
         raise ConversionError(f"--init {init}: one of {', '.join(INITS)}")
-    if to == src.dialect.name and src.dialect.writer is None:
-        raise ConversionError(f"{source}: eaglectl does not write {to} checkpoints", hint="pass --to DIALECT")
+    if to is None:
+        if src.dialect.writer is None:
+            raise ConversionError(f"{source}: eaglectl reads {src.dialect.name} checkpoints but does not write them",
+                                  hint=f"add --to DIALECT, e.g. eaglectl upgrade {source} {dest} --to speculators"
+                                       + (" --target TARGET" if target is None else ""))
+        to = src.dialect.name
     if fc_norm and not spec.fc_norm and spec.norm_before_fc:
         raise ConversionError(f"{source}: the drafter has norm_before_fc; adding fc_norm would normalise twice "
                               "(vLLM applies both, TRT-LLM one, speculators refuses)",
-                              hint="upgrade with --no-fc-norm (norm_output only)")
+                              hint=f"eaglectl upgrade {source} {dest} --no-fc-norm (norm_output only)")
     add_fc_norm = fc_norm and not spec.fc_norm
     set_norm_output = norm_output and not spec.norm_output
     steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", set_norm_output)) if on]
     if init in NEEDS_TARGET and add_fc_norm and target is None:
-        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target")
+        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target",
+                              hint=f"eaglectl upgrade {source} {dest} --init {init} --target TARGET")
+    if to == src.dialect.name and src.dialect.writer is not None and not src.dialect.writer.flag_paths and steps:
+        raise ConversionError(f"{source}: the {src.dialect.title} layout cannot record fc_norm / norm_output",
+                              hint=f"eaglectl upgrade {source} {dest} --to speculators --target TARGET")
     tgt = open_target(target) if target else None
+    model = None
+    if target and ((add_fc_norm and init in NEEDS_TARGET) or (fidelity and steps and not dry_run)):
+        from .model.hf import load_target
+
+        model = load_target(target)
 
     new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm, norm_output=spec.norm_output or set_norm_output)
     supplied: dict[str, bytes] = {}
@@ -103,15 +126,15 @@ def upgrade(
     stats: dict[str, Any] = {}
     dtype = _float_dtype(src)
     if add_fc_norm:
-        gammas, new_fc, stats = _init_fc_norm(src, init, target, calibration_text)
+        gammas, new_fc, stats = _init_fc_norm(src, init, model, calibration_text)
         Ht = spec.aux_width
         for j, g in enumerate(gammas):
             canon = f"fc_norm.{j}.weight"
             extra[canon] = (dtype, (Ht,), f"fc_norm init {init}")  # type: ignore[assignment]
-            supplied[canon] = _to_bytes(g, dtype)
+            supplied[canon] = casting.encode(g, dtype)
         if new_fc is not None:
             extra["fc.weight"] = (dtype, tuple(new_fc.shape), "refit to the 3.0 FC output")
-            supplied["fc.weight"] = _to_bytes(new_fc, dtype)
+            supplied["fc.weight"] = casting.encode(new_fc, dtype)
     plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra)
     _mark(plan, steps, init if add_fc_norm else None, stats)
     notes = []
@@ -125,24 +148,27 @@ def upgrade(
                              ConversionResult(plan, False, []), None, notes)
     result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
     fid = None
-    if steps:
-        from .parity import verify
-
-        fid = verify(dest, against=source, target=target, fidelity=True, tokens=fidelity_tokens, steps=3,
-                     allow_pickle=allow_pickle, text=calibration_text)
+    if steps and fidelity:
+        fid = _fidelity(dest, src, model, calibration_text, fidelity_tokens)
     return UpgradeResult(source, dest, bool(steps), steps, init if add_fc_norm else None, stats, result, fid, notes)
 
 
-def _float_dtype(src: Source) -> str:
+def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, text: str | None, tokens: int) -> Any:
+    """DEST against SOURCE through the reference drafter, on the target's states when it was loaded."""
+    from .model.loader import load_reference
+    from .verify import compare, synthetic_inputs, target_inputs
+
+    ref = load_reference(src)
+    cand = load_reference(open_drafter(dest))
+    steps = 3
+    inputs = (target_inputs(model, ref.spec, ref.args, tokens, steps, 0, text) if model is not None
+              else synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0))
+    return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), steps, tokens, 0)
+
+
+def _float_dtype(src: DrafterCheckpoint) -> str:
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"
     return fc if fc in ("F32", "BF16", "F16") else "BF16"
-
-
-def _to_bytes(values: np.ndarray, dtype: str) -> bytes:
-    import torch
-
-    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
-    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(tdt).view(torch.uint8).numpy().tobytes()
 
 
 def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[str, Any]) -> None:
@@ -158,7 +184,7 @@ def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[
 
 # ------------------------------------------------------------------------------- calibration
 
-def _init_fc_norm(src: Source, init: str, target: str | None, text: str | None
+def _init_fc_norm(src: DrafterCheckpoint, init: str, model: Any, text: str | None
                   ) -> tuple[list[np.ndarray], np.ndarray | None, dict[str, Any]]:
     spec = src.spec
     n, Ht = spec.num_aux_hidden_states, spec.aux_width
@@ -166,13 +192,13 @@ def _init_fc_norm(src: Source, init: str, target: str | None, text: str | None
         raise ConversionError(f"{src.ckpt.root}: cannot tell the aux count / width from fc.weight")
     if init == "ones":
         return [np.ones(Ht, dtype=np.float32) for _ in range(n)], None, {}
-    assert target is not None
-    aux, ids, tokens = _calibration_states(src, target, text)
+    assert model is not None
+    aux, ids, tokens = _calibration_states(src, model, text)
     eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
     chunks = aux.reshape(aux.shape[0], n, Ht)  # (T, n, H_t), position 0 removed
     rms = np.sqrt((chunks ** 2).mean(-1) + eps)  # (T, n)
     stats: dict[str, Any] = {
-        "target": target, "aux_ids_vllm": list(ids), "tokens": int(aux.shape[0]), "text_source": tokens,
+        "target": model.path, "aux_ids_vllm": list(ids), "tokens": int(aux.shape[0]), "text_source": tokens,
         "sink_excluded": True,
         "rms_mean": [float(x) for x in rms.mean(0)],
         "rms_harmonic_mean": [float(x) for x in 1.0 / (1.0 / rms).mean(0)],
@@ -214,25 +240,23 @@ def _relative_fc_error(W: np.ndarray, c: np.ndarray, u: np.ndarray, gamma: np.nd
     return float(np.linalg.norm(g_new - g) / np.linalg.norm(g))
 
 
-def _calibration_states(src: Source, target: str, text: str | None) -> tuple[np.ndarray, tuple[int, ...], str]:
+def _calibration_states(src: DrafterCheckpoint, model: Any, text: str | None) -> tuple[np.ndarray, tuple[int, ...], str]:
     import torch
 
-    from .capture import capture_aux, load_target
-    from .parity import BUNDLED_TEXT
+    from .model.hf import capture_aux
     from .spec import default_aux_ids
+    from .verify import BUNDLED_TEXT
 
-    t = load_target(target)
-    ids = src.spec.aux_layer_ids_vllm or default_aux_ids(t.num_layers, "boundary")
+    ids = src.spec.aux_layer_ids_vllm or default_aux_ids(model.num_layers, "boundary")
     ids = tuple(sorted(set(ids)))
     body = text if text is not None else BUNDLED_TEXT.read_text()
-    if t.tokenizer is not None:
-        input_ids = t.tokenizer(body, return_tensors="pt").input_ids[:, :2048]
+    if model.tokenizer is not None:
+        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :2048]
         how = "bundled text" if text is None else "given text"
     else:
         # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
-        raw = torch.tensor(list(body.encode("utf-8"))[:2048]) % t.vocab_size
+        raw = torch.tensor(list(body.encode("utf-8"))[:2048]) % model.vocab_size
         input_ids = raw[None]
         how = "text bytes as token ids (the target has no tokenizer)"
-    aux = capture_aux(t, input_ids, ids)[0, 1:].double().numpy()  # drop position 0: the sink
+    aux = capture_aux(model, input_ids, ids)[0, 1:].double().numpy()  # drop position 0: the sink
     return aux, ids, how
-

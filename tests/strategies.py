@@ -6,7 +6,7 @@ import math
 
 from hypothesis import strategies as st
 
-from eaglectl.safetensors_io import DTYPE_BITS
+from eaglectl.io.safetensors import DTYPE_BITS
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF, exclude_characters='"\\'), min_size=1,
                 max_size=24).filter(lambda s: s != "__metadata__")

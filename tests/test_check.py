@@ -53,7 +53,9 @@ def test_card_is_written_then_lints_clean_and_contradictions_are_findings(invoke
     assert "<org>/<this-drafter>" in text  # a local path means nothing on the Hub
     bad = text.replace("- eagle3.1\n", "").replace('"num_speculative_tokens": 3', '"num_speculative_tokens": 5')
     bad = bad.replace("in the `speculators` layout", "in the `specforge` layout")
-    (d / "README.md").write_text(bad.replace(f"base_model: {TARGET}", "base_model: meta-llama/Other-8B"))
+    assert "base_model: eaglectl-fixtures/target-llama" in text  # the verifier's Hub id; the local target is none
+    (d / "README.md").write_text(bad.replace("base_model: eaglectl-fixtures/target-llama",
+                                             "base_model: meta-llama/Other-8B"))
     r, doc = run(invoke, d, "--target", TARGET)
     found = {f["rule_id"] for f in doc["findings"]}
     assert {"card-base-model", "card-eagle-version", "card-k", "card-dialect"} <= found
@@ -69,11 +71,17 @@ def test_upgraded_drafter_card_says_it_needs_fine_tuning(invoke, tmp_path):
     assert "card-provenance" in {f["rule_id"] for f in doc["findings"]}
 
 
-def test_smoke_stage_is_skipped_with_the_reason_never_passed(invoke):
-    _, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke")
-    assert doc["stages"][2] == {**doc["stages"][2], "status": "skipped", "detail": "needs --target"}
-    _, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke", "--target", TARGET, "--vllm-python", "/bin/false")
-    assert doc["stages"][2]["status"] == "skipped" and "no vLLM" in doc["stages"][2]["detail"]
+def test_a_requested_smoke_that_cannot_run_fails_the_gate(invoke):
+    r, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke")
+    assert doc["stages"][2] == {**doc["stages"][2], "status": "fail", "requested": True,
+                                "detail": "requested but cannot run: needs --target"}
+    assert r.exit_code == 1 and "PASS" not in r.stdout
+    for extra in (["--smoke"], ["--min-acceptance", "3.0", "--strict"]):
+        r, doc = run(invoke, DRAFTERS / "speculators-3", *extra, "--target", TARGET, "--vllm-python", "/bin/false")
+        assert doc["stages"][2]["status"] == "fail" and "no vLLM" in doc["stages"][2]["detail"]
+        assert r.exit_code == 1 and doc["passed"] is False
+    _, doc = run(invoke, DRAFTERS / "speculators-3")
+    assert doc["stages"][2]["status"] == "skipped" and doc["stages"][2]["requested"] is False
 
 
 def test_sarif_lists_findings_with_rules_and_locations(invoke, tmp_path):
@@ -122,7 +130,7 @@ def test_batch_usage_errors(invoke, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"dest": "x"}\n')
     r = invoke("convert", "--manifest", bad, "--to", "modelopt")
-    assert r.exit_code == 3 and "needs 'source' and 'dest'" in r.stderr
+    assert r.exit_code == 2 and "needs 'source' and 'dest'" in r.stderr
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglectl.atomic import remove_stale_staging, staged_output
-from eaglectl.checkpoint import open_checkpoint
+from eaglectl.io.atomic import remove_stale_staging, staged_output
+from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -145,13 +145,18 @@ def test_staged_output_appears_only_on_success(tmp_path):
 def test_staged_output_refuses_existing_unless_forced(tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
-    (dest / "old").write_text("x")
+    (dest / "config.json").write_text("{}")
+    (dest / "model.safetensors").write_text("x")
     with pytest.raises(OutputExistsError), staged_output(dest):
         pass
     with staged_output(dest, force=True) as stage:
-        (stage / "new").write_text("y")
-    assert sorted(p.name for p in dest.iterdir()) == ["new"]
+        (stage / "model.safetensors").write_text("y")
+    assert sorted(p.name for p in dest.iterdir()) == ["model.safetensors"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="notes.txt"), staged_output(dest, force=True):
+        pass
+    assert (dest / "notes.txt").exists()
 
 
 def test_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path):
@@ -160,7 +165,7 @@ def test_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path):
         import sys, time
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from eaglectl.atomic import staged_output
+        from eaglectl.io.atomic import staged_output
         with staged_output(Path({str(dest)!r})) as s:
             (s / "part").write_bytes(b"x" * 100)
             print("ready", flush=True)

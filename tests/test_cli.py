@@ -10,7 +10,7 @@ import pytest
 
 from eaglectl import errors, formats
 from eaglectl.cli import cli
-from eaglectl.inspection import inspect_checkpoint
+from eaglectl.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import DRAFTERS, ROOT
@@ -37,7 +37,7 @@ def test_formats_json_lists_the_registry(invoke):
 
 def test_rules_json_is_the_catalogue(invoke):
     doc = json.loads(invoke("rules", "--json").stdout)
-    assert [r["id"] for r in doc["rules"]] == list(RULES)
+    assert [r["rule_id"] for r in doc["rules"]] == list(RULES)
     assert {r["severity"] for r in doc["rules"]} == {"error", "warning", "info"}
 
 
@@ -45,6 +45,20 @@ def test_generated_docs_are_current():
     r = subprocess.run([sys.executable, str(ROOT / "docs" / "generate.py"), "--check"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_every_documented_example_runs_with_its_exit_code(tmp_path, monkeypatch):
+    """docs/examples.md holds machine-specific numbers, so it is not compared; its commands must still work."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import generate
+
+    monkeypatch.chdir(ROOT)
+    page = (ROOT / "docs" / "examples.md").read_text()
+    for title, line, expected in generate.EXAMPLES:
+        code, text = generate.run_example(line, str(tmp_path))
+        assert code == expected, (line, text)
+        assert f"## {title}" in page and f"$ eaglectl {line}" in page
 
 
 def test_json_keys_are_documented():
@@ -60,7 +74,8 @@ def test_error_types_have_distinct_codes_and_references():
     assert len(set(codes)) == len(codes) and len(set(refs)) == len(refs)
     assert not {errors.EXIT_OK, errors.EXIT_FINDINGS, errors.EXIT_USAGE, errors.EXIT_INTERNAL} & set(codes)
     subclasses = set(errors.EaglectlError.__subclasses__())
-    assert subclasses == set(errors.ERROR_TYPES)
+    assert subclasses == set(errors.ERROR_TYPES) | {errors.UsageError}
+    assert errors.UsageError.exit_code == errors.EXIT_USAGE
 
 
 def test_changelog_names_every_exit_code_and_dialect():
@@ -80,10 +95,11 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def test_convert_and_upgrade_json_keys_are_documented(tmp_path):
-    from eaglectl.convert import execute, open_source, plan_conversion
-    from eaglectl.upgrade import upgrade
+    from eaglectl.convert import execute, plan_conversion
+    from eaglectl.drafter import open_drafter
+    from eaglectl.upgrade import run as upgrade
 
-    src = open_source(str(DRAFTERS / "speculators-3"), None, False)
+    src = open_drafter(str(DRAFTERS / "speculators-3"))
     doc = execute(plan_conversion(src, tmp_path / "c", "modelopt"), src).to_json()
     page = (ROOT / "docs" / "convert.md").read_text()
     for key in [*doc, *doc["plan"], *doc["plan"]["tensors"][0]]:

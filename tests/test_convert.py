@@ -10,11 +10,13 @@ import shutil
 import numpy as np
 import pytest
 
-from eaglectl.checkpoint import open_checkpoint
-from eaglectl.convert import execute, open_source, plan_conversion
-from eaglectl.errors import ConversionError
-from eaglectl.inspection import inspect_checkpoint, open_target
-from eaglectl.parity import verify
+from eaglectl.io.checkpoint import open_checkpoint
+from eaglectl.convert import execute, plan_conversion
+from eaglectl.drafter import open_drafter
+from eaglectl.errors import ConversionError, FilesystemError
+from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.target import open_target
+from eaglectl.verify import run as verify
 
 from .conftest import DEFECTS, DRAFTERS, TARGET
 
@@ -24,7 +26,7 @@ WRITABLE = ["eagle", "specforge", "speculators", "torchspec", "modelopt"]
 def convert(src, dest, to, **kw):
     target = kw.pop("target", None)
     tgt = open_target(str(target)) if target else None
-    s = open_source(str(src), kw.pop("from_dialect", None), True)
+    s = open_drafter(str(src), from_dialect=kw.pop("from_dialect", None), allow_pickle=True)
     plan = plan_conversion(s, dest, to, target=tgt, **kw)
     return execute(plan, s, target=tgt)
 
@@ -32,7 +34,7 @@ def convert(src, dest, to, **kw):
 def tensors(path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     ck = open_checkpoint(str(path), allow_pickle=True)
     from eaglectl.formats import detect
-    from eaglectl.reading import CanonicalView, probe_of
+    from eaglectl.drafter import CanonicalView, probe_of
 
     view = CanonicalView(ck, detect(probe_of(ck))[0])
     return {c: (view.info(c).dtype, view.info(c).shape, view.read(c).tobytes()) for c in view.names()}
@@ -90,8 +92,9 @@ def test_dry_run_plan_is_the_executed_plan(invoke, tmp_path):
     assert dry["dry_run"] is True and not (tmp_path / "out").exists()
     real = json.loads(invoke(*args).stdout)
     assert real["dry_run"] is False and real["plan"] == dry["plan"]
-    assert real["checked"] == [f"{len(real['plan']['tensors'])} tensors equal their source or documented transform",
-                               "detected as modelopt", "inspect finds no errors"]
+    assert real["checked"] == [f"{len(real['plan']['tensors'])} tensors equal their source or documented transform "
+                               "(re-read after writing)", "detected as modelopt", "inspect finds no errors",
+                               "the source did not change while it was read"]
 
 
 # ------------------------------------------------------------------------------------- hazards
@@ -316,11 +319,11 @@ def test_existing_destination_needs_force_and_source_is_untouched(invoke, tmp_pa
     try:
         dest = tmp_path / "out"
         dest.mkdir()
-        (dest / "keep").write_text("x")
+        (dest / "config.json").write_text("{}")
         r = invoke("convert", src, dest, "--to", "modelopt")
-        assert r.exit_code == 12 and "error[output-exists]" in r.stderr and (dest / "keep").exists()
+        assert r.exit_code == 12 and "error[output-exists]" in r.stderr and (dest / "config.json").read_text() == "{}"
         r = invoke("convert", src, dest, "--to", "modelopt", "--force")
-        assert r.exit_code == 0 and not (dest / "keep").exists()
+        assert r.exit_code == 0 and (dest / "model.safetensors").exists()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]
     finally:
         for p in [src, *src.iterdir()]:
@@ -338,7 +341,7 @@ def test_a_failure_while_writing_leaves_nothing(monkeypatch, tmp_path):
         raise OSError("disk full")
 
     monkeypatch.setattr(conv, "write_safetensors", failing)
-    with pytest.raises(OSError):
+    with pytest.raises(FilesystemError, match="disk full"):
         convert(DRAFTERS / "speculators-3.1", tmp_path / "out", "modelopt")
     assert calls and list(tmp_path.iterdir()) == []
 

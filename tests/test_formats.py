@@ -7,11 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eaglectl import formats
-from eaglectl.checkpoint import open_checkpoint
+from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.cli import inspect_cmd
 from eaglectl.formats import Probe, Signal
-from eaglectl.reading import probe_of
-from eaglectl.rules import CANONICAL
+from eaglectl.drafter import probe_of
+from eaglectl.rules.layout import CANONICAL
 
 from .conftest import DRAFTERS
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from eaglectl.hub import parse_hub_id
+from eaglectl.io.hub import parse_hub_id
 
 from .conftest import DRAFTERS, ROOT, TARGET
 

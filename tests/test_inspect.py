@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from eaglectl.inspection import inspect_checkpoint
+from eaglectl.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
@@ -80,13 +80,14 @@ def test_the_same_drafter_reads_the_same_in_every_dialect():
                       "norm_output", "norm_before_residual", "norm_before_fc", "num_aux_hidden_states"):
             assert getattr(rep.spec, field) == getattr(base.spec, field), (name, field)
         assert rep.spec.aux_layer_ids_vllm in (base.spec.aux_layer_ids_vllm, None), name
-        shared = set(rep.canonical_names) & set(base.canonical_names)
-        assert set(rep.canonical_names) - {"embed_tokens.weight"} == set(base.canonical_names) - {"embed_tokens.weight"}
-        from eaglectl.checkpoint import open_checkpoint
+        names, base_names = rep.drafter.view.stored, base.drafter.view.stored
+        shared = set(names) & set(base_names)
+        assert set(names) - {"embed_tokens.weight"} == set(base_names) - {"embed_tokens.weight"}
+        from eaglectl.io.checkpoint import open_checkpoint
 
         a, b = open_checkpoint(str(DRAFTERS / name)), open_checkpoint(str(DRAFTERS / "speculators-3.1"))
         for canon in shared:
-            np.testing.assert_array_equal(a.read(rep.canonical_names[canon]), b.read(base.canonical_names[canon]))
+            np.testing.assert_array_equal(a.read(names[canon]), b.read(base_names[canon]))
 
 
 def test_output_convention_ids_translate_to_vllm_ids():
@@ -119,7 +120,8 @@ def test_every_rule_with_a_fixture_or_a_test():
 
 def test_clean_fixtures_raise_no_silent_breakage(invoke):
     r = invoke("inspect", DRAFTERS / "speculators-3.1", "--json", "--scan")
-    assert r.exit_code == 0 and _json(r)["findings"] == []
+    assert r.exit_code == 0 and [f["rule_id"] for f in _json(r)["findings"]] == ["scanned"]  # --scan says it ran
+    assert "no NaN/Inf" in _json(r)["findings"][0]["message"]
 
 
 def test_strict_fails_on_warnings(invoke):
@@ -187,12 +189,12 @@ def test_usage_error_is_2(invoke):
 
 
 def test_internal_error_is_70_with_debug_hint(monkeypatch, invoke):
-    import eaglectl.inspection
+    import eaglectl.inspect
 
     def boom(*a, **k):
         raise ZeroDivisionError("oops")
 
-    monkeypatch.setattr(eaglectl.inspection, "inspect_checkpoint", boom)
+    monkeypatch.setattr(eaglectl.inspect, "run", boom)
     r = invoke("inspect", DRAFTERS / "eagle-3")
     assert r.exit_code == 70 and "EAGLECTL_DEBUG" in r.stderr and "Traceback" not in r.stderr
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eaglectl.reference import (
+from eaglectl.model.reference import (
     ChainCache,
     Drafter,
     DrafterArgs,

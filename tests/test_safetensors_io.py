@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from eaglectl.errors import CorruptCheckpointError
-from eaglectl.safetensors_io import (
+from eaglectl.io.safetensors import (
     LocalFile,
     count_nonfinite,
     entry_from_bytes,

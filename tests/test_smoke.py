@@ -13,9 +13,11 @@ import shutil
 
 import pytest
 
-from eaglectl.convert import execute, open_source, plan_conversion
-from eaglectl.inspection import open_target
-from eaglectl.smoke import Baseline, parse_baselines, smoke
+from eaglectl.convert import execute, plan_conversion
+from eaglectl.drafter import open_drafter
+from eaglectl.target import open_target
+from eaglectl.smoke import Baseline, parse_baselines
+from eaglectl.smoke import run as smoke
 
 from .conftest import ROOT
 
@@ -45,7 +47,7 @@ def test_reference_loop_reproduces_the_committed_counts(case):
 
 
 def test_trained_fixtures_are_clean():
-    from eaglectl.inspection import inspect_checkpoint
+    from eaglectl.inspect import run as inspect_checkpoint
 
     for name in ("eagle3", "eagle3.1"):
         rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))
@@ -115,11 +117,11 @@ def parity_drafters(tmp_path_factory):
                                  ("eagle3->modelopt", "eagle3", "modelopt", None),
                                  ("eagle3.1->modelopt", "eagle3.1", "modelopt", None),
                                  ("eagle3->fp32", "eagle3", "eagle", "float32")):
-        s = open_source(str(TRAINED / src), None, False)
+        s = open_drafter(str(TRAINED / src))
         execute(plan_conversion(s, out / name, to, target=tgt, dtype=dtype), s, target=tgt)
         made[name] = out / name
     # dtype round trip: bf16 -> fp32 -> bf16 is bit-identical
-    s = open_source(str(made["eagle3->fp32"]), None, False)
+    s = open_drafter(str(made["eagle3->fp32"]))
     execute(plan_conversion(s, out / "eagle3->fp32->bf16", "eagle", dtype="bfloat16"), s)
     made["eagle3->fp32->bf16"] = out / "eagle3->fp32->bf16"
     return made

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglectl.capture import capture_aux, load_target
-from eaglectl.parity import verify
+from eaglectl.model.hf import capture_aux, load_target
+from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
 

@@ -1,13 +1,17 @@
-"""The dialect registry: the single source for CLI choices, detection and the docs table."""
+"""The dialect registry: the single source for CLI choices, detection, conversion and the docs.
+
+A dialect is one module of data (`Dialect`); `register` adds it. Detection is local to each
+dialect's own signals: a dialect is excluded by what its layout cannot hold (`forbidden`) and by
+another dialect's `markers` (keys only that producer writes), never by a list of its neighbours.
+"""
 
 from __future__ import annotations
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
-from . import eagle, modelopt, nemo, specforge, speculators, torchspec
-from ._base import Detection, Dialect, Probe, Signal, config_get, MISSING
+from ._base import Caveat, Detection, Dialect, Probe, Signal, Writer
 
-__all__ = ["DIALECTS", "Detection", "Dialect", "MISSING", "Probe", "Signal", "config_get", "detect",
-           "evaluate", "get", "names", "register"]
+__all__ = ["DIALECTS", "Caveat", "Detection", "Dialect", "Probe", "Signal", "Writer", "detect", "evaluate", "get",
+           "names", "register", "unregister", "writable"]
 
 DIALECTS: dict[str, Dialect] = {}
 
@@ -19,12 +23,16 @@ def register(dialect: Dialect) -> Dialect:
     return dialect
 
 
-for _module in (eagle, specforge, speculators, torchspec, modelopt, nemo):
-    register(_module.DIALECT)
+def unregister(name: str) -> None:
+    DIALECTS.pop(name, None)
 
 
 def names() -> list[str]:
     return list(DIALECTS)
+
+
+def writable() -> list[str]:
+    return [d.name for d in DIALECTS.values() if d.writer is not None]
 
 
 def get(name: str) -> Dialect:
@@ -32,6 +40,12 @@ def get(name: str) -> Dialect:
 
 
 def evaluate(dialect: Dialect, probe: Probe) -> Detection:
+    for other in DIALECTS.values():
+        if other.name == dialect.name:
+            continue
+        for s in other.markers:
+            if s.holds(probe) and s not in dialect.markers:
+                return Detection(dialect.name, None, (f"excluded: {s.describe()} ({other.name} marker)",))
     for s in dialect.forbidden:
         if s.holds(probe):
             return Detection(dialect.name, None, (f"excluded: {s.describe()}",))
@@ -42,7 +56,8 @@ def evaluate(dialect: Dialect, probe: Probe) -> Detection:
     if dialect.required_any and not any_held:
         alternatives = " or ".join(s.describe() for s in dialect.required_any)
         return Detection(dialect.name, None, (f"missing: {alternatives}",))
-    held = [*dialect.required, *any_held, *(s for s in dialect.supporting if s.holds(probe))]
+    held = list(dict.fromkeys([*dialect.required, *any_held,
+                               *(s for s in (*dialect.markers, *dialect.supporting) if s.holds(probe))]))
     return Detection(dialect.name, sum(s.weight for s in held), tuple(s.describe() for s in held))
 
 
@@ -66,3 +81,10 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
             path=where, hint=f"pass --from {tied[0].dialect} (or another) to say which producer wrote it",
         )
     return DIALECTS[fitting[0].dialect], detections
+
+
+# The registry: one line per dialect module.
+from . import eagle, modelopt, nemo, specforge, speculators, torchspec  # noqa: E402
+
+for _module in (eagle, specforge, speculators, torchspec, modelopt, nemo):
+    register(_module.DIALECT)

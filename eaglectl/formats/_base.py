@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MISSING = object()
-
-
-def config_get(config: dict[str, Any] | None, path: str) -> Any:
-    """Value at a dotted path (`eagle_config.norm_before_fc`), or MISSING."""
-    node: Any = config
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
+from ..io.jsonio import MISSING, config_get
 
 
 @dataclass(frozen=True)
@@ -74,6 +64,9 @@ class Writer:
     aux_ids_paths: tuple[str, ...] = ()  # where aux ids go; () = cannot record
     aux_convention: str | None = None  # convention of the ids written (None: the dialect's own)
     flag_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> paths; absent = must be False
+    # flags the layout cannot express as true but writes as an explicit false, because engines
+    # default an absent flag differently (vLLM's speculators reader: norm_before_residual true)
+    explicit_false: tuple[str, ...] = ()
     extra_config: dict[str, Any] = field(default_factory=dict)  # constant keys (dotted paths)
     max_layers: int | None = None
     exactly_3_aux: bool = False
@@ -83,18 +76,31 @@ class Writer:
 
 
 @dataclass(frozen=True)
+class Caveat:
+    """A fact the files cannot settle for this dialect: rule `rule` fires, about spec field `subject`,
+    when every spec field in `when` has the given value (e.g. SpecForge's norm_output window)."""
+
+    rule: str
+    when: dict[str, Any]
+    subject: str
+    message: str
+
+
+@dataclass(frozen=True)
 class Dialect:
     """A checkpoint dialect. Every field is data; `formats/__init__.py` interprets them."""
 
     name: str  # stable id used in the CLI and JSON
     title: str
     producers: str
-    # detection: all `required` hold, at least one of `required_any` (if given), no `forbidden`;
-    # the score is the summed weight of the required and supporting signals that hold.
+    # detection: all `required` hold, at least one of `required_any` (if given), none of its own
+    # `forbidden` and none of another dialect's `markers`; the score is the summed weight of the
+    # required and supporting signals that hold.
     required: tuple[Signal, ...]
     supporting: tuple[Signal, ...] = ()
-    forbidden: tuple[Signal, ...] = ()
+    forbidden: tuple[Signal, ...] = ()  # what this layout cannot contain
     required_any: tuple[Signal, ...] = ()
+    markers: tuple[Signal, ...] = ()  # signals only this dialect writes: they exclude every other dialect
     # (canonical prefix, dialect prefix): renames in both directions, first match wins, and a
     # name matching none is kept as is.
     key_rules: tuple[tuple[str, str], ...] = ()
@@ -109,6 +115,11 @@ class Dialect:
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
     # HF-style config (read by vLLM's EAGLEConfig, sglang, TRT-LLM) vs the speculators format
     hf_style: bool = True
+    owned_config_keys: tuple[str, ...] = ()  # top-level keys of this dialect's wrapping (not decoder config)
+    d2t_order: str = "sorted"  # sorted (ids ascending) | frequency (ModelOpt: most frequent first)
+    caveats: tuple[Caveat, ...] = ()
+    # the engine that serves this dialect's files and reads their aux ids (see engines.py)
+    consumer: str = "vllm"
     notes: tuple[str, ...] = ()
 
     def to_canonical(self, name: str) -> str:

@@ -19,12 +19,9 @@ DIALECT = Dialect(
         Signal("config-value", "architectures", "LlamaForCausalLM"),
         Signal("file", "pytorch_model.bin"),
     ),
-    forbidden=(
+    forbidden=(  # the layout stores no aux ids and no 3.1 flags
         Signal("config-key", "eagle_config"),
         Signal("config-key", "eagle_aux_hidden_state_layer_ids"),
-        Signal("config-key", "speculators_config"),
-        Signal("config-key", "_torchspec_version"),
-        Signal("metadata-key", "torchspec_version"),
         Signal("config-key", "fc_norm"),
         Signal("config-key", "norm_output"),
         Signal("tensor-prefix", "fc_norm."),

@@ -15,7 +15,6 @@ DIALECT = Dialect(
     producers="NVIDIA Model-Optimizer `export_hf_checkpoint`, hand-made vLLM-native drafts",
     required=(Signal("tensor-prefix", "layers.0.", weight=1),),
     supporting=(
-        Signal("config-key", "eagle_config.next_layer_regular"),
         Signal("config-key", "eagle_config.use_mtp_layernorm"),
         Signal("config-key", "eagle_config.parallel_draft_step"),
         Signal("config-key", "eagle_config"),
@@ -24,13 +23,8 @@ DIALECT = Dialect(
         Signal("config-value", "architectures", "Eagle3DeepseekV2ForCausalLM", weight=0.5),
         Signal("config-value", "architectures", "Eagle3Qwen3ForCausalLM", weight=0.5),
     ),
-    forbidden=(
-        Signal("config-key", "speculators_config"),
-        Signal("config-key", "_torchspec_version"),
-        Signal("metadata-key", "torchspec_version"),
-        Signal("tensor-prefix", "model."),
-        Signal("tensor-prefix", "midlayer."),
-    ),
+    forbidden=(Signal("tensor-prefix", "model."), Signal("tensor-prefix", "midlayer.")),
+    markers=(Signal("config-key", "eagle_config.next_layer_regular"),),
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
     aux_convention="output",
     aux_convention_note=(
@@ -52,6 +46,8 @@ DIALECT = Dialect(
                       "eagle_config.parallel_draft_heads_num_layers": 1},
         t2d=False,  # the ModelOpt allow-list has no t2d (vLLM ignores it anyway)
     ),
+    owned_config_keys=("eagle_config",),
+    d2t_order="frequency",
     flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
     flag_defaults={
         "norm_before_residual": (False, "vLLM default for HF-style configs"),

@@ -17,7 +17,6 @@ DIALECT = Dialect(
         Signal("config-value", "architectures", "LlamaEagle3DraftModel", weight=2),
         Signal("file", "eagle_meta.pt"),
     ),
-    forbidden=(Signal("config-key", "speculators_config"),),
     key_rules=(
         ("lm_head.", "lm_head."),
         ("d2t", "d2t"),

@@ -7,7 +7,7 @@ PR #879 (2026-09-15): absent means False from then on; before it, absent meant T
 EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (formats.md §5.2, H9).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import Caveat, Dialect, Signal, Writer
 
 DIALECT = Dialect(
     name="specforge",
@@ -19,12 +19,6 @@ DIALECT = Dialect(
         Signal("config-key", "eagle_config.eagle_aux_hidden_state_layer_ids", weight=2),
         Signal("config-key", "fc_norm", weight=0.5),
     ),
-    forbidden=(
-        Signal("config-key", "speculators_config"),
-        Signal("config-key", "_torchspec_version"),
-        Signal("metadata-key", "torchspec_version"),
-        Signal("config-key", "eagle_config.next_layer_regular"),
-    ),
     key_rules=(("layers.0.", "midlayer."),),
     aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
     aux_convention="output",
@@ -35,10 +29,15 @@ DIALECT = Dialect(
         "fc_norm": (False, "SpecForge default"),
         "norm_output": (False, "SpecForge default since PR #879 (True in the #568..#879 window)"),
     },
+    owned_config_keys=("eagle_config",),
+    caveats=(Caveat("specforge-norm-output-window", {"fc_norm": True}, "norm_output",
+                    "its meaning depends on the SpecForge commit that trained it"),),
+    consumer="sglang",
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3"},
         aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+        explicit_false=("norm_before_residual", "norm_before_fc"),
         max_layers=1,
         exactly_3_aux=True,
         allowed_tensors=(r"(?!input_norm).*",),

@@ -8,17 +8,22 @@ is False), so that default is the one recorded here (formats.md §5.3, H6).
 
 from ._base import Dialect, Signal, Writer
 
+_MARKER = Signal("config-key", "speculators_config", weight=3)
+
 DIALECT = Dialect(
     name="speculators",
     title="vLLM speculators",
     producers="vllm-project/speculators training and `speculators convert`",
-    required=(Signal("config-key", "speculators_config", weight=3),),
+    required=(_MARKER,),
     supporting=(
         Signal("config-value", "speculators_model_type", "eagle3"),
         Signal("config-key", "transformer_layer_config"),
         Signal("tensor-prefix", "layers.", weight=0.5),
     ),
-    forbidden=(Signal("config-key", "model_type"),),
+    forbidden=(Signal("config-key", "model_type"),),  # vLLM's speculators-format test
+    markers=(_MARKER,),
+    owned_config_keys=("speculators_config", "speculators_model_type", "speculators_version",
+                       "transformer_layer_config", "auto_map", "has_no_defaults_at_init"),
     arch_config="transformer_layer_config",
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
     aux_convention="boundary",

@@ -8,17 +8,18 @@ shifted +1 to vLLM's boundary convention (formats.md §5.4, commit ec1eeab2).
 
 from ._base import Dialect, Signal, Writer
 
+_MARKERS = (Signal("config-key", "_torchspec_version", weight=3), Signal("metadata-key", "torchspec_version", weight=3))
+
 DIALECT = Dialect(
     name="torchspec",
     title="TorchSpec",
     producers="lightseekorg/TorchSpec `tools/convert_to_hf.py`",
     required=(),
-    required_any=(
-        Signal("config-key", "_torchspec_version", weight=3),
-        Signal("metadata-key", "torchspec_version", weight=3),
-    ),
+    required_any=_MARKERS,
     supporting=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),),
-    forbidden=(Signal("config-key", "speculators_config"),),
+    markers=_MARKERS,
+    owned_config_keys=("_torchspec_version", "eagle_config"),
+    consumer="sglang",
     key_rules=(("layers.0.", "midlayer."),),
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
     aux_convention="output",
@@ -33,6 +34,7 @@ DIALECT = Dialect(
         architectures={"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"},
         aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+        explicit_false=("norm_before_residual", "norm_before_fc"),
         extra_config={"eagle_config.use_aux_hidden_state": True, "_torchspec_version": "eaglectl"},
         max_layers=1,
         allowed_tensors=(r"(?!input_norm).*",),

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError
 
 _HUB_ID = re.compile(
     r"^(?P<scheme>hf://)?(?:models/)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)"

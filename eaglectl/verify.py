@@ -19,21 +19,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from . import __version__, formats
-from .checkpoint import open_checkpoint
-from .errors import IncompatibleDrafterError, MissingDependencyError
-from .reading import CanonicalView, probe_of, read_spec
-from .reference import Drafter, DrafterArgs, StepOutput
+from . import __version__
+from .drafter import open_drafter
+from .errors import IncompatibleDrafterError, MissingDependencyError, ParityMismatchError
+from .model.loader import DTYPES, LoadedDrafter, load_reference
+from .model.reference import DrafterArgs, StepOutput
 from .spec import DrafterSpec, default_aux_ids
 
 SCHEMA = "eaglectl.verify/1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
 
-# Tolerances (math.md §7.3). "exact": identical tensors, same precision: outputs bit-identical.
+# Tolerances (docs/math.md#tolerances). "exact": identical tensors, same precision: outputs bit-identical.
 # "fp32": torch.allclose on logits and fed-back state. "low-precision": distribution-level.
 TOLERANCES: dict[str, dict[str, float]] = {
     "exact": {"max_abs": 0.0},
@@ -43,54 +41,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
 BUNDLED_TEXT = Path(__file__).with_name("data") / "calibration.txt"
 
 
-@dataclass
-class LoadedDrafter:
-    source: str
-    dialect: str
-    spec: DrafterSpec
-    args: DrafterArgs
-    tensors: dict[str, torch.Tensor]  # canonical name -> fp32 values (exact for bf16/fp16 files)
-    stored_dtypes: dict[str, str]
-    has_embed: bool
-
-    def build(self, dtype: torch.dtype, device: str) -> Drafter:
-        with torch.device("meta"):  # no random init of weights that are replaced anyway
-            model = Drafter(self.args, own_embedding=self.has_embed)
-        state = {k: v for k, v in self.tensors.items() if k != "t2d"}
-        if "d2t" not in state:
-            state["d2t"] = torch.zeros(self.args.draft_vocab_size, dtype=torch.long)
-        expected = set(model.state_dict())
-        extra = sorted(set(state) - expected)
-        missing = sorted(expected - set(state))
-        if extra or missing:
-            what = f"unexpected {extra[0]!r}" if extra else f"missing {missing[0]!r}"
-            raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
-                                           f"({len(extra)} unexpected, {len(missing)} missing)",
-                                           tensor=(extra or missing)[0])
-        model.load_state_dict(state, strict=True, assign=True)  # shares the fp32 tensors, no copy
-        return model.to(device=device, dtype=dtype).eval()
-
-
 def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
-    ckpt = open_checkpoint(source, allow_pickle=allow_pickle)
-    dialect, _ = formats.detect(probe_of(ckpt), from_dialect, where=ckpt.root)
-    view = CanonicalView(ckpt, dialect)
-    spec, _ = read_spec(ckpt, dialect, view)
-    if spec.arch == "mla":
-        raise IncompatibleDrafterError(f"{source}: MLA drafters are inspected, not run, by the reference drafter")
-    if spec.sliding_window is not None:
-        raise IncompatibleDrafterError(f"{source}: sliding-window attention (window {spec.sliding_window}) is not "
-                                       "implemented in the reference drafter")
-    args = DrafterArgs.from_spec(spec)
-    tensors: dict[str, torch.Tensor] = {}
-    for canon in view.names():
-        if canon.startswith("layers.") and canon.endswith(".hidden_norm.weight") and not canon.startswith("layers.0."):
-            continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
-        value = np.ascontiguousarray(view.read(canon))
-        t = torch.from_numpy(value if value.flags.writeable else value.copy())
-        tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
-    stored = {c: view.info(c).dtype for c in view.names()}
-    return LoadedDrafter(source, dialect.name, spec, args, tensors, stored, "embed_tokens.weight" in tensors)
+    return load_reference(open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle))
 
 
 # --------------------------------------------------------------------------------------- inputs
@@ -123,28 +75,31 @@ def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens:
                   f"token ids < {rows}")
 
 
-def target_inputs(target_source: str, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int, seed: int,
-                  text: str | None) -> Inputs:
-    from .capture import capture_aux, load_target
-
-    target = load_target(target_source)
-    ids = spec.aux_layer_ids_vllm or default_aux_ids(target.num_layers, "boundary")
-    ids = tuple(sorted(set(ids)))
-    if len(ids) != args.num_aux:
-        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
+def text_token_ids(target: Any, count: int, seed: int, text: str | None) -> tuple[torch.Tensor, str]:
+    """(1, count) token ids of `text` (default: the bundled calibration text) in the target's tokenizer."""
     if target.tokenizer is not None:
         body = text if text is not None else BUNDLED_TEXT.read_text()
-        all_ids = target.tokenizer(body, return_tensors="pt").input_ids[:, : tokens + steps]
-        how = "bundled text" if text is None else "given text"
-        if all_ids.shape[1] < tokens + steps:
-            raise IncompatibleDrafterError(f"the text has {all_ids.shape[1]} tokens; {tokens + steps} needed")
-    else:
-        g = torch.Generator().manual_seed(seed)
-        all_ids = torch.randint(0, target.vocab_size, (1, tokens + steps), generator=g)
-        how = f"random token ids (seed {seed}; the target has no tokenizer)"
+        ids = target.tokenizer(body, return_tensors="pt").input_ids[:, :count]
+        if ids.shape[1] < count:
+            raise IncompatibleDrafterError(f"the text has {ids.shape[1]} tokens; {count} needed")
+        return ids, "bundled text" if text is None else "given text"
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.vocab_size, (1, count), generator=g)
+    return ids, f"random token ids (seed {seed}; the target has no tokenizer)"
+
+
+def target_inputs(target: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int, seed: int,
+                  text: str | None) -> Inputs:
+    """Real aux states of a loaded HF target (model/hf.py) at the drafter's layers."""
+    from .model.hf import capture_aux
+
+    ids = tuple(sorted(set(spec.aux_layer_ids_vllm or default_aux_ids(target.num_layers, "boundary"))))
+    if len(ids) != args.num_aux:
+        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
+    all_ids, how = text_token_ids(target, tokens + steps, seed, text)
     aux = capture_aux(target, all_ids[:, :tokens], ids)
     return Inputs(aux.cpu(), all_ids, target.embedding().float().cpu(),
-                  f"target {target_source}: aux ids {list(ids)} on {how}")
+                  f"target {target.path}: aux ids {list(ids)} on {how}")
 
 
 # -------------------------------------------------------------------------------------- metrics
@@ -230,9 +185,14 @@ class ParityReport:
 
     @property
     def exit_code(self) -> int:
-        from .errors import ParityMismatchError
-
         return ParityMismatchError.exit_code if self.passed is False else 0
+
+    def failure(self) -> ParityMismatchError | None:
+        if self.passed is not False:
+            return None
+        failed = [str(m.step) for m in self.metrics if m.passed is False]
+        return ParityMismatchError(f"{self.candidate['source']}: step(s) {', '.join(failed)} exceed the {self.regime} "
+                                   "tolerance", reported=True)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -268,7 +228,7 @@ def _check_device(device: str) -> None:
 
 
 @torch.no_grad()
-def verify(
+def run(
     candidate: str,
     *,
     against: str | None = None,
@@ -284,29 +244,38 @@ def verify(
     allow_pickle: bool = False,
     fidelity: bool = False,
 ) -> ParityReport:
+    """Compare CANDIDATE with `against` (conversion / fidelity) or with its own fp32 CPU run (precision)."""
     _check_device(device)
     cand = load_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
     ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
     _same_shape(cand, ref)
-    inputs = (target_inputs(target, ref.spec, ref.args, tokens, steps, seed, text) if target
-              else synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed))
-    embed = _shared_embedding(cand, ref, inputs)
+    if target:
+        from .model.hf import load_target
 
-    if against is None:  # precision / device parity against the fp32 CPU reference of itself
-        mode, ref_dtype, ref_device = "precision", "float32", "cpu"
+        inputs = target_inputs(load_target(target), ref.spec, ref.args, tokens, steps, seed, text)
     else:
-        mode, ref_dtype, ref_device = ("fidelity" if fidelity else "conversion"), dtype, device
+        inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
+    if against is None:  # precision / device parity against the fp32 CPU reference of itself
+        return compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
+    return compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device), (dtype, device),
+                   steps, tokens, seed)
+
+
+def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, run_at: tuple[str, str],
+            ref_at: tuple[str, str], steps: int, tokens: int, seed: int) -> ParityReport:
+    """Both drafters on the same inputs, per-step metrics, judged by the regime the differences allow."""
+    embed = _shared_embedding(cand, ref, inputs)
     # a drafter without embed_tokens borrows the other side's table: that is not a difference
     names = set(cand.tensors) | set(ref.tensors)
     if cand.has_embed != ref.has_embed:
         names.discard("embed_tokens.weight")
     differing = sorted(k for k in names if k not in cand.tensors or k not in ref.tensors
                        or not torch.equal(cand.tensors[k], ref.tensors[k]))
-    regime = None if fidelity else choose_regime(cand, ref, differing, (dtype, device), (ref_dtype, ref_device))
-
-    ref_out = _run(ref, ref_dtype, ref_device, inputs, embed, steps)
-    cand_out = _run(cand, dtype, device, inputs, embed, steps)
-    report = ParityReport(mode, _side(cand, dtype, device), _side(ref, ref_dtype, ref_device), inputs.description,
+    regime = None if mode == "fidelity" else choose_regime(cand, ref, differing, run_at, ref_at)
+    with torch.no_grad():
+        ref_out = _run(ref, *ref_at, inputs, embed, steps)
+        cand_out = _run(cand, *run_at, inputs, embed, steps)
+    report = ParityReport(mode, _side(cand, *run_at), _side(ref, *ref_at), inputs.description,
                           steps, tokens, seed, regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
                           differing_tensors=differing[:20])
     for j, (r, c) in enumerate(zip(ref_out, cand_out, strict=True)):

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointNotFoundError, IncompatibleDrafterError, MissingDependencyError
+from ..errors import CheckpointNotFoundError, IncompatibleDrafterError, MissingDependencyError
 
 
 @dataclass
@@ -53,7 +53,7 @@ def _local_folder(source: str) -> str:
         return source
     from huggingface_hub import snapshot_download
 
-    from .hub import parse_hub_id
+    from ..io.hub import parse_hub_id
 
     ref = parse_hub_id(source)
     if ref is None:

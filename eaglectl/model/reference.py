@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import DrafterSpec
+ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below
 
 
 @dataclass
@@ -54,39 +54,6 @@ class DrafterArgs:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
-
-    @classmethod
-    def from_spec(cls, spec: DrafterSpec) -> DrafterArgs:
-        def need(name: str) -> Any:
-            value = getattr(spec, name)
-            if value is None:
-                from .errors import IncompatibleDrafterError
-
-                raise IncompatibleDrafterError(f"the drafter's config lacks '{name}'", key=name)
-            return value
-
-        hidden = need("hidden_size")
-        return cls(
-            hidden_size=hidden,
-            target_hidden_size=spec.target_hidden_size or hidden,
-            num_heads=need("num_attention_heads"),
-            num_kv_heads=need("num_key_value_heads"),
-            head_dim=need("head_dim"),
-            intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"),
-            vocab_size=need("vocab_size"),
-            draft_vocab_size=spec.draft_vocab_size or need("vocab_size"),
-            num_aux=need("num_aux_hidden_states"),
-            rms_norm_eps=spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6,
-            rope_theta=spec.rope_theta if spec.rope_theta is not None else 10000.0,
-            rope_scaling=spec.rope_scaling,
-            qk_norm=spec.arch == "qwen3",
-            attention_bias=spec.attention_bias,
-            norm_before_residual=spec.norm_before_residual,
-            norm_before_fc=spec.norm_before_fc,
-            fc_norm=spec.fc_norm,
-            norm_output=spec.norm_output,
-        )
 
 
 # ------------------------------------------------------------------------------------ building blocks
@@ -124,10 +91,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         mid = (wavelen <= old / low) & (wavelen >= old / high)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
     elif kind not in ("default", None):
-        from .errors import IncompatibleDrafterError
-
-        raise IncompatibleDrafterError(f"rope_scaling type '{kind}' is not implemented in the reference drafter",
-                                       key="rope_scaling")
+        raise ValueError(f"rope_scaling type '{kind}' is not one of {ROPE_KINDS}")
     return inv
 
 
@@ -191,6 +155,27 @@ class FeedForward(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@dataclass
+class LayerKV:
+    """One layer's drafter KV for a sequence: (B, nkv, P, d) keys and values, appended step by step."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], 2)
+        self.v = v if self.v is None else torch.cat([self.v, v], 2)
+        return self.k, self.v
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def truncate(self, length: int) -> None:
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+
+
 class Layer(nn.Module):
     """Decoder layer i. Layer 0 takes [norm(embeds) ; hidden_norm(hidden)] (2H wide)."""
 
@@ -204,17 +189,19 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = FeedForward(a)
 
-    def inputs(self, hidden: torch.Tensor, embeds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention input, residual) for this layer."""
+    def forward(self, x: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor, inv_freq: torch.Tensor,
+                kv: LayerKV, mask: torch.Tensor) -> torch.Tensor:
+        """x (B, T, H) at `positions` (B, T); the new keys join `kv`; mask (T, P) over all of them."""
         if self.index == 0:
             assert embeds is not None
-            normed = self.hidden_norm(hidden)
+            normed = self.hidden_norm(x)
             attn_in = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H), embedding first
-            return attn_in, (normed if self.a.norm_before_residual else hidden)
-        return self.input_layernorm(hidden), hidden
-
-    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        s1 = residual + attn_out
+            residual = normed if self.a.norm_before_residual else x
+        else:
+            attn_in, residual = self.input_layernorm(x), x
+        q, k, v = self.self_attn.project(attn_in, positions, inv_freq)
+        keys, values = kv.append(k, v)
+        s1 = residual + self.self_attn.attend(q, keys, values, mask)
         return s1 + self.mlp(self.post_attention_layernorm(s1))  # pre-norm layer output
 
 
@@ -225,6 +212,7 @@ class StepOutput:
     logits: torch.Tensor  # (B, T, V_d) draft-vocab logits, fp32
     feedback: torch.Tensor  # (B, T, H) the state fed to the next step
     target_ids: torch.Tensor  # (B, T) greedy draft mapped to target ids
+    pre_norm: torch.Tensor  # (B, T, H) the last layer's output before the final norm
 
 
 class Drafter(nn.Module):
@@ -256,8 +244,6 @@ class Drafter(nn.Module):
             raise ValueError("this drafter has no embed_tokens: pass the target's embedding table")
         return self.embed_tokens.weight
 
-    # -- pieces ---------------------------------------------------------------------------------
-
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """(B, T, n_aux·H_t) target features → (B, T, H); step 0 only."""
         x = aux.to(self.fc.weight.dtype)
@@ -268,11 +254,18 @@ class Drafter(nn.Module):
             x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(x)
 
-    def head(self, s2: torch.Tensor) -> StepOutput:
-        post = self.norm(s2)
+    def forward(self, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, kvs: list[LayerKV],
+                mask: torch.Tensor) -> StepOutput:
+        """One draft step for T query rows: every layer, then the final norm and the head."""
+        x: torch.Tensor = hidden
+        emb: torch.Tensor | None = embeds
+        for layer, kv in zip(self.layers, kvs, strict=True):
+            x = layer(x, emb, positions, self.inv_freq, kv, mask)
+            emb = None
+        post = self.norm(x)
         logits = wide(self.lm_head(post))
         draft = logits.argmax(-1)
-        return StepOutput(logits, post if self.a.norm_output else s2, draft + self.d2t[draft])
+        return StepOutput(logits, post if self.a.norm_output else x, draft + self.d2t[draft], x)
 
     def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft logits scattered to target ids, −inf elsewhere (vLLM `compute_logits`)."""
@@ -295,21 +288,13 @@ class Drafter(nn.Module):
         pos0 = torch.arange(T, device=aux.device).expand(B, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
         diag = torch.eye(T, dtype=torch.bool, device=aux.device)
-        caches: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in self.layers]
+        kvs = [LayerKV() for _ in self.layers]
         hidden = self.combine(aux)
         outs = []
         for j in range(steps):
             embeds = F.embedding(tokens[:, j + 1: j + 1 + T], table)
             mask = torch.cat([causal] + [diag] * j, dim=1)  # (T, T·(j+1)): context ≤ t, own chain
-            x, emb = hidden, embeds
-            for layer, (ks, vs) in zip(self.layers, caches, strict=True):
-                attn_in, residual = layer.inputs(x, emb)
-                q, k, v = layer.self_attn.project(attn_in, pos0 + j, self.inv_freq)
-                ks.append(k)
-                vs.append(v)
-                x = layer.finish(residual, layer.self_attn.attend(q, torch.cat(ks, 2), torch.cat(vs, 2), mask))
-                emb = None
-            out = self.head(x)
+            out = self(hidden, embeds, pos0 + j, kvs, mask)
             outs.append(out)
             hidden = out.feedback
         return outs
@@ -319,13 +304,21 @@ class Drafter(nn.Module):
 class ChainCache:
     """Drafter KV for one sequence: context entries (target-derived) plus the current chain's."""
 
-    k: list[torch.Tensor] = field(default_factory=list)  # per layer (B, nkv, P, d)
-    v: list[torch.Tensor] = field(default_factory=list)
+    layers: list[LayerKV] = field(default_factory=list)
+
+    def for_model(self, drafter: Drafter) -> list[LayerKV]:
+        while len(self.layers) < len(drafter.layers):
+            self.layers.append(LayerKV())
+        return self.layers
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` positions (drops the previous chain before new context entries)."""
-        self.k = [t[:, :, :length] for t in self.k]
-        self.v = [t[:, :, :length] for t in self.v]
+        for kv in self.layers:
+            kv.truncate(length)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
 
 
 def prefill(drafter: Drafter, aux: torch.Tensor, next_tokens: torch.Tensor, positions: torch.Tensor,
@@ -343,18 +336,6 @@ def chain_step(drafter: Drafter, feedback: torch.Tensor, token: torch.Tensor, po
 def _incremental(drafter: Drafter, hidden: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor,
                  cache: ChainCache) -> StepOutput:
     T = hidden.shape[1]
-    x, emb = hidden, embeds
-    for i, layer in enumerate(drafter.layers):
-        attn_in, residual = layer.inputs(x, emb)
-        q, k, v = layer.self_attn.project(attn_in, positions, drafter.inv_freq)
-        if i == len(cache.k):
-            cache.k.append(k)
-            cache.v.append(v)
-        else:
-            cache.k[i] = torch.cat([cache.k[i], k], 2)
-            cache.v[i] = torch.cat([cache.v[i], v], 2)
-        P = cache.k[i].shape[2]
-        mask = torch.ones(T, P, dtype=torch.bool, device=hidden.device).tril(P - T)  # causal within the new block
-        x = layer.finish(residual, layer.self_attn.attend(q, cache.k[i], cache.v[i], mask))
-        emb = None
-    return drafter.head(x)
+    P = cache.length + T
+    mask = torch.ones(T, P, dtype=torch.bool, device=hidden.device).tril(P - T)  # causal within the new block
+    return drafter(hidden, embeds, positions, cache.for_model(drafter), mask)

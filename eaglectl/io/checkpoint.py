@@ -7,20 +7,30 @@ refused unless `allow_pickle` is set and are then loaded with `weights_only=True
 
 from __future__ import annotations
 
-import json
+import os
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    PickleNotAllowedError,
+    SourceChangedError,
+    filesystem_error,
+)
+from ..limits import limit
 from . import hub
-from .errors import CheckpointNotFoundError, CorruptCheckpointError, PickleNotAllowedError
-from .safetensors_io import (
+from .jsonio import ConfigView, load_object
+from .safetensors import (
+    ByteRange,
     ByteSource,
     Header,
     LocalFile,
     TensorInfo,
     count_nonfinite,
+    file_identity,
     read_header,
     read_rows,
     read_tensor,
@@ -61,6 +71,13 @@ class WeightFile:
         assert self.source is not None
         return count_nonfinite(self.source, self.header, tensor)
 
+    def byte_range(self, tensor: str) -> ByteRange | None:
+        """The tensor's bytes as a local file range (None for remote or pickled files)."""
+        if not isinstance(self.source, LocalFile):
+            return None
+        info = self.header.tensors[tensor]
+        return ByteRange(self.source.path, self.header.data_start + info.begin, info.nbytes)
+
 
 @dataclass
 class Checkpoint:
@@ -77,7 +94,25 @@ class Checkpoint:
     index_name: str | None = None
     index_problems: list[tuple[str, str]] = field(default_factory=list)  # (locator, message)
     hub_ref: hub.HubRef | None = None
-    file_names: tuple[str, ...] = ()  # every file in the checkpoint folder (for detection)
+    file_names: tuple[str, ...] = ()  # the files directly in the checkpoint folder (for detection)
+    identities: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # local file -> identity
+
+    @property
+    def config_view(self) -> ConfigView:
+        return ConfigView(self.config, self.config_name or f"{self.root}/config.json")
+
+    def ensure_unchanged(self) -> None:
+        """Raise SourceChangedError if a local file of this checkpoint was replaced or rewritten since
+        it was opened (size, mtime, inode)."""
+        for path, identity in self.identities.items():
+            try:
+                now = file_identity(os.stat(path))
+            except OSError:
+                now = None
+            if now != identity:
+                raise SourceChangedError(f"{path}: changed while eaglectl was reading it (size, mtime or inode "
+                                         "differ); the output was discarded", path=path,
+                                         hint="run again once the source is no longer being written")
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:
@@ -108,13 +143,13 @@ def open_checkpoint(source: str, *, allow_pickle: bool = False, revision: str | 
     With `weights_required=False` a folder holding only `config.json` opens with no tensors
     (used for targets, where the config is what matters).
     """
-    path = Path(source).expanduser()
-    if path.exists():
+    path = local_path(source)
+    if path is not None and path.exists():
         if revision:
             raise CheckpointNotFoundError(f"{source}: --revision applies to Hub repos, not local paths")
         return _open_local(source, path, allow_pickle, weights_required)
     ref = hub.parse_hub_id(source, revision)
-    if ref is None:
+    if ref is None or looks_like_path(source):
         raise CheckpointNotFoundError(
             f"{source}: no such file or directory", path=source,
             hint="give a local folder or file, or a Hub id such as org/name or hf://org/name@rev",
@@ -128,31 +163,115 @@ def open_checkpoint(source: str, *, allow_pickle: bool = False, revision: str | 
     return ckpt
 
 
+def local_path(source: str) -> Path | None:
+    """`source` as a local path (`~` expanded), or None when it cannot be one."""
+    if not source or "\x00" in source:
+        return None
+    try:
+        path = Path(source).expanduser()
+        path.exists()  # ENAMETOOLONG and friends surface here
+    except RuntimeError:  # ~nosuchuser
+        raise CheckpointNotFoundError(f"{source}: no such user's home folder", path=source) from None
+    except OSError as e:
+        raise filesystem_error(e, "look up", source) from None
+    except ValueError:
+        return None
+    return path
+
+
+def looks_like_path(source: str) -> bool:
+    """A source the user meant as a local path: it starts like one, names a weights file, or its first
+    component is a local folder (`fixtures/drafers` when `fixtures/` exists)."""
+    if source.startswith(("/", "./", "../", "~")) or source in (".", "..") or source.endswith(
+            (".safetensors", ".json", ".bin", ".pt", ".pth")):
+        return True
+    first = source.split("/", 1)[0]
+    try:
+        return "/" in source and not source.startswith("hf://") and Path(first).is_dir()
+    except OSError:
+        return False
+
+
 # ------------------------------------------------------------------------------------- local
+
+def _listing(root: Path) -> tuple[str, ...]:
+    """Files directly in `root` (never a recursive walk: `inspect /` must not crawl the disk)."""
+    names = []
+    try:
+        with os.scandir(root) as it:
+            for n, entry in enumerate(it):
+                if n >= limit("folder_entries"):
+                    raise CorruptCheckpointError(
+                        f"{root}: more than {limit('folder_entries')} entries; not a checkpoint folder", path=str(root))
+                try:
+                    if entry.is_file():
+                        names.append(entry.name)
+                except OSError:
+                    continue
+    except OSError as e:
+        raise filesystem_error(e, "list", root) from None
+    return tuple(sorted(names))
+
+
+def _nested_weights(root: Path) -> str | None:
+    """A subfolder holding weights, for the hint when the folder itself has none (one level deep)."""
+    try:
+        with os.scandir(root) as it:
+            subdirs = sorted(e.name for n, e in zip(range(limit("folder_entries")), it) if e.is_dir())
+    except OSError:
+        return None
+    for sub in subdirs[:64]:
+        try:
+            inner = _listing(root / sub)
+        except (CorruptCheckpointError, CheckpointNotFoundError, OSError):
+            continue
+        if any(n.endswith((".safetensors", ".safetensors.index.json")) for n in inner):
+            return sub
+    return None
+
 
 def _open_local(source: str, path: Path, allow_pickle: bool, weights_required: bool = True) -> Checkpoint:
     if path.is_dir():
         root = path
-        names = tuple(sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()))
+        names = _listing(root)
         entry = _pick_entry(root, names, weights_required)
     else:
         root = path.parent
-        names = tuple(sorted(p.name for p in root.iterdir() if p.is_file()))
+        names = _listing(root)
         entry = path.name
-    config, config_name = _read_config(root / CONFIG_NAME if (root / CONFIG_NAME).is_file() else None)
+    identities: dict[str, tuple[int, int, int, int]] = {}
+    config_path = root / CONFIG_NAME
+    config, config_name = None, None
+    if config_path.is_file():
+        config, config_name = load_object(_read_bytes(config_path), str(config_path)), str(config_path)
+        identities[str(config_path)] = file_identity(config_path.stat())
 
     def opener(rel: str) -> WeightFile:
         file_path = root / rel
         if not file_path.is_file():
             raise CorruptCheckpointError(f"{file_path}: shard listed in the index is missing", file=str(file_path))
-        return _open_weight_file(rel, LocalFile(file_path), file_path, allow_pickle)
+        local = LocalFile(file_path)
+        identities[str(file_path)] = local.identity
+        return _open_weight_file(rel, local, file_path, allow_pickle)
 
     def index_reader(rel: str) -> bytes:
-        return (root / rel).read_bytes()
+        identities[str(root / rel)] = file_identity((root / rel).stat())
+        return _read_bytes(root / rel)
 
     ckpt = _assemble(source, str(root), entry, opener, index_reader)
-    ckpt.config, ckpt.config_name, ckpt.file_names = config, config_name, names
+    ckpt.config, ckpt.config_name, ckpt.file_names, ckpt.identities = config, config_name, names, identities
     return ckpt
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > limit("json_bytes"):
+            raise CorruptCheckpointError(f"{path}: {size} bytes exceeds the {limit('json_bytes')}-byte limit for "
+                                         "JSON files", file=str(path))
+        return path.read_bytes()
+    except OSError as e:
+        raise filesystem_error(e, "read", path) from None
 
 
 def _pick_entry(root: Path | str, names: tuple[str, ...], weights_required: bool = True) -> str | None:
@@ -177,25 +296,9 @@ def _pick_entry(root: Path | str, names: tuple[str, ...], weights_required: bool
             )
     if not weights_required:
         return None
-    nested = [n for n in names if n.endswith((".safetensors", ".safetensors.index.json"))]
-    hint = f"weights found in a subfolder: point at {posixpath.dirname(nested[0])}/" if nested else None
+    nested = _nested_weights(root) if isinstance(root, Path) else None
+    hint = f"weights found in a subfolder: point at {root}/{nested}" if nested else None
     raise CheckpointNotFoundError(f"{root}: no *.safetensors or *.bin weights found", path=str(root), hint=hint)
-
-
-def _read_config(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
-    if path is None:
-        return None, None
-    return parse_json_object(path.read_bytes(), str(path)), str(path)
-
-
-def parse_json_object(raw: bytes, name: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CorruptCheckpointError(f"{name}: not valid JSON ({e})", file=name) from None
-    if not isinstance(obj, dict):
-        raise CorruptCheckpointError(f"{name}: expected a JSON object", file=name)
-    return obj
 
 
 def _open_weight_file(rel: str, source: ByteSource, path: Path | None, allow_pickle: bool) -> WeightFile:
@@ -268,11 +371,14 @@ def _assemble(source: str, root: str, entry: str | None, opener: Any, index_read
         return Checkpoint(source, root, layout, [wf], dict.fromkeys(wf.header.tensors, wf), None, None)
 
     index_name = entry
-    index = parse_json_object(index_reader(entry), f"{root}/{entry}")
+    index = load_object(index_reader(entry), f"{root}/{entry}")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptCheckpointError(f"{root}/{entry}: 'weight_map' must map tensor names to file names",
                                      file=entry)
+    metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CorruptCheckpointError(f"{root}/{entry}: 'metadata' must be an object", file=entry)
     base = posixpath.dirname(entry)
     shard_names: list[str] = []
     for tensor, shard in weight_map.items():
@@ -282,8 +388,14 @@ def _assemble(source: str, root: str, entry: str | None, opener: Any, index_read
                 f"{root}/{entry}: weight_map['{tensor}'] = '{shard}' escapes the checkpoint folder",
                 file=entry, tensor=tensor,
             )
+        if len(rel) > 4096:
+            raise CorruptCheckpointError(f"{root}/{entry}: weight_map names a file of {len(rel)} characters",
+                                         file=entry, tensor=tensor)
         if rel not in shard_names:
             shard_names.append(rel)
+            if len(shard_names) > limit("weight_files"):
+                raise CorruptCheckpointError(f"{root}/{entry}: more than {limit('weight_files')} weight files",
+                                             file=entry)
     files = [opener(rel) for rel in shard_names]
     by_name = {f.name: f for f in files}
 
@@ -305,7 +417,7 @@ def _assemble(source: str, root: str, entry: str | None, opener: Any, index_read
         rel = _safe_join(base, shard)
         if tensor not in by_name[rel].header.tensors and tensor not in tensor_file:
             problems.append((f"{entry}:{tensor}", f"weight_map lists '{tensor}' in {shard}, which does not hold it"))
-    total = (index.get("metadata") or {}).get("total_size")
+    total = (metadata or {}).get("total_size")
     actual = sum(t.nbytes for f in files for t in f.header.tensors.values())
     if total is not None and total != actual:
         problems.append((f"{entry}:metadata.total_size", f"metadata.total_size is {total}, tensors hold {actual} bytes"))
@@ -332,7 +444,7 @@ def _open_remote(source: str, resolved: hub.Resolved, allow_pickle: bool, weight
     config_name = None
     if CONFIG_NAME in names:
         config_name = f"{resolved.ref.display}/{CONFIG_NAME}"
-        config = parse_json_object(resolved.read_small(CONFIG_NAME), config_name)
+        config = load_object(resolved.read_small(CONFIG_NAME), config_name)
 
     def opener(rel: str) -> WeightFile:
         if rel not in names:

@@ -15,15 +15,14 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
-from .errors import CorruptCheckpointError
-
-# Rust's cap; huggingface_hub's remote reader stops at 25 MB.
-MAX_HEADER_BYTES = 100_000_000
+from ..errors import CorruptCheckpointError, filesystem_error
+from ..limits import limit
+from .jsonio import loads
 
 DTYPE_BITS: dict[str, int] = {
     "BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
@@ -46,15 +45,33 @@ class ByteSource(Protocol):
 
 
 class LocalFile:
+    """A local file, with the identity it had when opened (to notice a file replaced or rewritten
+    while eaglectl reads it)."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = str(path)
-        self.size = path.stat().st_size
+        try:
+            st = path.stat()
+        except OSError as e:
+            raise filesystem_error(e, "read", path) from None
+        self.size = st.st_size
+        self.identity = file_identity(st)
 
     def read(self, offset: int, length: int) -> bytes:
-        with self.path.open("rb") as f:
-            f.seek(offset)
-            return f.read(length)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            raise filesystem_error(e, "read", self.path) from None
+        try:
+            return os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns): changes when a file is replaced or rewritten."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass(frozen=True)
@@ -107,8 +124,8 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
     if file_size < 8 or len(head) < 8:
         raise _fail(file, f"file is {file_size} bytes; a safetensors file needs an 8-byte header length")
     (n,) = struct.unpack("<Q", head[:8])
-    if n > MAX_HEADER_BYTES:
-        raise _fail(file, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte cap")
+    if n > limit("header_bytes"):
+        raise _fail(file, f"header length {n} exceeds the {limit('header_bytes')}-byte cap")
     if 8 + n > file_size:
         raise _fail(file, f"header length {n} runs past the end of the {file_size}-byte file")
     if len(head) < 8 + n:
@@ -116,12 +133,11 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
     raw = head[8 : 8 + n]
     if not raw.startswith(b"{"):
         raise _fail(file, "header does not start with '{'")
-    try:
-        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_reject_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise _fail(file, f"header is not valid JSON ({e})") from None
+    obj = loads(raw, f"{file}: header", object_pairs_hook=_reject_duplicates, max_bytes=limit("header_bytes"))
     if not isinstance(obj, dict):
         raise _fail(file, "header is not a JSON object")
+    if len(obj) > limit("tensors_per_file") + 1:
+        raise _fail(file, f"{len(obj)} header entries exceed the limit of {limit('tensors_per_file')} tensors")
 
     metadata = obj.pop("__metadata__", None)
     if metadata is not None and not (
@@ -129,11 +145,11 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
     ):
         raise _fail(file, "__metadata__ must map strings to strings")
 
+    buffer_size = file_size - 8 - n
     tensors: dict[str, TensorInfo] = {}
     for name, entry in obj.items():
-        tensors[name] = _parse_entry(file, name, entry)
+        tensors[name] = _parse_entry(file, name, entry, buffer_size)
 
-    buffer_size = file_size - 8 - n
     expected = 0
     for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
         if info.begin != expected:
@@ -145,25 +161,37 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
     return Header(file, tensors, metadata, 8 + n, file_size)
 
 
-def _parse_entry(file: str, name: str, entry: Any) -> TensorInfo:
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _parse_entry(file: str, name: str, entry: Any, buffer_size: int) -> TensorInfo:
+    if len(name) > limit("tensor_name_chars"):
+        raise _fail(file, f"tensor name of {len(name)} characters exceeds the limit of {limit('tensor_name_chars')}",
+                    name[:64] + "...")
     if not isinstance(entry, dict):
         raise _fail(file, "entry is not an object", name)
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str):
         raise _fail(file, "missing dtype", name)
     if dtype not in DTYPE_BITS:
-        raise _fail(file, f"unknown dtype '{dtype}'", name)
-    if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise _fail(file, f"invalid shape {shape!r}", name)
+        raise _fail(file, f"unknown dtype {_short(dtype)}", name)
+    if not (isinstance(shape, list) and len(shape) <= limit("tensor_rank") and all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= limit("tensor_dim") for d in shape)):
+        raise _fail(file, f"invalid shape {_short(shape)} (at most {limit('tensor_rank')} dimensions of at most "
+                    f"2**40 each)", name)
     if not (
         isinstance(offsets, list)
         and len(offsets) == 2
         and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
     ):
-        raise _fail(file, f"invalid data_offsets {offsets!r}", name)
+        raise _fail(file, f"invalid data_offsets {_short(offsets)}", name)
     begin, end = offsets
     if end < begin:
         raise _fail(file, f"data_offsets [{begin}, {end}] end before begin", name)
+    if end > buffer_size:
+        raise _fail(file, f"data_offsets end {_short(end)} runs past the {buffer_size}-byte data buffer", name)
     bits = math.prod(shape) * DTYPE_BITS[dtype]
     if bits % 8 or end - begin != bits // 8:
         raise _fail(file, f"{end - begin} bytes for shape {shape} of {dtype} (expected {bits / 8:g})", name)
@@ -175,7 +203,7 @@ def read_header(source: ByteSource) -> Header:
     head = source.read(0, 8)
     if len(head) == 8:
         (n,) = struct.unpack("<Q", head)
-        if n <= MAX_HEADER_BYTES and 8 + n <= source.size:
+        if n <= limit("header_bytes") and 8 + n <= source.size:
             head += source.read(8, n)
     return parse_header(head, source.size, source.name)
 
@@ -204,6 +232,11 @@ def read_rows(source: ByteSource, header: Header, name: str, rows: list[int]) ->
         raw = source.read(header.data_start + info.begin + r * width, width)
         out.append(_decode(raw, info.dtype, (info.shape[1],), source.name, name))
     return np.stack(out) if out else np.zeros((0, info.shape[1]), dtype=np.float32)
+
+
+def decodable(dtype: str) -> bool:
+    """Whether `read_tensor` / `read_rows` can decode this dtype without torch."""
+    return dtype == "BF16" or dtype in _NUMPY_DTYPES
 
 
 def _decode(raw: bytes, dtype: str, shape: tuple[int, ...], file: str, name: str) -> Any:
@@ -249,13 +282,24 @@ def count_nonfinite(source: ByteSource, header: Header, name: str, chunk_bytes: 
 # ---------------------------------------------------------------------------------------- write
 
 @dataclass(frozen=True)
+class ByteRange:
+    """`length` bytes of a local file at `offset`: what a copied tensor is, before and after a write."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class TensorEntry:
-    """A tensor to write: its bytes come from `chunks()` (an iterable of bytes-like objects)."""
+    """A tensor to write: its bytes are either copied by the kernel from `copy` (a local byte range) or
+    produced by `chunks()` (an iterable of bytes-like objects)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
-    chunks: Any  # Callable[[], Iterable[bytes | memoryview]]
+    chunks: Any = None  # Callable[[], Iterable[bytes | memoryview]]
+    copy: ByteRange | None = None
 
     @property
     def nbytes(self) -> int:
@@ -278,31 +322,153 @@ def serialize_header(entries: Iterable[TensorEntry], metadata: dict[str, str] | 
     return struct.pack("<Q", len(raw)) + raw
 
 
-def write_safetensors(path: Path, entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> None:
-    """Stream tensors into a new safetensors file; each entry's bytes must match its shape."""
-    with path.open("wb") as f:
-        f.write(serialize_header(entries, metadata))
+@dataclass
+class Written:
+    """Where each tensor landed in a written file, and a CRC-32 of the bytes produced for it, so a
+    re-read can prove the file holds what was written (copies are compared with their source)."""
+
+    path: Path
+    data_start: int
+    ranges: dict[str, ByteRange]
+    crc32: dict[str, int]  # produced (not copied) tensors only
+
+
+def write_safetensors(path: Path, entries: list[TensorEntry], metadata: dict[str, str] | None = None) -> Written:
+    """Write a safetensors file: the header, then each tensor at its offset with unbuffered writes.
+
+    Copied tensors go through `os.copy_file_range` (no user-space copy), produced ones are written
+    from their buffers as they come. The file is not fsynced here: the caller syncs the whole output
+    once (see `atomic.staged_output`).
+    """
+    import zlib
+
+    header = serialize_header(entries, metadata)
+    ranges: dict[str, ByteRange] = {}
+    crcs: dict[str, int] = {}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        _write_all(fd, header, 0)
+        pos = len(header)
         for e in entries:
-            written = _copy_chunks(f, e.chunks())
-            if written != e.nbytes:
-                raise CorruptCheckpointError(
-                    f"{path}: tensor '{e.name}': got {written} bytes, expected {e.nbytes}", tensor=e.name
-                )
-        f.flush()
-        os.fsync(f.fileno())
+            ranges[e.name] = ByteRange(path, pos, e.nbytes)
+            if e.copy is not None:
+                if e.copy.length != e.nbytes:
+                    raise CorruptCheckpointError(f"{path}: tensor '{e.name}': source range holds {e.copy.length} "
+                                                 f"bytes, expected {e.nbytes}", tensor=e.name)
+                copy_range(e.copy, fd, pos)
+                pos += e.nbytes
+                continue
+            crc, start = 0, pos
+            for chunk in e.chunks():
+                view = memoryview(chunk).cast("B")
+                _write_all(fd, view, pos)
+                crc = zlib.crc32(view, crc)
+                pos += len(view)
+            if pos - start != e.nbytes:
+                raise CorruptCheckpointError(f"{path}: tensor '{e.name}': got {pos - start} bytes, expected {e.nbytes}",
+                                             tensor=e.name)
+            crcs[e.name] = crc
+    finally:
+        os.close(fd)
+    return Written(path, len(header), ranges, crcs)
 
 
-def _copy_chunks(f: BinaryIO, chunks: Iterable[Any]) -> int:
-    n = 0
-    for chunk in chunks:
-        n += f.write(chunk)
-    return n
+def _write_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def copy_range(src: ByteRange, fd: int, offset: int) -> None:
+    """Copy a local byte range into `fd` at `offset`, in the kernel when it can (copy_file_range),
+    else through a 16 MB buffer."""
+    sfd = os.open(src.path, os.O_RDONLY)
+    try:
+        done = 0
+        use_kernel = hasattr(os, "copy_file_range")
+        while done < src.length:
+            want = min(1 << 30, src.length - done)
+            n = 0
+            if use_kernel:
+                try:
+                    n = os.copy_file_range(sfd, fd, want, src.offset + done, offset + done)
+                except OSError:  # EXDEV / ENOSYS / EINVAL on some filesystems: copy in user space
+                    use_kernel = False
+            if not use_kernel:
+                buf = os.pread(sfd, min(want, 1 << 24), src.offset + done)
+                _write_all(fd, buf, offset + done)
+                n = len(buf)
+            if n == 0:
+                raise CorruptCheckpointError(f"{src.path}: ends before byte {src.offset + src.length} (truncated while "
+                                             "copying)", file=str(src.path))
+            done += n
+    finally:
+        os.close(sfd)
+
+
+def same_bytes(a: ByteRange, b: ByteRange, chunk: int = 1 << 23) -> bool:
+    """Whether two local byte ranges hold the same bytes (memory-mapped, compared 8 MB at a time)."""
+    import mmap
+
+    import numpy as np
+
+    if a.length != b.length:
+        return False
+    if a.length == 0:
+        return True
+    with a.path.open("rb") as fa, b.path.open("rb") as fb:
+        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
+        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if a.offset + a.length > len(ma) or b.offset + b.length > len(mb):
+                return False
+            va = np.frombuffer(ma, np.uint8, a.length, a.offset)
+            vb = np.frombuffer(mb, np.uint8, b.length, b.offset)
+            for i in range(0, a.length, chunk):
+                x, y = va[i: i + chunk], vb[i: i + chunk]
+                if len(x) % 8 == 0 and (a.offset + i) % 8 == 0 and (b.offset + i) % 8 == 0:
+                    x, y = x.view(np.uint64), y.view(np.uint64)
+                if not np.array_equal(x, y):
+                    return False
+            del va, vb, x, y
+            return True
+        finally:
+            ma.close()
+            mb.close()
+
+
+def crc32_range(r: ByteRange, chunk: int = 1 << 24) -> int:
+    import zlib
+
+    crc = 0
+    fd = os.open(r.path, os.O_RDONLY)
+    try:
+        for off in range(0, r.length, chunk):
+            crc = zlib.crc32(os.pread(fd, min(chunk, r.length - off), r.offset + off), crc)
+    finally:
+        os.close(fd)
+    return crc
+
+
+def sha256_range(r: ByteRange, chunk: int = 1 << 25) -> str:
+    """sha256 of a local byte range, memory-mapped (hashlib releases the GIL on large buffers, so this
+    runs on another core while the main thread copies)."""
+    import hashlib
+    import mmap
+
+    h = hashlib.sha256()
+    if r.length == 0:
+        return h.hexdigest()
+    with r.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+            for off in range(r.offset, r.offset + r.length, chunk):
+                h.update(view[off: min(off + chunk, r.offset + r.length)])
+        finally:
+            view.release()
+    return h.hexdigest()
 
 
 def entry_from_bytes(name: str, dtype: str, shape: tuple[int, ...], data: bytes) -> TensorEntry:
     return TensorEntry(name, dtype, tuple(shape), lambda: (data,))
-
-
-def iter_byte_range(source: ByteSource, offset: int, length: int, chunk: int = 1 << 24) -> Iterator[bytes]:
-    for start in range(0, length, chunk):
-        yield source.read(offset + start, min(chunk, length - start))

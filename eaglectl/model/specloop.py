@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .capture import Target, run_target
+from .hf import Target, run_target
 from .reference import ChainCache, Drafter, chain_step, prefill
 
 

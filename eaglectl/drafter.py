@@ -1,0 +1,284 @@
+"""One opened and interpreted drafter checkpoint: files → dialect → canonical names → DrafterSpec.
+
+`open_drafter` is the single way every command reads a drafter (inspect, convert, upgrade,
+verify, smoke, check), so the interpretation is computed once per run. Reading never fails on an
+inconsistent config: a missing, ill-typed or out-of-bounds field becomes None (its source says
+so) and the rules report it. Only the dialect tables decide names and defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import formats
+from .formats import Detection, Dialect, Probe
+from .io.checkpoint import Checkpoint, open_checkpoint
+from .io.jsonio import ConfigView
+from .io.safetensors import FLOAT_DTYPES, TensorInfo
+from .limits import limit
+from .spec import FLAGS, DrafterSpec
+
+# Where vLLM reads each flag, in order (docs/engines.md): norm_before_fc from eagle_config first.
+FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "norm_before_residual": ("norm_before_residual",),
+    "norm_before_fc": ("eagle_config.norm_before_fc", "norm_before_fc"),
+    "fc_norm": ("fc_norm",),
+    "norm_output": ("norm_output",),
+}
+# Aux ids: vLLM captures the top-level list first, then eagle_config's.
+AUX_ID_PATHS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
+
+ARCH_MARKERS = (("mla", ("self_attn.kv_a_proj_with_mqa.", "self_attn.q_a_proj.", "self_attn.kv_b_proj.")),
+                ("qwen3", ("self_attn.q_norm.", "self_attn.k_norm.")))
+_LAYER = re.compile(r"layers\.([0-9]{1,6})\.")  # ASCII digits only ('²'.isdigit() is True)
+
+
+def layer_index(canonical: str) -> int | None:
+    m = _LAYER.match(canonical)
+    return int(m.group(1)) if m else None
+
+
+def probe_of(ckpt: Checkpoint) -> Probe:
+    return Probe(frozenset(ckpt.tensor_file), ckpt.config, ckpt.metadata, frozenset(ckpt.file_names))
+
+
+@dataclass
+class CanonicalView:
+    """The checkpoint's tensors under canonical names."""
+
+    ckpt: Checkpoint
+    dialect: Dialect
+    stored: dict[str, str] = field(default_factory=dict)  # canonical -> stored name
+    collisions: list[tuple[str, str, str]] = field(default_factory=list)  # (canonical, first, second)
+
+    def __post_init__(self) -> None:
+        for name in self.ckpt.tensor_file:
+            canon = self.dialect.to_canonical(name)
+            if canon in self.stored:
+                self.collisions.append((canon, self.stored[canon], name))
+            else:
+                self.stored[canon] = name
+
+    def __contains__(self, canon: str) -> bool:
+        return canon in self.stored
+
+    def info(self, canon: str) -> TensorInfo:
+        return self.ckpt.tensors[self.stored[canon]]
+
+    def shape(self, canon: str) -> tuple[int, ...] | None:
+        return self.info(canon).shape if canon in self.stored else None
+
+    def read(self, canon: str) -> Any:
+        return self.ckpt.read(self.stored[canon])
+
+    def locate(self, canon: str) -> str:
+        return self.ckpt.locate(self.stored[canon]) if canon in self.stored else canon
+
+    def names(self) -> list[str]:
+        return sorted(self.stored)
+
+    def layer_indices(self) -> list[int]:
+        return sorted({i for c in self.stored if (i := layer_index(c)) is not None})
+
+
+@dataclass
+class DrafterCheckpoint:
+    """A drafter read through its dialect: the files, the dialect decision, canonical names, spec."""
+
+    ckpt: Checkpoint
+    dialect: Dialect
+    detections: list[Detection]
+    forced: bool
+    view: CanonicalView
+    spec: DrafterSpec
+    config: ConfigView  # typed access to config.json; its `problems` are the invalid fields
+
+    @property
+    def source(self) -> str:
+        return self.ckpt.source
+
+    @property
+    def root(self) -> str:
+        return self.ckpt.root
+
+    @property
+    def layer_config(self) -> ConfigView:
+        """The decoder-layer part of the config (speculators nests it)."""
+        return self.config.sub(self.dialect.arch_config) if self.dialect.arch_config else self.config
+
+    @property
+    def evidence(self) -> tuple[str, ...]:
+        if self.forced:
+            return ("--from given",)
+        return next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
+
+    def float_dtypes(self) -> set[str]:
+        return {t.dtype for t in self.ckpt.tensors.values() if t.dtype in FLOAT_DTYPES}
+
+
+def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False,
+                 revision: str | None = None) -> DrafterCheckpoint:
+    """Open SOURCE (folder, file, index, .bin with allow_pickle, Hub id) and interpret it."""
+    ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
+    return interpret(ckpt, from_dialect)
+
+
+def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:
+    dialect, detections = formats.detect(probe_of(ckpt), from_dialect, where=ckpt.root)
+    view = CanonicalView(ckpt, dialect)
+    config = ckpt.config_view
+    spec = read_spec(ckpt, dialect, view, config)
+    return DrafterCheckpoint(ckpt, dialect, detections, from_dialect is not None, view, spec, config)
+
+
+class _Fields:
+    """Typed config lookups through ConfigView that record where each spec value came from."""
+
+    def __init__(self, config: ConfigView, arch_root: str | None) -> None:
+        self.top = config
+        self.arch = config.sub(arch_root) if arch_root else config
+        self.sources: dict[str, str] = {}
+
+    def get(self, field_name: str, key: str, kind: str, *, arch: bool = True, **bounds: Any) -> Any:
+        view = self.arch if arch else self.top
+        path = view.path(key)
+        if not view.has(key):
+            self.sources[field_name] = f"absent: config '{path}'"
+            return None
+        value = getattr(view, kind)(key, **bounds)
+        self.sources[field_name] = f"invalid: config '{path}'" if value is None else f"config: {path}"
+        return value
+
+
+def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: ConfigView) -> DrafterSpec:
+    """The DrafterSpec of a checkpoint read through `dialect` (invalid fields land in config.problems)."""
+    f = _Fields(config, dialect.arch_config)
+    probe = probe_of(ckpt)
+
+    arch, arch_source = "llama", "weights: no q_norm/k_norm or MLA projections"
+    for name, markers in ARCH_MARKERS:
+        if any(m in c for c in view.stored for m in markers):
+            arch, arch_source = name, f"weights: {markers[0]}* present"
+            break
+    f.sources["arch"] = arch_source
+
+    hidden = f.get("hidden_size", "hidden_size", "int", lo=1)
+    heads = f.get("num_attention_heads", "num_attention_heads", "int", lo=1)
+    kv_heads = f.get("num_key_value_heads", "num_key_value_heads", "int", lo=1)
+    if kv_heads is None and heads is not None:
+        kv_heads = heads
+        f.sources["num_key_value_heads"] = "default: = num_attention_heads (HF)"
+    head_dim = f.get("head_dim", "head_dim", "int", lo=1)
+    if arch == "mla":
+        nope = f.get("qk_nope", "qk_nope_head_dim", "int")
+        rope = f.get("qk_rope", "qk_rope_head_dim", "int")
+        head_dim = nope + rope if nope is not None and rope is not None else None
+        f.sources["head_dim"] = "derived: qk_nope_head_dim + qk_rope_head_dim (MLA q/k head)"
+    elif head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+        f.sources["head_dim"] = "derived: hidden_size / num_attention_heads"
+
+    target_hidden = f.get("target_hidden_size", "target_hidden_size", "int", arch=False, lo=1)
+    if target_hidden is None and hidden is not None:
+        target_hidden = hidden
+        f.sources["target_hidden_size"] = "default: = hidden_size (vLLM)"
+    num_aux = None
+    fc = view.shape("fc.weight")
+    if fc is not None and len(fc) == 2 and target_hidden and fc[1] % target_hidden == 0:
+        num_aux = fc[1] // target_hidden
+        f.sources["num_aux_hidden_states"] = "weights: fc.weight in-features / target_hidden_size"
+
+    vocab = f.get("vocab_size", "vocab_size", "int", lo=1)
+    draft_vocab = f.get("draft_vocab_size", "draft_vocab_size", "int", arch=False, lo=1)
+    aux_ids, convention = _aux_ids(f, dialect, probe)
+
+    rope_theta = f.get("rope_theta", "rope_theta", "float", lo=1e-9)
+    if rope_theta is None and not f.arch.has("rope_theta"):
+        rope_theta = f.get("rope_theta", "rope_parameters.rope_theta", "float", lo=1e-9)
+    rope_scaling = f.get("rope_scaling", "rope_scaling", "dict")
+    if rope_scaling is None:  # transformers 5 keeps scaling in rope_parameters
+        params = f.arch.dict("rope_parameters")
+        rope_scaling = params if params and params.get("rope_type", "default") != "default" else None
+        f.sources["rope_scaling"] = ("config: rope_parameters" if rope_scaling is not None
+                                     else "absent: no rope_scaling, rope_parameters type default")
+
+    flags = {flag: _flag(f, dialect, flag) for flag in FLAGS}
+
+    config_dtype = f.get("config_dtype", "torch_dtype", "str", arch=False)
+    if config_dtype is None:
+        config_dtype = f.get("config_dtype", "dtype", "str", arch=False)
+    if config_dtype is None and dialect.arch_config:
+        config_dtype = f.get("config_dtype", "torch_dtype", "str")
+    tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool")
+    if tie is None and dialect.arch_config:
+        tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool", arch=False)
+    bias = bool(f.get("attention_bias", "attention_bias", "bool"))
+    window = f.get("sliding_window", "sliding_window", "int", lo=1)
+    layer_types = f.arch.str_list("layer_types", max_len=limit("drafter_layers"))
+    sliding_on = f.arch.bool("use_sliding_window") is True or (layer_types is not None and "sliding_attention" in layer_types)
+    if not sliding_on:
+        window = None
+        f.sources["sliding_window"] = "off: no use_sliding_window / sliding layer_types"
+
+    return DrafterSpec(
+        arch=arch,
+        hidden_size=hidden,
+        target_hidden_size=target_hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=f.get("intermediate_size", "intermediate_size", "int", lo=1),
+        num_hidden_layers=f.get("num_hidden_layers", "num_hidden_layers", "int", lo=1, hi=limit("drafter_layers")),
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        aux_layer_ids=aux_ids,
+        aux_convention=convention,
+        num_aux_hidden_states=num_aux,
+        rms_norm_eps=f.get("rms_norm_eps", "rms_norm_eps", "float", lo=0.0, hi=1.0),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        max_position_embeddings=f.get("max_position_embeddings", "max_position_embeddings", "int", lo=1),
+        has_embed_tokens="embed_tokens.weight" in view,
+        has_lm_head="lm_head.weight" in view,
+        tie_word_embeddings=tie,
+        attention_bias=bias,
+        sliding_window=window,
+        config_dtype=config_dtype,
+        tensor_dtypes=tuple(sorted({t.dtype for t in ckpt.tensors.values()})),
+        sources=f.sources,
+        **flags,
+    )
+
+
+def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...] | None, str]:
+    recorded = f.top.str("eaglectl_provenance.aux_convention")
+    if recorded in ("boundary", "output"):  # eaglectl wrote these ids and said what they mean
+        convention = recorded
+        f.sources["aux_convention"] = "recorded: eaglectl_provenance.aux_convention"
+    else:
+        convention, why = dialect.aux_convention_for(probe)
+        f.sources["aux_convention"] = f"dialect: {why}"
+    for path in dialect.aux_ids_paths or AUX_ID_PATHS:
+        if not f.top.has(path):
+            continue
+        ids = f.top.int_list(path, lo=-limit("target_layers"), hi=limit("target_layers"))
+        f.sources["aux_layer_ids"] = f"config: {path}" if ids is not None else f"invalid: config '{path}'"
+        return ids, convention
+    f.sources["aux_layer_ids"] = "absent: engines use their default"
+    return None, convention
+
+
+def _flag(f: _Fields, dialect: Dialect, flag: str) -> bool:
+    for path in FLAG_PATHS[flag]:
+        if not f.top.has(path):
+            continue
+        value = f.top.bool(path)
+        if value is None:
+            continue
+        f.sources[flag] = f"config: {path}"
+        return value
+    value, why = dialect.flag_defaults.get(flag, (False, "vLLM default"))
+    f.sources[flag] = f"default: {why}"
+    return value

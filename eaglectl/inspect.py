@@ -1,0 +1,167 @@
+"""`eaglectl inspect`: dialect, spec, tensor summary, findings and a vLLM speculative config."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from . import __version__
+from .drafter import DrafterCheckpoint, open_drafter
+from .errors import EXIT_FINDINGS, EXIT_OK
+from .rules import Context, Finding, run_checks, summarise
+from .target import TargetCheckpoint, open_target
+
+SCHEMA = "eaglectl.inspect/1"
+
+
+@dataclass
+class InspectReport:
+    drafter: DrafterCheckpoint
+    target: TargetCheckpoint | None
+    findings: list[Finding]
+    strict: bool
+
+    @property
+    def spec(self) -> Any:
+        return self.drafter.spec
+
+    @property
+    def dialect(self) -> Any:
+        return self.drafter.dialect
+
+    @property
+    def source(self) -> str:
+        return self.drafter.source
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return summarise(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        s = self.summary
+        return EXIT_FINDINGS if s["error"] or (self.strict and s["warning"]) else EXIT_OK
+
+    @property
+    def servable(self) -> bool:
+        """vLLM can serve the files as they are: no error-level finding."""
+        return self.summary["error"] == 0
+
+    def summary_line(self) -> str:
+        s = self.summary
+        return f"{self.dialect.name}, EAGLE {self.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        return speculative_config(self.drafter) if self.servable else None
+
+    def serve_command(self) -> str | None:
+        cfg = self.speculative_config()
+        if cfg is None:
+            return None
+        verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
+        served = self.target.source if self.target else (verifier or "<target-model>")
+        return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(cfg))}"
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.drafter
+        return {
+            "schema": SCHEMA,
+            "tool_version": __version__,
+            "command": "inspect",
+            "inputs": inputs(d),
+            "dialect": d.dialect.name,
+            "dialect_evidence": list(d.evidence),
+            "dialect_forced": d.forced,
+            "candidates": [{"dialect": x.dialect, "score": x.score, "evidence": list(x.evidence)}
+                           for x in d.detections],
+            "eagle_version": d.spec.eagle_version,
+            "arch": d.spec.arch,
+            "spec": d.spec.to_json(),
+            "spec_sources": dict(d.spec.sources),
+            "tensors": tensor_summary(d),
+            "findings": [f.to_json() for f in self.findings],
+            "summary": self.summary,
+            "speculative_config": self.speculative_config(),
+            "serve_command": self.serve_command(),
+            "target": self.target.summary() if self.target else None,
+            "strict": self.strict,
+            "exit_code": self.exit_code,
+        }
+
+
+def run(
+    source: str,
+    *,
+    target: str | None = None,
+    from_dialect: str | None = None,
+    strict: bool = False,
+    scan: bool = False,
+    allow_pickle: bool = False,
+    revision: str | None = None,
+    progress: Any = None,
+) -> InspectReport:
+    """Open SOURCE, name its dialect and run every rule (against `target` when given)."""
+    d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
+    t = open_target(target) if target else None
+    return inspect_opened(d, t, strict=strict, scan=scan, progress=progress)
+
+
+def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: bool = False, scan: bool = False,
+                   progress: Any = None) -> InspectReport:
+    ctx = Context(d, t, scan)
+    if progress is not None:
+        ctx.progress = progress
+    return InspectReport(d, t, run_checks(ctx), strict)
+
+
+def inputs(d: DrafterCheckpoint) -> dict[str, Any]:
+    ckpt = d.ckpt
+    out: dict[str, Any] = {
+        "source": ckpt.source,
+        "root": ckpt.root,
+        "layout": ckpt.layout,
+        "files": [f.name for f in ckpt.files],
+        "config": ckpt.config_name,
+    }
+    if ckpt.hub_ref is not None:
+        out["repo_id"] = ckpt.hub_ref.repo_id
+        out["revision"] = ckpt.hub_ref.revision
+        out["sha"] = ckpt.hub_ref.sha
+    return out
+
+
+def tensor_summary(d: DrafterCheckpoint) -> dict[str, Any]:
+    infos = d.ckpt.tensors.values()
+    return {
+        "count": len(d.ckpt.tensors),
+        "parameters": sum(i.numel for i in infos),
+        "bytes": sum(i.nbytes for i in infos),
+        "dtypes": dict(sorted(Counter(i.dtype for i in infos).items())),
+        "files": len(d.ckpt.files),
+    }
+
+
+def speculative_config(d: DrafterCheckpoint) -> dict[str, Any]:
+    """The vLLM `--speculative-config` for this drafter: method is always explicit (a path with
+    'eagle-' would otherwise run as EAGLE-1)."""
+    methods = d.config.raw("speculators_config.proposal_methods")
+    tokens = 3
+    if isinstance(methods, list) and methods and isinstance(methods[0], dict):
+        k = methods[0].get("speculative_tokens")
+        if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64:
+            tokens = k
+    cfg: dict[str, Any] = {"method": "eagle3"}
+    ref = d.ckpt.hub_ref
+    if ref is not None:
+        cfg["model"] = ref.repo_id + (f"/{ref.subfolder}" if ref.subfolder else "")
+        if ref.sha:
+            cfg["revision"] = ref.sha
+    else:
+        cfg["model"] = os.path.abspath(d.root)
+    cfg["num_speculative_tokens"] = tokens
+    cfg["draft_tensor_parallel_size"] = 1
+    return cfg

@@ -1,0 +1,329 @@
+"""All-or-nothing output, and the one place that decides what may be written or replaced.
+
+`staged_output(dest, sources=..., force=...)` is the only way eaglectl writes a folder:
+
+- DEST is checked after resolving real paths (symlinked parents included): it may not be empty,
+  may not overlap any input (a source checkpoint, a shard, a target), and may not be anything but
+  a directory (a file, FIFO, device or symbolic link is never replaced, not even with --force).
+- `--force` replaces only a directory holding nothing but checkpoint files (`REPLACEABLE`); the
+  first foreign entry is named when it refuses.
+- An exclusive lock (`.<name>.eaglectl-lock` beside DEST) is held for the whole run, so a second
+  writer fails at once (OutputBusyError) instead of racing; the final rename never clobbers a DEST
+  that appeared meanwhile (renameat2 RENAME_NOREPLACE where the kernel has it).
+- The output is built in `.<name>.eaglectl-staging-<pid>-*` and fsynced before the rename; a
+  replaced DEST goes to `.<name>.eaglectl-old-<pid>-*` first. Folders left by a killed process are
+  removed by the next run once their pid is gone. Outputs get the umask's mode, like `mkdir`.
+- SIGTERM becomes the same clean exit as Ctrl-C. Sources are never opened for writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fnmatch
+import os
+import re
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ..errors import (
+    ConversionError,
+    FilesystemError,
+    OutputBusyError,
+    OutputExistsError,
+    filesystem_error,
+)
+
+# What --force may replace: the files of a checkpoint folder (and eaglectl's own capture dumps).
+REPLACEABLE = (
+    "config.json", "generation_config.json", "README.md", ".gitattributes", "*.safetensors",
+    "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+    "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+    "chat_template.jinja", "chat_template.json", "hf_quant_config.json", "capture.json", "*.safetensors.lock",
+)
+_KINDS = ("staging", "old")
+
+
+def _pattern(name: str, kind: str) -> re.Pattern[str]:
+    return re.compile(re.escape(f".{name}.eaglectl-{kind}-") + r"(\d+)-")
+
+
+@contextlib.contextmanager
+def staged_output(dest: str | os.PathLike[str], *, force: bool = False, sources: Iterable[str | os.PathLike[str]] = (),
+                  replaceable: tuple[str, ...] = REPLACEABLE) -> Iterator[Path]:
+    """Yield an empty staging folder that becomes DEST when the block succeeds."""
+    final = resolve_dest(dest)
+    refuse_overlap(final, sources)
+    parent = final.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise filesystem_error(e, "create the destination's parent folder", parent) from None
+    with _locked(final), _sigterm_as_exit():
+        remove_stale_staging(final, locked=True)
+        existing = _existing(final, force, replaceable)
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.eaglectl-staging-{os.getpid()}-", dir=parent))
+            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs follow the umask like mkdir
+        except OSError as e:
+            raise filesystem_error(e, "create a staging folder in", parent) from None
+        try:
+            yield staging
+            _fsync_tree(staging)
+            _commit(staging, final, existing)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+def resolve_dest(dest: str | os.PathLike[str]) -> Path:
+    """DEST with symlinked parents resolved (DEST itself is not followed: a link there is refused)."""
+    text = os.fspath(dest)
+    if not text.strip():
+        raise OutputExistsError("DEST is empty (an unset variable?); name the output folder", path=text)
+    try:
+        absolute = Path(os.path.abspath(os.path.expanduser(text)))
+        if not absolute.name or absolute.name in (".", ".."):
+            raise OutputExistsError(f"{text}: DEST must name a folder, not the filesystem root", path=text)
+        return Path(os.path.realpath(absolute.parent)) / absolute.name
+    except RuntimeError:
+        raise FilesystemError(f"{text}: no such user's home folder", path=text) from None
+    except OSError as e:
+        raise filesystem_error(e, "resolve", text) from None
+
+
+def refuse_overlap(final: Path, sources: Iterable[str | os.PathLike[str]]) -> None:
+    """DEST (resolved) may not be, contain, or lie inside any input."""
+    for source in sources:
+        try:
+            real = Path(os.path.realpath(source))
+        except (OSError, ValueError):
+            continue
+        if final == real or real.is_relative_to(final) or final.is_relative_to(real):
+            raise ConversionError(f"{final}: the destination overlaps the source/input {real}; inputs are never modified",
+                                  path=str(final), hint="choose a DEST outside every input folder")
+
+
+def _existing(final: Path, force: bool, replaceable: tuple[str, ...]) -> bool:
+    """Whether DEST exists and may be replaced; raises when it may not."""
+    try:
+        st = os.lstat(final)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise filesystem_error(e, "look up", final) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputExistsError(f"{final}: is a symbolic link; eaglectl never replaces links", path=str(final))
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a file" if stat.S_ISREG(st.st_mode) else "a device, FIFO or socket"
+        raise OutputExistsError(f"{final}: exists and is {kind}, not a folder; it is never replaced", path=str(final))
+    if not force:
+        raise OutputExistsError(f"{final}: already exists", path=str(final), hint="pass --force to replace it")
+    foreign = first_foreign_entry(final, replaceable)
+    if foreign is not None:
+        raise OutputExistsError(f"{final}: --force replaces only checkpoint folders, and it holds '{foreign}'",
+                                path=str(final), hint="remove it yourself, or choose another DEST")
+    return True
+
+
+def first_foreign_entry(folder: Path, replaceable: tuple[str, ...] = REPLACEABLE) -> str | None:
+    """The first entry (sorted) that is not a regular checkpoint file, or None."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        raise filesystem_error(e, "list", folder) from None
+    for entry in entries:
+        regular = entry.is_file(follow_symlinks=False)
+        if not regular or not any(fnmatch.fnmatchcase(entry.name, p) for p in replaceable):
+            return entry.name + ("" if regular else "/" if entry.is_dir(follow_symlinks=False) else "")
+    return None
+
+
+def _commit(staging: Path, final: Path, existing: bool) -> None:
+    try:
+        if existing:
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.eaglectl-old-{os.getpid()}-", dir=final.parent))
+            rename_noreplace(final, old / "x")
+            try:
+                rename_noreplace(staging, final)
+            except BaseException:
+                rename_noreplace(old / "x", final)  # put the original back
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            rename_noreplace(staging, final)
+        _fsync_dir(final.parent)
+    except FileExistsError:
+        raise OutputExistsError(f"{final}: appeared while eaglectl was writing; it was left as it is",
+                                path=str(final)) from None
+    except OSError as e:
+        raise filesystem_error(e, "rename the finished output to", final) from None
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """rename(2) that fails with FileExistsError instead of replacing `dst`."""
+    fn = getattr(_libc(), "renameat2", None) if os.name == "posix" else None
+    if fn is not None:
+        rc = fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err not in (errno.ENOSYS, errno.EINVAL):  # EINVAL: the filesystem lacks the flag
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+_LIBC: list[ctypes.CDLL | None] = []
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
+# ------------------------------------------------------------------------------------------ lock
+
+def lock_path(final: Path) -> Path:
+    return final.parent / f".{final.name}.eaglectl-lock"
+
+
+@contextlib.contextmanager
+def _locked(final: Path) -> Iterator[None]:
+    """Hold an exclusive flock on DEST's lock file; unlink it (while still holding it) when done."""
+    import fcntl
+
+    path = lock_path(final)
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise filesystem_error(e, "create a lock file in", final.parent) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise OutputBusyError(f"{final}: another eaglectl run is writing it (lock {path.name} is held)",
+                                  path=str(final), hint="wait for the other run, or choose another DEST") from None
+        try:  # the file we locked must still be the one at the path (a finishing run unlinks it)
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise OutputBusyError(f"{final}: could not take the lock {path.name}", path=str(final))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def remove_stale_staging(dest: str | os.PathLike[str], *, locked: bool = False) -> list[Path]:
+    """Remove staging and old-DEST folders of `dest` whose process no longer runs (and an unheld lock)."""
+    final = Path(os.path.abspath(dest))
+    removed = []
+    if not locked:
+        try:
+            with _locked(final):
+                return remove_stale_staging(final, locked=True)
+        except (OutputBusyError, FilesystemError):
+            return removed
+    try:
+        candidates = list(final.parent.glob(f".{glob_escape(final.name)}.eaglectl-*"))
+    except OSError:
+        return removed
+    for p in candidates:
+        for kind in _KINDS:
+            m = _pattern(final.name, kind).match(p.name)
+            if m and not _alive(int(m.group(1))):
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _umask() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fsync_tree(root: Path) -> None:
+    try:
+        for p in sorted(root.rglob("*")):
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _fsync_dir(root)
+    except OSError as e:
+        raise filesystem_error(e, "flush to disk") from None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

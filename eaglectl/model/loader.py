@@ -1,0 +1,110 @@
+"""Load an interpreted drafter checkpoint into the reference drafter (strict: every tensor, no extras)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..drafter import DrafterCheckpoint, layer_index
+from ..errors import IncompatibleDrafterError
+from ..spec import DrafterSpec
+from .reference import ROPE_KINDS, Drafter, DrafterArgs
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
+    """DrafterArgs for a spec, or IncompatibleDrafterError naming what the reference cannot run."""
+    where = f"{source}: " if source else ""
+    if spec.arch == "mla":
+        raise IncompatibleDrafterError(f"{where}MLA drafters are inspected, not run, by the reference drafter")
+    if spec.sliding_window is not None:
+        raise IncompatibleDrafterError(f"{where}sliding-window attention (window {spec.sliding_window}) is not "
+                                       "implemented in the reference drafter")
+    kind = (spec.rope_scaling or {}).get("rope_type", (spec.rope_scaling or {}).get("type", "default"))
+    if kind not in ROPE_KINDS:
+        raise IncompatibleDrafterError(f"{where}rope_scaling type '{kind}' is not implemented in the reference drafter",
+                                       key="rope_scaling")
+
+    def need(name: str) -> Any:
+        value = getattr(spec, name)
+        if value is None:
+            raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name)
+        return value
+
+    hidden = need("hidden_size")
+    return DrafterArgs(
+        hidden_size=hidden,
+        target_hidden_size=spec.target_hidden_size or hidden,
+        num_heads=need("num_attention_heads"),
+        num_kv_heads=need("num_key_value_heads"),
+        head_dim=need("head_dim"),
+        intermediate_size=need("intermediate_size"),
+        num_layers=need("num_hidden_layers"),
+        vocab_size=need("vocab_size"),
+        draft_vocab_size=spec.draft_vocab_size or need("vocab_size"),
+        num_aux=need("num_aux_hidden_states"),
+        rms_norm_eps=spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6,
+        rope_theta=spec.rope_theta if spec.rope_theta is not None else 10000.0,
+        rope_scaling=spec.rope_scaling,
+        qk_norm=spec.arch == "qwen3",
+        attention_bias=spec.attention_bias,
+        norm_before_residual=spec.norm_before_residual,
+        norm_before_fc=spec.norm_before_fc,
+        fc_norm=spec.fc_norm,
+        norm_output=spec.norm_output,
+    )
+
+
+@dataclass
+class LoadedDrafter:
+    """A drafter's values in fp32 (exact for bf16/fp16 files), ready to build at any dtype/device."""
+
+    source: str
+    dialect: str
+    spec: DrafterSpec
+    args: DrafterArgs
+    tensors: dict[str, torch.Tensor]  # canonical name -> fp32 values
+    stored_dtypes: dict[str, str]
+    has_embed: bool
+
+    def build(self, dtype: torch.dtype, device: str, **overrides: Any) -> Drafter:
+        """The reference drafter; `overrides` replace DrafterArgs fields (the probe tries readings)."""
+        args = DrafterArgs(**{**self.args.__dict__, **overrides}) if overrides else self.args
+        with torch.device("meta"):  # no random init of weights that are replaced anyway
+            model = Drafter(args, own_embedding=self.has_embed)
+        state = {k: v for k, v in self.tensors.items() if k != "t2d"}
+        if overrides.get("fc_norm") is False:  # a reading that ignores fc_norm weights (an engine that drops them)
+            state = {k: v for k, v in state.items() if not k.startswith("fc_norm.")}
+        if "d2t" not in state:
+            state["d2t"] = torch.zeros(args.draft_vocab_size, dtype=torch.long)
+        expected = set(model.state_dict())
+        if overrides.get("fc_norm") is True:  # a reading with fc_norm but no weights: an engine's unit init
+            state.update({k: torch.ones(args.target_hidden_size) for k in expected - set(state)
+                          if k.startswith("fc_norm.")})
+        extra = sorted(set(state) - expected)
+        missing = sorted(expected - set(state))
+        if extra or missing:
+            what = f"unexpected {extra[0]!r}" if extra else f"missing {missing[0]!r}"
+            raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
+                                           f"({len(extra)} unexpected, {len(missing)} missing)",
+                                           tensor=(extra or missing)[0])
+        model.load_state_dict(state, strict=True, assign=True)  # shares the fp32 tensors, no copy
+        return model.to(device=device, dtype=dtype).eval()
+
+
+def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
+    """Read every tensor of an interpreted checkpoint for the reference drafter."""
+    args = args_from_spec(d.spec, d.source)
+    tensors: dict[str, torch.Tensor] = {}
+    for canon in d.view.names():
+        if canon.endswith(".hidden_norm.weight") and layer_index(canon) not in (None, 0):
+            continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
+        value = np.ascontiguousarray(d.view.read(canon))
+        t = torch.from_numpy(value if value.flags.writeable else value.copy())
+        tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
+    stored = {c: d.view.info(c).dtype for c in d.view.names()}
+    return LoadedDrafter(d.source, d.dialect.name, d.spec, args, tensors, stored, "embed_tokens.weight" in tensors)

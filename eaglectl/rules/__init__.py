@@ -1,0 +1,151 @@
+"""The rule catalogue and the checks behind `inspect`.
+
+Severity policy: **error** = vLLM 0.32 (our reference consumer) fails to load the drafter or
+serves it silently degraded; **warning** = another engine or tool misreads it, or the files
+cannot settle a fact that decides acceptance; **info** = worth knowing, nothing to fix.
+
+Each rule is declared once, as a module constant next to the check that emits it (`rule(...)`),
+with exactly one severity; checks emit the constant, so a rule id cannot be misspelt. The
+catalogue (`RULES`) generates `docs/rules.md` and `eaglectl rules`. Every config value a check
+reads goes through the drafter's typed `ConfigView`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..drafter import DrafterCheckpoint
+from ..target import TargetCheckpoint
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: Severity
+    title: str
+    fix: str | None  # None: nothing to do (info)
+    repaired_by_convert: bool = False  # a conversion fixes it by construction, so it does not block one
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule_id": self.id, "severity": self.severity.value, "title": self.title, "hint": self.fix,
+                "repaired_by_convert": self.repaired_by_convert}
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False) -> Rule:
+    if id in RULES:
+        raise ValueError(f"rule '{id}' declared twice")
+    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert)
+    return r
+
+
+@dataclass
+class Finding:
+    rule: Rule
+    message: str
+    locator: str | None = None
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+    @property
+    def severity(self) -> str:
+        return self.rule.severity.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
+                "hint": self.rule.fix, "locator": self.locator}
+
+
+@dataclass
+class Context:
+    drafter: DrafterCheckpoint
+    target: TargetCheckpoint | None = None
+    scan: bool = False
+    progress: Callable[..., Any] = lambda it, **kw: it
+    findings: list[Finding] = field(default_factory=list)
+    _arrays: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> Any:
+        return self.drafter.spec
+
+    @property
+    def view(self) -> Any:
+        return self.drafter.view
+
+    @property
+    def ckpt(self) -> Any:
+        return self.drafter.ckpt
+
+    @property
+    def dialect(self) -> Any:
+        return self.drafter.dialect
+
+    @property
+    def config(self) -> Any:
+        return self.drafter.config
+
+    def emit(self, r: Rule, message: str, locator: str | None = None) -> None:
+        self.findings.append(Finding(r, message, locator))
+
+    def array(self, canon: str) -> Any:
+        if canon not in self._arrays:
+            self._arrays[canon] = self.view.read(canon)
+        return self._arrays[canon]
+
+    @property
+    def where(self) -> str:
+        return self.ckpt.config_name or f"{self.ckpt.root}/config.json"
+
+    def at(self, key: str) -> str:
+        return f"{self.where}:{key}"
+
+
+CHECKS: list[Callable[[Context], None]] = []
+
+
+def check(fn: Callable[[Context], None]) -> Callable[[Context], None]:
+    CHECKS.append(fn)
+    return fn
+
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def run_checks(ctx: Context) -> list[Finding]:
+    """Every check, then the config fields any check found invalid; sorted by severity."""
+    for fn in CHECKS:
+        fn(ctx)
+    files.invalid_fields(ctx)  # last: any check may have read an invalid field
+    ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
+    return ctx.findings
+
+
+def summarise(findings: list[Finding]) -> dict[str, int]:
+    out = {"error": 0, "warning": 0, "info": 0}
+    for f in findings:
+        out[f.severity] += 1
+    return out
+
+
+# Check modules, in report order; importing them registers their rules and checks.
+from . import files, layout, vocab, aux, norms, tables, target, card  # noqa: E402, F401, I001

@@ -1,0 +1,63 @@
+"""Model-card claims that contradict the checkpoint (`check` lints an existing README.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import formats
+from ..drafter import DrafterCheckpoint
+from . import ERROR, WARNING, Finding, rule
+from .target import same_model
+
+CARD_BASE_MODEL = rule("card-base-model", ERROR, "The card's base_model is not the drafter's target",
+                       "fix base_model (eaglectl check --card --base-model ORG/NAME)")
+CARD_EAGLE_VERSION = rule("card-eagle-version", ERROR, "The card claims another EAGLE version than the files",
+                          "fix the eagle3 / eagle3.1 tags")
+CARD_TAGS = rule("card-tags", WARNING, "The card lacks the speculative-decoding / eagle3 tags",
+                 "add them (eaglectl check --card)")
+CARD_K = rule("card-k", ERROR, "The card's vLLM snippet uses another k than the speculators config", "fix the snippet")
+CARD_DIALECT = rule("card-dialect", ERROR, "The card claims another checkpoint layout than the files", "fix the card")
+CARD_PROVENANCE = rule("card-provenance", WARNING, "An upgraded drafter's card does not say it needs fine-tuning",
+                       "say so (check --card does)")
+CARD_LOCAL_PATH = rule("card-local-path", ERROR, "The card names a local path as a model identity",
+                       "pass --base-model ORG/NAME (a Hub id) and rewrite the card with check --card")
+
+
+def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
+    """Claims of an existing card that contradict the checkpoint. `base_model` is the drafter's target
+    as a Hub id (None when unknown), `k` the speculators config's proposal length."""
+    where = f"{Path(drafter.root) / 'README.md'}"
+    out: list[Finding] = []
+    data = card.data.to_dict()
+    tags = {t for t in (data.get("tags") or []) if isinstance(t, str)}
+    claimed = data.get("base_model")
+    if isinstance(claimed, list):
+        claimed = claimed[0] if claimed else None
+    if isinstance(claimed, str) and claimed.startswith(("/", "./", "../", "~")):
+        out.append(Finding(CARD_LOCAL_PATH, f"card says base_model '{claimed}', a local path", f"{where}:base_model"))
+    elif base_model and isinstance(claimed, str) and not same_model(claimed, base_model):
+        out.append(Finding(CARD_BASE_MODEL, f"card says base_model '{claimed}', the drafter's target is '{base_model}'",
+                           f"{where}:base_model"))
+    version = drafter.spec.eagle_version
+    is31 = version.startswith("3.1")
+    if "eagle3.1" in tags and not is31:
+        out.append(Finding(CARD_EAGLE_VERSION, f"card tags eagle3.1, the files are EAGLE-{version}", f"{where}:tags"))
+    if is31 and "eagle3.1" not in tags:
+        out.append(Finding(CARD_EAGLE_VERSION, f"the files are EAGLE-{version}, the card does not say eagle3.1",
+                           f"{where}:tags"))
+    if not {"speculative-decoding", "eagle3"} <= tags:
+        out.append(Finding(CARD_TAGS, "card lacks the speculative-decoding / eagle3 tags", f"{where}:tags"))
+    ks = {int(m) for m in re.findall(r'"num_speculative_tokens"\s*:\s*(\d{1,3})', card.text)}
+    if not drafter.dialect.hf_style and ks and k not in ks:
+        out.append(Finding(CARD_K, f"card snippet uses num_speculative_tokens {sorted(ks)}, the speculators config "
+                           f"says {k}", where))
+    for name in formats.names():
+        if name != drafter.dialect.name and re.search(rf"`{re.escape(name)}` layout", card.text):
+            out.append(Finding(CARD_DIALECT, f"card claims the {name} layout, the files are {drafter.dialect.name}",
+                               where))
+    if drafter.config.bool("eaglectl_provenance.needs_fine_tuning") and "fine-tun" not in card.text.lower():
+        out.append(Finding(CARD_PROVENANCE, "the drafter was structurally upgraded and needs fine-tuning; the card "
+                           "does not say so", where))
+    return out

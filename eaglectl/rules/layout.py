@@ -1,0 +1,261 @@
+"""Architecture names, required fields, tensor names and shapes (per layer, MLA included)."""
+
+from __future__ import annotations
+
+import re
+
+from ..spec import DrafterSpec
+from . import ERROR, WARNING, Context, check, rule
+from .files import CONFIG_FIELD_MISSING
+
+ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'architectures'",
+                             "set architectures (e.g. LlamaForCausalLMEagle3)", repaired_by_convert=True)
+ARCHITECTURES_PLAIN = rule("architectures-plain", WARNING, "architectures names a plain target class",
+                           "use an EAGLE-3 class: sglang/SpecForge route a plain class to the target loader",
+                           repaired_by_convert=True)
+ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architectures names a class no engine registers",
+                                  "rename to LlamaForCausalLMEagle3 (eaglectl convert does)", repaired_by_convert=True)
+ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
+                              "fix architectures / model_type")
+SPECULATORS_CONFIG = rule("speculators-config", ERROR, "speculators_config lacks a key vLLM needs", "add the nested key")
+MODEL_PREFIX = rule("model-prefix", ERROR, "Keys carry a 'model.' prefix, which vLLM doubles and rejects",
+                    "eaglectl convert --to speculators (strips it)", repaired_by_convert=True)
+MULTI_LAYER_MIDLAYER = rule("multi-layer-midlayer", ERROR,
+                            "midlayer.N.* keys (TRT-LLM naming) become layers.0.N.* in vLLM and fail",
+                            "rename to layers.N.* and check which norm layers >= 1 were trained with")
+UNKNOWN_TENSOR = rule("unknown-tensor", ERROR,
+                      "A tensor matches no EAGLE-3 canonical name (vLLM raises on unknown names)", "drop or rename it")
+DUPLICATE_TENSOR = rule("duplicate-tensor", ERROR, "Two stored names map to the same canonical tensor", "keep one of them")
+MISSING_TENSOR = rule("missing-tensor", ERROR, "A tensor the architecture needs is absent (vLLM leaves it at its init "
+                      "value)", "export it from the training checkpoint")
+LAYER_COUNT = rule("layer-count", ERROR, "num_hidden_layers disagrees with the layer blocks present",
+                   "fix num_hidden_layers")
+TENSOR_SHAPE = rule("tensor-shape", ERROR, "A tensor's shape disagrees with the config", "fix the config or the tensor")
+BIAS_IGNORED = rule("bias-ignored", WARNING, "A .bias tensor vLLM silently ignores",
+                    "drop it, or serve with an engine that uses it")
+
+_PLAIN = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+# Registered EAGLE-3 classes in vLLM 0.32 (docs/engines.md), by weight family.
+REGISTERED = {
+    "llama": {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM",
+              "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"},
+    "qwen3": {"Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM"},
+    "mla": {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
+}
+# vLLM renames a plain class X to Eagle3X for method eagle3; these plain MLA classes therefore load.
+_PLAIN_MLA = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"}
+
+
+@check
+def architectures(ctx: Context) -> None:
+    if ctx.ckpt.config is None:
+        return
+    if not ctx.dialect.hf_style:
+        _speculators_config(ctx)
+        return
+    archs = ctx.config.str_list("architectures")
+    loc = ctx.at("architectures")
+    if not archs:
+        if not ctx.config.problems.get("architectures"):
+            ctx.emit(ARCHITECTURES_MISSING, "config has no architectures", loc)
+        return
+    arch = archs[0]
+    known = {a for names in REGISTERED.values() for a in names}
+    if arch in _PLAIN or arch in _PLAIN_MLA:
+        family = "mla" if arch in _PLAIN_MLA else "qwen3" if arch.startswith("Qwen3") else "llama"
+        if family != ctx.spec.arch:
+            ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+        else:
+            ctx.emit(ARCHITECTURES_PLAIN, f"'{arch}' is a target class (vLLM renames it Eagle3{arch} with method "
+                     "eagle3)", loc)
+        return
+    if arch not in known:
+        ctx.emit(ARCHITECTURES_UNREGISTERED, f"'{arch}' is registered in no engine", loc)
+        return
+    if arch not in REGISTERED[ctx.spec.arch] and not (ctx.spec.arch == "qwen3" and arch in REGISTERED["llama"]):
+        ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+
+
+def _speculators_config(ctx: Context) -> None:
+    cfg = ctx.config
+    for path in ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path",
+                 "speculators_model_type", "transformer_layer_config"):
+        if cfg.raw(path) in ([], "") or not cfg.has(path):
+            ctx.emit(SPECULATORS_CONFIG, f"speculators config lacks '{path}'", ctx.at(path))
+    methods = cfg.raw("speculators_config.proposal_methods")
+    if isinstance(methods, list) and methods and isinstance(methods[0], dict) and "speculative_tokens" not in methods[0]:
+        ctx.emit(SPECULATORS_CONFIG, "proposal_methods[0] lacks 'speculative_tokens'",
+                 ctx.at("speculators_config.proposal_methods[0]"))
+    mt = cfg.str("transformer_layer_config.model_type")
+    if mt not in (None, "llama", "qwen3"):
+        ctx.emit(SPECULATORS_CONFIG, f"transformer_layer_config.model_type '{mt}': vLLM accepts llama or qwen3",
+                 ctx.at("transformer_layer_config.model_type"))
+    elif (mt == "qwen3") != (ctx.spec.arch == "qwen3"):
+        ctx.emit(ARCHITECTURES_MISMATCH, f"transformer_layer_config.model_type is {mt or 'absent (llama)'} "
+                 f"but the weights are {ctx.spec.arch}-style", ctx.at("transformer_layer_config.model_type"))
+
+
+@check
+def required_fields(ctx: Context) -> None:
+    if ctx.ckpt.config is None:
+        return
+    need = ["hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers", "vocab_size"]
+    if ctx.spec.arch != "mla":
+        need.append("rms_norm_eps")
+    for name in need:
+        if getattr(ctx.spec, name) is None and not ctx.spec.sources.get(name, "").startswith("invalid"):
+            ctx.emit(CONFIG_FIELD_MISSING, f"config lacks '{name}'", ctx.at(name))
+    s = ctx.spec
+    if s.arch != "mla" and s.head_dim is None and s.hidden_size and s.num_attention_heads:
+        ctx.emit(CONFIG_FIELD_MISSING, f"config lacks 'head_dim' and hidden_size {s.hidden_size} is not divisible "
+                 f"by num_attention_heads {s.num_attention_heads}", ctx.at("head_dim"))
+
+
+# Canonical tensor names (docs/hazards.md#canonical-names); {i} a layer, {j} an aux chunk.
+_LAYER = r"layers\.(?P<i>[0-9]+)\."
+CANONICAL = [re.compile(p + r"$") for p in (
+    r"embed_tokens\.weight", r"fc\.weight", r"fc\.bias", r"fc_norm\.(?P<j>[0-9]+)\.weight", r"input_norm\.weight",
+    r"norm\.weight", r"lm_head\.weight", r"d2t", r"t2d", r"mask_hidden",
+    _LAYER + r"self_attn\.(q|k|v|o)_proj\.(weight|bias)",
+    _LAYER + r"self_attn\.(q_norm|k_norm)\.weight",
+    _LAYER + r"self_attn\.(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa|kv_a_layernorm|kv_b_proj)\.weight",
+    _LAYER + r"mlp\.(gate|up|down)_proj\.weight",
+    _LAYER + r"(input_layernorm|hidden_norm|post_attention_layernorm)\.weight",
+)]
+# Scales of a quantized drafter (ModelOpt FP8/NVFP4 exports); known only with a quantization_config.
+QUANT_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale", ".v_scale")
+_MAX_NAME_FINDINGS = 20  # a hostile file may hold 10⁵ strange names; name the first few
+
+
+@check
+def names(ctx: Context) -> None:
+    stored = list(ctx.ckpt.tensor_file)
+    quantized = ctx.config.has("quantization_config")
+    prefixed = [n for n in stored if n.startswith("model.")]
+    if prefixed:
+        ctx.emit(MODEL_PREFIX, f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
+                 ctx.ckpt.locate(prefixed[0]))
+    mid = [n for n in stored if re.match(r"midlayer\.[0-9]+\.", n)]
+    if mid:
+        ctx.emit(MULTI_LAYER_MIDLAYER, f"'{mid[0]}' and {len(mid) - 1} more", ctx.ckpt.locate(mid[0]))
+    for canon, first, second in ctx.view.collisions[:_MAX_NAME_FINDINGS]:
+        ctx.emit(DUPLICATE_TENSOR, f"'{first}' and '{second}' are both '{canon}'", ctx.ckpt.locate(second))
+    unknown = 0
+    for canon in ctx.view.names():
+        if mid and ctx.view.stored[canon] in mid:
+            continue
+        if quantized and canon.endswith(QUANT_SUFFIXES):
+            continue
+        if not any(p.match(canon) for p in CANONICAL):
+            unknown += 1
+            if unknown <= _MAX_NAME_FINDINGS:
+                ctx.emit(UNKNOWN_TENSOR, f"'{ctx.view.stored[canon]}' is not an EAGLE-3 tensor", ctx.view.locate(canon))
+        elif canon.endswith(".bias") and (canon == "fc.bias" or not ctx.spec.attention_bias):
+            ctx.emit(BIAS_IGNORED, f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
+    if unknown > _MAX_NAME_FINDINGS:
+        ctx.emit(UNKNOWN_TENSOR, f"and {unknown - _MAX_NAME_FINDINGS} more unknown tensors")
+
+
+def mla_dims(ctx: Context) -> dict[str, int | None]:
+    root = ctx.drafter.layer_config
+    dims: dict[str, int | None] = {k: root.int(k, lo=1) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                                  "qk_rope_head_dim", "v_head_dim")}
+    dims["lora_q"] = 0 if ("q_lora_rank" in root.data and root.data["q_lora_rank"] is None) else 1
+    return dims
+
+
+def _sum(*xs: int | None) -> int | None:
+    return None if any(x is None for x in xs) else sum(xs)  # type: ignore[arg-type]
+
+
+def _mul(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else a * b
+
+
+def layer_tensors(spec: DrafterSpec, i: int, mla: dict[str, int | None]) -> dict[str, tuple[int | None, ...]]:
+    """Expected canonical tensors of decoder layer i with their shapes (None: unknown / not checked)."""
+    H, I = spec.hidden_size, spec.intermediate_size
+    nh, nkv, d = spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    in_w = 2 * H if (H is not None and i == 0) else H
+    p = f"layers.{i}."
+    out: dict[str, tuple[int | None, ...]] = {
+        p + "mlp.gate_proj.weight": (I, H),
+        p + "mlp.up_proj.weight": (I, H),
+        p + "mlp.down_proj.weight": (H, I),
+        p + "input_layernorm.weight": (H,),
+        p + "post_attention_layernorm.weight": (H,),
+    }
+    if i == 0:
+        out[p + "hidden_norm.weight"] = (H,)
+    if spec.arch == "mla":
+        a = f"{p}self_attn."
+        q_lora, kv_lora, rope, v = mla["q_lora_rank"], mla["kv_lora_rank"], mla["qk_rope_head_dim"], mla["v_head_dim"]
+        qk = _sum(mla["qk_nope_head_dim"], rope)
+        if mla["lora_q"]:  # q through a low-rank q_a/q_b pair unless q_lora_rank is null
+            out[a + "q_a_proj.weight"] = (q_lora, in_w)
+            out[a + "q_a_layernorm.weight"] = (q_lora,)
+            out[a + "q_b_proj.weight"] = (_mul(nh, qk), q_lora)
+        else:
+            out[a + "q_proj.weight"] = (_mul(nh, qk), in_w)
+        out[a + "kv_a_proj_with_mqa.weight"] = (_sum(kv_lora, rope), in_w)
+        out[a + "kv_a_layernorm.weight"] = (kv_lora,)
+        out[a + "kv_b_proj.weight"] = (_mul(nh, _sum(mla["qk_nope_head_dim"], v)), kv_lora)
+        out[a + "o_proj.weight"] = (H, _mul(nh, v))
+        return out
+    q = nh * d if nh and d else None
+    kv = nkv * d if nkv and d else None
+    out.update({
+        p + "self_attn.q_proj.weight": (q, in_w),
+        p + "self_attn.k_proj.weight": (kv, in_w),
+        p + "self_attn.v_proj.weight": (kv, in_w),
+        p + "self_attn.o_proj.weight": (H, q),
+    })
+    if spec.arch == "qwen3":
+        out[p + "self_attn.q_norm.weight"] = (d,)
+        out[p + "self_attn.k_norm.weight"] = (d,)
+    return out
+
+
+def _shape_ok(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
+    return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected, strict=True))
+
+
+def _fmt(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
+
+
+@check
+def layers(ctx: Context) -> None:
+    spec, view = ctx.spec, ctx.view
+    present = view.layer_indices()
+    declared = spec.num_hidden_layers
+    if declared is not None and (len(present) != declared or present != list(range(declared))):
+        shown = present if len(present) <= 8 else [*present[:8], "..."]
+        ctx.emit(LAYER_COUNT, f"num_hidden_layers is {declared}, layer blocks present: {shown or 'none'}",
+                 ctx.at("num_hidden_layers"))
+    expected: dict[str, tuple[int | None, ...]] = {}
+    mla = mla_dims(ctx)
+    for i in sorted(set(present[:64]) | {0}):  # layer-count already names absent layers; no flood per tensor
+        expected.update(layer_tensors(spec, i, mla))
+    H, Ht, n = spec.hidden_size, spec.aux_width, spec.num_aux_hidden_states
+    expected["fc.weight"] = (H, None)
+    expected["norm.weight"] = (H,)
+    if spec.has_lm_head:
+        expected["lm_head.weight"] = (None, H)  # rows: the vocab rules compare them
+    if spec.has_embed_tokens:
+        expected["embed_tokens.weight"] = (spec.vocab_size, H)
+    if "input_norm.weight" in view and n and Ht:
+        expected["input_norm.weight"] = (n * Ht,)
+    for canon in view.names():
+        if canon.startswith("fc_norm."):
+            expected[canon] = (Ht,)
+    for canon, shape in expected.items():
+        if canon not in view:
+            if canon.startswith(("layers.", "fc.", "norm.")):
+                ctx.emit(MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
+            continue
+        actual = view.shape(canon)
+        if actual is not None and not _shape_ok(actual, shape):
+            ctx.emit(TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
+                     view.locate(canon))
+

@@ -1,0 +1,87 @@
+"""What `--target` contributes without running it: its config (typed) and lazy access to its tables.
+
+Running the target (HF transformers, or vLLM through `capture`) lives in `model/hf.py` and
+`capture.py`; this module only reads files, never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import CheckpointNotFoundError
+from .io.checkpoint import Checkpoint, open_checkpoint
+from .io.hub import parse_hub_id
+from .io.jsonio import ConfigView
+from .limits import limit
+
+EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight",
+               "language_model.model.embed_tokens.weight")
+
+
+@dataclass
+class TargetCheckpoint:
+    source: str
+    ckpt: Checkpoint
+    config: ConfigView  # the text config (multimodal targets nest it in `text_config`)
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.config.int("num_hidden_layers", lo=1, hi=limit("target_layers"))
+
+    @property
+    def hidden_size(self) -> int | None:
+        return self.config.int("hidden_size", lo=1)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.config.int("vocab_size", lo=1)
+
+    @property
+    def rope_theta(self) -> float | None:
+        theta = self.config.float("rope_theta", lo=1e-9)
+        return theta if theta is not None else self.config.float("rope_parameters.rope_theta", lo=1e-9)
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        top = ConfigView(self.ckpt.config, self.config.where)
+        return top.str_list("architectures") or ()
+
+    @property
+    def hub_id(self) -> str | None:
+        """The target's Hub identity: its repo when opened from the Hub, else `_name_or_path` when that
+        is a Hub id (never a local path)."""
+        if self.ckpt.hub_ref is not None:
+            return self.ckpt.hub_ref.repo_id
+        name = ConfigView(self.ckpt.config, self.config.where).str("_name_or_path")
+        return name if name and parse_hub_id(name) and not name.startswith(("/", ".", "~")) else None
+
+    def table_name(self, which: str) -> str | None:
+        """The stored name of the target's `embed_tokens` or `lm_head` (a tied target's head is its embedding)."""
+        names = self.ckpt.tensor_file
+        embed = next((n for n in EMBED_NAMES if n in names), None)
+        if which == "embed_tokens":
+            return embed
+        head = next((n for n in ("lm_head.weight", "language_model.lm_head.weight") if n in names), None)
+        return head or embed
+
+    def summary(self) -> dict[str, Any]:
+        c = self.config
+        out: dict[str, Any] = {
+            "architectures": list(self.architectures) or None, "model_type": c.str("model_type"),
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers, "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta, "tie_word_embeddings": c.bool("tie_word_embeddings"), "source": self.source,
+        }
+        if self.ckpt.hub_ref is not None:
+            out["revision"] = self.ckpt.hub_ref.sha
+        return out
+
+
+def open_target(source: str) -> TargetCheckpoint:
+    """A target model: its config (required) and lazy access to its weights when present."""
+    ckpt = open_checkpoint(source, weights_required=False)
+    if ckpt.config is None:
+        raise CheckpointNotFoundError(f"{source}: target has no config.json", path=source)
+    top = ckpt.config_view
+    text = top.sub("text_config") if top.dict("text_config") is not None else top
+    return TargetCheckpoint(source, ckpt, text)
