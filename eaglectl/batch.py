@@ -33,8 +33,9 @@ class BatchResult:
                             "failed": sum(r["exit_code"] != 0 for r in self.rows)}, "exit_code": self.exit_code}
 
 
-def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[dict[str, Any]]:
-    """Parse a JSONL manifest; `keys` are the per-item keys the command accepts (besides source/dest)."""
+def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tuple[int, dict[str, Any]]]:
+    """Parse a JSONL manifest into (line number, item); `keys` are the per-item keys the command
+    accepts (besides source/dest)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -63,7 +64,7 @@ def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[dict
         unknown = sorted(set(obj) - allowed)
         if unknown:
             raise UsageError(f"{where}: unknown key '{unknown[0]}' (this command takes: {', '.join(sorted(allowed))})")
-        items.append(obj)
+        items.append((lineno, obj))
     return items
 
 

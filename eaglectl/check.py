@@ -101,9 +101,9 @@ def _parity(rep: Any, target: str | None) -> Stage:
     try:
         loaded = load_reference(rep.drafter)
         if target:
-            from .model.hf import load_target
+            from .model.hf import load_model
 
-            inputs = target_inputs(load_target(target), loaded.spec, loaded.args, 32, 3, 0, None)
+            inputs = target_inputs(load_model(target), loaded.spec, loaded.args, 32, 3, 0, None)
         else:
             inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
         par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)

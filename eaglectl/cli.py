@@ -255,7 +255,7 @@ def _manifest_keys(cmd: click.Command) -> dict[str, click.Parameter]:
     return keys
 
 
-def _item_options(ctx: click.Context, item: dict[str, Any]) -> dict[str, Any]:
+def _item_options(ctx: click.Context, item: dict[str, Any], where: str) -> dict[str, Any]:
     """A manifest item's options, validated by the same parameter types as the command line."""
     params = _manifest_keys(ctx.command)
     out = {}
@@ -267,7 +267,7 @@ def _item_options(ctx: click.Context, item: dict[str, Any]) -> dict[str, Any]:
         try:
             out[p.name] = p.type_cast_value(ctx, value)  # type: ignore[index]
         except click.BadParameter as e:
-            raise UsageError(f"manifest key '{key}': {e.message}") from None
+            raise UsageError(f"{where}: '{key}': {e.message}") from None
     return out
 
 
@@ -295,8 +295,9 @@ def _single_or_batch(command: str, source: str | None, dest: str | None, manifes
         raise click.UsageError("give either SOURCE/DEST or --manifest, not both")
     keys = frozenset(_manifest_keys(ctx.command))
     lines = read_manifest(manifest, keys, need_dest)
-    report.finish_batch(command, run_batch(lines, lambda item: _row(one({**defaults, **_item_options(ctx, item)})),
-                                           fail_fast))
+    options = {id(item): _item_options(ctx, item, f"{manifest}:{n}") for n, item in lines}  # all, before any work
+    report.finish_batch(command, run_batch([item for _, item in lines],
+                                           lambda item: _row(one({**defaults, **options[id(item)]})), fail_fast))
 
 
 def _row(result: Any) -> tuple[int, str, Any]:
@@ -342,7 +343,7 @@ Examples:
   eaglectl convert ./head ./head-fp16 --to specforge --dtype float16 --max-shard-size 2GB
 """)
 @click.argument("source", required=False)
-@click.argument("dest", type=click.Path(file_okay=False), required=False)
+@click.argument("dest", required=False)
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect.")
 @from_option
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
@@ -386,7 +387,7 @@ Examples:
   eaglectl upgrade ./safeailab-head ./out --to speculators --target org/target
 """)
 @click.argument("source", required=False)
-@click.argument("dest", type=click.Path(file_okay=False), required=False)
+@click.argument("dest", required=False)
 @click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
 @click.option("--init", type=click.Choice(["ones", "harmonic", "calibrated", "refit"]), default="ones",

@@ -34,10 +34,9 @@ from .formats import Dialect
 from .io import cast as casting
 from .io.atomic import staged_output
 from .io.checkpoint import Checkpoint, open_checkpoint
+from .io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from .io.jsonio import MISSING, config_set
 from .io.safetensors import (
-    DTYPE_BITS,
-    FLOAT_DTYPES,
     ByteRange,
     TensorEntry,
     Written,
@@ -51,8 +50,6 @@ from .spec import FLAGS, DrafterSpec, default_aux_ids
 from .target import TargetCheckpoint, open_target
 
 SCHEMA = "eaglectl.convert/1"
-DTYPE_NAMES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-TORCH_DTYPE_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
 _DRAFTER_KEYS = frozenset({
     "architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
@@ -187,7 +184,7 @@ def plan_conversion(
     if w.style == "speculators" and spec.norm_before_fc and spec.fc_norm:
         fail("the speculators format rejects norm_before_fc together with fc_norm")
 
-    out_dtype = DTYPE_NAMES[dtype] if dtype else None
+    out_dtype = CONFIG_NAMES[dtype] if dtype else None
     V, Vd = spec.vocab_size, spec.draft_vocab_size or spec.vocab_size
     reduced = V is not None and Vd is not None and Vd < V
     actions: list[TensorAction] = []
@@ -332,7 +329,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         layer["rope_parameters"]["rope_theta"] = layer["rope_theta"]  # both encodings agree
     n_aux = spec.num_aux_hidden_states
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
-    torch_dtype = TORCH_DTYPE_NAMES.get(float_dtype, "float32")
+    torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
     if w.style == "speculators":
         verifier = _verifier(src, target)

@@ -16,7 +16,8 @@ from . import formats
 from .formats import Detection, Dialect, Probe
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.jsonio import ConfigView
-from .io.safetensors import FLOAT_DTYPES, TensorInfo
+from .io.dtypes import FLOAT_DTYPES
+from .io.safetensors import TensorInfo
 from .limits import limit
 from .spec import FLAGS, DrafterSpec
 

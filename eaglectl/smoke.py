@@ -378,13 +378,12 @@ def _tokenizer(target: str, chat: bool = False) -> Any:
 
 def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, k: int, max_tokens: int,
                dtype: str) -> list[ConfigResult]:
-    from .model.hf import load_target
+    from .model.hf import load_model
     from .model.loader import DTYPES
     from .model.specloop import greedy_generate, speculative_generate
-    from .spec import default_aux_ids
     from .verify import load_drafter
 
-    tgt = load_target(target, dtype=DTYPES[dtype])
+    tgt = load_model(target, dtype=DTYPES[dtype])
     results = []
     for c in configs:
         t0 = time.perf_counter()
@@ -395,7 +394,7 @@ def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, k: i
             assert c.path is not None
             d = load_drafter(c.path)
             model = d.build(DTYPES[dtype], "cpu")
-            ids = tuple(sorted(set(d.spec.aux_layer_ids_vllm or default_aux_ids(tgt.num_layers, "boundary"))))
+            ids = d.spec.capture_ids(tgt.num_layers)
             embed = None if d.has_embed else tgt.embedding().to(DTYPES[dtype])
             counts = speculative_generate(tgt, model, prompt_set.prompts, k=k, max_tokens=max_tokens, aux_ids=ids,
                                           embed=embed)

@@ -88,6 +88,11 @@ class DrafterSpec:
         shift = 1 if self.aux_convention == "output" else 0
         return tuple(i + shift for i in self.aux_layer_ids)
 
+    def capture_ids(self, target_layers: int) -> tuple[int, ...]:
+        """The boundary ids vLLM captures for this drafter on a target of that depth: its own ids
+        translated, else vLLM's default; sorted and de-duplicated as vLLM does."""
+        return tuple(sorted(set(self.aux_layer_ids_vllm or default_aux_ids(target_layers, "boundary"))))
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("sources")

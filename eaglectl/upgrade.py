@@ -116,9 +116,9 @@ def run(
     tgt = open_target(target) if target else None
     model = None
     if target and ((add_fc_norm and init in NEEDS_TARGET) or (fidelity and steps and not dry_run)):
-        from .model.hf import load_target
+        from .model.hf import load_model
 
-        model = load_target(target)
+        model = load_model(target)
 
     new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm, norm_output=spec.norm_output or set_norm_output)
     supplied: dict[str, bytes] = {}
@@ -244,11 +244,9 @@ def _calibration_states(src: DrafterCheckpoint, model: Any, text: str | None) ->
     import torch
 
     from .model.hf import capture_aux
-    from .spec import default_aux_ids
     from .verify import BUNDLED_TEXT
 
-    ids = src.spec.aux_layer_ids_vllm or default_aux_ids(model.num_layers, "boundary")
-    ids = tuple(sorted(set(ids)))
+    ids = src.spec.capture_ids(model.num_layers)
     body = text if text is not None else BUNDLED_TEXT.read_text()
     if model.tokenizer is not None:
         input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :2048]

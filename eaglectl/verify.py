@@ -26,7 +26,7 @@ from .drafter import open_drafter
 from .errors import IncompatibleDrafterError, MissingDependencyError, ParityMismatchError
 from .model.loader import DTYPES, LoadedDrafter, load_reference
 from .model.reference import DrafterArgs, StepOutput
-from .spec import DrafterSpec, default_aux_ids
+from .spec import DrafterSpec
 
 SCHEMA = "eaglectl.verify/1"
 NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
@@ -93,7 +93,7 @@ def target_inputs(target: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int
     """Real aux states of a loaded HF target (model/hf.py) at the drafter's layers."""
     from .model.hf import capture_aux
 
-    ids = tuple(sorted(set(spec.aux_layer_ids_vllm or default_aux_ids(target.num_layers, "boundary"))))
+    ids = spec.capture_ids(target.num_layers)
     if len(ids) != args.num_aux:
         raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
     all_ids, how = text_token_ids(target, tokens + steps, seed, text)
@@ -250,9 +250,9 @@ def run(
     ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
     _same_shape(cand, ref)
     if target:
-        from .model.hf import load_target
+        from .model.hf import load_model
 
-        inputs = target_inputs(load_target(target), ref.spec, ref.args, tokens, steps, seed, text)
+        inputs = target_inputs(load_model(target), ref.spec, ref.args, tokens, steps, seed, text)
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
     if against is None:  # precision / device parity against the fp32 CPU reference of itself

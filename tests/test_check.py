@@ -147,3 +147,16 @@ def test_card_without_the_drafter_tags(invoke, tmp_path):
     assert "card-tags" in {f["rule_id"] for f in doc["findings"]}
     run(invoke, d, "--card")  # rewriting keeps the license it found
     assert "license: apache-2.0" in (d / "README.md").read_text()
+
+
+def test_a_local_path_is_never_a_model_identity(invoke, tmp_path):
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTERS / "speculators-3.1", d)
+    r, doc = run(invoke, d, "--target", TARGET, "--card", "--base-model", "acme/target-llama")
+    text = (d / "README.md").read_text()
+    assert r.exit_code == 0 and "base_model: acme/target-llama" in text and str(TARGET) not in text
+    (d / "README.md").write_text(text.replace("base_model: acme/target-llama", f"base_model: {TARGET}"))
+    r, doc = run(invoke, d, "--target", TARGET)
+    assert r.exit_code == 1 and "card-local-path" in {f["rule_id"] for f in doc["findings"]}
+    r = invoke("check", d, "--base-model", "./not/a/hub/id")
+    assert r.exit_code == 2 and "not a Hub id" in r.stderr

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglectl.model.hf import capture_aux, load_target
+from eaglectl.model.hf import capture_aux, load_model
 from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
@@ -109,7 +109,7 @@ def test_verify_json_keys_are_documented():
 # ------------------------------------------------------------------------------------ capture
 
 def test_capture_uses_vllm_boundary_semantics():
-    target = load_target(str(TARGET))
+    target = load_model(str(TARGET))
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
     L = target.num_layers
     aux = capture_aux(target, ids, (0, 3, L))

@@ -37,6 +37,7 @@ from ..errors import (
     FilesystemError,
     OutputBusyError,
     OutputExistsError,
+    UsageError,
     filesystem_error,
 )
 
@@ -86,11 +87,11 @@ def resolve_dest(dest: str | os.PathLike[str]) -> Path:
     """DEST with symlinked parents resolved (DEST itself is not followed: a link there is refused)."""
     text = os.fspath(dest)
     if not text.strip():
-        raise OutputExistsError("DEST is empty (an unset variable?); name the output folder", path=text)
+        raise UsageError("DEST is empty (an unset variable?); name the output folder", path=text)
     try:
         absolute = Path(os.path.abspath(os.path.expanduser(text)))
         if not absolute.name or absolute.name in (".", ".."):
-            raise OutputExistsError(f"{text}: DEST must name a folder, not the filesystem root", path=text)
+            raise UsageError(f"{text}: DEST must name a folder, not the filesystem root", path=text)
         return Path(os.path.realpath(absolute.parent)) / absolute.name
     except RuntimeError:
         raise FilesystemError(f"{text}: no such user's home folder", path=text) from None

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-FLOATS = ("F64", "F32", "F16", "BF16")
+FLOATS = ("F64", "F32", "F16", "BF16")  # the float dtypes of io/dtypes.py
 
 
 def decode(raw: Any, dtype: str) -> np.ndarray:

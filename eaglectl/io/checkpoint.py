@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..limits import limit
 from . import hub
+from .dtypes import FROM_TORCH
 from .jsonio import ConfigView, load_object
 from .safetensors import (
     ByteRange,
@@ -335,20 +336,13 @@ def _open_pickle(rel: str, path: Path) -> WeightFile:
         raise CorruptCheckpointError(f"{path}: expected a flat dict of tensors", file=str(path))
     tensors = {}
     for name, t in state.items():
-        dtype = TORCH_TO_SAFETENSORS.get(str(t.dtype).removeprefix("torch."))
+        dtype = FROM_TORCH.get(str(t.dtype).removeprefix("torch."))
         if dtype is None:
             raise CorruptCheckpointError(f"{path}: tensor '{name}': unsupported dtype {t.dtype}", tensor=name)
         nbytes = t.numel() * t.element_size()
         tensors[name] = TensorInfo(name, dtype, tuple(t.shape), 0, nbytes)
     header = Header(str(path), tensors, None, 0, path.stat().st_size)
     return WeightFile(rel, None, header, pickled=state)
-
-
-TORCH_TO_SAFETENSORS = {
-    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
-    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-}
 
 
 def _torch_to_numpy(t: Any) -> Any:

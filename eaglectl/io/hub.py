@@ -142,3 +142,19 @@ def _online(ref: HubRef) -> Resolved:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def local_snapshot(source: str, patterns: list[str]) -> Path:
+    """A local folder holding a Hub repo's files matching `patterns` (downloaded into the cache, or the
+    cached snapshot offline); what running a target with HF transformers needs."""
+    from huggingface_hub import snapshot_download
+
+    ref = parse_hub_id(source)
+    if ref is None:
+        raise CheckpointNotFoundError(f"{source}: no such folder, and not a Hub id", path=source)
+    try:
+        folder = Path(snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns))
+    except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types for "not available"
+        raise CheckpointNotFoundError(f"{ref.display}: cannot get the files ({_first_line(e)})", repo=ref.repo_id,
+                                      hint="download it once with `hf download` while online") from None
+    return folder / ref.subfolder if ref.subfolder else folder

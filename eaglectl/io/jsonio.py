@@ -145,7 +145,7 @@ class ConfigView:
         v = self.raw(key)
         if v is MISSING:
             return None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300  # huge ints overflow floats
         if not ok or not math.isfinite(v) or not lo <= v <= hi:
             self._bad(key, "a finite number" + (f" in [{lo:g}, {hi:g}]" if (lo, hi) != (-math.inf, math.inf) else ""), v)
             return None

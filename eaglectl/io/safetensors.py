@@ -22,18 +22,8 @@ from typing import Any, Protocol
 
 from ..errors import CorruptCheckpointError, filesystem_error
 from ..limits import limit
+from .dtypes import DTYPE_BITS, DTYPES
 from .jsonio import loads
-
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F8_E4M3": 8, "F8_E5M2": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "F8_E8M0": 8,
-    "F6_E2M3": 6, "F6_E3M2": 6, "F4": 4,
-}
-FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
-# dtypes torch and the reference drafter handle directly; the rest are reported by inspect.
-COMMON_DTYPES = frozenset({"BOOL", "U8", "I8", "I16", "I32", "I64", "F16", "BF16", "F32", "F64"})
-
 
 class ByteSource(Protocol):
     """Random access to one file's bytes (a local file or a remote Hub file)."""
@@ -236,7 +226,7 @@ def read_rows(source: ByteSource, header: Header, name: str, rows: list[int]) ->
 
 def decodable(dtype: str) -> bool:
     """Whether `read_tensor` / `read_rows` can decode this dtype without torch."""
-    return dtype == "BF16" or dtype in _NUMPY_DTYPES
+    return dtype == "BF16" or DTYPES[dtype].numpy is not None
 
 
 def _decode(raw: bytes, dtype: str, shape: tuple[int, ...], file: str, name: str) -> Any:
@@ -245,16 +235,11 @@ def _decode(raw: bytes, dtype: str, shape: tuple[int, ...], file: str, name: str
     if dtype == "BF16":
         wide = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
         return wide.view(np.float32).reshape(shape)
-    np_dtype = _NUMPY_DTYPES.get(dtype)
+    np_dtype = DTYPES[dtype].numpy
     if np_dtype is None:
         raise _fail(file, f"dtype {dtype} cannot be decoded without torch", name)
     return np.frombuffer(raw, dtype=np_dtype).reshape(shape)
 
-
-_NUMPY_DTYPES = {
-    "BOOL": "?", "U8": "u1", "I8": "i1", "I16": "<i2", "U16": "<u2", "F16": "<f2",
-    "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8", "U64": "<u8", "F64": "<f8",
-}
 
 # Bit masks of the exponent field: all ones means Inf or NaN.
 _NONFINITE_MASK = {"F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4", 0x7F800000),

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointNotFoundError, IncompatibleDrafterError, MissingDependencyError
+from ..errors import IncompatibleDrafterError, MissingDependencyError
 
 
 @dataclass
-class Target:
+class HFModel:
     model: Any
     tokenizer: Any | None
     path: str
@@ -30,7 +30,7 @@ class Target:
         return self.model.get_input_embeddings().weight.detach()
 
 
-def load_target(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Target:
+def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
     """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -45,22 +45,15 @@ def load_target(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.
     if any((Path(path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return Target(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+    return HFModel(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
 
 
 def _local_folder(source: str) -> str:
     if Path(source).is_dir():
         return source
-    from huggingface_hub import snapshot_download
+    from ..io.hub import local_snapshot
 
-    from ..io.hub import parse_hub_id
-
-    ref = parse_hub_id(source)
-    if ref is None:
-        raise CheckpointNotFoundError(f"{source}: target not found", path=source)
-    folder = snapshot_download(ref.repo_id, revision=ref.revision,
-                               allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"])
-    return str(Path(folder) / ref.subfolder) if ref.subfolder else folder
+    return str(local_snapshot(source, ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
 
 
 def decoder_layers(model: Any) -> Any:
@@ -76,13 +69,13 @@ def decoder_layers(model: Any) -> Any:
 
 
 @torch.no_grad()
-def capture_aux(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
+def capture_aux(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
     """(B, T, len(ids)·H_t): states at boundary ids `layer_ids` (ascending), concatenated in that order."""
-    return run_target(target, input_ids, layer_ids)[1]
+    return forward(target, input_ids, layer_ids)[1]
 
 
 @torch.no_grad()
-def run_target(target: Target, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (B, T, V) and the aux states of `layer_ids` from one forward pass."""
     L = target.num_layers
     bad = [i for i in layer_ids if not 0 <= i <= L]

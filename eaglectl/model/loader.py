@@ -13,7 +13,7 @@ from ..errors import IncompatibleDrafterError
 from ..spec import DrafterSpec
 from .reference import ROPE_KINDS, Drafter, DrafterArgs
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16")}  # the --dtype choices
 
 
 def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:

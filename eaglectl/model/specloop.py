@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .hf import Target, run_target
+from .hf import HFModel, forward
 from .reference import ChainCache, Drafter, chain_step, prefill
 
 
@@ -33,13 +33,13 @@ class LoopCounts:
 
 
 @torch.no_grad()
-def speculative_generate(target: Target, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
+def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
                          aux_ids: tuple[int, ...], embed: torch.Tensor | None = None) -> LoopCounts:
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     device = drafter.fc.weight.device
     for prompt in prompts:
         seq = list(prompt)
-        logits, aux = run_target(target, torch.tensor([seq]), aux_ids)
+        logits, aux = forward(target, torch.tensor([seq]), aux_ids)
         seq.append(int(logits[0, -1].argmax()))  # the prefill samples the first output token
         produced, written = 1, 0  # output tokens; drafter context entries (positions 0..written-1)
         cache = ChainCache()
@@ -56,7 +56,7 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: list[list[in
                                  torch.tensor([[L - 2 + j]], device=device), cache, embed)
                 drafts.append(int(out.target_ids[0, -1]))
                 feedback = out.feedback
-            logits, aux = run_target(target, torch.tensor([seq + drafts]), aux_ids)
+            logits, aux = forward(target, torch.tensor([seq + drafts]), aux_ids)
             greedy = logits[0, L - 1:].argmax(-1).tolist()  # target's token after x_{L-1}, d_1, ..., d_k
             accepted = 0
             while accepted < k and drafts[accepted] == greedy[accepted]:
@@ -73,7 +73,7 @@ def speculative_generate(target: Target, drafter: Drafter, prompts: list[list[in
 
 
 @torch.no_grad()
-def greedy_generate(target: Target, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Plain greedy decoding with the target (the no-speculation reference output)."""
     outs = []
     for prompt in prompts:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..io.safetensors import COMMON_DTYPES, FLOAT_DTYPES
+from ..io.dtypes import COMMON_DTYPES, CONFIG_NAMES, FLOAT_DTYPES
 from . import ERROR, INFO, WARNING, Context, check, rule
 
 CONFIG_MISSING = rule("config-missing", ERROR, "No config.json next to the weights", "add the drafter's config.json")
@@ -47,10 +47,6 @@ def invalid_fields(ctx: Context) -> None:
         ctx.emit(CONFIG_FIELD_INVALID, message, ctx.at(path))
 
 
-_DTYPE_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "half": "F16",
-                "float": "F32"}
-
-
 @check
 def dtypes(ctx: Context) -> None:
     exotic = [(n, i) for n, i in ctx.ckpt.tensors.items() if i.dtype not in COMMON_DTYPES]
@@ -60,7 +56,7 @@ def dtypes(ctx: Context) -> None:
     if len(floats) > 1:
         ctx.emit(MIXED_DTYPES, f"floating tensors use {', '.join(sorted(floats))}")
     configured = ctx.spec.config_dtype
-    want = _DTYPE_NAMES.get((configured or "").removeprefix("torch."))
+    want = CONFIG_NAMES.get((configured or "").removeprefix("torch."))
     if configured and floats and want not in floats:
         ctx.emit(DTYPE_MISMATCH, f"config says {configured}, tensors are {', '.join(sorted(floats))}",
                  ctx.at("torch_dtype"))
