@@ -579,16 +579,22 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
     supplied = supplied or {}
     by_name = {a.dest: a for a in plan.tensors}
     wrap = progress or (lambda it, **kw: it)
+    names = plan.file_names()
+    total = sum(a.nbytes for a in plan.tensors)
     with staged_output(plan.dest, force=force, sources=plan_inputs(src, target, *inputs)) as stage:
         digest = SourceDigest(src.ckpt)
         try:
             written: list[Written] = []
-            names = plan.file_names()
-            total = sum(a.nbytes for a in plan.tensors)
             for file_name, members in wrap(list(zip(names, plan.shards, strict=True)), label="writing", total=total,
                                            weight=lambda item: sum(by_name[n].nbytes for n in item[1]), unit="B"):
                 entries = [tensor_entry(by_name[n], src, target, supplied, digest) for n in members]
                 written.append(write_safetensors(stage / file_name, entries, plan.metadata))
+            # flush to disk (the device works) while this core re-reads and compares (the page cache works)
+            with ThreadPoolExecutor(1, thread_name_prefix="eaglectl-fsync") as flusher:
+                flushed = [flusher.submit(_fsync, w.path) for w in written]
+                checked = [check_tensors(plan, written, src)]
+                for f in flushed:
+                    f.result()
             source_digest = digest.result()
         except OSError as e:
             raise filesystem_error(e, "write the output in", stage) from None
@@ -602,7 +608,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
             (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, source_digest))
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        checked = check_written(stage, plan, written, src, target)
+        checked += check_checkpoint(stage, plan, written, target)
         if after_write is not None:
             checked += after_write(stage)
         src.ckpt.ensure_unchanged()
@@ -610,6 +616,14 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
             target.ckpt.ensure_unchanged()
         checked.append("the source did not change while it was read")
     return ConversionResult(plan, True, checked, source_digest)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _patch(path: Path, old: bytes, new: bytes) -> None:
@@ -625,11 +639,25 @@ def _patch(path: Path, old: bytes, new: bytes) -> None:
         f.write(new)
 
 
-def check_written(stage: Path, plan: ConversionPlan, written: list[Written], src: DrafterCheckpoint,
-                  target: TargetCheckpoint | None) -> list[str]:
-    """Re-open the output: every tensor has its planned dtype/shape; a copied tensor's bytes equal the
-    source's (compared directly), a produced one's bytes equal what was written (CRC-32); detection
-    names the planned dialect; inspect finds no errors."""
+def check_tensors(plan: ConversionPlan, written: list[Written], src: DrafterCheckpoint) -> str:
+    """Re-read every written tensor: a copied tensor's bytes equal the source's (compared directly), a
+    produced one's equal what was written (the CRC-32 taken while writing)."""
+    ranges = {name: (w, r) for w in written for name, r in w.ranges.items()}
+    for a in plan.tensors:
+        w, r = ranges[a.dest]
+        source = src.ckpt.tensor_file[a.source].byte_range(a.source) if a.action == "copy" and a.source else None
+        ok = same_bytes(source, r) if a.dest not in w.crc32 and source is not None else \
+            crc32_range(r) == w.crc32.get(a.dest)
+        if not ok:
+            raise ConversionError(f"{plan.dest} (staged): tensor '{a.dest}' does not equal its source ({a.action})",
+                                  tensor=a.dest)
+    return f"{len(plan.tensors)} tensors equal their source or documented transform (re-read after writing)"
+
+
+def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
+                     ) -> list[str]:
+    """The finished output opens, holds exactly the planned tensors where they were written, is detected
+    as the planned dialect, and inspect finds no errors in it."""
     where = f"{plan.dest} (staged)"
     try:
         out = open_checkpoint(str(stage))
@@ -639,22 +667,14 @@ def check_written(stage: Path, plan: ConversionPlan, written: list[Written], src
     if set(out.tensor_file) != expected:
         raise ConversionError(f"{where}: written tensors differ from the plan "
                               f"({sorted(set(out.tensor_file) ^ expected)[:3]})")
-    ranges = {name: (w, r) for w in written for name, r in w.ranges.items()}
+    ranges = {name: r for w in written for name, r in w.ranges.items()}
     for a in plan.tensors:
         info = out.tensors[a.dest]
-        if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)):
-            raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)}, planned "
-                                  f"{a.dtype}{list(a.shape)}", tensor=a.dest)
-        w, r = ranges[a.dest]
-        reread = out.tensor_file[a.dest].byte_range(a.dest)
-        if reread != r:
-            raise ConversionError(f"{where}: tensor '{a.dest}' is not where it was written", tensor=a.dest)
-        source = src.ckpt.tensor_file[a.source].byte_range(a.source) if a.action == "copy" and a.source else None
-        ok = same_bytes(source, r) if a.dest not in w.crc32 and source is not None else \
-            crc32_range(r) == w.crc32.get(a.dest)
-        if not ok:
-            raise ConversionError(f"{where}: tensor '{a.dest}' does not equal its source ({a.action})", tensor=a.dest)
-    checks = [f"{len(plan.tensors)} tensors equal their source or documented transform (re-read after writing)"]
+        if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)) or \
+                out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
+            raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
+                                  f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
+    checks = []
     d = interpret(out)
     if d.dialect.name != plan.dest_dialect:
         raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
@@ -665,4 +685,3 @@ def check_written(stage: Path, plan: ConversionPlan, written: list[Written], src
                               tensor=errors[0].locator)
     checks.append("inspect finds no errors")
     return checks
-

@@ -19,7 +19,7 @@ def dialect_rows() -> list[dict[str, Any]]:
             "supporting": [s.describe() for s in d.supporting],
             "excluded_by": [s.describe() for s in d.forbidden],
             "key_renames": [{"canonical": c, "dialect": o} for c, o in d.key_rules if c != o],
-            "decoder_config": d.arch_config or "top level",
+            "decoder_config": d.layer_config_path or "top level",
             "aux_ids_paths": list(d.aux_ids_paths),
             "aux_convention": d.aux_convention,
             "flag_fields": sorted(d.flag_fields),

@@ -31,7 +31,7 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
 # Aux ids: vLLM captures the top-level list first, then eagle_config's.
 AUX_ID_PATHS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
 
-ARCH_MARKERS = (("mla", ("self_attn.kv_a_proj_with_mqa.", "self_attn.q_a_proj.", "self_attn.kv_b_proj.")),
+FAMILY_MARKERS = (("mla", ("self_attn.kv_a_proj_with_mqa.", "self_attn.q_a_proj.", "self_attn.kv_b_proj.")),
                 ("qwen3", ("self_attn.q_norm.", "self_attn.k_norm.")))
 _LAYER = re.compile(r"layers\.([0-9]{1,6})\.")  # ASCII digits only ('²'.isdigit() is True)
 
@@ -107,7 +107,7 @@ class DrafterCheckpoint:
     @property
     def layer_config(self) -> ConfigView:
         """The decoder-layer part of the config (speculators nests it)."""
-        return self.config.sub(self.dialect.arch_config) if self.dialect.arch_config else self.config
+        return self.config.sub(self.dialect.layer_config_path) if self.dialect.layer_config_path else self.config
 
     @property
     def evidence(self) -> tuple[str, ...]:
@@ -155,11 +155,11 @@ class _Fields:
 
 def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: ConfigView) -> DrafterSpec:
     """The DrafterSpec of a checkpoint read through `dialect` (invalid fields land in config.problems)."""
-    f = _Fields(config, dialect.arch_config)
+    f = _Fields(config, dialect.layer_config_path)
     probe = probe_of(ckpt)
 
     arch, arch_source = "llama", "weights: no q_norm/k_norm or MLA projections"
-    for name, markers in ARCH_MARKERS:
+    for name, markers in FAMILY_MARKERS:
         if any(m in c for c in view.stored for m in markers):
             arch, arch_source = name, f"weights: {markers[0]}* present"
             break
@@ -210,10 +210,10 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
     config_dtype = f.get("config_dtype", "torch_dtype", "str", arch=False)
     if config_dtype is None:
         config_dtype = f.get("config_dtype", "dtype", "str", arch=False)
-    if config_dtype is None and dialect.arch_config:
+    if config_dtype is None and dialect.layer_config_path:
         config_dtype = f.get("config_dtype", "torch_dtype", "str")
     tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool")
-    if tie is None and dialect.arch_config:
+    if tie is None and dialect.layer_config_path:
         tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool", arch=False)
     bias = bool(f.get("attention_bias", "attention_bias", "bool"))
     window = f.get("sliding_window", "sliding_window", "int", lo=1)

@@ -5,7 +5,7 @@ vLLM runs in its own interpreter (`--vllm-python`, `EAGLECTL_VLLM_PYTHON`, else 
 tokenizer and sent as token ids, so every engine and baseline sees the same tokens. Greedy,
 `ignore_eos`, fixed `max_tokens`; counters are deltas around the measured batch.
 
-Definitions (math.md §5.2, vLLM's): mean acceptance length AL = 1 + accepted / drafts (bonus token
+Definitions (docs/math.md#acceptance, vLLM's): mean acceptance length AL = 1 + accepted / drafts (bonus token
 included); accepted draft length = AL - 1; draft acceptance rate = accepted / draft tokens;
 per-position rate i = accepted at position i / drafts.
 """

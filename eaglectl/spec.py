@@ -13,7 +13,7 @@ from typing import Any
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
-# Aux-layer-id conventions (formats.md §3). boundary: id k = residual stream entering layer k
+# Aux-layer-id conventions (docs/hazards.md#aux-ids). boundary: id k = residual stream entering layer k
 # (vLLM, SafeAILab, speculators); output: id k = output of layer k = boundary k+1 (sglang,
 # SpecForge, TRT-LLM, ModelOpt HF path, NeMo, TorchSpec).
 AUX_CONVENTIONS = {
@@ -104,7 +104,7 @@ class DrafterSpec:
 
 
 def default_aux_ids(target_layers: int, convention: str) -> tuple[int, ...]:
-    """The engines' heuristic when a drafter lists no ids (formats.md §3)."""
+    """The engines' heuristic when a drafter lists no ids (docs/math.md#aux-states)."""
     L = target_layers
     ids = (2, L // 2, L - 3) if convention == "boundary" else (1, L // 2 - 1, L - 4)
     return tuple(sorted(set(ids)))

@@ -1,11 +1,11 @@
 """`eaglectl upgrade`: an EAGLE-3 drafter to the EAGLE-3.1 layout (`fc_norm`, `norm_output`).
 
-Not function-preserving (math.md §4): `fc_norm` rescales every aux chunk per token and
+Not function-preserving (docs/math.md#upgrade-is-not-exact): `fc_norm` rescales every aux chunk per token and
 `norm_output` changes what steps ≥ 1 see. The result is a warm start that needs fine-tuning, and
 says so in its config and safetensors metadata. `fc_norm` weights are initialised by one of:
 
 - `ones`: γ_j = 1, the plain warm start;
-- `harmonic`: γ_j = c_j·1 with c_j the harmonic mean of chunk j's RMS (math.md §4.1: makes each
+- `harmonic`: γ_j = c_j·1 with c_j the harmonic mean of chunk j's RMS (docs/math.md#upgrade-inits: makes each
   block's linear contribution unbiased);
 - `calibrated`: per-channel least squares. With u_t the per-chunk normalised aux features and c_t
   the raw ones, choose γ (n·H_t values) minimising Σ_t ‖W_fc diag(u_t) γ − W_fc c_t‖², i.e. the FC

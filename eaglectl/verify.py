@@ -8,7 +8,7 @@ Modes
 - fidelity: like conversion, but a measurement without pass/fail (upgrade reports it).
 
 Every step is teacher-forced: both sides draft from every anchor of the same token sequence, so
-one argmax flip does not cascade (math.md §7.3). Inputs are real aux states of `--target` on text,
+one argmax flip does not cascade (docs/math.md#tolerances). Inputs are real aux states of `--target` on text,
 or seeded synthetic states with per-layer scales and a large-norm sink token at position 0.
 """
 

@@ -1,4 +1,4 @@
-"""`eaglectl convert`: round trips, the conversion hazards of formats.md §8, safe writes, dry runs."""
+"""`eaglectl convert`: round trips, the conversion hazards of docs/hazards.md, safe writes, dry runs."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def test_h6_every_flag_is_written_explicitly(tmp_path):
     assert {f: cfg[f] for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")} == dict.fromkeys(
         ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"), False)
     convert(DRAFTERS / "specforge-3.1", tmp_path / "f", "specforge")
-    assert config(tmp_path / "f")["norm_output"] is True  # H9: written, never left to a default
+    assert config(tmp_path / "f")["norm_output"] is True  # written, never left to a default (docs/hazards.md#flags)
 
 
 def test_h6_norm_before_residual_true_cannot_go_where_it_cannot_be_said(tmp_path):

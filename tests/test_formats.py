@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +16,7 @@ from eaglectl.formats import Probe, Signal
 from eaglectl.drafter import probe_of
 from eaglectl.rules.layout import CANONICAL
 
-from .conftest import DRAFTERS
+from .conftest import DRAFTERS, ROOT, TARGET
 
 CANONICAL_SAMPLE = [
     "embed_tokens.weight", "fc.weight", "fc_norm.0.weight", "fc_norm.2.weight", "input_norm.weight", "norm.weight",
@@ -74,3 +77,62 @@ def test_signal_kinds():
     assert Signal("config-value", "a.b", 2).holds(p)
     assert Signal("metadata-key", "format").holds(p)
     assert Signal("file", "pytorch_model.bin").holds(p)
+
+
+# ---------------------------------------------------------------------- a dialect is one module of data
+
+def toy_dialect():
+    from eaglectl.formats import Dialect, Writer
+
+    return Dialect(
+        name="toy", title="Toy trainer", producers="tests/test_formats.py",
+        required=(Signal("tensor-prefix", "toy_block.", weight=2),),
+        markers=(Signal("config-key", "toy_version", weight=2),),
+        key_rules=(("layers.0.", "toy_block."),),
+        aux_ids_paths=("toy_aux_ids",), aux_convention="output",
+        flag_fields=frozenset({"fc_norm", "norm_output"}),
+        flag_defaults={f: (False, "toy default") for f in ("norm_before_residual", "norm_before_fc", "fc_norm",
+                                                            "norm_output")},
+        owned_config_keys=("toy_version", "toy_aux_ids"),
+        writer=Writer(architectures={"llama": "LlamaForCausalLMEagle3"}, aux_ids_paths=("toy_aux_ids",),
+                      flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
+                      explicit_false=("norm_before_residual", "norm_before_fc"), extra_config={"toy_version": 1},
+                      max_layers=1),
+    )
+
+
+def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
+    """CLI choices, detection, conversion both ways, card lint and the docs table all come from the registry."""
+    import sys
+
+    from eaglectl.verify import run as verify
+
+    formats.register(toy_dialect())
+    try:
+        assert "toy" in formats.names() and "toy" in formats.writable()
+        r = invoke("convert", DRAFTERS / "speculators-3.1", tmp_path / "toy", "--to", "toy", "--json")
+        assert r.exit_code == 0, r.stderr
+        cfg = json.loads((tmp_path / "toy" / "config.json").read_text())
+        assert cfg["toy_aux_ids"] == [0, 3, 6] and cfg["toy_version"] == 1  # boundary [1, 4, 7] as output ids
+        assert cfg["norm_before_residual"] is False and cfg["fc_norm"] is True
+        doc = json.loads(invoke("inspect", tmp_path / "toy", "--json").stdout)
+        assert doc["dialect"] == "toy" and doc["spec"]["aux_layer_ids_vllm"] == [1, 4, 7]
+        assert invoke("inspect", DRAFTERS / "speculators-3.1", "--from", "toy").exit_code in (0, 1)
+        assert verify(str(tmp_path / "toy"), against=str(DRAFTERS / "speculators-3.1"), tokens=16).passed
+        r = invoke("convert", tmp_path / "toy", tmp_path / "back", "--to", "speculators", "--target", TARGET)
+        assert r.exit_code == 0, r.stderr
+        assert verify(str(tmp_path / "back"), against=str(DRAFTERS / "speculators-3.1"), tokens=16).passed
+        card = tmp_path / "card"
+        shutil.copytree(DRAFTERS / "speculators-3.1", card)
+        (card / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\n"
+                                        "A drafter in the `toy` layout.\n")
+        found = {f["rule_id"] for f in json.loads(invoke("check", card, "--json").stdout)["findings"]}
+        assert "card-dialect" in found
+        sys.path.insert(0, str(ROOT / "docs"))
+        import generate
+
+        assert "| `toy` | Toy trainer |" in generate.formats_page()
+        assert "toy" in invoke("convert", "--help").stdout
+    finally:
+        formats.unregister("toy")
+    assert "toy" not in formats.names()

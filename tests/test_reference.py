@@ -1,4 +1,4 @@
-"""The reference drafter pins math.md: hand-computed cases and the flag invariants of §3.5."""
+"""The reference drafter pins docs/math.md: hand-computed cases and the flag invariants (#flags)."""
 
 from __future__ import annotations
 
@@ -81,10 +81,10 @@ def test_rope_scaling_matches_transformers(scaling):
     torch.testing.assert_close(rope_inv_freq(128, 500000.0, scaling).float(), want.float(), rtol=1e-6, atol=0)
 
 
-# --------------------------------------------------------------------------- forward vs math.md
+# ------------------------------------------------------------------- forward vs docs/math.md
 
 def naive_step0(d: Drafter, aux, tokens):
-    """math.md §2.2 written out per position, no batching, no cache, fp64."""
+    """docs/math.md#step-0 written out per position, no batching, no cache, fp64."""
     a = d.a
     T = aux.shape[1]
 

@@ -104,7 +104,7 @@ class Dialect:
     # (canonical prefix, dialect prefix): renames in both directions, first match wins, and a
     # name matching none is kept as is.
     key_rules: tuple[tuple[str, str], ...] = ()
-    arch_config: str | None = None  # sub-dict holding the decoder-layer config (speculators)
+    layer_config_path: str | None = None  # sub-dict holding the decoder-layer config (speculators)
     aux_ids_paths: tuple[str, ...] = ()  # where ids are stored, in reading order
     aux_convention: str = "boundary"
     # (signals that all hold, convention, why): overrides `aux_convention`

@@ -3,7 +3,7 @@
 `midlayer.*` keys, `d2t`/`t2d`, no aux ids (hard-coded (2, L//2, L-3), boundary convention) and no
 3.1 flags: the layout can only express EAGLE-3 with a raw residual, so every flag is False by
 definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnets.py`,
-`eagle/traineagle3/config.json` (formats.md §5.1).
+`eagle/traineagle3/config.json` (docs/hazards.md#dialects).
 """
 
 from ._base import Dialect, Signal, Writer

@@ -4,7 +4,7 @@
 ModelOpt's own keys (`next_layer_regular`, `use_mtp_layernorm`, `parallel_draft_step`), no `t2d`,
 no `embed_tokens`, `d2t` in frequency order (not monotone). The aux-id convention depends on how
 the training data was generated (HF hooks: output-of-layer; vLLM dumps: boundary), so it is
-reported as unverifiable (formats.md §5.5, H13, H21).
+reported as unverifiable unless measured (docs/hazards.md#aux-ids).
 """
 
 from ._base import Dialect, Signal, Writer
@@ -38,7 +38,7 @@ DIALECT = Dialect(
         # written for vLLM, which reads these ids as boundary ids; the provenance records it
         aux_convention="boundary",
         flag_paths={"norm_before_residual": ("norm_before_residual",),
-                    "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # H8: both places
+                    "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # both places (docs/hazards.md#flags)
                     "fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         extra_config={"eagle_config.use_aux_hidden_state": True, "eagle_config.use_input_layernorm_in_first_layer": True,
                       "eagle_config.use_last_layernorm": True, "eagle_config.use_mtp_layernorm": False,

@@ -1,9 +1,9 @@
 """NVIDIA NeMo Automodel EAGLE-3 / 3.1 drafts (PR #2322).
 
 Every key but `lm_head`, `d2t`, `t2d` (and P-EAGLE's `mask_hidden`) carries a `model.` prefix,
-which vLLM cannot load (it adds its own `model.`: hazard H1); `architectures` is
-`LlamaEagle3DraftModel`, registered in no engine (H18); aux ids are not saved (runtime default,
-output-of-layer). Source: NVIDIA-NeMo/Automodel `components/speculative/` (formats.md §5.6).
+which vLLM cannot load (it adds its own `model.`: docs/hazards.md#names-and-architectures); `architectures` is
+`LlamaEagle3DraftModel`, registered in no engine; aux ids are not saved (runtime default,
+output-of-layer). Source: NVIDIA-NeMo/Automodel `components/speculative/` (docs/hazards.md#dialects).
 """
 
 from ._base import Dialect, Signal

@@ -4,7 +4,7 @@
 convention, top-level `fc_norm` / `norm_output` (PR #568), `d2t`/`t2d` always present. No
 `norm_before_fc` and no `norm_before_residual` (raw residual). `norm_output` changed meaning at
 PR #879 (2026-09-15): absent means False from then on; before it, absent meant True with plain
-EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (formats.md §5.2, H9).
+EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (docs/hazards.md#norm-output-window).
 """
 
 from ._base import Caveat, Dialect, Signal, Writer

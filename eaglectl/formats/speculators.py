@@ -3,7 +3,7 @@
 No top-level `model_type`, a `speculators_config`, the decoder config in
 `transformer_layer_config`, `layers.N.*` keys, top-level flags and boundary-convention aux ids.
 vLLM's reader treats a missing `norm_before_residual` as **True** (the speculators class default
-is False), so that default is the one recorded here (formats.md §5.3, H6).
+is False), so that default is the one recorded here (docs/hazards.md#flags).
 """
 
 from ._base import Dialect, Signal, Writer
@@ -24,7 +24,7 @@ DIALECT = Dialect(
     markers=(_MARKER,),
     owned_config_keys=("speculators_config", "speculators_model_type", "speculators_version",
                        "transformer_layer_config", "auto_map", "has_no_defaults_at_init"),
-    arch_config="transformer_layer_config",
+    layer_config_path="transformer_layer_config",
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
     aux_convention="boundary",
     flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),

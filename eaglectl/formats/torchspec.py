@@ -3,7 +3,7 @@
 Marked by `_torchspec_version` in the config and `torchspec_version` in the safetensors metadata
 (which lacks `format`). `midlayer.*` natively, `layers.0.*` with `--vllm`; aux ids in
 `eagle_config`, output-of-layer, except `--vllm` exports of `kimi_k2` drafters, whose ids were
-shifted +1 to vLLM's boundary convention (formats.md §5.4, commit ec1eeab2).
+shifted +1 to vLLM's boundary convention (docs/hazards.md#dialects, TorchSpec commit ec1eeab2).
 """
 
 from ._base import Dialect, Signal, Writer

@@ -322,8 +322,7 @@ def write_safetensors(path: Path, entries: list[TensorEntry], metadata: dict[str
     """Write a safetensors file: the header, then each tensor at its offset with unbuffered writes.
 
     Copied tensors go through `os.copy_file_range` (no user-space copy), produced ones are written
-    from their buffers as they come. The file is not fsynced here: the caller syncs the whole output
-    once (see `atomic.staged_output`).
+    from their buffers as they come. The file is not fsynced here: the caller flushes it.
     """
     import zlib
 
@@ -392,66 +391,86 @@ def copy_range(src: ByteRange, fd: int, offset: int) -> None:
         os.close(sfd)
 
 
-def same_bytes(a: ByteRange, b: ByteRange, chunk: int = 1 << 23) -> bool:
-    """Whether two local byte ranges hold the same bytes (memory-mapped, compared 8 MB at a time)."""
+def _ranges(r: ByteRange, buf: bytearray) -> Any:
+    """Successive chunks of a local byte range read into `buf` (a reused buffer: bounded memory)."""
+    view = memoryview(buf)
+    fd = os.open(r.path, os.O_RDONLY)
+    try:
+        done = 0
+        while done < r.length:
+            want = min(len(buf), r.length - done)
+            got = 0
+            while got < want:  # fill the whole chunk: two ranges then always yield equal-sized chunks
+                n = os.preadv(fd, [view[got:want]], r.offset + done + got)
+                if n == 0:
+                    raise CorruptCheckpointError(f"{r.path}: ends before byte {r.offset + r.length}",
+                                                 file=str(r.path))
+                got += n
+            yield view[:want]
+            done += want
+    finally:
+        os.close(fd)
+
+
+def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
+    """Whether two local byte ranges hold the same bytes: memory-mapped 32 MB windows compared as words
+    (no copy through user space; unmapping each window keeps resident memory flat)."""
     import mmap
 
     import numpy as np
 
     if a.length != b.length:
         return False
-    if a.length == 0:
-        return True
     with a.path.open("rb") as fa, b.path.open("rb") as fb:
-        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
-        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            if a.offset + a.length > len(ma) or b.offset + b.length > len(mb):
+        for start in range(0, a.length, window):
+            n = min(window, a.length - start)
+            x, mx = _mapped(fa.fileno(), a.offset + start, n, mmap)
+            y, my = _mapped(fb.fileno(), b.offset + start, n, mmap)
+            try:
+                kind = np.uint64 if n % 8 == 0 and x.ctypes.data % 8 == 0 and y.ctypes.data % 8 == 0 else np.uint8
+                equal = np.array_equal(x.view(kind), y.view(kind))
+            finally:
+                del x, y
+                mx.close()
+                my.close()
+            if not equal:
                 return False
-            va = np.frombuffer(ma, np.uint8, a.length, a.offset)
-            vb = np.frombuffer(mb, np.uint8, b.length, b.offset)
-            for i in range(0, a.length, chunk):
-                x, y = va[i: i + chunk], vb[i: i + chunk]
-                if len(x) % 8 == 0 and (a.offset + i) % 8 == 0 and (b.offset + i) % 8 == 0:
-                    x, y = x.view(np.uint64), y.view(np.uint64)
-                if not np.array_equal(x, y):
-                    return False
-            del va, vb, x, y
-            return True
-        finally:
-            ma.close()
-            mb.close()
+    return True
 
 
-def crc32_range(r: ByteRange, chunk: int = 1 << 24) -> int:
+def _mapped(fd: int, offset: int, length: int, mmap: Any) -> tuple[Any, Any]:
+    """`length` bytes at `offset` of `fd` as a uint8 array over a private mapping (page-aligned start)."""
+    import numpy as np
+
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(fd, length + offset - base, access=mmap.ACCESS_READ, offset=base)
+    return np.frombuffer(m, np.uint8, length, offset - base), m
+
+
+def crc32_range(r: ByteRange, chunk: int = 1 << 23) -> int:
     import zlib
 
     crc = 0
-    fd = os.open(r.path, os.O_RDONLY)
-    try:
-        for off in range(0, r.length, chunk):
-            crc = zlib.crc32(os.pread(fd, min(chunk, r.length - off), r.offset + off), crc)
-    finally:
-        os.close(fd)
+    for x in _ranges(r, bytearray(chunk)):
+        crc = zlib.crc32(x, crc)
     return crc
 
 
-def sha256_range(r: ByteRange, chunk: int = 1 << 25) -> str:
-    """sha256 of a local byte range, memory-mapped (hashlib releases the GIL on large buffers, so this
-    runs on another core while the main thread copies)."""
+def sha256_range(r: ByteRange, window: int = 1 << 25) -> str:
+    """sha256 of a local byte range, hashed straight from memory-mapped 32 MB windows (hashlib releases
+    the GIL, so this runs on another core while the main thread copies; unmapping keeps memory flat)."""
     import hashlib
     import mmap
 
     h = hashlib.sha256()
-    if r.length == 0:
-        return h.hexdigest()
-    with r.path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        view = memoryview(m)
-        try:
-            for off in range(r.offset, r.offset + r.length, chunk):
-                h.update(view[off: min(off + chunk, r.offset + r.length)])
-        finally:
-            view.release()
+    with r.path.open("rb") as f:
+        for start in range(0, r.length, window):
+            x, m = _mapped(f.fileno(), r.offset + start, min(window, r.length - start), mmap)
+            try:
+                h.update(x)
+            finally:
+                del x
+                m.close()
     return h.hexdigest()
 
 

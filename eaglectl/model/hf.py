@@ -3,7 +3,7 @@
 vLLM's aux id k (boundary convention) is the residual stream entering target layer k: the token
 embeddings for k = 0, the output of decoder layer k-1 otherwise, and for k = L the last layer's
 output *before* the final norm. HF's `hidden_states[L]` is post-norm, so states are taken with
-forward hooks on the decoder layers rather than from `output_hidden_states` (formats.md H20).
+forward hooks on the decoder layers rather than from `output_hidden_states` (docs/math.md#aux-states).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reference EAGLE-3 / EAGLE-3.1 drafter: the executable form of `math.md`, torch only.
+"""The reference EAGLE-3 / EAGLE-3.1 drafter: the executable form of docs/math.md, torch only.
 
 Mirrors vLLM 0.32 `vllm/model_executor/models/llama_eagle3.py` (and `qwen3_eagle3.py`), SafeAILab
 `eagle/model/cnets.py` and speculators `models/eagle3/model_definitions.py`:

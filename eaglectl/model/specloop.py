@@ -3,9 +3,9 @@
 Chain drafting with k tokens and greedy verification, counted the way vLLM counts: one draft per
 verification step that had drafts, k draft tokens each, accepted = the longest prefix equal to the
 target's greedy tokens, per-position counts, and drafts keep being proposed (and counted) until the
-request has `max_tokens` output tokens, so the last step may accept past `max_tokens` (vllm-cpu.md
-§5.4). Context entries of the drafter's KV cache are rebuilt from fresh target features after each
-verification; the previous chain's entries are dropped (math.md §2.4).
+request has `max_tokens` output tokens, so the last step may accept past `max_tokens`
+(docs/math.md#acceptance). Context entries of the drafter's KV cache are rebuilt from fresh target
+features after each verification; the previous chain's entries are dropped (docs/math.md#chain).
 """
 
 from __future__ import annotations
