@@ -215,6 +215,12 @@ def allow_pickle_option(fn: Any) -> Any:
                         help="Read .bin weights with torch.load(weights_only=True).")(fn)
 
 
+def measure_option(fn: Any) -> Any:
+    return click.option("--measure/--no-measure", default=True, show_default=True,
+                        help="With --target that can be run (weights and a tokenizer): measure the layers, embedding, "
+                             "head and uncertain flags the weights were trained with (docs/math.md#reading-probe).")(fn)
+
+
 def write_options(fn: Any) -> Any:
     fn = click.option("--force", is_flag=True,
                       help="Replace an existing DEST folder that holds only checkpoint files.")(fn)
@@ -318,10 +324,11 @@ Examples:
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
+@measure_option
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, allow_pickle: bool) -> None:
+                scan: bool, measure: bool, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -331,7 +338,8 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
     from . import inspect
 
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
-                                         allow_pickle=allow_pickle, revision=revision, progress=report.progress))
+                                         allow_pickle=allow_pickle, revision=revision, measure=measure,
+                                         progress=report.progress))
 
 
 # ---------------------------------------------------------------------------------------- convert
@@ -353,6 +361,7 @@ Examples:
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
 @click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@measure_option
 @write_options
 @allow_pickle_option
 @manifest_options
@@ -373,7 +382,7 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            target=o["target"], aux_layer_ids=o["aux_layer_ids"],
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
-                           progress=report.progress)
+                           measure=o["measure"], progress=report.progress)
 
     _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 
@@ -390,8 +399,9 @@ Examples:
 @click.argument("dest", required=False)
 @click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
-@click.option("--init", type=click.Choice(["ones", "harmonic", "calibrated", "refit"]), default="ones",
-              show_default=True, help="How fc_norm starts (all but ones run --target over calibration text).")
+@click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit"]), default="auto",
+              show_default=True, help="How fc_norm starts; auto measures every init with --target on held-out text "
+              "and keeps the best (ones without a target).")
 @target_option("Target model (calibration, fidelity inputs, verifier name).")
 @click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
@@ -533,6 +543,7 @@ Examples:
               help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
 @click.option("--base-model", metavar="ORG/NAME", help="The target's Hub id for the card (never a local path).")
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
+@measure_option
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
 @allow_pickle_option
@@ -554,7 +565,7 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
     def one(o: dict[str, Any]) -> Any:
         rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
                         strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
-                        allow_pickle=o["allow_pickle"], base_model=o["base_model"])
+                        allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"])
         reports.append(rep)
         return rep
 

@@ -131,15 +131,111 @@ class ConversionResult:
 def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dtype: str | None = None,
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
-        force: bool = False, allow_pickle: bool = False, progress: Any = None) -> ConversionResult:
-    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`)."""
+        force: bool = False, allow_pickle: bool = False, measure: bool = True, progress: Any = None) -> ConversionResult:
+    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`).
+
+    With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
+    table, and the written output must draft exactly like the source under the reference loop, read the
+    way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST)."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
     tgt = open_target(target) if target else None
-    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=aux_layer_ids,
-                           source_aux_convention=source_aux_convention, max_shard_size=max_shard_size)
+    measured = model = None
+    notes: list[str] = []
+    if tgt is not None and measure and src.spec.arch != "mla":
+        why = tgt.why_not_runnable()
+        if why is None:
+            from .probe import try_measure
+
+            measured, model, why = try_measure(src, target, progress=progress)  # type: ignore[arg-type]
+        if why:
+            notes.append(why)
+    ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, to)
+    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=ids, source_aux_convention=convention,
+                           max_shard_size=max_shard_size, measured=measured)
+    plan.notes[:0] = notes + more
     if dry_run:
         return ConversionResult(plan, False, [])
-    return execute(plan, src, target=tgt, force=force, progress=progress)
+    check = None
+    if model is not None and measured is not None and not measured.at_chance:
+        check = behaviour_check(src, measured, model, ids, convention, to)
+    return execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+
+
+def follow_measurement(src: DrafterCheckpoint, m: Any, given: str | None, given_ids: tuple[int, ...] | None,
+                       to: str) -> tuple[tuple[int, ...] | None, str | None, list[str]]:
+    """(explicit boundary ids, source convention, notes) for the conversion: the user's ids, else the
+    measured reading (which wins over the dialect table), else the table, said to be assumed."""
+    spec, table = src.spec, src.spec.aux_convention
+    if given_ids is not None or spec.aux_layer_ids is None:
+        return given_ids, given, []
+    if m is None:
+        how = f"--source-aux-convention {given}" if given else f"the {src.dialect.title} table ({table})"
+        return None, given, [f"the aux-id numbering was assumed from {how}, not measured; pass --target with a "
+                             "runnable target to measure it"]
+    if m.at_chance:
+        return None, given, []  # drafter-at-chance blocks the conversion with the reason
+    if m.boundary_ids is None:
+        dest = formats.get(to)
+        writes = (dest.writer.aux_convention if dest.writer else None) or dest.aux_convention
+        if given is None and table != writes:
+            raise ConversionError(f"{src.root}: the aux-id numbering could not be measured ({m.aux.reason}), and "
+                                  f"{src.dialect.title} -> {dest.title} must translate the ids",
+                                  hint="pass --source-aux-convention boundary|output if you know how it was trained")
+        return None, given, [f"the aux-id numbering could not be measured ({m.aux.reason})"]
+    measured = m.convention
+    if given is not None and measured not in ("undecided", given):
+        return None, given, [f"--source-aux-convention {given} contradicts the measurement ({measured}: "
+                             f"{m.aux.reason}); using {given} as you asked"]
+    if measured in ("boundary", "output"):
+        note = [] if measured == table else [
+            f"measured: the stored ids {list(spec.aux_layer_ids)} are {measured} ids (the drafter reads "
+            f"boundaries {list(m.boundary_ids)}), not {table} as the {src.dialect.title} table says; the "
+            "measurement wins"]
+        return None, measured, note
+    return tuple(m.boundary_ids), None, [
+        f"measured: the drafter reads boundaries {list(m.boundary_ids)}, which fit neither numbering of the stored ids "
+        f"{list(spec.aux_layer_ids)}; the measured boundaries are written"]
+
+
+def behaviour_check(src: DrafterCheckpoint, m: Any, model: Any, ids: tuple[int, ...] | None, convention: str | None,
+                    to: str) -> Any:
+    """After writing: the reference loop drafts exactly as much with the output (read the way the
+    destination's engine reads it) as with the source (read as measured)."""
+    from .engines import aux_reading, engine_boundaries
+    from .errors import BehaviourChangedError
+    from .model.loader import load_reference
+    from .probe import flag_overrides, heldout_prompts, replay
+
+    def check(stage: Path) -> list[str]:
+        out = interpret(open_checkpoint(str(stage)))
+        L = model.num_layers
+        spec = src.spec
+        if ids is not None:
+            src_ids = tuple(ids)
+        elif m.boundary_ids is not None:
+            src_ids = m.boundary_ids
+        elif spec.aux_layer_ids is not None and convention is not None:
+            src_ids = tuple(sorted(i + (1 if convention == "output" else 0) for i in spec.aux_layer_ids))
+        else:
+            src_ids = spec.capture_ids(L)
+        engine = formats.get(to).consumer
+        out_ids = engine_boundaries(engine, out.spec.aux_layer_ids, L)
+        prompts = heldout_prompts(model, 4, 64, seed=1)
+        k = m.steps
+        a = replay(load_reference(src), src_ids, model, prompts, k=k, max_tokens=32, **flag_overrides(m))
+        b = replay(load_reference(out), out_ids, model, prompts, k=k, max_tokens=32)
+        counts = lambda c: (c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos)  # noqa: E731
+        if counts(a) != counts(b):
+            raise BehaviourChangedError(
+                f"{to} output under {engine} (since {aux_reading(engine).since}, boundaries {list(out_ids)}): "
+                f"acceptance length {b.mean_acceptance_length:.3f}, the source (boundaries {list(src_ids)}): "
+                f"{a.mean_acceptance_length:.3f}; nothing was written", path=str(stage),
+                hint="the destination cannot carry this drafter's meaning for that engine; pick another --to")
+        return [f"drafts exactly like the source under {engine}'s reading (boundaries {list(out_ids)}): "
+                f"{a.num_drafts} drafts, {a.num_accepted_tokens} accepted on {len(prompts)} held-out prompts, "
+                f"AL {a.mean_acceptance_length:.3f}"]
+
+    return check
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -156,6 +252,7 @@ def plan_conversion(
     max_shard_size: int | None = None,
     spec_override: DrafterSpec | None = None,
     extra_tensors: dict[str, tuple[str, tuple[int, ...], str]] | None = None,
+    measured: Any = None,
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
@@ -169,7 +266,7 @@ def plan_conversion(
     if w is None:
         raise ConversionError(f"eaglectl reads {to} checkpoints but does not write them", dialect=to,
                               hint=f"write one of: {', '.join(formats.writable())}")
-    _refuse_source_errors(src, target)
+    _refuse_source_errors(src, target, measured)
     spec = spec_override or src.spec
     fail = _failer(src, to)
 
@@ -254,8 +351,8 @@ def _failer(src: DrafterCheckpoint, to: str) -> Any:
     return fail
 
 
-def _refuse_source_errors(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> None:
-    for f in run_checks(Context(src, target)):
+def _refuse_source_errors(src: DrafterCheckpoint, target: TargetCheckpoint | None, measured: Any = None) -> None:
+    for f in run_checks(Context(src, target, measured=measured)):
         if f.severity == "error" and not f.rule.repaired_by_convert:
             raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
                                   path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")

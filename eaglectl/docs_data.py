@@ -24,6 +24,7 @@ def dialect_rows() -> list[dict[str, Any]]:
             "aux_convention": d.aux_convention,
             "flag_fields": sorted(d.flag_fields),
             "flag_defaults": {k: {"value": v, "why": why} for k, (v, why) in d.flag_defaults.items()},
+            "consumer": d.consumer,
             "notes": list(d.notes),
         })
     return rows

@@ -24,6 +24,8 @@ class InspectReport:
     target: TargetCheckpoint | None
     findings: list[Finding]
     strict: bool
+    measured: Any = None  # probe.Measurement when the target could be run
+    measured_note: str | None = None  # why nothing was measured
 
     @property
     def spec(self) -> Any:
@@ -88,6 +90,8 @@ class InspectReport:
             "speculative_config": self.speculative_config(),
             "serve_command": self.serve_command(),
             "target": self.target.summary() if self.target else None,
+            "measured": self.measured.to_json() if self.measured is not None else None,
+            "measured_note": self.measured_note,
             "strict": self.strict,
             "exit_code": self.exit_code,
         }
@@ -102,20 +106,36 @@ def run(
     scan: bool = False,
     allow_pickle: bool = False,
     revision: str | None = None,
+    measure: bool = True,
     progress: Any = None,
 ) -> InspectReport:
-    """Open SOURCE, name its dialect and run every rule (against `target` when given)."""
+    """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
+    it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
     t = open_target(target) if target else None
-    return inspect_opened(d, t, strict=strict, scan=scan, progress=progress)
+    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: bool = False, scan: bool = False,
-                   progress: Any = None) -> InspectReport:
-    ctx = Context(d, t, scan)
+                   measure: bool = True, progress: Any = None) -> InspectReport:
+    measured, note = None, None
+    if t is not None and measure:
+        note = t.why_not_runnable()
+        if note is None and not _servable_structure(d, t):
+            note = "not measured: inspect finds errors that keep the reference drafter from running"
+        if note is None:
+            from .probe import try_measure  # torch and transformers: only when the target can be run
+
+            measured, _, note = try_measure(d, t.source, progress=progress)
+    ctx = Context(d, t, scan, measured)
     if progress is not None:
         ctx.progress = progress
-    return InspectReport(d, t, run_checks(ctx), strict)
+    return InspectReport(d, t, run_checks(ctx), strict, measured, note)
+
+
+def _servable_structure(d: DrafterCheckpoint, t: TargetCheckpoint) -> bool:
+    """No error-level finding before measuring (the probe needs a drafter the reference can build)."""
+    return not any(f.severity == "error" for f in run_checks(Context(d, t)))
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:

@@ -308,6 +308,8 @@ def render_conversion(result: Any) -> None:
                 "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
         out.print(f"  {safe(line)}")
     out.print(f"files: {', '.join(plan.file_names())}")
+    for note in plan.notes:
+        out.print(f"[yellow]note:[/] {safe(note)}")
     for check in result.checked:
         out.print(f"[green]checked[/] {safe(check)}")
 

@@ -183,6 +183,8 @@ class SmokeReport:
     red_flags: list[str]
     log: str | None = None
     min_acceptance: float | None = None
+    engine_reading: Any = None  # reading.EngineReading (vLLM engine only)
+    engine_reading_note: str | None = None
 
     @property
     def main(self) -> ConfigResult:
@@ -229,7 +231,9 @@ class SmokeReport:
             "greedy_match": main.get("greedy_match"),
             "baselines": [r.to_json(self.k, ref) for r in self.results[1:]],
             "speedup": self.speedups(), "versions": self.versions, "red_flags": self.red_flags,
-            "min_acceptance": self.min_acceptance, "log": self.log, "exit_code": self.exit_code,
+            "min_acceptance": self.min_acceptance,
+            "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
+            "engine_reading_note": self.engine_reading_note, "log": self.log, "exit_code": self.exit_code,
         }
 
 
@@ -312,7 +316,7 @@ def run(
     baselines = baselines or []
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     for path in ([drafter] if preflight else []) + [b.path for b in baselines if b.kind == "eagle3" and b.path]:
-        pre = inspect.run(path, target=target)
+        pre = inspect.run(path, target=target, measure=False)  # engine_reading measures what vLLM ran
         if pre.exit_code:
             first = next(f for f in pre.findings if f.severity == "error")
             raise SmokeFailedError(f"{path}: pre-flight inspect found errors, first [{first.rule_id}] {first.message}",
@@ -341,8 +345,33 @@ def run(
     versions["eaglectl_version"] = __version__
     rep = SmokeReport(drafter, target, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
+    if python is not None and rep.main.counters and rep.main.counters["num_drafts"]:
+        rep.engine_reading, rep.engine_reading_note = _engine_reading(rep, drafter, target, dtype)
     rep.red_flags = red_flags(rep)
     return rep
+
+
+def _engine_reading(rep: SmokeReport, drafter: str, target: str, dtype: str) -> tuple[Any, str | None]:
+    """Which reading of the drafter vLLM ran (replayed in fp32 only: other precisions do not reproduce
+    vLLM's kernels bit for bit)."""
+    if dtype != "float32":
+        return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
+    from .drafter import open_drafter
+    from .errors import EaglectlError
+    from .probe import try_measure
+    from .reading import engine_reading
+
+    try:
+        measured, model, why = try_measure(open_drafter(drafter), target)
+        if model is None:
+            from .model.hf import load_model
+
+            model = load_model(target)
+        assert rep.main.counters is not None
+        return engine_reading(drafter, model, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
+                              engine_counts=rep.main.counters, measured=measured), why
+    except EaglectlError as e:
+        return None, f"not replayed: {e.message}"
 
 
 class _FastTokenizer:
@@ -427,4 +456,7 @@ def red_flags(rep: SmokeReport) -> list[str]:
                          f"({diversity:.1%} distinct tokens): fast and worthless")
     if rep.min_acceptance is not None and al < rep.min_acceptance:
         flags.append(f"acceptance length {al:.3f} is below --min-acceptance {rep.min_acceptance}")
+    diff = rep.engine_reading.difference() if rep.engine_reading is not None else None
+    if diff:
+        flags.append(diff)
     return flags

@@ -65,6 +65,14 @@ class TargetCheckpoint:
         head = next((n for n in ("lm_head.weight", "language_model.lm_head.weight") if n in names), None)
         return head or embed
 
+    def why_not_runnable(self) -> str | None:
+        """Why the probe cannot run this target (None: it can): it needs weights and a tokenizer."""
+        if not self.ckpt.tensor_file:
+            return f"{self.source}: the target has no weights here (config only), so nothing could be measured"
+        if not any(n in self.ckpt.file_names for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            return f"{self.source}: the target has no tokenizer, so no text can be given to it and nothing was measured"
+        return None
+
     def summary(self) -> dict[str, Any]:
         c = self.config
         out: dict[str, Any] = {

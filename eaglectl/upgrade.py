@@ -35,6 +35,7 @@ from .target import open_target
 SCHEMA = "eaglectl.upgrade/1"
 INITS = ("ones", "harmonic", "calibrated", "refit")
 NEEDS_TARGET = ("harmonic", "calibrated", "refit")
+CHOICES = ("auto", *INITS)  # auto: measure every init with --target and keep the best; ones without
 
 
 @dataclass
@@ -48,6 +49,8 @@ class UpgradeResult:
     conversion: ConversionResult
     fidelity: Any = None  # a ParityReport (mode fidelity) of DEST against SOURCE
     notes: list[str] = field(default_factory=list)
+    init_candidates: list[dict[str, Any]] = field(default_factory=list)  # measured on held-out text
+    layers: dict[str, Any] | None = None  # the boundaries calibration used, and how they were known
 
     @property
     def exit_code(self) -> int:
@@ -65,6 +68,7 @@ class UpgradeResult:
             "fidelity": None if fid is None else {"inputs": fid["inputs"], "per_step": [
                 {k: s[k] for k in ("step", "top1_agreement", "near_ties", "kl_mean", "kl_max", "state_cos_mean")}
                 for s in fid["per_step"]]},
+            "init_candidates": self.init_candidates, "layers": self.layers,
             "plan": self.conversion.plan.to_json(), "checked": self.conversion.checked, "notes": self.notes,
             "exit_code": self.exit_code,
         }
@@ -76,7 +80,7 @@ def run(
     *,
     fc_norm: bool = True,
     norm_output: bool = True,
-    init: str = "ones",
+    init: str = "auto",
     target: str | None = None,
     calibration_text: str | None = None,
     to: str | None = None,
@@ -92,8 +96,8 @@ def run(
     and for the fidelity report."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
     spec = src.spec
-    if init not in INITS:
-        raise ConversionError(f"--init {init}: one of {', '.join(INITS)}")
+    if init not in CHOICES:
+        raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
     if to is None:
         if src.dialect.writer is None:
             raise ConversionError(f"{source}: eaglectl reads {src.dialect.name} checkpoints but does not write them",
@@ -115,42 +119,80 @@ def run(
                               hint=f"eaglectl upgrade {source} {dest} --to speculators --target TARGET")
     tgt = open_target(target) if target else None
     model = None
-    if target and ((add_fc_norm and init in NEEDS_TARGET) or (fidelity and steps and not dry_run)):
+    if target and (add_fc_norm or (fidelity and steps and not dry_run)):
         from .model.hf import load_model
 
         model = load_model(target)
 
     new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm, norm_output=spec.norm_output or set_norm_output)
+    new_flags = {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output}
     supplied: dict[str, bytes] = {}
     extra: dict[str, tuple[str, tuple[int, ...], str]] = {}
     stats: dict[str, Any] = {}
     dtype = _float_dtype(src)
+    candidates: list[dict[str, Any]] = []
+    layers = None
+    chosen = None
+    runnable = tgt is not None and tgt.why_not_runnable() is None
     if add_fc_norm:
-        gammas, new_fc, stats = _init_fc_norm(src, init, model, calibration_text)
+        inits = (INITS if runnable else ("calibrated",) if model is not None else ("ones",)) if init == "auto" \
+            else (init,)
+        cal = None
+        if model is not None and not runnable:  # a target without a tokenizer: calibrate, but measure nothing
+            ids = src.spec.capture_ids(model.num_layers)
+            layers = {"boundary_ids": list(ids), "how": f"as the files say ({tgt.why_not_runnable()})"}  # type: ignore
+            cal = calibrate(src, model, calibration_text, ids) if any(i in NEEDS_TARGET for i in inits) else None
+            fits = {i: fit(src, i, cal) for i in inits}
+            chosen = inits[0]
+        elif model is not None:
+            ids, how = _measured_layers(src, model)
+            layers = {"boundary_ids": list(ids), "how": how}
+            cal = calibrate(src, model, calibration_text, ids) if any(i in NEEDS_TARGET for i in inits) else None
+            fits = {i: fit(src, i, cal) for i in inits}
+            if fidelity or len(inits) > 1:
+                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype)
+            chosen = candidates[0]["init"] if candidates else inits[0]
+        else:
+            fits = {i: fit(src, i, None) for i in inits}
+            chosen = inits[0]
+        gammas, new_fc, stats = fits[chosen]
         Ht = spec.aux_width
         for j, g in enumerate(gammas):
             canon = f"fc_norm.{j}.weight"
-            extra[canon] = (dtype, (Ht,), f"fc_norm init {init}")  # type: ignore[assignment]
+            extra[canon] = (dtype, (Ht,), f"fc_norm init {chosen}")  # type: ignore[assignment]
             supplied[canon] = casting.encode(g, dtype)
         if new_fc is not None:
             extra["fc.weight"] = (dtype, tuple(new_fc.shape), "refit to the 3.0 FC output")
             supplied["fc.weight"] = casting.encode(new_fc, dtype)
     plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra)
-    _mark(plan, steps, init if add_fc_norm else None, stats)
+    _mark(plan, steps, chosen, stats)
     notes = []
     if steps:
         notes.append("structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune "
                      "(training-time test) before serving it as a 3.1 drafter")
     else:
         notes.append("already has the requested 3.1 features: nothing to change (tensors copied unchanged)")
+    if candidates and init == "auto":
+        notes.append(f"fc_norm init '{chosen}' measured best on held-out prompts (the reference loop kept "
+                     f"{candidates[0]['acceptance_kept']:.1%} of the source's acceptance length before fine-tuning)")
     if dry_run:
-        return UpgradeResult(source, dest, bool(steps), steps, init if add_fc_norm else None, stats,
-                             ConversionResult(plan, False, []), None, notes)
+        return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, ConversionResult(plan, False, []), None,
+                             notes, candidates, layers)
     result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
     fid = None
     if steps and fidelity:
         fid = _fidelity(dest, src, model, calibration_text, fidelity_tokens)
-    return UpgradeResult(source, dest, bool(steps), steps, init if add_fc_norm else None, stats, result, fid, notes)
+    return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, result, fid, notes, candidates, layers)
+
+
+def _measured_layers(src: DrafterCheckpoint, model: Any) -> tuple[tuple[int, ...], str]:
+    """The boundaries calibration must use: measured when the probe decides, else the files' reading."""
+    from .probe import measure
+
+    m = measure(src, model, loop_prompts=0)
+    if m.boundary_ids is not None:
+        return m.boundary_ids, f"measured ({m.aux.reason})"
+    return src.spec.capture_ids(model.num_layers), f"as the files say (not decided: {m.aux.reason})"
 
 
 def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, text: str | None, tokens: int) -> Any:
@@ -184,21 +226,50 @@ def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[
 
 # ------------------------------------------------------------------------------- calibration
 
-def _init_fc_norm(src: DrafterCheckpoint, init: str, model: Any, text: str | None
-                  ) -> tuple[list[np.ndarray], np.ndarray | None, dict[str, Any]]:
+@dataclass
+class Calibration:
+    aux: np.ndarray  # (T, n·H_t) float64 target states at the drafter's (measured) layers, sink excluded
+    ids: tuple[int, ...]
+    how: str
+    target: str
+
+
+def calibrate(src: DrafterCheckpoint, model: Any, text: str | None, ids: tuple[int, ...]) -> Calibration:
+    """Target states of calibration text at boundaries `ids` (position 0, the sink token, excluded)."""
+    import torch
+
+    from .model.hf import capture_aux
+    from .verify import BUNDLED_TEXT
+
+    body = text if text is not None else BUNDLED_TEXT.read_text()
+    if model.tokenizer is not None:
+        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :4096]
+        how = "bundled text" if text is None else "given text"
+    else:
+        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
+        raw = torch.tensor(list(body.encode("utf-8"))[:4096]) % model.vocab_size
+        input_ids = raw[None]
+        how = "text bytes as token ids (the target has no tokenizer)"
+    aux = capture_aux(model, input_ids, ids)[0, 1:].double().numpy()
+    return Calibration(aux, ids, how, model.path)
+
+
+def fit(src: DrafterCheckpoint, init: str, cal: Calibration | None
+        ) -> tuple[list[np.ndarray], np.ndarray | None, dict[str, Any]]:
+    """(fc_norm weights per chunk, a refitted fc or None, statistics) for one init (docs/math.md#upgrade-inits)."""
     spec = src.spec
     n, Ht = spec.num_aux_hidden_states, spec.aux_width
     if n is None or Ht is None:
         raise ConversionError(f"{src.ckpt.root}: cannot tell the aux count / width from fc.weight")
     if init == "ones":
         return [np.ones(Ht, dtype=np.float32) for _ in range(n)], None, {}
-    assert model is not None
-    aux, ids, tokens = _calibration_states(src, model, text)
+    assert cal is not None
+    aux = cal.aux
     eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
-    chunks = aux.reshape(aux.shape[0], n, Ht)  # (T, n, H_t), position 0 removed
+    chunks = aux.reshape(aux.shape[0], n, Ht)  # (T, n, H_t)
     rms = np.sqrt((chunks ** 2).mean(-1) + eps)  # (T, n)
     stats: dict[str, Any] = {
-        "target": model.path, "aux_ids_vllm": list(ids), "tokens": int(aux.shape[0]), "text_source": tokens,
+        "target": cal.target, "aux_ids_vllm": list(cal.ids), "tokens": int(aux.shape[0]), "text_source": cal.how,
         "sink_excluded": True,
         "rms_mean": [float(x) for x in rms.mean(0)],
         "rms_harmonic_mean": [float(x) for x in 1.0 / (1.0 / rms).mean(0)],
@@ -211,20 +282,15 @@ def _init_fc_norm(src: DrafterCheckpoint, init: str, model: Any, text: str | Non
     c = aux.astype(np.float64)
     U = u.T @ u  # (D, D)
     C = c.T @ u  # Σ c uᵀ
+    stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
     if init == "calibrated":
         M = W.T @ W
-        A = M * U
-        rhs = (M * C).sum(0)  # Σ_k M_ki C_ki  (M symmetric)
-        gamma = _ridge_solve(A, rhs)
-        err = _relative_fc_error(W, c, u, gamma, None)
-        stats["fc_output_relative_error"] = err
-        stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
+        gamma = _ridge_solve(M * U, (M * C).sum(0))  # (M ⊙ U) γ = (M ⊙ Cᵀ) 1, M symmetric
+        stats["fc_output_relative_error"] = _relative_fc_error(W, c, u, gamma, None)
         return [gamma[j * Ht:(j + 1) * Ht].astype(np.float32) for j in range(n)], None, stats
-    # refit: W' = W Cᵀ... the ridge regression of g = W c on u: W' = (W C) (U + λI)^-1
-    G = W @ C  # Σ g uᵀ, (H, D)
-    Wn = _ridge_solve(U, G.T).T  # solves (U + λI) X = Gᵀ -> X = Wnᵀ
+    # refit: γ = 1 and W' the ridge regression of the 3.0 fc output g = W c on u: W' = (W C) (U + λI)^-1
+    Wn = _ridge_solve(U, (W @ C).T).T
     stats["fc_output_relative_error"] = _relative_fc_error(W, c, u, np.ones(n * Ht), Wn)
-    stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
     return [np.ones(Ht, dtype=np.float32) for _ in range(n)], Wn.astype(np.float32), stats
 
 
@@ -240,21 +306,61 @@ def _relative_fc_error(W: np.ndarray, c: np.ndarray, u: np.ndarray, gamma: np.nd
     return float(np.linalg.norm(g_new - g) / np.linalg.norm(g))
 
 
-def _calibration_states(src: DrafterCheckpoint, model: Any, text: str | None) -> tuple[np.ndarray, tuple[int, ...], str]:
+# ------------------------------------------------------------------------------- choosing by measurement
+
+def evaluate_inits(src: DrafterCheckpoint, fits: dict[str, tuple[list[np.ndarray], np.ndarray | None, Any]],
+                   model: Any, ids: tuple[int, ...], new_flags: dict[str, bool], dtype: str, *, tokens: int = 1024,
+                   prompts: int = 16, max_tokens: int = 64, steps: int = 3) -> list[dict[str, Any]]:
+    """Each candidate init on held-out text (never the calibration text), ranked by the acceptance it keeps.
+
+    The ranking uses the reference loop's acceptance length on `prompts` held-out windows (the kind of
+    text the drafter serves: the target's own continuations); ties go to the chain acceptance estimated
+    teacher-forced over `tokens` anchors of real text. The top-1 agreement with the source drafter is
+    reported too. Values are rounded to the stored dtype first: what is measured is what would be written."""
     import torch
 
-    from .model.hf import capture_aux
-    from .verify import BUNDLED_TEXT
+    from .model.hf import forward
+    from .model.loader import load_reference
+    from .probe import heldout_prompts, replay
 
-    ids = src.spec.capture_ids(model.num_layers)
-    body = text if text is not None else BUNDLED_TEXT.read_text()
-    if model.tokenizer is not None:
-        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :2048]
-        how = "bundled text" if text is None else "given text"
-    else:
-        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
-        raw = torch.tensor(list(body.encode("utf-8"))[:2048]) % model.vocab_size
-        input_ids = raw[None]
-        how = "text bytes as token ids (the target has no tokenizer)"
-    aux = capture_aux(model, input_ids, ids)[0, 1:].double().numpy()  # drop position 0: the sink
-    return aux, ids, how
+    loaded = load_reference(src)
+    tok = torch.tensor([heldout_prompts(model, 1, tokens + steps + 1, seed=7)[0]])
+    session_ids = tuple(sorted(set(ids)))
+    with torch.no_grad():
+        logits, aux = forward(model, tok, session_ids)
+    aux = aux[:, :tokens]
+    greedy = logits.argmax(-1)[0]
+    table = None if loaded.has_embed else model.embedding().float()
+    ps = heldout_prompts(model, prompts, 64, seed=3)
+
+    def chain(outs: list[Any]) -> float:
+        right = torch.stack([o.target_ids[0] == greedy[j + 1: j + 1 + tokens] for j, o in enumerate(outs)])
+        return 1 + float(right.long().cumprod(0).sum(0).float().mean())  # leading correct steps per anchor
+
+    with torch.no_grad():
+        ref_out = loaded.build(torch.float32, "cpu").run(aux, tok, steps, embed=table)
+    source_chain = chain(ref_out)
+    source_al = replay(loaded, session_ids, model, ps, k=steps, max_tokens=max_tokens).mean_acceptance_length
+    out = []
+    for init, (gammas, new_fc, _) in fits.items():
+        stored = {f"fc_norm.{j}.weight": _as_stored(g, dtype) for j, g in enumerate(gammas)}
+        if new_fc is not None:
+            stored["fc.weight"] = _as_stored(new_fc, dtype)
+        with torch.no_grad():
+            cand = loaded.build(torch.float32, "cpu", replace=stored, **new_flags).run(aux, tok, steps, embed=table)
+        agreement = [float((c.target_ids == r.target_ids).float().mean()) for c, r in zip(cand, ref_out, strict=True)]
+        al = replay(loaded, session_ids, model, ps, k=steps, max_tokens=max_tokens, replace=stored,
+                    **new_flags).mean_acceptance_length
+        out.append({"init": init, "agreement_with_source": [round(a, 4) for a in agreement],
+                    "estimated_acceptance_kept": round(chain(cand) / source_chain, 4),
+                    "acceptance_length": round(al, 4), "source_acceptance_length": round(source_al, 4),
+                    "acceptance_kept": round(al / source_al, 4)})
+    out.sort(key=lambda r: (-r["acceptance_kept"], -r["estimated_acceptance_kept"]))
+    return out
+
+
+def _as_stored(values: np.ndarray, dtype: str) -> Any:
+    import torch
+
+    return torch.from_numpy(casting.decode(casting.encode(values, dtype), dtype).astype(np.float32).reshape(
+        values.shape).copy())

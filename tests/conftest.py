@@ -14,6 +14,13 @@ DEFECTS = FIXTURES / "defects"
 CORRUPT = FIXTURES / "corrupt"
 TARGET = FIXTURES / "target-llama"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on two cores: one thread each (oversubscribed OpenMP slows both about 5x)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ import shutil
 
 import pytest
 
+from eaglectl import convert
 from eaglectl.convert import execute, plan_conversion
 from eaglectl.drafter import open_drafter
 from eaglectl.target import open_target
@@ -112,7 +113,7 @@ def parity_drafters(tmp_path_factory):
     """The trained drafters as shipped and after conversions vLLM loads."""
     out = tmp_path_factory.mktemp("parity")
     tgt = open_target(str(TARGET))
-    made = {"eagle3": TRAINED / "eagle3", "eagle3.1": TRAINED / "eagle3.1"}
+    made = {"eagle3.1": TRAINED / "eagle3.1", "eagle3": TRAINED / "eagle3"}
     for name, src, to, dtype in (("eagle3->speculators", "eagle3", "speculators", None),
                                  ("eagle3->modelopt", "eagle3", "modelopt", None),
                                  ("eagle3.1->modelopt", "eagle3.1", "modelopt", None),
@@ -120,6 +121,10 @@ def parity_drafters(tmp_path_factory):
         s = open_drafter(str(TRAINED / src))
         execute(plan_conversion(s, out / name, to, target=tgt, dtype=dtype), s, target=tgt)
         made[name] = out / name
+    # the output-numbered drafter, converted with its layers measured (and its behaviour checked)
+    for to in ("speculators", "modelopt"):
+        convert.run(str(TRAINED / "eagle3-output"), str(out / f"eagle3-output->{to}"), to, target=str(TARGET))
+        made[f"eagle3-output->{to}"] = out / f"eagle3-output->{to}"
     # dtype round trip: bf16 -> fp32 -> bf16 is bit-identical
     s = open_drafter(str(made["eagle3->fp32"]))
     execute(plan_conversion(s, out / "eagle3->fp32->bf16", "eagle", dtype="bfloat16"), s)
@@ -140,8 +145,32 @@ def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters):
                 concurrency=(1,), baselines=baselines, vllm_python=python).to_json()
     by_name = {first: rep, **{b["name"]: b for b in rep["baselines"]}}
     for name in names:
-        base = "eagle3.1" if name.startswith("eagle3.1") else "eagle3"
+        base = next(b for b in ("eagle3-output", "eagle3.1", "eagle3") if name.startswith(b))
         e = EXPECTED[f"{base}-k3-short"]
         assert {c: by_name[name][c] for c in COUNTS} == {c: e[c] for c in COUNTS}, name
         assert by_name[name]["greedy_match"] == 1.0, name
     assert rep["versions"]["vllm_version"] and not rep["red_flags"]
+    # which reading vLLM ran: the measured one (the reference loop replayed under it gives vLLM's counts)
+    reading = rep["engine_reading"]
+    assert reading["matched"] is not None and reading["matched"]["boundary_ids"] == reading["intended"]["boundary_ids"]
+    assert reading["intended"]["boundary_ids"] == [2, 4, 5]
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_reading_other_layers_is_a_red_flag(tmp_path):
+    """A speculators copy whose ids are shifted by one: vLLM serves it, and smoke names what it read."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    shifted = tmp_path / "shifted"
+    shutil.copytree(TRAINED / "eagle3.1", shifted)
+    cfg = json.loads((shifted / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
+    (shifted / "config.json").write_text(json.dumps(cfg))
+    rep = smoke(str(shifted), str(TARGET), engine="vllm", k=3, num_prompts=8, max_tokens=48, concurrency=(1,),
+                vllm_python=python).to_json()
+    reading = rep["engine_reading"]
+    assert reading["matched"]["boundary_ids"] == [3, 5, 6] and reading["intended"]["boundary_ids"] == [2, 4, 5]
+    assert rep["exit_code"] == 9
+    assert any("vLLM reads boundaries [3, 5, 6]; the drafter was trained on [2, 4, 5]" in f for f in rep["red_flags"])

@@ -29,6 +29,11 @@ class HFModel:
     def embedding(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight.detach()
 
+    def head(self) -> torch.Tensor:
+        """The output head [V, H] (a tied target's head is its embedding)."""
+        out = self.model.get_output_embeddings()
+        return (out.weight if out is not None else self.model.get_input_embeddings().weight).detach()
+
 
 def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
     """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code."""

@@ -71,12 +71,18 @@ class LoadedDrafter:
     stored_dtypes: dict[str, str]
     has_embed: bool
 
-    def build(self, dtype: torch.dtype, device: str, **overrides: Any) -> Drafter:
-        """The reference drafter; `overrides` replace DrafterArgs fields (the probe tries readings)."""
+    def build(self, dtype: torch.dtype, device: str, *, replace: dict[str, torch.Tensor] | None = None,
+              own_embedding: bool | None = None, **overrides: Any) -> Drafter:
+        """The reference drafter. The probe tries other readings of the same files: `overrides` replace
+        DrafterArgs fields (flags), `replace` replaces tensors (a head taken from the target), and
+        `own_embedding=False` ignores a shipped embedding (the target's is passed to `run` instead)."""
         args = DrafterArgs(**{**self.args.__dict__, **overrides}) if overrides else self.args
+        own = self.has_embed if own_embedding is None else own_embedding
         with torch.device("meta"):  # no random init of weights that are replaced anyway
-            model = Drafter(args, own_embedding=self.has_embed)
-        state = {k: v for k, v in self.tensors.items() if k != "t2d"}
+            model = Drafter(args, own_embedding=own)
+        state = {k: v for k, v in {**self.tensors, **(replace or {})}.items() if k != "t2d"}
+        if not own:
+            state.pop("embed_tokens.weight", None)
         if overrides.get("fc_norm") is False:  # a reading that ignores fc_norm weights (an engine that drops them)
             state = {k: v for k, v in state.items() if not k.startswith("fc_norm.")}
         if "d2t" not in state:

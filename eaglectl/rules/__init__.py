@@ -80,6 +80,7 @@ class Context:
     drafter: DrafterCheckpoint
     target: TargetCheckpoint | None = None
     scan: bool = False
+    measured: Any = None  # a probe.Measurement when --target could be run
     progress: Callable[..., Any] = lambda it, **kw: it
     findings: list[Finding] = field(default_factory=list)
     _arrays: dict[str, Any] = field(default_factory=dict)
@@ -148,4 +149,4 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 
 
 # Check modules, in report order; importing them registers their rules and checks.
-from . import files, layout, vocab, aux, norms, tables, target, card  # noqa: E402, F401, I001
+from . import files, layout, vocab, aux, norms, tables, target, measured, card  # noqa: E402, F401, I001

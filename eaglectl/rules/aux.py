@@ -74,10 +74,14 @@ def aux(ctx: Context) -> None:
     if declared is not None and n is not None and declared != n:
         ctx.emit(AUX_IDS_COUNT, f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
                  ctx.at("num_aux_hidden_states"))
-    if ids is not None and spec.aux_convention == "output" and not ctx.dialect.aux_convention_note:
+    decided = ctx.measured is not None and ctx.measured.boundary_ids is not None  # measured: rules/measured.py
+    if ids is not None and spec.aux_convention == "output" and not ctx.dialect.aux_convention_note and not decided:
         ctx.emit(AUX_IDS_OUTPUT_CONVENTION, f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; "
                  f"vLLM would capture {list(ids)}", ctx.where)
-    if ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith("dialect"):
+    if ctx.measured is not None and not decided and not ctx.measured.at_chance:
+        ctx.emit(AUX_CONVENTION_UNVERIFIABLE, f"measured but undecided: {ctx.measured.aux.reason}", ctx.where)
+    elif ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith(
+            "dialect") and not decided:
         ctx.emit(AUX_CONVENTION_UNVERIFIABLE, ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
     if count is not None and count != 3:

@@ -1,0 +1,368 @@
+"""Measure what a checkpoint means: the facts its files cannot settle, asked of its weights.
+
+A drafter predicts the target's next token far better from the target layers it was trained on, with
+the embedding and head it was trained with, and under the flags it was trained with. So for each such
+fact the probe evaluates candidate *readings* with the reference drafter on the target's real states
+over text (docs/math.md#reading-probe):
+
+- `aux_convention`: the stored ids read as boundaries, as output-of-layer ids, and one further shift
+  each way (or, with no ids stored, the engines' default and its shifts);
+- `embedding`: the drafter's own `embed_tokens` against the target's (when it ships one);
+- `lm_head`: its own head against the target's rows at the mapped ids (when both exist);
+- a flag the dialect cannot settle (`Dialect.caveats`, e.g. SpecForge's `norm_output`): as stored
+  and flipped.
+
+Each candidate is scored, on the draft steps the fact can change (step 0 for layers, embedding and
+head; steps >= 1 for `norm_output`), by teacher-forced top-1 agreement with the target's greedy next
+token, by the log-probability the drafter gives that token, and by the acceptance length of the
+reference speculative loop. Readings are ranked by log-probability; the best wins when its top-1
+agreement exceeds the runner-up's by `MARGIN` and a paired sign test over tokens (which reading gives
+the target's token more probability) rejects "no difference" at `ALPHA`; otherwise the fact is
+"undecided", with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .drafter import DrafterCheckpoint
+from .errors import IncompatibleDrafterError
+from .model.hf import HFModel, forward
+from .model.loader import LoadedDrafter, load_reference
+from .model.specloop import speculative_generate
+
+MARGIN = 0.02  # absolute top-1 agreement between the best reading and the runner-up
+ALPHA = 1e-3  # two-sided sign test over tokens: which reading gives the target's token more probability
+FLOOR = -30.0  # log-probability of a token outside the draft vocabulary
+CHANCE_MARGIN = 0.05  # a best reading within this of the chance level is "no better than chance"
+DATA = Path(__file__).with_name("data")
+
+
+@dataclass
+class Candidate:
+    reading: str
+    boundary_ids: tuple[int, ...]
+    options: dict[str, Any] = field(default_factory=dict)  # how to build and run the drafter
+    agreement: list[float] = field(default_factory=list)  # teacher-forced top-1 agreement per draft step
+    loglik: list[float] = field(default_factory=list)  # mean log-probability of the target's token per step
+    acceptance_length: float | None = None
+    correct: Any = None  # bool (steps, tokens) and float (steps, tokens): kept for the decision, not reported
+    logp: Any = None
+
+    def on(self, steps: list[int]) -> tuple[float, float]:
+        """(top-1 agreement, mean log-probability) over the given draft steps."""
+        return float(self.correct[steps].float().mean()), float(self.logp[steps].mean())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reading": self.reading, "boundary_ids": list(self.boundary_ids),
+                "step0_agreement": round(self.agreement[0], 4) if self.agreement else None,
+                "agreement": [round(a, 4) for a in self.agreement],
+                "log_likelihood": [round(x, 4) for x in self.loglik],
+                "acceptance_length": None if self.acceptance_length is None else round(self.acceptance_length, 4)}
+
+
+@dataclass
+class Fact:
+    name: str
+    declared: str | None  # what the files / dialect table imply
+    candidates: list[Candidate]
+    tokens: int
+    steps: list[int] = field(default_factory=lambda: [0])  # the draft steps this fact can change
+    measured: str = "undecided"  # the winning reading, or "undecided"
+    margin: float = 0.0
+    p_value: float = 1.0
+    reason: str = ""
+
+    @property
+    def winner(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.reading == self.measured), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"declared": self.declared, "measured": self.measured, "margin": round(self.margin, 4),
+                "p_value": float(f"{self.p_value:.3g}"), "tokens": self.tokens, "steps": self.steps,
+                "reason": self.reason,
+                "candidates": [c.to_json() for c in self.candidates]}
+
+
+@dataclass
+class Measurement:
+    facts: dict[str, Fact]
+    chance: float  # the agreement of always guessing the target's most frequent next token
+    inputs: str
+    steps: int
+
+    @property
+    def aux(self) -> Fact:
+        return self.facts["aux_convention"]
+
+    @property
+    def convention(self) -> str:
+        """boundary | output | undecided: the numbering the stored ids were written in."""
+        w = self.aux.winner
+        if w is None:
+            return "undecided"
+        if w.reading in ("boundary", "output"):
+            return w.reading
+        if w.reading == "default":  # no ids stored: every engine's default names these boundaries
+            return self.aux.declared or "undecided"
+        return "undecided"  # a further shift won: the stored ids are wrong in both numberings
+
+    @property
+    def boundary_ids(self) -> tuple[int, ...] | None:
+        w = self.aux.winner
+        return w.boundary_ids if w is not None else None
+
+    @property
+    def best_agreement(self) -> float:
+        """The best step-0 agreement of any reading (a shipped random table must not hide a good drafter)."""
+        return max(c.agreement[0] for f in self.facts.values() for c in f.candidates)
+
+    @property
+    def at_chance(self) -> bool:
+        return self.best_agreement <= self.chance + CHANCE_MARGIN
+
+    def to_json(self) -> dict[str, Any]:
+        aux = self.aux.to_json()
+        aux["measured"] = self.convention
+        aux["reading"] = self.aux.measured
+        aux["boundary_ids"] = list(self.boundary_ids) if self.boundary_ids is not None else None
+        out: dict[str, Any] = {"aux_convention": aux}
+        out.update({name: f.to_json() for name, f in self.facts.items() if name != "aux_convention"})
+        out.update({"chance_agreement": round(self.chance, 4), "best_step0_agreement": round(self.best_agreement, 4),
+                    "inputs": self.inputs, "steps": self.steps, "margin_required": MARGIN, "alpha": ALPHA})
+        return out
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+def text_ids(model: HFModel, count: int, text: str | None = None) -> tuple[torch.Tensor, str]:
+    """(1, count) token ids of `text` (default: the bundled calibration text, then held-out code)."""
+    if model.tokenizer is None:
+        raise IncompatibleDrafterError(f"{model.path}: the target has no tokenizer, so no text can be given to it",
+                                       hint="use a target folder with its tokenizer files")
+    body = text if text is not None else (DATA / "calibration.txt").read_text() + "\n" + \
+        (DATA / "heldout-code.txt").read_text(errors="replace")[:200_000]
+    ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :count]
+    if ids.shape[1] < count:
+        raise IncompatibleDrafterError(f"the text has {ids.shape[1]} tokens; {count} needed")
+    return ids, "bundled text" if text is None else "given text"
+
+
+def heldout_prompts(model: HFModel, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` windows of `length` tokens from the held-out code (never the calibration text)."""
+    assert model.tokenizer is not None
+    text = (DATA / "heldout-code.txt").read_text(errors="replace")
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        start = rng.randrange(0, max(1, len(text) - 8 * length))
+        prompts.append(model.tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length])
+    return prompts
+
+
+# --------------------------------------------------------------------------------------- candidates
+
+def aux_candidates(stored: tuple[int, ...] | None, default: tuple[int, ...], num_aux: int,
+                   target_layers: int) -> list[Candidate]:
+    base, prefix = (tuple(stored), "") if stored is not None else (tuple(default), "default")
+    shifts = ((0, "boundary"), (1, "output"), (-1, "shift-1"), (2, "shift+2")) if stored is not None else \
+        ((0, "default"), (1, "default+1"), (-1, "default-1"), (2, "default+2"))
+    out = []
+    for shift, label in shifts:
+        ids = tuple(sorted({i + shift for i in base}))
+        if len(ids) == num_aux and all(0 <= i <= target_layers for i in ids):
+            out.append(Candidate(label, ids))
+    return out if out else [Candidate(prefix or "boundary", base)]
+
+
+def _sign_test(diff: torch.Tensor) -> float:
+    """Two-sided exact sign test on paired differences (ties dropped)."""
+    wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    k = min(wins, losses)
+    # P(X <= k) for X ~ Binomial(n, 1/2), doubled; log-space to stay finite for large n
+    logs = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) - n * math.log(2) for i in range(k + 1)]
+    top = max(logs)
+    return min(1.0, 2 * math.exp(top) * sum(math.exp(x - top) for x in logs))
+
+
+def decide(fact: Fact) -> Fact:
+    steps = fact.steps
+    ranked = sorted(fact.candidates, key=lambda c: -c.on(steps)[1])
+    if len(ranked) < 2:
+        fact.measured = ranked[0].reading if ranked else "undecided"
+        fact.reason = "only one reading is possible"
+        return fact
+    best, second = ranked[0], ranked[1]
+    (a1, l1), (a2, l2) = best.on(steps), second.on(steps)
+    fact.margin = a1 - a2
+    fact.p_value = _sign_test((best.logp[steps] - second.logp[steps]).flatten())
+    where = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    said = (f"'{best.reading}' agrees with the target's next token on {a1:.1%} ({where}, log-likelihood {l1:.3f}), "
+            f"'{second.reading}' on {a2:.1%} ({l2:.3f}); sign test p = {fact.p_value:.2g}")
+    if fact.margin >= MARGIN and fact.p_value <= ALPHA:
+        fact.measured, fact.reason = best.reading, said
+    else:
+        fact.measured = "undecided"
+        fact.reason = said + f" (a decision needs a top-1 margin >= {MARGIN} and p <= {ALPHA})"
+    return fact
+
+
+# ------------------------------------------------------------------------------------------- probe
+
+@dataclass
+class Session:
+    """The target run once over the probe text, for every boundary any candidate reads."""
+
+    model: HFModel
+    tokens: torch.Tensor  # (1, T + steps)
+    logits: torch.Tensor  # (1, T + steps, V)
+    states: dict[int, torch.Tensor]  # boundary -> (1, T, H_t)
+    steps: int
+    description: str
+
+    @property
+    def anchors(self) -> int:
+        return self.tokens.shape[1] - self.steps
+
+    def aux(self, ids: tuple[int, ...]) -> torch.Tensor:
+        return torch.cat([self.states[i] for i in ids], dim=-1)
+
+
+def open_session(model: HFModel, boundaries: set[int], tokens: int, steps: int, text: str | None) -> Session:
+    ids, how = text_ids(model, tokens + steps, text)
+    wanted = tuple(sorted(boundaries))
+    with torch.no_grad():
+        logits, aux = forward(model, ids, wanted)
+    width = aux.shape[-1] // len(wanted)
+    states = {b: aux[:, :tokens, j * width:(j + 1) * width] for j, b in enumerate(wanted)}
+    return Session(model, ids, logits.float(), states, steps, f"target {model.path}: {tokens} tokens of {how}")
+
+
+@torch.no_grad()
+def score(loaded: LoadedDrafter, c: Candidate, s: Session, prompts: list[list[int]], loop_tokens: int) -> None:
+    """Teacher-forced agreement per step on the session text, and the reference loop's acceptance length."""
+    opts = dict(c.options)
+    embed = opts.pop("embed", None)
+    drafter = loaded.build(torch.float32, "cpu", **opts)
+    table = embed if embed is not None else (None if getattr(drafter, "embed_tokens", None) is not None
+                                             else s.model.embedding().float())
+    T = s.anchors
+    outs = drafter.run(s.aux(c.boundary_ids), s.tokens, s.steps, embed=table)
+    greedy = s.logits.argmax(-1)[0]
+    truth = [greedy[j + 1: j + 1 + T] for j in range(s.steps)]
+    c.correct = torch.stack([outs[j].target_ids[0, :T] == truth[j] for j in range(s.steps)])
+    c.logp = torch.stack([torch.log_softmax(drafter.full_vocab_logits(outs[j].logits[0, :T].float()), -1)
+                          .gather(-1, truth[j][:, None])[:, 0].clamp_min(FLOOR) for j in range(s.steps)])
+    c.agreement = [float(r.float().mean()) for r in c.correct]
+    c.loglik = [float(r.mean()) for r in c.logp]
+    if prompts:
+        counts = speculative_generate(s.model, drafter, prompts, k=s.steps, max_tokens=loop_tokens,
+                                      aux_ids=c.boundary_ids, embed=table)
+        c.acceptance_length = counts.mean_acceptance_length
+
+
+def measure(d: DrafterCheckpoint, model: HFModel, *, tokens: int = 768, steps: int = 3, text: str | None = None,
+            loop_prompts: int = 4, loop_tokens: int = 32, seed: int = 0, progress: Any = None) -> Measurement:
+    """Measure every fact the files of `d` cannot settle, against the loaded target `model`.
+
+    The aux reading is decided first; the other facts are then measured at the winning reading (the
+    files' own reading when undecided), so each comparison changes one thing at a time."""
+    from .spec import default_aux_ids
+
+    loaded = load_reference(d)
+    spec = d.spec
+    L = model.num_layers
+    wrap = progress or (lambda it, **kw: it)
+    aux = aux_candidates(spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L)
+    session = open_session(model, {i for c in aux for i in c.boundary_ids}, tokens, steps, text)
+    prompts = heldout_prompts(model, loop_prompts, 64, seed) if loop_prompts else []
+    aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
+    for c in wrap(aux, label="measuring aux readings", total=len(aux)):
+        score(loaded, c, session, prompts, loop_tokens)
+    decide(aux_fact)
+    at = aux_fact.winner or aux[0]
+    facts = {"aux_convention": aux_fact}
+    alternatives: list[tuple[str, str | None, Candidate]] = []
+    if loaded.has_embed:
+        alternatives.append(("embedding", "own", Candidate("target", at.boundary_ids, {
+            "own_embedding": False, "embed": model.embedding().float()})))
+    head = _target_head_rows(loaded, model)
+    if head is not None:
+        alternatives.append(("lm_head", "own", Candidate("target", at.boundary_ids,
+                                                         {"replace": {"lm_head.weight": head}})))
+    for caveat in d.dialect.caveats:
+        if all(getattr(spec, k) == v for k, v in caveat.when.items()):
+            stored = bool(getattr(spec, caveat.subject))
+            alternatives.append((caveat.subject, str(stored).lower(), Candidate(
+                str(not stored).lower(), at.boundary_ids, {caveat.subject: not stored})))
+    for name, as_stored, other in wrap(alternatives, label="measuring other readings", total=len(alternatives)):
+        score(loaded, other, session, prompts, loop_tokens)
+        same = Candidate(as_stored or "own", at.boundary_ids, agreement=at.agreement, loglik=at.loglik,
+                         acceptance_length=at.acceptance_length, correct=at.correct, logp=at.logp)  # as the files say
+        steps_changed = list(range(1, steps)) if name == "norm_output" and steps > 1 else [0]
+        facts[name] = decide(Fact(name, as_stored, [same, other], session.anchors, steps_changed))
+    greedy = session.logits.argmax(-1)[0, 1: 1 + session.anchors]
+    chance = float(torch.bincount(greedy).max()) / len(greedy)
+    return Measurement(facts, chance, session.description, steps)
+
+
+def _target_head_rows(loaded: LoadedDrafter, model: HFModel) -> torch.Tensor | None:
+    """The target head's rows at the drafter's mapped ids, when both heads exist and widths agree."""
+    own = loaded.tensors.get("lm_head.weight")
+    if own is None:
+        return None
+    head = model.head().float()
+    if head.shape[1] != own.shape[1]:
+        return None
+    d2t = loaded.tensors.get("d2t")
+    rows = torch.arange(own.shape[0]) + (d2t if d2t is not None else 0)
+    if int(rows.max()) >= head.shape[0]:
+        return None
+    return head[rows].contiguous()
+
+
+def try_measure(d: DrafterCheckpoint, target: str, **kw: Any) -> tuple[Measurement | None, Any, str | None]:
+    """(measurement, the loaded HF target, None), or (None, None, why nothing could be measured): a
+    target without weights or a tokenizer, a drafter the reference cannot run, no transformers."""
+    from .errors import EaglectlError
+    from .target import open_target
+
+    why = open_target(target).why_not_runnable()
+    if why is not None:
+        return None, None, why
+    try:
+        from .model.hf import load_model
+
+        model = load_model(target)
+        return measure(d, model, **kw), model, None
+    except EaglectlError as e:
+        return None, None, f"not measured: {e.message}"
+
+
+def replay(loaded: LoadedDrafter, boundaries: tuple[int, ...], model: HFModel, prompts: list[list[int]], *, k: int,
+           max_tokens: int, **overrides: Any) -> Any:
+    """The reference speculative loop for one reading of a drafter: its LoopCounts (drafts, accepted,
+    per position), exactly as vLLM counts them."""
+    drafter = loaded.build(torch.float32, "cpu", **overrides)
+    table = None if getattr(drafter, "embed_tokens", None) is not None else model.embedding().float()
+    with torch.no_grad():
+        return speculative_generate(model, drafter, prompts, k=k, max_tokens=max_tokens, aux_ids=boundaries,
+                                    embed=table)
+
+
+def flag_overrides(m: Measurement | None) -> dict[str, bool]:
+    """Flags the measurement decided against the files (e.g. SpecForge's norm_output)."""
+    if m is None:
+        return {}
+    return {name: f.measured == "true" for name, f in m.facts.items()
+            if name not in ("aux_convention", "embedding", "lm_head") and f.measured in ("true", "false")
+            and f.measured != f.declared}

@@ -1,0 +1,255 @@
+"""Issue 11: the weights say what the files cannot. The probe names each trained fixture's layers in every
+dialect, convert and upgrade follow the measurement, the written output drafts like the source under its
+engine's reading, and readings that lose acceptance are errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglectl import convert, inspect
+from eaglectl.drafter import open_drafter
+from eaglectl.model.hf import load_model
+from eaglectl.probe import measure
+from eaglectl.reading import engine_reading
+from eaglectl.smoke import run as smoke
+
+from .conftest import ROOT
+
+TRAINED = ROOT / "fixtures" / "trained"
+TARGET = TRAINED / "target"
+# fixture -> (numbering of its stored ids, the boundaries it was trained on)
+TRUTH = {"eagle3": ("boundary", [2, 4, 5]), "eagle3.1": ("boundary", [2, 4, 5]), "eagle3-output": ("output", [3, 5, 6])}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(str(TARGET))
+
+
+def measured(path, **kw) -> dict:
+    doc = inspect.run(str(path), target=str(TARGET), **kw).to_json()
+    assert doc["measured"] is not None, doc["measured_note"]
+    return doc
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_the_probe_names_each_trained_drafters_layers(model, name):
+    m = measure(open_drafter(str(TRAINED / name)), model)
+    convention, boundaries = TRUTH[name]
+    assert m.convention == convention and list(m.boundary_ids) == boundaries
+    aux = m.aux
+    assert aux.p_value < 1e-6 and aux.margin >= 0.02  # decisive, not a coin toss
+    by_ids = {tuple(c.boundary_ids): c for c in aux.candidates}
+    best = by_ids[tuple(boundaries)]
+    assert all(best.acceptance_length >= c.acceptance_length for c in aux.candidates)  # the loop agrees
+    assert m.best_agreement > m.chance + 0.3
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """Both EAGLE-3 fixture drafters written in every dialect that can hold them (no --target: the
+    ids are translated by the dialect tables, which are right for these two)."""
+    out = tmp_path_factory.mktemp("dialects")
+    made = {}
+    for name in ("eagle3", "eagle3-output"):
+        for to in ("specforge", "speculators", "torchspec", "modelopt"):
+            dest = out / f"{name}-{to}"
+            convert.run(str(TRAINED / name), str(dest), to,
+                        target=str(TARGET) if to == "speculators" else None, measure=False)
+            made[(name, to)] = dest
+    return made
+
+
+@pytest.mark.parametrize("name", ["eagle3", "eagle3-output"])
+@pytest.mark.parametrize("to", ["specforge", "speculators", "torchspec", "modelopt"])
+def test_the_same_layers_are_measured_through_every_dialect(written, name, to):
+    doc = measured(written[(name, to)])
+    aux = doc["measured"]["aux_convention"]
+    assert aux["boundary_ids"] == TRUTH[name][1], aux
+    stored = doc["spec"]["aux_layer_ids"]
+    # no ids stored: the engines' default is read whatever the numbering, so the declared one stands
+    expected = aux["declared"] if stored is None else "boundary" if stored == TRUTH[name][1] else "output"
+    assert aux["measured"] == expected and aux["p_value"] < 1e-6
+
+
+def foreign_specforge(tmp_path):
+    """A SpecForge-layout drafter trained on vLLM's numbering: the EAGLE-3 fixture (boundaries 2, 4, 5)
+    with those ids written into a SpecForge config, as such drafters are published."""
+    d = tmp_path / "foreign"
+    shutil.copytree(TRAINED / "eagle3", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": 128,
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}})
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_a_drafter_trained_on_vllm_numbering_in_specforge_layout(tmp_path, invoke):
+    src = foreign_specforge(tmp_path)
+    doc = measured(src)
+    aux = doc["measured"]["aux_convention"]
+    assert doc["dialect"] == "specforge" and aux["declared"] == "output"
+    assert aux["measured"] == "boundary" and aux["boundary_ids"] == [2, 4, 5]
+    # with the target, the measurement wins over the table and the ids are kept
+    r = invoke("convert", src, tmp_path / "measured", "--to", "speculators", "--target", TARGET, "--json")
+    assert r.exit_code == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert any("measurement wins" in n for n in res["plan"]["notes"])
+    assert any("drafts exactly like the source" in c for c in res["checked"])
+    assert json.loads((tmp_path / "measured" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [
+        2, 4, 5]
+    # without measuring, the table is assumed (and said to be): the ids move one layer
+    r = invoke("convert", src, tmp_path / "assumed", "--to", "speculators", "--target", TARGET, "--no-measure", "--json")
+    res = json.loads(r.stdout)
+    assert r.exit_code == 0 and any("assumed" in n for n in res["plan"]["notes"])
+    assert json.loads((tmp_path / "assumed" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [
+        3, 5, 6]
+    als = {}
+    for name in ("measured", "assumed"):
+        rep = smoke(str(tmp_path / name), str(TARGET), engine="reference", num_prompts=8, max_tokens=48)
+        als[name] = rep.to_json()["mean_acceptance_length"]
+    assert als["assumed"] < als["measured"] - 0.15  # the silent loss the measurement prevents
+
+
+def test_convert_output_drafter_checks_behaviour_under_the_consumers_reading(tmp_path, invoke):
+    src = TRAINED / "eagle3-output"
+    for to in ("speculators", "modelopt"):
+        r = invoke("convert", src, tmp_path / to, "--to", to, "--target", TARGET, "--json")
+        assert r.exit_code == 0, r.stderr
+        checked = json.loads(r.stdout)["checked"]
+        assert any("drafts exactly like the source under vllm's reading (boundaries [3, 5, 6])" in c for c in checked)
+    # sglang since PR #25454 reads output ids [2, 4, 5] as boundaries: a SpecForge copy would lose acceptance
+    r = invoke("convert", src, tmp_path / "sf", "--to", "specforge", "--target", TARGET)
+    assert r.exit_code == 17 and "error[behaviour-changed]" in r.stderr and "sglang" in r.stderr
+    assert not (tmp_path / "sf").exists()
+
+
+def test_engines_that_read_other_layers_are_errors(tmp_path, invoke):
+    doc = json.loads(invoke("inspect", TRAINED / "eagle3-output", "--target", TARGET, "--json").stdout)
+    found = {f["rule_id"]: f["message"] for f in doc["findings"]}
+    assert "sglang" in found["aux-reading-mismatch"] and "[3, 5, 6]" in found["aux-reading-mismatch"]
+    assert "vllm" in found["aux-ids-output-convention"]
+    shifted = tmp_path / "shifted"
+    shutil.copytree(TRAINED / "eagle3.1", shifted)
+    cfg = json.loads((shifted / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
+    (shifted / "config.json").write_text(json.dumps(cfg))
+    r = invoke("check", shifted, "--target", TARGET, "--no-card", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and "aux-reading-mismatch" in {f["rule_id"] for f in doc["findings"]}
+    r = invoke("check", TRAINED / "eagle3.1", "--target", TARGET, "--no-card", "--json")
+    assert r.exit_code == 0 and "measured-reading" in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}
+
+
+def _with_tensor(tmp_path, name, tensor_name, make):
+    d = tmp_path / name
+    shutil.copytree(TRAINED / "eagle3.1", d)
+    state = load_file(d / "model.safetensors")
+    state[tensor_name] = make(state)
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+    return d
+
+
+def test_a_shipped_random_embedding_or_head_is_caught(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    emb = _with_tensor(tmp_path, "emb", "embed_tokens.weight",
+                       lambda s: (torch.randn(320, 128, generator=g) * 0.02).to(torch.bfloat16))
+    doc = measured(emb)
+    assert doc["measured"]["embedding"]["measured"] == "target"
+    assert "embedding-mismatch" in {f["rule_id"] for f in doc["findings"]}
+    # a random head is no better than chance under every reading (the target's rows do not fit a head the
+    # drafter trained on its own; lm-head-mismatch is for heads trained as copies of the target's)
+    head = _with_tensor(tmp_path, "head", "lm_head.weight",
+                        lambda s: torch.randn(*s["lm_head.weight"].shape, generator=g).to(torch.bfloat16))
+    doc = measured(head)
+    assert doc["measured"]["lm_head"]["measured"] != "own"
+    assert "drafter-at-chance" in {f["rule_id"] for f in doc["findings"]}
+    good = _with_tensor(tmp_path, "good", "embed_tokens.weight",
+                        lambda s: load_file(TARGET / "model.safetensors")["model.embed_tokens.weight"])
+    doc = measured(good)
+    assert doc["measured"]["embedding"]["measured"] == "undecided"  # the very same table: nothing to tell apart
+    assert not {"embedding-mismatch", "lm-head-mismatch"} & {f["rule_id"] for f in doc["findings"]}
+
+
+def test_random_weights_agree_at_chance(tmp_path, invoke):
+    g = torch.Generator().manual_seed(1)
+    d = tmp_path / "random"
+    shutil.copytree(TRAINED / "eagle3.1", d)
+    state = load_file(d / "model.safetensors")
+    state = {k: (torch.randn(*v.shape, generator=g) * 0.05).to(v.dtype) if v.is_floating_point() and v.ndim == 2 else v
+             for k, v in state.items()}
+    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+    r = invoke("check", d, "--target", TARGET, "--no-card", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and "drafter-at-chance" in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_a_specforge_flag_from_the_other_window_is_measured(tmp_path, invoke):
+    """A SpecForge 3.1 file whose norm_output says false although the drafter was trained with it."""
+    sf = tmp_path / "sf"
+    assert invoke("convert", TRAINED / "eagle3.1", sf, "--to", "specforge", "--no-measure").exit_code == 0
+    cfg = json.loads((sf / "config.json").read_text())
+    cfg["norm_output"] = False
+    (sf / "config.json").write_text(json.dumps(cfg))
+    doc = measured(sf)
+    fact = doc["measured"]["norm_output"]
+    assert fact["declared"] == "false" and fact["measured"] == "true" and fact["steps"] == [1, 2]
+    assert "flag-reading-mismatch" in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_engine_reading_names_the_reading_that_reproduces_the_counts(tmp_path, model):
+    """What smoke does with vLLM's counts, fed here with the reference loop's counts of a known reading."""
+    from eaglectl.model.loader import load_reference
+    from eaglectl.probe import heldout_prompts, replay
+
+    shifted = tmp_path / "shifted"
+    shutil.copytree(TRAINED / "eagle3.1", shifted)
+    cfg = json.loads((shifted / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
+    (shifted / "config.json").write_text(json.dumps(cfg))
+    prompts = heldout_prompts(model, 4, 64, seed=5)
+    d = open_drafter(str(shifted))
+    served = replay(load_reference(d), (3, 5, 6), model, prompts, k=3, max_tokens=32)  # what an engine would do
+    counts = {"num_drafts": served.num_drafts, "num_accepted_tokens": served.num_accepted_tokens,
+              "accepted_per_pos": served.accepted_per_pos}
+    m = measure(d, model)
+    er = engine_reading(str(shifted), model, prompts, k=3, max_tokens=32, engine_counts=counts, measured=m)
+    assert er.matched is not None and er.matched.boundary_ids == (3, 5, 6)
+    assert er.intended.boundary_ids == (2, 4, 5)
+    assert "reads boundaries [3, 5, 6]; the drafter was trained on [2, 4, 5]" in er.difference()
+    straight = engine_reading(str(TRAINED / "eagle3.1"), model, prompts, k=3, max_tokens=32, engine_counts={
+        **counts, **{k: v for k, v in zip(("num_drafts", "num_accepted_tokens", "accepted_per_pos"), _counts(
+            replay(load_reference(open_drafter(str(TRAINED / "eagle3.1"))), (2, 4, 5), model, prompts, k=3,
+                   max_tokens=32)), strict=True)}}, measured=measure(open_drafter(str(TRAINED / "eagle3.1")), model))
+    assert straight.matched is not None and straight.difference() is None
+    flipped = engine_reading(str(TRAINED / "eagle3.1"), model, prompts, k=3, max_tokens=32, engine_counts=dict(zip(
+        ("num_drafts", "num_accepted_tokens", "accepted_per_pos"), _counts(replay(
+            load_reference(open_drafter(str(TRAINED / "eagle3.1"))), (2, 4, 5), model, prompts, k=3, max_tokens=32,
+            norm_output=False)), strict=True)), measured=None)
+    assert "ran with norm_output off" in flipped.difference()
+
+
+def _counts(c):
+    return c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos
+
+
+def test_upgrade_measures_layers_and_inits(tmp_path, invoke):
+    r = invoke("upgrade", TRAINED / "eagle3-output", tmp_path / "u", "--to", "speculators", "--target", TARGET,
+               "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["layers"]["boundary_ids"] == [3, 5, 6] and doc["layers"]["how"].startswith("measured")
+    inits = [c["init"] for c in doc["init_candidates"]]
+    assert sorted(inits) == ["calibrated", "harmonic", "ones", "refit"] and doc["init"] == inits[0]
+    kept = {c["init"]: c["acceptance_kept"] for c in doc["init_candidates"]}
+    assert kept[doc["init"]] == max(kept.values()) and kept[doc["init"]] > 0.9
+    assert kept["ones"] < kept[doc["init"]]
+    out = json.loads((tmp_path / "u" / "config.json").read_text())
+    assert out["eagle_aux_hidden_state_layer_ids"] == [3, 5, 6] and out["fc_norm"] and out["norm_output"]
+    assert np.isfinite(doc["init_candidates"][0]["acceptance_length"])
