@@ -62,25 +62,27 @@ def _timed(fn: Any) -> Stage:
 
 def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
         strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
-        allow_pickle: bool = False, base_model: str | None = None, measure: bool = True) -> CheckReport:
+        allow_pickle: bool = False, base_model: str | None = None, measure: bool = True,
+        states: str | None = None) -> CheckReport:
     """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
     from .drafter import open_drafter
     from .inspect import inspect_opened
-    from .target import open_target
+    from .target import open_target_or_capture
 
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=allow_pickle)
-    tgt = open_target(target) if target else None
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure)
+    captured, tgt = open_target_or_capture(target, states)
+    rep = inspect_opened(d, tgt, strict=strict, measure=measure, states=captured)
     s = rep.summary
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "
                           f"{s['warning']} warning(s)" + (" (strict)" if strict else "") +
-                          (f", against {target}" if target else ""), time.perf_counter() - t0,
+                          (f", against {target}" if target else f", against the capture {states}" if states else ""),
+                          time.perf_counter() - t0,
                           {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": s},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
-    out.stages.append(_timed(lambda: _parity(rep, target)))
+    out.stages.append(_timed(lambda: _parity(rep, target, captured)))
     wants_smoke = run_smoke or min_acceptance is not None
     smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python))
     out.stages.append(smoke_stage)
@@ -89,14 +91,14 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     return out
 
 
-def _parity(rep: Any, target: str | None) -> Stage:
+def _parity(rep: Any, target: str | None, captured: Any = None) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
     if rep.spec.arch == "mla":
         return Stage("parity", "skipped", "the reference drafter does not run MLA drafters")
     from .errors import MissingDependencyError
     from .model.loader import load_reference
-    from .verify import compare, synthetic_inputs, target_inputs
+    from .verify import compare, states_inputs, synthetic_inputs, target_inputs
 
     try:
         loaded = load_reference(rep.drafter)
@@ -104,6 +106,8 @@ def _parity(rep: Any, target: str | None) -> Stage:
             from .model.hf import load_model
 
             inputs = target_inputs(load_model(target), loaded.spec, loaded.args, 32, 3, 0, None)
+        elif captured is not None:
+            inputs = states_inputs(captured, loaded.spec, loaded.args, 32, 3, table_needed=not loaded.has_embed)
         else:
             inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
         par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)

@@ -221,6 +221,12 @@ def measure_option(fn: Any) -> Any:
                              "head and uncertain flags the weights were trained with (docs/math.md#reading-probe).")(fn)
 
 
+def states_option(fn: Any) -> Any:
+    return click.option("--states", metavar="DIR", type=click.Path(exists=True, file_okay=False),
+                        help="Target hidden states captured by `eaglectl capture` (or a recipe-made vllm serve "
+                             "dump): stands in for running the target; its capture.json names the target.")(fn)
+
+
 def write_options(fn: Any) -> Any:
     fn = click.option("--force", is_flag=True,
                       help="Replace an existing DEST folder that holds only checkpoint files.")(fn)
@@ -243,7 +249,7 @@ def cli(debug: bool) -> None:
     """Inspect, convert, upgrade, verify and smoke-test EAGLE-3 / EAGLE-3.1 drafters.
 
     Exit codes: 0 ok, 1 findings at error level (warnings too with --strict), 2 usage,
-    3-17 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
+    3-18 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
     """
     report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")))
 
@@ -325,10 +331,11 @@ Examples:
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
 @measure_option
+@states_option
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, measure: bool, allow_pickle: bool) -> None:
+                scan: bool, measure: bool, states: str | None, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -339,7 +346,7 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
 
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
                                          allow_pickle=allow_pickle, revision=revision, measure=measure,
-                                         progress=report.progress))
+                                         states=states, progress=report.progress))
 
 
 # ---------------------------------------------------------------------------------------- convert
@@ -362,6 +369,7 @@ Examples:
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
 @click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
 @measure_option
+@states_option
 @write_options
 @allow_pickle_option
 @manifest_options
@@ -382,7 +390,7 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            target=o["target"], aux_layer_ids=o["aux_layer_ids"],
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
-                           measure=o["measure"], progress=report.progress)
+                           measure=o["measure"], states=o["states"], progress=report.progress)
 
     _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 
@@ -394,15 +402,18 @@ Examples:
   eaglectl upgrade ./speculators-head ./head-31                        # fc_norm = 1, norm_output on
   eaglectl upgrade ./head ./head-31 --init calibrated --target ./target  # least-squares fc_norm
   eaglectl upgrade ./safeailab-head ./out --to speculators --target org/target
+  eaglectl upgrade ./head ./head-31 --init calibrated --states ./states  # from eaglectl capture
 """)
 @click.argument("source", required=False)
 @click.argument("dest", required=False)
 @click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
 @click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit"]), default="auto",
-              show_default=True, help="How fc_norm starts; auto measures every init with --target on held-out text "
-              "and keeps the best (ones without a target).")
+              show_default=True, help="How fc_norm starts; auto measures every init with --target (acceptance on "
+              "held-out prompts) or --states (FC-output error on held-out requests) and keeps the best; ones "
+              "without either.")
 @target_option("Target model (calibration, fidelity inputs, verifier name).")
+@states_option
 @click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
 @from_option
@@ -423,7 +434,8 @@ def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail
 
     def one(o: dict[str, Any]) -> Any:
         return upgrade.run(o["source"], o["dest"], fc_norm=o["fc_norm"], norm_output=o["norm_output"],
-                           init=o["init"], target=o["target"], calibration_text=o["calibration_text"], to=o["to"],
+                           init=o["init"], target=o["target"], states=o["states"],
+                           calibration_text=o["calibration_text"], to=o["to"],
                            from_dialect=o["from_dialect"], allow_pickle=o["allow_pickle"], force=o["force"],
                            dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress)
 
@@ -441,6 +453,7 @@ Examples:
 @click.argument("candidate")
 @click.option("--against", metavar="REFERENCE", help="Compare with this checkpoint (any dialect) on the same inputs.")
 @target_option("Real aux states from this HF target (folder or Hub id); default: seeded synthetic states.")
+@states_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
@@ -453,9 +466,9 @@ Examples:
 @click.option("--against-from", type=DialectChoice(), help="Dialect of REFERENCE.")
 @allow_pickle_option
 @json_option
-def verify_cmd(candidate: str, against: str | None, target: str | None, device: str, dtype: str, steps: int,
-               tokens: int, seed: int, text: str | None, from_dialect: str | None, against_from: str | None,
-               allow_pickle: bool) -> None:
+def verify_cmd(candidate: str, against: str | None, target: str | None, states: str | None, device: str, dtype: str,
+               steps: int, tokens: int, seed: int, text: str | None, from_dialect: str | None,
+               against_from: str | None, allow_pickle: bool) -> None:
     """Numerical parity of a drafter through the reference drafter.
 
     With --against: conversion parity (identical tensors must give identical outputs; a dtype
@@ -464,7 +477,8 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, device: 
     """
     from . import verify
 
-    report.finish("verify", verify.run(candidate, against=against, target=target, device=device, dtype=dtype,
+    report.finish("verify", verify.run(candidate, against=against, target=target, states=states, device=device,
+                                       dtype=dtype,
                                        steps=steps, tokens=tokens, seed=seed, text=text, from_dialect=from_dialect,
                                        against_from=against_from, allow_pickle=allow_pickle))
 
@@ -544,6 +558,7 @@ Examples:
 @click.option("--base-model", metavar="ORG/NAME", help="The target's Hub id for the card (never a local path).")
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
 @measure_option
+@states_option
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
 @allow_pickle_option
@@ -565,7 +580,8 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
     def one(o: dict[str, Any]) -> Any:
         rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
                         strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
-                        allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"])
+                        allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
+                        states=o["states"])
         reports.append(rep)
         return rep
 
@@ -584,6 +600,98 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
                 Path(sarif_path).write_text(_json.dumps(check.sarif(reports), indent=1) + "\n")
             except OSError as e:
                 raise filesystem_error(e, "write the SARIF file", sarif_path) from None
+
+
+# ---------------------------------------------------------------------------------------- capture
+
+class EngineArg(click.ParamType):
+    """KEY=VALUE for vLLM's engine (LLM(**kwargs)); VALUE is read as JSON when it parses (numbers,
+    true/false, objects), else kept as a string."""
+
+    name = "key=value"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, Any]:
+        import json as _json
+
+        if isinstance(value, tuple):
+            return value
+        key, sep, raw = str(value).partition("=")
+        if not sep or not key.strip().isidentifier():
+            self.fail(f"{value!r}: KEY=VALUE with KEY an engine argument name, e.g. gpu_memory_utilization=0.9",
+                      param, ctx)
+        try:
+            parsed = _json.loads(raw)
+        except ValueError:
+            parsed = raw
+        return key.strip(), parsed
+
+
+@cli.command("capture", epilog="""\b
+Examples:
+  eaglectl capture ./target --out ./states                               # HF transformers, layers auto
+  eaglectl capture org/big-target --engine vllm --drafter ./head --tensor-parallel-size 8 --out ./states
+  eaglectl capture org/big-target --drafter ./head --print-recipe --out ./states   # for your own vllm serve
+  eaglectl upgrade ./head ./head-31 --states ./states                    # then use it
+""")
+@click.argument("target")
+@click.option("--out", required=True, metavar="DIR", help="Folder to write (must not exist, unless --force).")
+@click.option("--engine", type=click.Choice(["hf", "vllm", "server"]), default="hf", show_default=True,
+              help="hf: HF transformers (one device); vllm: vLLM in its own interpreter (whatever it serves); "
+                   "server: your running vllm serve (--server-url; start it as --print-recipe says).")
+@click.option("--server-url", metavar="URL", help="The vllm serve to drive with --engine server.")
+@click.option("--layers", default="auto", show_default=True, metavar="IDS|auto",
+              help="Boundary ids (vLLM's numbering, 0..L), or auto: the drafter's readings and their neighbours "
+                   "(what the probe compares), plus 0 and L.")
+@click.option("--drafter", metavar="DRAFTER", help="The drafter whose layers --layers auto captures.")
+@click.option("--prompts", default="builtin:calibration", show_default=True,
+              help="builtin:calibration, builtin:short, builtin:long, or a JSONL file ({'prompt'}, {'messages'} "
+                   "or {'prompt_token_ids'}).")
+@click.option("--num-prompts", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
+              help="Requests to capture.")
+@click.option("--length", type=click.IntRange(8, 1 << 20), default=256, show_default=True,
+              help="Tokens per request of the built-in prompt sets.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="Precision the target runs and the states are stored at.")
+@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="vLLM tensor parallelism (--engine vllm, --print-recipe).")
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM context window (default: fits the "
+              "longest prompt).")
+@click.option("--vllm-arg", "vllm_args", type=EngineArg(), multiple=True, metavar="KEY=VALUE",
+              help="Extra vLLM engine argument, repeatable (e.g. quantization=fp8, gpu_memory_utilization=0.9).")
+@click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this "
+              "one).")
+@click.option("--print-recipe", is_flag=True, help="Run nothing: print the vllm serve flags and client loop that "
+              "write the same folder from your own server.")
+@click.option("--timeout-s", type=Number(0.0, 7 * 86400.0, lo_open=True), default=3600.0, show_default=True,
+              help="Give up on vLLM after this many seconds.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for prompt sampling.")
+@click.option("--force", is_flag=True, help="Replace an existing --out folder that holds only a capture.")
+@json_option
+def capture_cmd(target: str, out: str, engine: str, server_url: str | None, layers: str, drafter: str | None,
+                prompts: str, num_prompts: int, length: int, dtype: str, tensor_parallel_size: int,
+                max_model_len: int | None, vllm_args: tuple[tuple[str, Any], ...], vllm_python: str | None,
+                print_recipe: bool, timeout_s: float, seed: int, force: bool) -> None:
+    """Capture TARGET's hidden states at chosen boundaries, for --states on the other commands.
+
+    Writes vLLM's own dump layout (one safetensors per request: token_ids, hidden_states
+    [seq, layers, hidden], and the target's greedy next tokens) plus capture.json (boundaries,
+    target identity and config, engine and versions, prompts). Both engines write the same layout.
+    """
+    from . import capture
+
+    if print_recipe:
+        ctx = click.get_current_context()
+        given = [(f"--{k.replace('_', '-')}", str(ctx.params[k])) for k in ("prompts", "num_prompts", "length", "seed")
+                 if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT]
+        report.finish("capture", capture.recipe(target, layers, drafter, out, tensor_parallel_size,
+                                                tuple(x for pair in given for x in pair)))
+        return
+    report.finish("capture", capture.run(
+        target, out, engine=engine, layers=layers, drafter=drafter, prompts=prompts, num_prompts=num_prompts,
+        length=length, dtype=dtype, tensor_parallel_size=tensor_parallel_size, max_model_len=max_model_len,
+        vllm_args=dict(vllm_args), vllm_python=vllm_python, server_url=server_url, seed=seed, force=force,
+        timeout_s=timeout_s,
+        progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------ registry

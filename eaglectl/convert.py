@@ -37,7 +37,6 @@ from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from .io.jsonio import MISSING, config_set
 from .io.safetensors import (
-    ByteRange,
     TensorEntry,
     Written,
     crc32_range,
@@ -47,7 +46,7 @@ from .io.safetensors import (
 )
 from .rules import Context, run_checks
 from .spec import FLAGS, DrafterSpec, default_aux_ids
-from .target import TargetCheckpoint, open_target
+from .target import TargetCheckpoint, open_target_or_capture
 
 SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
@@ -131,22 +130,23 @@ class ConversionResult:
 def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dtype: str | None = None,
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
-        force: bool = False, allow_pickle: bool = False, measure: bool = True, progress: Any = None) -> ConversionResult:
+        force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
+        progress: Any = None) -> ConversionResult:
     """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`).
 
     With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
     table, and the written output must draft exactly like the source under the reference loop, read the
     way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST)."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    tgt = open_target(target) if target else None
+    captured, tgt = open_target_or_capture(target, states)
     measured = model = None
     notes: list[str] = []
     if tgt is not None and measure and src.spec.arch != "mla":
-        why = tgt.why_not_runnable()
+        why = tgt.why_not_runnable() if captured is None else None
         if why is None:
             from .probe import try_measure
 
-            measured, model, why = try_measure(src, target, progress=progress)  # type: ignore[arg-type]
+            measured, model, why = try_measure(src, tgt.source, states=captured, progress=progress)
         if why:
             notes.append(why)
     ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, to)
@@ -158,6 +158,9 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
     check = None
     if model is not None and measured is not None and not measured.at_chance:
         check = behaviour_check(src, measured, model, ids, convention, to)
+    elif captured is not None and measured is not None:
+        plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
+                          "runnable --target without --states)")
     return execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
 
 

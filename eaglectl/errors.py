@@ -16,7 +16,8 @@
     ├── OutputBusyError           14   another eaglectl run is writing the same destination
     ├── FilesystemError           15   the operating system refused a read or write of a named path
     ├── SourceChangedError        16   a source file changed while eaglectl was reading it
-    └── BehaviourChangedError     17   a written drafter drafts differently from its source
+    ├── BehaviourChangedError     17   a written drafter drafts differently from its source
+    └── CaptureFailedError        18   the engine capturing target states crashed or timed out
 
 Exit code 1 means "findings at error level" (or warnings under --strict), 2 is Click's usage
 error, 130 an interrupt (Ctrl-C), 143 SIGTERM, 70 (EX_SOFTWARE) a bug in eaglectl. Library code
@@ -156,6 +157,12 @@ class BehaviourChangedError(EaglectlError):
     summary = "The written drafter drafts differently from its source under the reference loop; discarded."
 
 
+class CaptureFailedError(EaglectlError):
+    exit_code = 18
+    reference = "capture-failed"
+    summary = "The engine capturing target hidden states crashed, timed out or wrote no dumps (log named)."
+
+
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
     """One line for an OSError: what was attempted, on which path, and the system's reason."""
     where = path if path is not None else (e.filename or "?")
@@ -179,4 +186,5 @@ ERROR_TYPES: tuple[type[EaglectlError], ...] = (
     FilesystemError,
     SourceChangedError,
     BehaviourChangedError,
+    CaptureFailedError,
 )

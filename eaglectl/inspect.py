@@ -13,7 +13,7 @@ from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
 from .rules import Context, Finding, run_checks, summarise
-from .target import TargetCheckpoint, open_target
+from .target import TargetCheckpoint, open_target_or_capture
 
 SCHEMA = "eaglectl.inspect/1"
 
@@ -107,26 +107,28 @@ def run(
     allow_pickle: bool = False,
     revision: str | None = None,
     measure: bool = True,
+    states: str | None = None,
     progress: Any = None,
 ) -> InspectReport:
     """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
     it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
-    t = open_target(target) if target else None
-    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress)
+    captured, t = open_target_or_capture(target, states)
+    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, states=captured, progress=progress)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: bool = False, scan: bool = False,
-                   measure: bool = True, progress: Any = None) -> InspectReport:
+                   measure: bool = True, states: Any = None, progress: Any = None) -> InspectReport:
+    """Inspect an opened drafter; with a runnable target, or a capture of one (`states`), measure too."""
     measured, note = None, None
     if t is not None and measure:
-        note = t.why_not_runnable()
+        note = t.why_not_runnable() if states is None else None
         if note is None and not _servable_structure(d, t):
             note = "not measured: inspect finds errors that keep the reference drafter from running"
         if note is None:
             from .probe import try_measure  # torch and transformers: only when the target can be run
 
-            measured, _, note = try_measure(d, t.source, progress=progress)
+            measured, _, note = try_measure(d, t.source, states=states, progress=progress)
     ctx = Context(d, t, scan, measured)
     if progress is not None:
         ctx.progress = progress

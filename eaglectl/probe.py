@@ -219,22 +219,43 @@ def decide(fact: Fact) -> Fact:
 # ------------------------------------------------------------------------------------------- probe
 
 @dataclass
-class Session:
-    """The target run once over the probe text, for every boundary any candidate reads."""
+class Segment:
+    """One teacher-forcing window: T anchors, `steps` draft steps each."""
 
-    model: HFModel
-    tokens: torch.Tensor  # (1, T + steps)
-    logits: torch.Tensor  # (1, T + steps, V)
+    tokens: torch.Tensor  # (1, T + steps) token ids
+    labels: torch.Tensor  # (T + steps,) the target's next token after each position
     states: dict[int, torch.Tensor]  # boundary -> (1, T, H_t)
-    steps: int
-    description: str
+    target_embedding: tuple[torch.Tensor, torch.Tensor] | None  # (ids, table): F.embedding(ids, table) is the
+    # target's embedding of `tokens` (a capture's boundary 0 gives only the rows it saw), None when unknown
 
     @property
     def anchors(self) -> int:
-        return self.tokens.shape[1] - self.steps
+        return next(iter(self.states.values())).shape[1]
 
     def aux(self, ids: tuple[int, ...]) -> torch.Tensor:
         return torch.cat([self.states[i] for i in ids], dim=-1)
+
+    def truth(self, steps: int) -> list[torch.Tensor]:
+        T = self.anchors
+        return [self.labels[j + 1: j + 1 + T] for j in range(steps)]
+
+
+@dataclass
+class Session:
+    """The target's states over the probe text, for every boundary any candidate reads: one run of an HF
+    target, or windows of a capture (`--states`)."""
+
+    segments: list[Segment]
+    steps: int
+    description: str
+    model: HFModel | None  # the loaded target (the speculative loop and the target head need it)
+
+    @property
+    def anchors(self) -> int:
+        return sum(seg.anchors for seg in self.segments)
+
+    def labels(self) -> torch.Tensor:
+        return torch.cat([seg.truth(1)[0] for seg in self.segments])
 
 
 def open_session(model: HFModel, boundaries: set[int], tokens: int, steps: int, text: str | None) -> Session:
@@ -244,35 +265,82 @@ def open_session(model: HFModel, boundaries: set[int], tokens: int, steps: int, 
         logits, aux = forward(model, ids, wanted)
     width = aux.shape[-1] // len(wanted)
     states = {b: aux[:, :tokens, j * width:(j + 1) * width] for j, b in enumerate(wanted)}
-    return Session(model, ids, logits.float(), states, steps, f"target {model.path}: {tokens} tokens of {how}")
+    seg = Segment(ids, logits.argmax(-1)[0], states, (ids, model.embedding().float()))
+    return Session([seg], steps, f"target {model.path}: {tokens} tokens of {how}", model)
+
+
+def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -> Session:
+    """Windows of a capture (io/states.py) until `tokens` anchors: the labels are the target's greedy
+    next tokens when the capture recorded them, else the text's next tokens."""
+    import numpy as np
+
+    from .io.states import compact_embedding
+
+    wanted = tuple(sorted(boundaries))
+    states.require(wanted)
+    no_table = states.embedding_source()
+    fetch = wanted if no_table is not None or 0 in wanted else (0, *wanted)
+    segments, got = [], 0
+    for req in states.requests(fetch):
+        labels = np.asarray(req.labels)
+        T = min(len(labels) - steps, tokens - got)
+        if T < 1:
+            continue
+        hidden = torch.from_numpy(np.ascontiguousarray(req.hidden, dtype=np.float32))
+        tok = torch.from_numpy(req.token_ids[: T + steps].copy())[None]
+        table = None
+        if no_table is None:
+            index, rows = compact_embedding(tok[0].numpy(), hidden[: tok.shape[1], fetch.index(0)].numpy())
+            table = (torch.from_numpy(index)[None], torch.from_numpy(rows))
+        segments.append(Segment(tok, torch.from_numpy(labels[: T + steps].copy()),
+                                {b: hidden[None, :T, fetch.index(b)] for b in wanted}, table))
+        got += T
+        if got >= tokens:
+            break
+    if not segments:
+        raise IncompatibleDrafterError(f"{states.root}: no request is longer than {steps + 1} tokens")
+    label = "the target's greedy next tokens" if states.labels_are == "target" else "the text's next tokens"
+    return Session(segments, steps, f"capture {states.root}: {got} tokens in {len(segments)} requests, "
+                   f"labels {label}", None)
 
 
 @torch.no_grad()
 def score(loaded: LoadedDrafter, c: Candidate, s: Session, prompts: list[list[int]], loop_tokens: int) -> None:
     """Teacher-forced agreement per step on the session text, and the reference loop's acceptance length."""
     opts = dict(c.options)
-    embed = opts.pop("embed", None)
+    use_target_table = opts.pop("target_embedding", False)
     drafter = loaded.build(torch.float32, "cpu", **opts)
-    table = embed if embed is not None else (None if getattr(drafter, "embed_tokens", None) is not None
-                                             else s.model.embedding().float())
-    T = s.anchors
-    outs = drafter.run(s.aux(c.boundary_ids), s.tokens, s.steps, embed=table)
-    greedy = s.logits.argmax(-1)[0]
-    truth = [greedy[j + 1: j + 1 + T] for j in range(s.steps)]
-    c.correct = torch.stack([outs[j].target_ids[0, :T] == truth[j] for j in range(s.steps)])
-    c.logp = torch.stack([torch.log_softmax(drafter.full_vocab_logits(outs[j].logits[0, :T].float()), -1)
-                          .gather(-1, truth[j][:, None])[:, 0].clamp_min(FLOOR) for j in range(s.steps)])
+    own = getattr(drafter, "embed_tokens", None) is not None and not use_target_table
+    correct, logp = [], []
+    for seg in s.segments:
+        if own:
+            tok, table = seg.tokens, None
+        elif seg.target_embedding is not None:
+            tok, table = seg.target_embedding
+        else:
+            raise IncompatibleDrafterError("the drafter ships no embedding table and the target's is unknown",
+                                           hint="capture with boundary 0 (--layers auto does), or pass --target")
+        outs = drafter.run(seg.aux(c.boundary_ids), tok, s.steps, embed=table)
+        truth = seg.truth(s.steps)
+        T = seg.anchors
+        correct.append(torch.stack([outs[j].target_ids[0, :T] == truth[j] for j in range(s.steps)]))
+        logp.append(torch.stack([torch.log_softmax(drafter.full_vocab_logits(outs[j].logits[0, :T].float()), -1)
+                                 .gather(-1, truth[j][:, None])[:, 0].clamp_min(FLOOR) for j in range(s.steps)]))
+    c.correct, c.logp = torch.cat(correct, dim=1), torch.cat(logp, dim=1)
     c.agreement = [float(r.float().mean()) for r in c.correct]
     c.loglik = [float(r.mean()) for r in c.logp]
-    if prompts:
+    if prompts and s.model is not None:
+        table = None if own else s.model.embedding().float()
         counts = speculative_generate(s.model, drafter, prompts, k=s.steps, max_tokens=loop_tokens,
                                       aux_ids=c.boundary_ids, embed=table)
         c.acceptance_length = counts.mean_acceptance_length
 
 
-def measure(d: DrafterCheckpoint, model: HFModel, *, tokens: int = 768, steps: int = 3, text: str | None = None,
-            loop_prompts: int = 4, loop_tokens: int = 32, seed: int = 0, progress: Any = None) -> Measurement:
-    """Measure every fact the files of `d` cannot settle, against the loaded target `model`.
+def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any = None, tokens: int = 768,
+            steps: int = 3, text: str | None = None, loop_prompts: int = 4, loop_tokens: int = 32, seed: int = 0,
+            progress: Any = None) -> Measurement:
+    """Measure every fact the files of `d` cannot settle, against the loaded target `model` or a capture
+    of it (`states`; then no speculative loop and no target head: agreement only).
 
     The aux reading is decided first; the other facts are then measured at the winning reading (the
     files' own reading when undecided), so each comparison changes one thing at a time."""
@@ -280,11 +348,18 @@ def measure(d: DrafterCheckpoint, model: HFModel, *, tokens: int = 768, steps: i
 
     loaded = load_reference(d)
     spec = d.spec
-    L = model.num_layers
+    L = model.num_layers if model is not None else states.num_layers
     wrap = progress or (lambda it, **kw: it)
     aux = aux_candidates(spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L)
-    session = open_session(model, {i for c in aux for i in c.boundary_ids}, tokens, steps, text)
-    prompts = heldout_prompts(model, loop_prompts, 64, seed) if loop_prompts else []
+    wanted = {i for c in aux for i in c.boundary_ids}
+    if model is not None:
+        session = open_session(model, wanted, tokens, steps, text)
+    else:
+        aux = [c for c in aux if set(c.boundary_ids) <= set(states.layer_ids)]
+        if not aux:
+            states.require(tuple(sorted(wanted)))
+        session = states_session(states, {i for c in aux for i in c.boundary_ids}, tokens, steps)
+    prompts = heldout_prompts(model, loop_prompts, 64, seed) if loop_prompts and model is not None else []
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
     for c in wrap(aux, label="measuring aux readings", total=len(aux)):
         score(loaded, c, session, prompts, loop_tokens)
@@ -292,10 +367,10 @@ def measure(d: DrafterCheckpoint, model: HFModel, *, tokens: int = 768, steps: i
     at = aux_fact.winner or aux[0]
     facts = {"aux_convention": aux_fact}
     alternatives: list[tuple[str, str | None, Candidate]] = []
-    if loaded.has_embed:
+    if loaded.has_embed and all(seg.target_embedding is not None for seg in session.segments):
         alternatives.append(("embedding", "own", Candidate("target", at.boundary_ids, {
-            "own_embedding": False, "embed": model.embedding().float()})))
-    head = _target_head_rows(loaded, model)
+            "own_embedding": False, "target_embedding": True})))
+    head = _target_head_rows(loaded, model) if model is not None else None
     if head is not None:
         alternatives.append(("lm_head", "own", Candidate("target", at.boundary_ids,
                                                          {"replace": {"lm_head.weight": head}})))
@@ -310,8 +385,8 @@ def measure(d: DrafterCheckpoint, model: HFModel, *, tokens: int = 768, steps: i
                          acceptance_length=at.acceptance_length, correct=at.correct, logp=at.logp)  # as the files say
         steps_changed = list(range(1, steps)) if name == "norm_output" and steps > 1 else [0]
         facts[name] = decide(Fact(name, as_stored, [same, other], session.anchors, steps_changed))
-    greedy = session.logits.argmax(-1)[0, 1: 1 + session.anchors]
-    chance = float(torch.bincount(greedy).max()) / len(greedy)
+    labels = session.labels()
+    chance = float(torch.bincount(labels).max()) / len(labels)
     return Measurement(facts, chance, session.description, steps)
 
 
@@ -330,19 +405,23 @@ def _target_head_rows(loaded: LoadedDrafter, model: HFModel) -> torch.Tensor | N
     return head[rows].contiguous()
 
 
-def try_measure(d: DrafterCheckpoint, target: str, **kw: Any) -> tuple[Measurement | None, Any, str | None]:
-    """(measurement, the loaded HF target, None), or (None, None, why nothing could be measured): a
-    target without weights or a tokenizer, a drafter the reference cannot run, no transformers."""
+def try_measure(d: DrafterCheckpoint, target: str | None, states: Any = None, **kw: Any
+                ) -> tuple[Measurement | None, Any, str | None]:
+    """(measurement, the loaded HF target or None, None), or (None, None, why nothing could be measured):
+    a target without weights or a tokenizer, a drafter the reference cannot run, no transformers. A
+    capture (`states`) is used instead of running the target."""
     from .errors import EaglectlError
     from .target import open_target
 
-    why = open_target(target).why_not_runnable()
-    if why is not None:
-        return None, None, why
     try:
+        if states is not None:
+            return measure(d, states=states, **kw), None, None
+        why = open_target(target).why_not_runnable()  # type: ignore[arg-type]
+        if why is not None:
+            return None, None, why
         from .model.hf import load_model
 
-        model = load_model(target)
+        model = load_model(target)  # type: ignore[arg-type]
         return measure(d, model, **kw), model, None
     except EaglectlError as e:
         return None, None, f"not measured: {e.message}"

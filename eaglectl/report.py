@@ -336,6 +336,17 @@ def render_upgrade(result: Any) -> None:
         if "fc_output_relative_error" in stats:
             out.print(f"  FC output relative error: {stats['fc_output_relative_error']:.4f} "
                       f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})")
+    if result.init_candidates:
+        by_loop = "acceptance_kept" in result.init_candidates[0]
+        out.print("fc_norm inits, ranked by " + ("the reference loop's acceptance kept on held-out prompts" if by_loop
+                                                  else "FC-output error on held-out requests of the capture") + ":")
+        t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for col in ("init", "acceptance kept" if by_loop else "held-out FC error"):
+            t.add_column(col)
+        for c in result.init_candidates:
+            t.add_row(c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop
+                      else f"{c['heldout_fc_output_relative_error']:.4f}")
+        out.print(t)
     if result.fidelity is not None:
         out.print(f"fidelity to the source ({safe(result.fidelity.inputs)}):")
         t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
@@ -439,7 +450,26 @@ def render_rules(payload: dict[str, Any]) -> None:
                        ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
 
 
+def render_capture(result: Any) -> None:
+    if result.recipe is not None:
+        stdout.print(escape(result.recipe), soft_wrap=True, highlight=False)
+        return
+    meta = result.meta
+    versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items() if v and k != "python")
+    stdout.print(f"[bold]capture[/]: {result.requests} requests, {result.tokens} tokens of "
+                 f"{safe(meta['prompts']['description'])}")
+    stdout.print(f"  boundaries {list(result.layer_ids)} (vLLM's numbering; 0 = embeddings, "
+                 f"{meta['target_config'].get('num_hidden_layers', 'L')} = last layer before the final norm)")
+    rate = f" ({result.tokens / result.seconds:,.0f} tokens/s)" if result.seconds else ""
+    stdout.print(f"  engine {result.engine}, states stored as {meta['dtype']} ({safe(versions)}): "
+                 f"{result.seconds:.1f} s{rate}")
+    stdout.print(f"  wrote {safe(result.out)} (one safetensors per request + capture.json); use it with "
+                 f"--states {safe(result.out)}")
+    if result.log:
+        stdout.print(f"  [dim]vLLM log: {safe(result.log)}[/]")
+
+
 RENDERERS: dict[str, Callable[[Any], None]] = {
     "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
-    "smoke": render_smoke, "check": render_check,
+    "smoke": render_smoke, "check": render_check, "capture": render_capture,
 }

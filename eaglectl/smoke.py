@@ -1,7 +1,7 @@
 """`eaglectl smoke`: run a drafter under real vLLM (or the reference loop) and measure acceptance.
 
 vLLM runs in its own interpreter (`--vllm-python`, `EAGLECTL_VLLM_PYTHON`, else this one) through
-`_vllm_worker.py`, JSON in and out, with its log kept. Prompts are tokenized here with the target's
+`workers/vllm_smoke.py`, JSON in and out, with its log kept. Prompts are tokenized here with the target's
 tokenizer and sent as token ids, so every engine and baseline sees the same tokens. Greedy,
 `ignore_eos`, fixed `max_tokens`; counters are deltas around the measured batch.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import random
 import subprocess
 import sys
@@ -24,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import CheckpointNotFoundError, MissingDependencyError, SmokeFailedError
+from .errors import CheckpointNotFoundError, EaglectlError, MissingDependencyError, SmokeFailedError
 
 SCHEMA = "eaglectl.smoke/1"
 HELDOUT = Path(__file__).with_name("data") / "heldout-code.txt"
-WORKER = Path(__file__).with_name("_vllm_worker.py")
+CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
+WORKER = Path(__file__).with_name("workers") / "vllm_smoke.py"
 NEAR_ONE = 1.05
 
 
@@ -77,15 +79,36 @@ class PromptSet:
     description: str
 
 
+BUILTIN_PROMPTS = ("short", "long", "calibration")
+
+
+def _calibration_windows(tokenizer: Any, count: int, length: int) -> PromptSet:
+    text = CALIBRATION.read_text() + "\n" + HELDOUT.read_bytes().decode("utf-8", errors="replace")[:200_000]
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+    step = length - len(bos)
+    prompts = [bos + ids[i * step:(i + 1) * step] for i in range(count) if (i + 1) * step <= len(ids)]
+    if not prompts:
+        raise CheckpointNotFoundError(f"builtin:calibration: the bundled text has {len(ids)} tokens, "
+                                      f"fewer than one window of {length}")
+    return PromptSet("builtin:calibration", prompts, f"{len(prompts)} consecutive windows of {length} tokens of "
+                     "the bundled calibration text, then held-out code")
+
+
 def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_model_len: int, k: int,
                  seed: int) -> PromptSet:
-    """`builtin:short`, `builtin:long` (held-out code), or a JSONL file of {"prompt"} / {"messages"}."""
+    """`builtin:short`, `builtin:long` (held-out code), `builtin:calibration` (consecutive windows of the
+    bundled calibration text, then held-out code: what calibration and the probe read), or a JSONL
+    file of {"prompt"} / {"messages"} / {"prompt_token_ids"}."""
     if spec.startswith("builtin:"):
         kind = spec.split(":", 1)[1]
-        if kind not in ("short", "long"):
-            raise CheckpointNotFoundError(f"{spec}: built-in prompt sets are builtin:short and builtin:long")
+        if kind not in BUILTIN_PROMPTS:
+            raise CheckpointNotFoundError(f"{spec}: built-in prompt sets are "
+                                          + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
         if tokenizer is None:
             raise MissingDependencyError("built-in prompts need the target's tokenizer (tokenizer.json)")
+        if kind == "calibration":
+            return _calibration_windows(tokenizer, count, max_model_len - max_tokens - k - 2)
         text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
         length = 64 if kind == "short" else max(64, max_model_len - max_tokens - k - 2)
         n = count if kind == "short" else max(1, count // 4)
@@ -241,6 +264,9 @@ class SmokeReport:
 
 def find_vllm_python(explicit: str | None) -> str:
     python = explicit or os.environ.get("EAGLECTL_VLLM_PYTHON") or sys.executable
+    # absolute (not resolved: a virtualenv's python is a symlink that must keep its venv): workers run in a
+    # scratch folder, where a relative path would name nothing
+    python = os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)
     try:
         probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
                                capture_output=True, text=True)
@@ -266,22 +292,64 @@ def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | 
             "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
 
 
-def run_vllm(python: str, request: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
-    tmp = Path(tempfile.mkdtemp(prefix="eaglectl-smoke-"))
-    req_path, res_path, log_path = tmp / "request.json", tmp / "result.json", tmp / "vllm.log"
-    req_path.write_text(json.dumps(request))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-           "TOKENIZERS_PARALLELISM": "false"}
-    with log_path.open("w") as log:
+_RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+class WorkerRun:
+    """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
+
+    `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
+    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer."""
+
+    def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = WORKER,
+                 error: type[EaglectlError] = SmokeFailedError) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
+        self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
+        req_path = self.tmp / "request.json"
+        req_path.write_text(json.dumps(request))
+        self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "TOKENIZERS_PARALLELISM": "false"}
+        with self.log_path.open("w") as log:
+            # run_path from `-c` in the scratch folder: running the file directly would put its folder first
+            # on sys.path, where any name next to it shadows the standard library (an `inspect.py` did)
+            self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
+
+    def ticks(self, poll: Any = None, every_s: float = 0.5) -> Any:
+        seen = 0
         try:
-            proc = subprocess.run([python, str(WORKER), str(req_path), str(res_path)], stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            raise SmokeFailedError(f"vLLM did not finish within {timeout_s:.0f} s (log: {log_path})",
-                                   hint=_tail(log_path)) from None
-    if proc.returncode != 0 or not res_path.exists():
-        raise SmokeFailedError(f"vLLM exited with {proc.returncode} (log: {log_path})", hint=_tail(log_path))
-    return json.loads(res_path.read_text()), str(log_path)
+            while True:
+                try:
+                    self.proc.wait(timeout=every_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() - self.started > self.timeout_s:
+                    raise self.error(f"vLLM did not finish within {self.timeout_s:.0f} s (log: {self.log_path})",
+                                     hint=_tail(self.log_path))
+                if poll is not None:
+                    now = poll()
+                    if now > seen:
+                        yield now - seen
+                        seen = now
+        finally:
+            if self.proc.poll() is None:  # a timeout, Ctrl-C or an error in the caller: no orphan engine
+                self.proc.kill()
+                self.proc.wait()
+
+    def result(self) -> tuple[dict[str, Any], str]:
+        for _ in self.ticks():
+            pass
+        if self.proc.returncode != 0 or not self.res_path.exists():
+            raise self.error(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})",
+                             hint=_tail(self.log_path))
+        return json.loads(self.res_path.read_text()), str(self.log_path)
+
+
+def run_vllm(python: str, request: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
+    """The smoke worker, waited for."""
+    return WorkerRun(python, request, timeout_s).result()
 
 
 def _tail(path: Path, lines: int = 12) -> str:

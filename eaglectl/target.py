@@ -24,6 +24,7 @@ class TargetCheckpoint:
     source: str
     ckpt: Checkpoint
     config: ConfigView  # the text config (multimodal targets nest it in `text_config`)
+    known_hub_id: str | None = None  # recorded elsewhere (a capture's capture.json)
 
     @property
     def num_layers(self) -> int | None:
@@ -51,6 +52,8 @@ class TargetCheckpoint:
     def hub_id(self) -> str | None:
         """The target's Hub identity: its repo when opened from the Hub, else `_name_or_path` when that
         is a Hub id (never a local path)."""
+        if self.known_hub_id is not None:
+            return self.known_hub_id
         if self.ckpt.hub_ref is not None:
             return self.ckpt.hub_ref.repo_id
         name = ConfigView(self.ckpt.config, self.config.where).str("_name_or_path")
@@ -93,3 +96,26 @@ def open_target(source: str) -> TargetCheckpoint:
     top = ckpt.config_view
     text = top.sub("text_config") if top.dict("text_config") is not None else top
     return TargetCheckpoint(source, ckpt, text)
+
+
+def open_target_or_capture(target: str | None, states: str | None) -> tuple[Any, TargetCheckpoint | None]:
+    """(the opened capture or None, the target): `--target` when given, else what `--states` records of it."""
+    from .io.states import open_states
+
+    captured = open_states(states) if states else None
+    if target:
+        return captured, open_target(target)
+    return captured, target_of_capture(captured) if captured is not None else None
+
+
+def target_of_capture(states: Any) -> TargetCheckpoint:
+    """The target a capture (`--states`, io/states.py) was taken from, as far as its capture.json records
+    it: config and identity, no weights (so never runnable: its states stand in for running it)."""
+    where = f"{states.root}/capture.json:target_config"
+    data = states.meta.get("target_config")
+    ckpt = Checkpoint(states.target or str(states.root), str(states.root), "safetensors", [], {},
+                      data if isinstance(data, dict) else None, where)
+    top = ckpt.config_view
+    text = top.sub("text_config") if top.dict("text_config") is not None else top
+    hub_id = states.meta.get("target_hub_id")
+    return TargetCheckpoint(ckpt.source, ckpt, text, hub_id if isinstance(hub_id, str) else None)

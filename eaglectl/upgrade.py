@@ -14,8 +14,10 @@ says so in its config and safetensors metadata. `fc_norm` weights are initialise
 - `refit`: keep γ = 1 and refit W_fc by ridge regression from u_t to the 3.0 FC output
   (W' = W_fc Cᵀ (U + λI)⁻¹): the richest linear option, it changes `fc.weight` too.
 
-Statistics come from the real target (`--target`) on calibration text; position 0 (the sink token,
-whose norm is an outlier) is excluded and its RMS reported separately.
+Statistics stream (calibration.py) from the real target (`--target`) on calibration text, or from a
+capture of it (`--states DIR`, any size); position 0 of each sequence (the sink token) is excluded.
+`auto` ranks the inits by the reference loop's acceptance on held-out prompts when the target runs,
+else by the FC-output error on held-out requests of the capture, else takes `ones`.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from .convert import ConversionPlan, ConversionResult, execute, plan_conversion
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError
 from .io import cast as casting
-from .target import open_target
+from .calibration import accumulate, fit, held_out_error
+from .io.states import open_states
+from .target import open_target, target_of_capture
 
 SCHEMA = "eaglectl.upgrade/1"
 INITS = ("ones", "harmonic", "calibrated", "refit")
 NEEDS_TARGET = ("harmonic", "calibrated", "refit")
-CHOICES = ("auto", *INITS)  # auto: measure every init with --target and keep the best; ones without
+CHOICES = ("auto", *INITS)  # auto: measure every init (--target or --states) and keep the best; ones without
 
 
 @dataclass
@@ -82,6 +86,7 @@ def run(
     norm_output: bool = True,
     init: str = "auto",
     target: str | None = None,
+    states: str | None = None,
     calibration_text: str | None = None,
     to: str | None = None,
     from_dialect: str | None = None,
@@ -95,6 +100,7 @@ def run(
     """Take SOURCE to the EAGLE-3.1 layout at DEST; the target (when given) runs once, for calibration
     and for the fidelity report."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    captured = open_states(states) if states else None
     spec = src.spec
     if init not in CHOICES:
         raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
@@ -111,15 +117,16 @@ def run(
     add_fc_norm = fc_norm and not spec.fc_norm
     set_norm_output = norm_output and not spec.norm_output
     steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", set_norm_output)) if on]
-    if init in NEEDS_TARGET and add_fc_norm and target is None:
-        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target",
-                              hint=f"eaglectl upgrade {source} {dest} --init {init} --target TARGET")
+    if init in NEEDS_TARGET and add_fc_norm and target is None and states is None:
+        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target or --states",
+                              hint=f"eaglectl upgrade {source} {dest} --init {init} --target TARGET "
+                                   "(or --states DIR from eaglectl capture)")
     if to == src.dialect.name and src.dialect.writer is not None and not src.dialect.writer.flag_paths and steps:
         raise ConversionError(f"{source}: the {src.dialect.title} layout cannot record fc_norm / norm_output",
                               hint=f"eaglectl upgrade {source} {dest} --to speculators --target TARGET")
-    tgt = open_target(target) if target else None
+    tgt = open_target(target) if target else target_of_capture(captured) if captured else None
     model = None
-    if target and (add_fc_norm or (fidelity and steps and not dry_run)):
+    if target and ((add_fc_norm and captured is None) or (fidelity and steps and not dry_run)):
         from .model.hf import load_model
 
         model = load_model(target)
@@ -133,30 +140,41 @@ def run(
     candidates: list[dict[str, Any]] = []
     layers = None
     chosen = None
-    runnable = tgt is not None and tgt.why_not_runnable() is None
     if add_fc_norm:
-        inits = (INITS if runnable else ("calibrated",) if model is not None else ("ones",)) if init == "auto" \
+        n, Ht = spec.num_aux_hidden_states, spec.aux_width
+        if n is None or Ht is None:
+            raise ConversionError(f"{source}: cannot tell the aux count / width from fc.weight")
+        runnable = tgt is not None and tgt.why_not_runnable() is None
+        measurable = runnable or captured is not None
+        inits = (INITS if measurable else ("calibrated",) if model is not None else ("ones",)) if init == "auto" \
             else (init,)
-        cal = None
-        if model is not None and not runnable:  # a target without a tokenizer: calibrate, but measure nothing
-            ids = src.spec.capture_ids(model.num_layers)
-            layers = {"boundary_ids": list(ids), "how": f"as the files say ({tgt.why_not_runnable()})"}  # type: ignore
-            cal = calibrate(src, model, calibration_text, ids) if any(i in NEEDS_TARGET for i in inits) else None
-            fits = {i: fit(src, i, cal) for i in inits}
-            chosen = inits[0]
-        elif model is not None:
-            ids, how = _measured_layers(src, model)
-            layers = {"boundary_ids": list(ids), "how": how}
-            cal = calibrate(src, model, calibration_text, ids) if any(i in NEEDS_TARGET for i in inits) else None
-            fits = {i: fit(src, i, cal) for i in inits}
-            if fidelity or len(inits) > 1:
-                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype)
-            chosen = candidates[0]["init"] if candidates else inits[0]
+        if model is None and captured is None:
+            fits = {i: fit(i, n, Ht) for i in inits}
         else:
-            fits = {i: fit(src, i, None) for i in inits}
-            chosen = inits[0]
+            ids, how = _layers(src, model if runnable else None, captured, tgt)
+            layers = {"boundary_ids": list(ids), "how": how}
+            W = src.view.read("fc.weight").astype(np.float64)
+            eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
+            held = None
+            if captured is not None:
+                cal_part, held_part, where = _split_requests(captured, ids, rank=len(inits) > 1 and not runnable)
+                moments = accumulate(W, n, Ht, eps, cal_part)
+                held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
+                source_note = {"target": captured.target, "states": str(captured.root), "text_source": where}
+            else:
+                moments, text_how = _text_moments(model, calibration_text, ids, W, n, Ht, eps)
+                source_note = {"target": model.path, "text_source": text_how}
+            fits = {i: fit(i, n, Ht, moments) for i in inits}
+            for _, _, st in fits.values():
+                st.update({**source_note, "aux_ids_vllm": list(ids)}) if st else None
+            if runnable and (fidelity or len(inits) > 1):
+                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype)
+            elif held is not None:
+                candidates = sorted(({"init": i, "heldout_fc_output_relative_error": round(
+                    held_out_error(f, held), 6), "heldout_tokens": held.tokens} for i, f in fits.items()),
+                    key=lambda r: r["heldout_fc_output_relative_error"])
+        chosen = candidates[0]["init"] if candidates else inits[0]
         gammas, new_fc, stats = fits[chosen]
-        Ht = spec.aux_width
         for j, g in enumerate(gammas):
             canon = f"fc_norm.{j}.weight"
             extra[canon] = (dtype, (Ht,), f"fc_norm init {chosen}")  # type: ignore[assignment]
@@ -172,39 +190,92 @@ def run(
                      "(training-time test) before serving it as a 3.1 drafter")
     else:
         notes.append("already has the requested 3.1 features: nothing to change (tensors copied unchanged)")
-    if candidates and init == "auto":
+    if candidates and init == "auto" and "acceptance_kept" in candidates[0]:
         notes.append(f"fc_norm init '{chosen}' measured best on held-out prompts (the reference loop kept "
                      f"{candidates[0]['acceptance_kept']:.1%} of the source's acceptance length before fine-tuning)")
+    elif candidates and init == "auto":
+        notes.append(f"fc_norm init '{chosen}' has the lowest FC-output error on held-out requests of the capture "
+                     f"({candidates[0]['heldout_fc_output_relative_error']:.3f}); acceptance was not measured "
+                     "(no runnable target)")
     if dry_run:
         return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, ConversionResult(plan, False, []), None,
                              notes, candidates, layers)
     result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
     fid = None
     if steps and fidelity:
-        fid = _fidelity(dest, src, model, calibration_text, fidelity_tokens)
+        fid = _fidelity(dest, src, model, captured, calibration_text, fidelity_tokens)
     return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, result, fid, notes, candidates, layers)
 
 
-def _measured_layers(src: DrafterCheckpoint, model: Any) -> tuple[tuple[int, ...], str]:
+def _layers(src: DrafterCheckpoint, model: Any, captured: Any, tgt: Any) -> tuple[tuple[int, ...], str]:
     """The boundaries calibration must use: measured when the probe decides, else the files' reading."""
+    from .probe import try_measure
+
+    L = model.num_layers if model is not None else captured.num_layers if captured is not None else tgt.num_layers
+    if model is None and captured is None:
+        return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})"
+    m, _, why = try_measure(src, None, states=captured, loop_prompts=0) if model is None else \
+        (_measure(src, model), None, None)
+    if m is not None and m.boundary_ids is not None:
+        return m.boundary_ids, f"measured ({m.aux.reason})"
+    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason if m else why})"
+
+
+def _measure(src: DrafterCheckpoint, model: Any) -> Any:
     from .probe import measure
 
-    m = measure(src, model, loop_prompts=0)
-    if m.boundary_ids is not None:
-        return m.boundary_ids, f"measured ({m.aux.reason})"
-    return src.spec.capture_ids(model.num_layers), f"as the files say (not decided: {m.aux.reason})"
+    return measure(src, model, loop_prompts=0)
 
 
-def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, text: str | None, tokens: int) -> Any:
-    """DEST against SOURCE through the reference drafter, on the target's states when it was loaded."""
+def _split_requests(captured: Any, ids: tuple[int, ...], rank: bool) -> tuple[Any, Any, str]:
+    """(calibration sequences, held-out sequences, description): the last quarter of the requests is held
+    out for ranking the inits when there is more than one request and a ranking is wanted."""
+    captured.require(ids)
+    count = len(captured.files)
+    held = max(1, count // 4) if rank and count > 1 else 0
+
+    def seqs(part: slice) -> Any:
+        for req in captured.requests(ids, part):
+            yield req.hidden.reshape(req.hidden.shape[0], -1)
+
+    how = f"{count - held} captured requests" + (f" ({held} more held out to rank the inits)" if held else "")
+    return seqs(slice(0, count - held)), seqs(slice(count - held, count)) if held else None, how
+
+
+def _text_moments(model: Any, text: str | None, ids: tuple[int, ...], W: Any, n: int, Ht: int, eps: float
+                  ) -> tuple[Any, str]:
+    """Statistics of the target's states over calibration text (one forward pass)."""
+    import torch
+
+    from .model.hf import capture_aux
+    from .verify import BUNDLED_TEXT
+
+    body = text if text is not None else BUNDLED_TEXT.read_text()
+    if model.tokenizer is not None:
+        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :4096]
+        how = "bundled text" if text is None else "given text"
+    else:
+        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
+        input_ids = (torch.tensor(list(body.encode("utf-8"))[:4096]) % model.vocab_size)[None]
+        how = "text bytes as token ids (the target has no tokenizer)"
+    aux = capture_aux(model, input_ids, ids)[0].double().numpy()
+    return accumulate(W, n, Ht, eps, [aux]), how
+
+
+def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, captured: Any, text: str | None, tokens: int) -> Any:
+    """DEST against SOURCE through the reference drafter, on the target's states when it ran or was captured."""
     from .model.loader import load_reference
-    from .verify import compare, synthetic_inputs, target_inputs
+    from .verify import compare, states_inputs, synthetic_inputs, target_inputs
 
     ref = load_reference(src)
     cand = load_reference(open_drafter(dest))
     steps = 3
-    inputs = (target_inputs(model, ref.spec, ref.args, tokens, steps, 0, text) if model is not None
-              else synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0))
+    if model is not None:
+        inputs = target_inputs(model, ref.spec, ref.args, tokens, steps, 0, text)
+    elif captured is not None:
+        inputs = states_inputs(captured, ref.spec, ref.args, tokens, steps, table_needed=not ref.has_embed)
+    else:
+        inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0)
     return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), steps, tokens, 0)
 
 
@@ -222,88 +293,6 @@ def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[
     if stats:
         prov["calibration"] = {k: v for k, v in stats.items() if k != "per_channel"}
     plan.metadata["eaglectl"] = json.dumps(prov, sort_keys=True)
-
-
-# ------------------------------------------------------------------------------- calibration
-
-@dataclass
-class Calibration:
-    aux: np.ndarray  # (T, n·H_t) float64 target states at the drafter's (measured) layers, sink excluded
-    ids: tuple[int, ...]
-    how: str
-    target: str
-
-
-def calibrate(src: DrafterCheckpoint, model: Any, text: str | None, ids: tuple[int, ...]) -> Calibration:
-    """Target states of calibration text at boundaries `ids` (position 0, the sink token, excluded)."""
-    import torch
-
-    from .model.hf import capture_aux
-    from .verify import BUNDLED_TEXT
-
-    body = text if text is not None else BUNDLED_TEXT.read_text()
-    if model.tokenizer is not None:
-        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :4096]
-        how = "bundled text" if text is None else "given text"
-    else:
-        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
-        raw = torch.tensor(list(body.encode("utf-8"))[:4096]) % model.vocab_size
-        input_ids = raw[None]
-        how = "text bytes as token ids (the target has no tokenizer)"
-    aux = capture_aux(model, input_ids, ids)[0, 1:].double().numpy()
-    return Calibration(aux, ids, how, model.path)
-
-
-def fit(src: DrafterCheckpoint, init: str, cal: Calibration | None
-        ) -> tuple[list[np.ndarray], np.ndarray | None, dict[str, Any]]:
-    """(fc_norm weights per chunk, a refitted fc or None, statistics) for one init (docs/math.md#upgrade-inits)."""
-    spec = src.spec
-    n, Ht = spec.num_aux_hidden_states, spec.aux_width
-    if n is None or Ht is None:
-        raise ConversionError(f"{src.ckpt.root}: cannot tell the aux count / width from fc.weight")
-    if init == "ones":
-        return [np.ones(Ht, dtype=np.float32) for _ in range(n)], None, {}
-    assert cal is not None
-    aux = cal.aux
-    eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
-    chunks = aux.reshape(aux.shape[0], n, Ht)  # (T, n, H_t)
-    rms = np.sqrt((chunks ** 2).mean(-1) + eps)  # (T, n)
-    stats: dict[str, Any] = {
-        "target": cal.target, "aux_ids_vllm": list(cal.ids), "tokens": int(aux.shape[0]), "text_source": cal.how,
-        "sink_excluded": True,
-        "rms_mean": [float(x) for x in rms.mean(0)],
-        "rms_harmonic_mean": [float(x) for x in 1.0 / (1.0 / rms).mean(0)],
-        "rms_min": [float(x) for x in rms.min(0)], "rms_max": [float(x) for x in rms.max(0)],
-    }
-    if init == "harmonic":
-        return [np.full(Ht, c, dtype=np.float32) for c in stats["rms_harmonic_mean"]], None, stats
-    W = src.view.read("fc.weight").astype(np.float64)  # (H, n·H_t)
-    u = (chunks / rms[..., None]).reshape(aux.shape[0], n * Ht)  # normalised features
-    c = aux.astype(np.float64)
-    U = u.T @ u  # (D, D)
-    C = c.T @ u  # Σ c uᵀ
-    stats["fc_output_relative_error_ones"] = _relative_fc_error(W, c, u, np.ones(n * Ht), None)
-    if init == "calibrated":
-        M = W.T @ W
-        gamma = _ridge_solve(M * U, (M * C).sum(0))  # (M ⊙ U) γ = (M ⊙ Cᵀ) 1, M symmetric
-        stats["fc_output_relative_error"] = _relative_fc_error(W, c, u, gamma, None)
-        return [gamma[j * Ht:(j + 1) * Ht].astype(np.float32) for j in range(n)], None, stats
-    # refit: γ = 1 and W' the ridge regression of the 3.0 fc output g = W c on u: W' = (W C) (U + λI)^-1
-    Wn = _ridge_solve(U, (W @ C).T).T
-    stats["fc_output_relative_error"] = _relative_fc_error(W, c, u, np.ones(n * Ht), Wn)
-    return [np.ones(Ht, dtype=np.float32) for _ in range(n)], Wn.astype(np.float32), stats
-
-
-def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lam = 1e-6 * float(np.trace(A)) / A.shape[0]
-    return np.linalg.solve(A + lam * np.eye(A.shape[0]), b)
-
-
-def _relative_fc_error(W: np.ndarray, c: np.ndarray, u: np.ndarray, gamma: np.ndarray, W_new: np.ndarray | None) -> float:
-    """‖g' − g‖ / ‖g‖ over the calibration tokens (g = 3.0 FC output, g' = 3.1 FC output)."""
-    g = c @ W.T
-    g_new = (u * gamma) @ (W_new if W_new is not None else W).T
-    return float(np.linalg.norm(g_new - g) / np.linalg.norm(g))
 
 
 # ------------------------------------------------------------------------------- choosing by measurement

@@ -102,6 +102,36 @@ def target_inputs(target: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int
                   f"target {target.path}: aux ids {list(ids)} on {how}")
 
 
+def states_inputs(captured: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int,
+                  table_needed: bool = True) -> Inputs:
+    """Aux states of a capture (`--states`, io/states.py) at the drafter's layers: the first request long
+    enough. With `table_needed` (no drafter ships an embedding) the ids index the rows read off boundary 0."""
+    import numpy as np
+
+    from .io.states import compact_embedding
+
+    ids = spec.capture_ids(captured.num_layers)
+    if len(ids) != args.num_aux:
+        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
+    why = captured.embedding_source() if table_needed else None
+    if why is not None:
+        raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
+    fetch = ids + ((0,) if table_needed and 0 not in ids else ())
+    req = next((r for r in captured.requests(fetch) if len(r.token_ids) >= tokens + steps), None)
+    if req is None:
+        raise IncompatibleDrafterError(f"{captured.root}: no captured request has {tokens + steps} tokens",
+                                       hint=f"capture with --length {tokens + steps} or more, or pass a smaller "
+                                            "--tokens")
+    hidden = np.ascontiguousarray(req.hidden, dtype=np.float32)
+    aux = torch.from_numpy(hidden[:tokens, : len(ids)].reshape(1, tokens, -1).copy())
+    tok, embed = req.token_ids[: tokens + steps], None
+    if table_needed:
+        tok, rows = compact_embedding(tok, hidden[: tokens + steps, fetch.index(0)])
+        embed = torch.from_numpy(rows)
+    return Inputs(aux, torch.from_numpy(np.ascontiguousarray(tok))[None], embed,
+                  f"capture {captured.root}: aux ids {list(ids)} on {req.name}")
+
+
 # -------------------------------------------------------------------------------------- metrics
 
 @dataclass
@@ -233,6 +263,7 @@ def run(
     *,
     against: str | None = None,
     target: str | None = None,
+    states: str | None = None,
     device: str = "cpu",
     dtype: str = "float32",
     steps: int = 3,
@@ -253,6 +284,11 @@ def run(
         from .model.hf import load_model
 
         inputs = target_inputs(load_model(target), ref.spec, ref.args, tokens, steps, seed, text)
+    elif states:
+        from .io.states import open_states
+
+        inputs = states_inputs(open_states(states), ref.spec, ref.args, tokens, steps,
+                               table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
     if against is None:  # precision / device parity against the fp32 CPU reference of itself

@@ -1,6 +1,6 @@
 """Runs inside the vLLM interpreter (its own virtualenv): JSON request in, JSON result out.
 
-    python _vllm_worker.py REQUEST.json RESULT.json
+    python vllm_smoke.py REQUEST.json RESULT.json
 
 Standalone on purpose (stdlib + vllm only): eaglectl never imports vLLM in-process, and vLLM's
 torch pin stays out of eaglectl's environment. One `LLM` per configuration (k, drafter and dtype
