@@ -43,9 +43,9 @@ if __name__ == "__main__":
 
 
 def overhead(python: str) -> None:
-    from eaglectl.smoke import _tokenizer, load_prompts
+    from eaglectl.workload import load_prompts, tokenizer_of
 
-    tok = _tokenizer(str(TRAINED / "target"))
+    tok = tokenizer_of(str(TRAINED / "target"))
     prompts = load_prompts("builtin:short", tok, count=16, max_tokens=64, max_model_len=1024, k=3, seed=0).prompts
     spec = {"method": "eagle3", "model": str(TRAINED / "eagle3.1"), "num_speculative_tokens": 3}
     with tempfile.TemporaryDirectory() as tmp:

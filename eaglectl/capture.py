@@ -85,9 +85,9 @@ def choose_layers(t: TargetCheckpoint, layers: str, drafter: str | None) -> tupl
 
 
 def prompt_set(t: TargetCheckpoint, prompts: str, count: int, length: int, seed: int) -> tuple[list[list[int]], str]:
-    from .smoke import _tokenizer, load_prompts
+    from .workload import load_prompts, needs_chat, tokenizer_of
 
-    tok = _tokenizer(t.source, chat=Path(prompts).is_file() and '"messages"' in Path(prompts).read_text())
+    tok = tokenizer_of(t.source, chat=needs_chat(prompts))
     if tok is None:
         raise UsageError(f"{t.source}: the target has no tokenizer; give --prompts as JSONL with prompt_token_ids")
     ps = load_prompts(prompts, tok, count=count, max_tokens=1, max_model_len=length + 3, k=0, seed=seed)

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from . import __version__, formats, report
+from .drift import DEFAULT_SYSTEM, PROTOCOLS, TEMPLATES
 from .errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -107,8 +108,8 @@ class IntList(click.ParamType):
 
     name = "ints"
 
-    def __init__(self, lo: int = 0, hi: int = 1 << 20, example: str = "1,4,16") -> None:
-        self.lo, self.hi, self.example = lo, hi, example
+    def __init__(self, lo: int = 0, hi: int = 1 << 20, example: str = "1,4,16", k_suffix: bool = False) -> None:
+        self.lo, self.hi, self.example, self.k_suffix = lo, hi, example, k_suffix
 
     def convert(self, value: Any, param: Any, ctx: Any) -> tuple[int, ...]:
         if isinstance(value, tuple):
@@ -117,12 +118,30 @@ class IntList(click.ParamType):
         if not items or any(not x for x in items):
             self.fail(f"{value!r}: comma-separated integers with no empty item, e.g. {self.example}", param, ctx)
         try:
-            out = tuple(int(x) for x in items)
+            out = tuple(int(x[:-1]) * 1024 if self.k_suffix and x[-1:] in "kK" else int(x) for x in items)
         except ValueError:
             self.fail(f"{value!r}: comma-separated integers, e.g. {self.example}", param, ctx)
         if any(not self.lo <= x <= self.hi for x in out):
             self.fail(f"{value!r}: each value must be in [{self.lo}, {self.hi}]", param, ctx)
         return out
+
+
+class ChoiceList(click.ParamType):
+    """Comma-separated names, each one of `choices`, no repeats."""
+
+    name = "names"
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        items = tuple(x.strip() for x in str(value).split(","))
+        bad = [x for x in items if x not in self.choices]
+        if bad or len(set(items)) != len(items):
+            self.fail(f"{value!r}: comma-separated names from {', '.join(self.choices)}, each once", param, ctx)
+        return items
 
 
 class Size(click.ParamType):
@@ -225,6 +244,18 @@ def states_option(fn: Any) -> Any:
     return click.option("--states", metavar="DIR", type=click.Path(exists=True, file_okay=False),
                         help="Target hidden states captured by `eaglectl capture` (or a recipe-made vllm serve "
                              "dump): stands in for running the target; its capture.json names the target.")(fn)
+
+
+def plot_option(what: str) -> Callable[[Any], Any]:
+    def check_extra(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value:  # before any work: a missing extra must not cost a long run
+            from .plot import require_matplotlib
+
+            require_matplotlib()
+        return value
+
+    return click.option("--plot", type=OutputFile(), metavar="FILE.png", callback=check_extra,
+                        help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl[plot]').")
 
 
 def write_options(fn: Any) -> Any:
@@ -498,7 +529,8 @@ Examples:
 @click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True,
               help="Draft tokens per step (k).")
 @click.option("--prompts", default="builtin:short", show_default=True,
-              help="builtin:short, builtin:long, or a JSONL file ({'prompt': text} or {'messages': [...]}).")
+              help="builtin:short, builtin:long, builtin:calibration, a JSONL file ({'prompt': text}, {'messages': "
+                   "[...]} or {'prompt_token_ids'}), or a local SPEED-Bench folder (parquet; reported per category).")
 @click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True,
               help="How many prompts to run.")
 @click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True,
@@ -518,11 +550,15 @@ Examples:
 @click.option("--timeout-s", type=Number(0.0, 86400.0, lo_open=True), default=900.0, show_default=True,
               help="Give up on vLLM after this many seconds.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for prompt sampling and vLLM.")
+@click.option("--context-lengths", type=IntList(16, 1 << 20, example="2k,8k", k_suffix=True),
+              help="Also run prompts of exactly these lengths (1k = 1024 tokens, built from the workload) and report "
+                   "acceptance per length; --max-model-len grows to fit.")
+@plot_option("per-position acceptance, AL by context length and speedup by concurrency")
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
               max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
               tensor_parallel_size: int, vllm_python: str | None, min_acceptance: float | None, timeout_s: float,
-              seed: int) -> None:
+              seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -537,7 +573,7 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      max_tokens=max_tokens, concurrency=concurrency, baselines=baselines, dtype=dtype,
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
-                                     timeout_s=timeout_s))
+                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot))
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -692,6 +728,67 @@ def capture_cmd(target: str, out: str, engine: str, server_url: str | None, laye
         vllm_args=dict(vllm_args), vllm_python=vllm_python, server_url=server_url, seed=seed, force=force,
         timeout_s=timeout_s,
         progress=report.progress))
+
+
+# ------------------------------------------------------------------------------------------ drift
+
+@cli.command("drift", epilog="""\b
+Examples:
+  eaglectl drift ./eagle3 ./eagle3.1 --target ./target               # side by side, depth 0..7
+  eaglectl drift ./drafter --target ./target --context-lengths 1k,4k,16k --plot drift.png
+  eaglectl drift ./drafter --target ./target --prompts chat.jsonl --templates training,changed,none
+  eaglectl drift ./drafter --states ./states --json                  # a capture of a big target
+""")
+@click.argument("drafters", nargs=-1, required=True)
+@target_option("Target model (folder or Hub id): runs the acceptance loop and gives the states.")
+@states_option
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default="paper-v1", show_default=True,
+              help="Named definitions of sink, window and anchors (docs/drift.md); the options below override them.")
+@click.option("--depth", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Draft steps per chain (deeper than training shows extrapolation).")
+@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="k of the acceptance loop (the same loop as smoke --engine reference).")
+@click.option("--prompts", default="builtin:short", show_default=True,
+              help="builtin:short, builtin:long, builtin:calibration, or a JSONL file (as smoke).")
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True, help="Prompts per "
+              "condition (with --states: captured requests).")
+@click.option("--max-tokens", type=click.IntRange(2, 32768), default=64, show_default=True,
+              help="Answer tokens per prompt; anchors step through the answer.")
+@click.option("--context-lengths", type=IntList(16, 1 << 20, example="1k,4k", k_suffix=True),
+              help="Axis: prompts of exactly these lengths (1k = 1024 tokens), built from the workload.")
+@click.option("--templates", type=ChoiceList(TEMPLATES),
+              help="Axis: the JSONL chat prompts as written, with --system-prompt instead, or with no system prompt.")
+@click.option("--system-prompt", default=DEFAULT_SYSTEM, show_default=True, help="The system prompt of the `changed` template.")
+@click.option("--sink-tokens", type=click.IntRange(1, 1 << 20), help="Positions counted as the sink (protocol: 1).")
+@click.option("--recent-window", type=click.IntRange(1, 1 << 20), help="Context positions counted as recent "
+              "(protocol: 16).")
+@click.option("--anchor-every", type=click.IntRange(1, 1 << 20), help="Anchor spacing in the answer (protocol: 8).")
+@click.option("--bootstrap", "bootstrap_reps", type=click.IntRange(100, 100_000), default=1000, show_default=True,
+              help="Bootstrap resamples for the 95 % intervals.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for prompt sampling and the bootstrap.")
+@plot_option("attention masses and state RMS by depth, drafters overlaid")
+@json_option
+def drift_cmd(drafters: tuple[str, ...], target: str | None, states: str | None, protocol: str, depth: int, k: int,
+              prompts: str, num_prompts: int, max_tokens: int, context_lengths: tuple[int, ...] | None,
+              templates: tuple[str, ...] | None, system_prompt: str, sink_tokens: int | None,
+              recent_window: int | None, anchor_every: int | None, bootstrap_reps: int, seed: int,
+              plot: str | None) -> None:
+    """Measure attention drift: where each DRAFTER's attention goes as speculation deepens.
+
+    Free-running chains from anchors inside real text, in the reference drafter. Per depth:
+    attention mass on the sink, on the chain's own tokens and on recent context, attention
+    entropy, and the RMS of the state fed back (what EAGLE 3.1's norm_output bounds), with
+    95 % bootstrap intervals and the spread over heads; plus the acceptance length of the same
+    run (--target). Several drafters side by side; context-length and template axes.
+    """
+    from . import drift
+
+    report.finish("drift", drift.run(
+        list(drafters), target=target, states=states, protocol=protocol, depth=depth, k=k, prompts=prompts,
+        num_prompts=num_prompts, max_tokens=max_tokens, context_lengths=context_lengths or (),
+        templates=templates or (), system_prompt=system_prompt, sink_tokens=sink_tokens,
+        recent_window=recent_window, anchor_every=anchor_every, bootstrap_reps=bootstrap_reps, seed=seed,
+        plot=plot, progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------ registry

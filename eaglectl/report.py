@@ -363,6 +363,12 @@ def _bar(value: float, width: int = 30) -> str:
     return "█" * full + "·" * (width - full)
 
 
+def _config_label(name: str) -> str:
+    """`eagle3:/long/path/drafter` → `eagle3:drafter` (the JSON keeps the full name)."""
+    kind, sep, path = name.partition(":")
+    return f"{kind}:{_short_names([path])[0]}" if sep and path else name
+
+
 def render_smoke(rep: Any) -> None:
     out = stdout
     doc = rep.to_json()
@@ -372,7 +378,7 @@ def render_smoke(rep: Any) -> None:
     out.print("versions: " + ", ".join(f"{k} {v[k]}" for k in v))
     rows = []
     for r in [doc, *doc["baselines"]]:
-        name = "drafter" if r is doc else r["name"]
+        name = "drafter" if r is doc else _config_label(r["name"])
         if r.get("skipped"):
             rows.append((name, "skipped: " + r["skipped"], "", "", "", "", ""))
             continue
@@ -384,22 +390,36 @@ def render_smoke(rep: Any) -> None:
                      "-" if r.get("num_drafts") is None else str(r["num_drafts"]),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
     out.print(table(None, ["config", "AL", "accepted len", "accept rate", "per position", "drafts", "= no-spec"], rows))
+    if doc.get("mean_acceptance_length_per_request") is not None:
+        out.print(f"AL as the mean over requests (SPEED-Bench's way): {doc['mean_acceptance_length_per_request']:.3f}")
+    for key, label in (("by_context_length", "context tokens"), ("by_category", "category")):
+        configs = [("drafter", doc)] + [(_config_label(b["name"]), b) for b in doc["baselines"] if b.get(key)]
+        if doc.get(key):
+            rows = [(name, r.get("bucket") or r.get("context_length") if key == "by_context_length" else r["category"],
+                     r["requests"], _num(r["mean_acceptance_length"], ".3f"),
+                     _num(r["mean_acceptance_length_per_request"], ".3f"),
+                     " / ".join(f"{p:.2f}" for p in r["per_position_acceptance"]) or "-")
+                    for name, c in configs for r in c[key]]
+            out.print(table(f"\nacceptance by {label}", ["config", label, "requests", "AL pooled", "AL per request",
+                                                          "per position"], rows))
     per = doc.get("per_position_acceptance") or []
     if per:
         out.print("\nper-position acceptance (drafter):")
         for i, rate in enumerate(per):
             out.print(f"  {i + 1:2d} {_bar(rate)} {100 * rate:5.1f}%")
     if doc["speedup"]:
-        out.print("\nspeedup over no speculation (per-user output tokens/s):")
+        out.print("\nspeedup over no speculation (per-user output tokens/s, 1/TPOT: time to first token excluded):")
         conc = sorted({s["concurrency"] for s in doc["speedup"]})
         configs = list(dict.fromkeys(s["config"] for s in doc["speedup"]))
-        rows = [(c, *(f"{next(s['speedup'] for s in doc['speedup'] if s['config'] == c and s['concurrency'] == n):.2f}x"
+        rows = [(_config_label(c), *(f"{next(s['speedup'] for s in doc['speedup'] if s['config'] == c and s['concurrency'] == n):.2f}x"
                       for n in conc)) for c in configs]
         out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
     for flag in rep.red_flags:
         out.print(f"[bold red]red flag:[/] {safe(flag)}")
     if rep.log:
         out.print(f"[dim]vLLM log: {safe(rep.log)}[/]")
+    if rep.plot:
+        out.print(f"plot: {safe(rep.plot)}")
 
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
@@ -469,7 +489,57 @@ def render_capture(result: Any) -> None:
         stdout.print(f"  [dim]vLLM log: {safe(result.log)}[/]")
 
 
+def _short_names(paths: list[str]) -> list[str]:
+    import os
+
+    base = [os.path.basename(os.path.normpath(p)) or p for p in paths]
+    return base if len(set(base)) == len(set(paths)) else paths
+
+
+def render_drift(rep: Any) -> None:
+    out = stdout
+    doc = rep.to_json()
+    source = f"target {safe(doc['target'])}" if doc["target"] else f"capture {safe(doc['states'])}"
+    out.print(f"[bold]drift[/] ({doc['protocol']})  {source}  depth {doc['depth']}, sink = first "
+              f"{doc['sink_tokens']} token(s), recent = last {doc['recent_window']} context positions, "
+              f"an anchor every {doc['anchor_every']} answer tokens")
+    out.print(f"[dim]{safe(doc['protocol_note'])}[/]")
+    runs = doc["runs"]
+    names = dict(zip(dict.fromkeys(r["drafter"] for r in runs), _short_names(list(dict.fromkeys(
+        r["drafter"] for r in runs))), strict=True))
+    conditions = list(dict.fromkeys((r["context_length"], r["template"]) for r in runs))
+    for length, template in conditions:
+        group = [r for r in runs if (r["context_length"], r["template"]) == (length, template)]
+        what = (f"context {length} tokens" if length else f"template {template}" if template
+                else f"{group[0]['prompts']} prompts")
+        rows = []
+        for d in range(doc["depth"]):
+            cells = []
+            for r in group:
+                x = r["depths"][d]
+                cells.append(" ".join(_num(x[m], ".3f") for m in ("sink_mass", "self_mass", "recent_mass"))
+                             + f"  {_num(x['state_rms'], '.2f')}")
+            rows.append((d, *cells))
+        out.print(table(f"\n{what}: sink self recent (attention mass)  state RMS, by draft depth", ["depth",
+                        *(safe(names[r["drafter"]]) for r in group)], rows))
+        als = [(safe(names[r["drafter"]]), _num(r["mean_acceptance_length"], ".3f"),
+                _num(r["mean_acceptance_length_per_request"], ".3f"),
+                " / ".join(f"{p:.2f}" for p in r["per_position_acceptance"] or []) or "-",
+                " ".join(f"{x:.2f}" for x in r["aux_chunk_rms"])) for r in group]
+        out.print(table(None, ["drafter", "AL pooled", "AL per request", "per position", "aux RMS"], als))
+    if doc["acceptance_note"]:
+        out.print(f"[dim]{safe(doc['acceptance_note'])}[/]")
+    for r in runs:
+        for note in r["notes"]:
+            out.print(f"[dim]{safe(names[r['drafter']])}: {safe(note)}[/]")
+        if r["chains_cut"]:
+            out.print(f"[yellow]{safe(names[r['drafter']])}: {r['chains_cut']} chains stopped at a token "
+                      "without an embedding row[/]")
+    if doc["plot"]:
+        out.print(f"plot: {safe(doc['plot'])}")
+
+
 RENDERERS: dict[str, Callable[[Any], None]] = {
     "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
-    "smoke": render_smoke, "check": render_check, "capture": render_capture,
+    "smoke": render_smoke, "check": render_check, "capture": render_capture, "drift": render_drift,
 }

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import random
 import subprocess
 import sys
 import tempfile
@@ -25,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import CheckpointNotFoundError, EaglectlError, MissingDependencyError, SmokeFailedError
+from .errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 SCHEMA = "eaglectl.smoke/1"
-HELDOUT = Path(__file__).with_name("data") / "heldout-code.txt"
-CALIBRATION = Path(__file__).with_name("data") / "calibration.txt"
 WORKER = Path(__file__).with_name("workers") / "vllm_smoke.py"
 NEAR_ONE = 1.05
 
@@ -70,86 +68,6 @@ def parse_baselines(text: str | None) -> list[Baseline]:
     return out
 
 
-# --------------------------------------------------------------------------------------- prompts
-
-@dataclass
-class PromptSet:
-    name: str
-    prompts: list[list[int]]
-    description: str
-
-
-BUILTIN_PROMPTS = ("short", "long", "calibration")
-
-
-def _calibration_windows(tokenizer: Any, count: int, length: int) -> PromptSet:
-    text = CALIBRATION.read_text() + "\n" + HELDOUT.read_bytes().decode("utf-8", errors="replace")[:200_000]
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
-    step = length - len(bos)
-    prompts = [bos + ids[i * step:(i + 1) * step] for i in range(count) if (i + 1) * step <= len(ids)]
-    if not prompts:
-        raise CheckpointNotFoundError(f"builtin:calibration: the bundled text has {len(ids)} tokens, "
-                                      f"fewer than one window of {length}")
-    return PromptSet("builtin:calibration", prompts, f"{len(prompts)} consecutive windows of {length} tokens of "
-                     "the bundled calibration text, then held-out code")
-
-
-def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_model_len: int, k: int,
-                 seed: int) -> PromptSet:
-    """`builtin:short`, `builtin:long` (held-out code), `builtin:calibration` (consecutive windows of the
-    bundled calibration text, then held-out code: what calibration and the probe read), or a JSONL
-    file of {"prompt"} / {"messages"} / {"prompt_token_ids"}."""
-    if spec.startswith("builtin:"):
-        kind = spec.split(":", 1)[1]
-        if kind not in BUILTIN_PROMPTS:
-            raise CheckpointNotFoundError(f"{spec}: built-in prompt sets are "
-                                          + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
-        if tokenizer is None:
-            raise MissingDependencyError("built-in prompts need the target's tokenizer (tokenizer.json)")
-        if kind == "calibration":
-            return _calibration_windows(tokenizer, count, max_model_len - max_tokens - k - 2)
-        text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
-        length = 64 if kind == "short" else max(64, max_model_len - max_tokens - k - 2)
-        n = count if kind == "short" else max(1, count // 4)
-        rng = random.Random(seed)
-        prompts = []
-        for _ in range(n):
-            start = rng.randrange(0, max(1, len(text) - 8 * length))
-            ids = tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length]
-            prompts.append(ids)
-        return PromptSet(spec, prompts, f"{n} held-out code windows of {length} tokens (seed {seed})")
-    path = Path(spec)
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"{spec}: prompt file not found", path=spec)
-    prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise CheckpointNotFoundError(f"{spec}:{lineno}: not a JSON object", path=spec) from None
-        if isinstance(obj.get("prompt_token_ids"), list):
-            prompts.append([int(t) for t in obj["prompt_token_ids"]])
-        elif isinstance(obj.get("prompt"), str) and tokenizer is not None:
-            prompts.append(tokenizer(obj["prompt"], add_special_tokens=True).input_ids)
-        elif isinstance(obj.get("messages"), list) and tokenizer is not None and tokenizer.chat_template:
-            prompts.append(list(tokenizer.apply_chat_template(obj["messages"], add_generation_prompt=True,
-                                                              tokenize=True)))
-        else:
-            raise CheckpointNotFoundError(
-                f"{spec}:{lineno}: needs a 'prompt' text, chat 'messages' (target with a chat template) or "
-                "'prompt_token_ids'", path=spec)
-    if not prompts:
-        raise CheckpointNotFoundError(f"{spec}: no prompts", path=spec)
-    too_long = [len(p) for p in prompts if len(p) + max_tokens + k + 2 > max_model_len]
-    if too_long:
-        raise CheckpointNotFoundError(f"{spec}: a prompt of {too_long[0]} tokens leaves no room for {max_tokens} "
-                                      f"new tokens in max_model_len {max_model_len}", path=spec)
-    return PromptSet(str(path), prompts[:count] if count else prompts, f"{len(prompts)} prompts from {path.name}")
-
-
 # ---------------------------------------------------------------------------------------- report
 
 @dataclass
@@ -163,13 +81,33 @@ class ConfigResult:
     load_seconds: float | None = None
     generate_seconds: float | None = None
     skipped: str | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)  # per prompt: counts, tpot_s, ttft_s
+    groups: list[dict[str, Any]] = field(default_factory=list)  # extra prompt sets: label, counters, requests
 
     @property
     def mean_acceptance_length(self) -> float | None:
         c = self.counters
         return 1 + c["num_accepted_tokens"] / c["num_drafts"] if c and c["num_drafts"] else None
 
-    def to_json(self, k: int, reference_outputs: list[list[int]] | None) -> dict[str, Any]:
+    def by_context_length(self, labels: list[dict[str, Any]], prompts: list[list[int]]) -> list[dict[str, Any]]:
+        """--context-lengths groups, then the workload's own throughput buckets (SPEED-Bench)."""
+        rows = [{"context_length": g["label"]["context_length"], **acceptance(g["counters"], g["requests"])}
+                for g in self.groups if "context_length" in g["label"]]
+        buckets = sorted({lab["bucket"] for lab in labels if lab.get("bucket")}, key=lambda b: int(b[:-1]))
+        for b in buckets:
+            idx = [i for i, lab in enumerate(labels) if lab.get("bucket") == b]
+            rows.append({"context_length": round(sum(len(prompts[i]) for i in idx) / len(idx)), "bucket": b,
+                         **acceptance(None, [self.requests[i] for i in idx if i < len(self.requests)])})
+        return rows
+
+    def by_category(self, labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        cats = sorted({lab["category"] for lab in labels if lab.get("category")})
+        return [{"category": c, **acceptance(None, [self.requests[i] for i, lab in enumerate(labels)
+                                                     if lab.get("category") == c and i < len(self.requests)])}
+                for c in cats]
+
+    def to_json(self, k: int, reference_outputs: list[list[int]] | None, labels: list[dict[str, Any]] | None = None,
+                prompts: list[list[int]] | None = None) -> dict[str, Any]:
         c = self.counters
         al = self.mean_acceptance_length
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "path": self.path, "skipped": self.skipped}
@@ -183,6 +121,11 @@ class ConfigResult:
                 "num_drafts": drafts, "num_draft_tokens": c["num_draft_tokens"],
                 "num_accepted_tokens": c["num_accepted_tokens"], "accepted_per_pos": c["accepted_per_pos"],
             })
+        if c is not None:
+            out["mean_acceptance_length_per_request"] = acceptance(c, self.requests)["mean_acceptance_length_per_request"]
+            out["by_context_length"] = self.by_context_length(labels or [], prompts or [])
+            out["by_category"] = self.by_category(labels or [])
+        out["requests"] = self.requests
         if self.outputs is not None and reference_outputs is not None:
             same = sum(a == b for a, b in zip(self.outputs, reference_outputs, strict=False))
             out["greedy_match"] = same / len(reference_outputs)
@@ -190,6 +133,26 @@ class ConfigResult:
         out["load_seconds"] = self.load_seconds
         out["generate_seconds"] = self.generate_seconds
         return out
+
+
+def acceptance(counters: dict[str, Any] | None, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """AL both ways the ecosystem reports it: pooled (1 + accepted / drafts, vLLM's counters) and the mean
+    over requests of each request's own AL (SPEED-Bench's); pooled from `requests` when no counters."""
+    rows = [r for r in requests if r.get("num_drafts")]
+    c = counters or {"num_drafts": sum(r["num_drafts"] for r in rows),
+                     "num_accepted_tokens": sum(r["num_accepted_tokens"] for r in rows),
+                     "num_draft_tokens": sum(r.get("num_draft_tokens", 0) for r in rows),
+                     "accepted_per_pos": [sum(x) for x in zip(*(r["accepted_per_pos"] for r in rows), strict=True)]
+                     if rows and all("accepted_per_pos" in r for r in rows) else []}
+    drafts = c["num_drafts"]
+    return {
+        "requests": len(requests),
+        "mean_acceptance_length": 1 + c["num_accepted_tokens"] / drafts if drafts else None,
+        "mean_acceptance_length_per_request": (sum(1 + r["num_accepted_tokens"] / r["num_drafts"] for r in rows)
+                                               / len(rows) if rows else None),
+        "per_position_acceptance": [a / drafts for a in c["accepted_per_pos"]] if drafts else [],
+        "num_drafts": drafts, "num_accepted_tokens": c["num_accepted_tokens"],
+    }
 
 
 @dataclass
@@ -208,6 +171,7 @@ class SmokeReport:
     min_acceptance: float | None = None
     engine_reading: Any = None  # reading.EngineReading (vLLM engine only)
     engine_reading_note: str | None = None
+    plot: str | None = None
 
     @property
     def main(self) -> ConfigResult:
@@ -221,11 +185,11 @@ class SmokeReport:
         none = next((r for r in self.results if r.kind == "none" and r.throughput), None)
         if none is None:
             return []
-        base = {t["concurrency"]: t["per_user_tokens_per_s"] for t in none.throughput}
+        base = {t["concurrency"]: t["per_user_tokens_per_s"] for t in none.throughput if t["per_user_tokens_per_s"]}
         rows = []
         for r in self.results:
             for t in r.throughput:
-                if t["concurrency"] in base and r.kind != "none":
+                if t["concurrency"] in base and r.kind != "none" and t["per_user_tokens_per_s"]:
                     rows.append({"config": r.name, "concurrency": t["concurrency"],
                                  "speedup": t["per_user_tokens_per_s"] / base[t["concurrency"]]})
         return rows
@@ -239,7 +203,8 @@ class SmokeReport:
 
     def to_json(self) -> dict[str, Any]:
         ref = self.reference_outputs()
-        main = self.main.to_json(self.k, ref)
+        labels, prompts = self.prompts.labels, self.prompts.prompts
+        main = self.main.to_json(self.k, ref, labels, prompts)
         return {
             "schema": SCHEMA, "tool_version": __version__, "command": "smoke", "engine": self.engine,
             "drafter": self.drafter, "target": self.target, "num_speculative_tokens": self.k, "dtype": self.dtype,
@@ -251,12 +216,16 @@ class SmokeReport:
             "per_position_acceptance": main.get("per_position_acceptance"),
             "num_drafts": main.get("num_drafts"), "num_draft_tokens": main.get("num_draft_tokens"),
             "num_accepted_tokens": main.get("num_accepted_tokens"),
+            "mean_acceptance_length_per_request": main.get("mean_acceptance_length_per_request"),
+            "by_context_length": main.get("by_context_length", []), "by_category": main.get("by_category", []),
+            "requests": main.get("requests", []),
             "greedy_match": main.get("greedy_match"),
-            "baselines": [r.to_json(self.k, ref) for r in self.results[1:]],
+            "baselines": [r.to_json(self.k, ref, labels, prompts) for r in self.results[1:]],
             "speedup": self.speedups(), "versions": self.versions, "red_flags": self.red_flags,
             "min_acceptance": self.min_acceptance,
             "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
-            "engine_reading_note": self.engine_reading_note, "log": self.log, "exit_code": self.exit_code,
+            "engine_reading_note": self.engine_reading_note, "log": self.log, "plot": self.plot,
+            "exit_code": self.exit_code,
         }
 
 
@@ -376,6 +345,8 @@ def run(
     seed: int = 0,
     timeout_s: float = 900.0,
     preflight: bool = True,
+    context_lengths: tuple[int, ...] = (),
+    plot: str | None = None,
 ) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every
     drafter first (check turns it off: it has just inspected)."""
@@ -389,24 +360,29 @@ def run(
             first = next(f for f in pre.findings if f.severity == "error")
             raise SmokeFailedError(f"{path}: pre-flight inspect found errors, first [{first.rule_id}] {first.message}",
                                    hint=f"eaglectl inspect {path} --target {target}")
-    chat = Path(prompts).is_file() and '"messages"' in Path(prompts).read_text()
-    tokenizer = _tokenizer(target, chat=chat)
+    tokenizer = tokenizer_of(target, chat=needs_chat(prompts))
+    # a context-length axis widens the window to its longest bucket (what the engine must hold)
+    max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
                               max_model_len=max_model_len, k=k, seed=seed)
+    groups = [{"label": {"context_length": n}, "prompts": load_prompts(
+        prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
+        length=n).prompts} for n in context_lengths]
     configs = [Baseline("drafter", "eagle3", drafter), *baselines]
     if python is not None:
         request = {"target": target, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
                    "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size, "max_tokens": max_tokens,
-                   "concurrency": list(concurrency), "prompts": prompt_set.prompts,
+                   "concurrency": list(concurrency), "prompts": prompt_set.prompts, "groups": groups,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
         raw, log = run_vllm(python, request, timeout_s)
         results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
-                                r["throughput"], r["load_seconds"], r["generate_seconds"])
+                                r["throughput"], r["load_seconds"], r["generate_seconds"],
+                                requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                    for c, r in zip(configs, raw["configs"], strict=True)]
         versions = {k2: raw[k2] for k2 in ("vllm_version", "torch_version", "cuda", "python")}
     else:
-        results, log = _reference(configs, target, prompt_set, k, max_tokens, dtype), None
+        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, dtype), None
         import torch
 
         versions = {"torch_version": torch.__version__, "python": sys.version.split()[0]}
@@ -416,6 +392,11 @@ def run(
     if python is not None and rep.main.counters and rep.main.counters["num_drafts"]:
         rep.engine_reading, rep.engine_reading_note = _engine_reading(rep, drafter, target, dtype)
     rep.red_flags = red_flags(rep)
+    if plot:
+        from .plot import plot_smoke
+
+        plot_smoke(rep.to_json(), plot)
+        rep.plot = plot
     return rep
 
 
@@ -442,39 +423,8 @@ def _engine_reading(rep: SmokeReport, drafter: str, target: str, dtype: str) -> 
         return None, f"not replayed: {e.message}"
 
 
-class _FastTokenizer:
-    """tokenizer.json through the `tokenizers` library: no transformers import for plain text prompts."""
-
-    chat_template = None
-
-    def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_file(str(path))
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Any:
-        from types import SimpleNamespace
-
-        return SimpleNamespace(input_ids=self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
-
-
-def _tokenizer(target: str, chat: bool = False) -> Any:
-    from .model.hf import _local_folder
-
-    folder = Path(_local_folder(target))
-    if not chat and (folder / "tokenizer.json").exists():
-        return _FastTokenizer(folder / "tokenizer.json")
-    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-
-
-def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, k: int, max_tokens: int,
-               dtype: str) -> list[ConfigResult]:
+def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, groups: list[dict[str, Any]], k: int,
+               max_tokens: int, dtype: str) -> list[ConfigResult]:
     from .model.hf import load_model
     from .model.loader import DTYPES
     from .model.specloop import greedy_generate, speculative_generate
@@ -493,16 +443,29 @@ def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, k: i
             model = d.build(DTYPES[dtype], "cpu")
             ids = d.spec.capture_ids(tgt.num_layers)
             embed = None if d.has_embed else tgt.embedding().to(DTYPES[dtype])
-            counts = speculative_generate(tgt, model, prompt_set.prompts, k=k, max_tokens=max_tokens, aux_ids=ids,
-                                          embed=embed)
-            results.append(ConfigResult(c.name, c.kind, c.path, {
-                "num_drafts": counts.num_drafts, "num_draft_tokens": counts.num_draft_tokens,
-                "num_accepted_tokens": counts.num_accepted_tokens, "accepted_per_pos": counts.accepted_per_pos},
-                counts.outputs, generate_seconds=time.perf_counter() - t0))
+
+            def loop(prompts: list[list[int]]) -> Any:
+                return speculative_generate(tgt, model, prompts, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed)
+
+            counts = loop(prompt_set.prompts)
+            seconds = time.perf_counter() - t0
+            extra = []
+            for g in groups:
+                more = loop(g["prompts"])
+                extra.append({"label": g["label"], "counters": _counters(more),
+                              "requests": [r.row() for r in more.per_request]})
+            results.append(ConfigResult(c.name, c.kind, c.path, _counters(counts), counts.outputs,
+                                        generate_seconds=seconds, requests=[r.row() for r in counts.per_request],
+                                        groups=extra))
         else:
             results.append(ConfigResult(c.name, c.kind, c.path, None, None,
                                         skipped=f"{c.kind} needs vLLM (--engine vllm)"))
     return results
+
+
+def _counters(counts: Any) -> dict[str, Any]:
+    return {"num_drafts": counts.num_drafts, "num_draft_tokens": counts.num_draft_tokens,
+            "num_accepted_tokens": counts.num_accepted_tokens, "accepted_per_pos": counts.accepted_per_pos}
 
 
 def red_flags(rep: SmokeReport) -> list[str]:

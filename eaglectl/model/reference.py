@@ -114,6 +114,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_features, a.num_kv_heads * a.head_dim, bias=a.attention_bias)
         self.v_proj = nn.Linear(in_features, a.num_kv_heads * a.head_dim, bias=a.attention_bias)
         self.o_proj = nn.Linear(a.num_heads * a.head_dim, a.hidden_size, bias=False)
+        self.kept_probs: list[torch.Tensor] | None = None  # `eaglectl drift` sets a list: softmax rows land there
         if a.qk_norm:
             self.q_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
             self.k_norm = RMSNorm(a.head_dim, a.rms_norm_eps)
@@ -139,7 +140,10 @@ class Attention(nn.Module):
         v = v.repeat_interleave(group, dim=1)
         scores = (wide(q) @ wide(k).transpose(-1, -2)) / math.sqrt(a.head_dim)  # (B, nh, Tq, Tk)
         scores = scores.masked_fill(~mask, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        if self.kept_probs is not None:
+            self.kept_probs.append(probs)
+        probs = probs.to(v.dtype)
         out = (probs @ v).transpose(1, 2).reshape(q.shape[0], q.shape[2], a.num_heads * a.head_dim)
         return self.o_proj(out)
 

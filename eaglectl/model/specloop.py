@@ -19,6 +19,23 @@ from .reference import ChainCache, Drafter, chain_step, prefill
 
 
 @dataclass
+class RequestCounts:
+    k: int
+    num_drafts: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def row(self) -> dict[str, object]:
+        """The fields vLLM's per-request spec-decode metrics give (smoke's `requests` rows)."""
+        return {"num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted_tokens,
+                "num_draft_tokens": self.num_drafts * self.k, "accepted_per_pos": self.accepted_per_pos}
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+
+@dataclass
 class LoopCounts:
     k: int
     num_drafts: int = 0
@@ -26,6 +43,7 @@ class LoopCounts:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    per_request: list[RequestCounts] = field(default_factory=list)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -43,6 +61,8 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
         seq.append(int(logits[0, -1].argmax()))  # the prefill samples the first output token
         produced, written = 1, 0  # output tokens; drafter context entries (positions 0..written-1)
         cache = ChainCache()
+        mine = RequestCounts(k, accepted_per_pos=[0] * k)
+        counts.per_request.append(mine)
         while produced < max_tokens:
             L = len(seq)
             cache.truncate(written)  # drop the last chain; context entries stay
@@ -64,8 +84,11 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
             counts.num_drafts += 1
             counts.num_draft_tokens += k
             counts.num_accepted_tokens += accepted
+            mine.num_drafts += 1
+            mine.num_accepted_tokens += accepted
             for i in range(accepted):
                 counts.accepted_per_pos[i] += 1
+                mine.accepted_per_pos[i] += 1
             seq += drafts[:accepted] + [greedy[accepted]]
             produced += accepted + 1
         counts.outputs.append(seq[len(prompt): len(prompt) + max_tokens])

@@ -37,6 +37,25 @@ def delta(after: dict, before: dict) -> dict:
         "accepted_per_pos": per}
 
 
+def request_stats(out) -> dict:  # type: ignore[no-untyped-def]
+    """One request's own counts (vLLM's per-request spec-decode metrics) and decode timing (engine-core
+    timestamps: time per output token after the first, and time to first token)."""
+    row: dict = {}
+    spec = getattr(out.outputs[0], "spec_decode_metrics", None)
+    if spec is not None:
+        hist = list(spec.histogram)
+        row["num_drafts"] = sum(hist)
+        row["num_accepted_tokens"] = sum(j * n for j, n in enumerate(hist))
+        row["num_draft_tokens"] = spec.num_draft_tokens
+        row["accepted_per_pos"] = [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
+    m = out.metrics
+    n = len(out.outputs[0].token_ids)
+    if m is not None and n > 1 and m.last_token_ts > m.first_token_ts:
+        row["tpot_s"] = (m.last_token_ts - m.first_token_ts) / (n - 1)
+        row["ttft_s"] = m.first_token_latency
+    return row
+
+
 def run_config(req: dict, cfg: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -50,7 +69,13 @@ def run_config(req: dict, cfg: dict) -> dict:
         kwargs["revision"] = req["revision"]
     if cfg["speculative_config"] is not None:
         kwargs["speculative_config"] = cfg["speculative_config"]
-    llm = LLM(**kwargs)
+        kwargs["per_request_spec_decode_metrics"] = "summary"
+    try:
+        llm = LLM(**kwargs)
+    except TypeError:  # a vLLM without per-request spec-decode metrics: pooled counters only
+        if kwargs.pop("per_request_spec_decode_metrics", None) is None:
+            raise
+        llm = LLM(**kwargs)
     load = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], ignore_eos=True, seed=req["seed"])
     prompts = [TokensPrompt(prompt_token_ids=p) for p in req["prompts"]]
@@ -62,18 +87,31 @@ def run_config(req: dict, cfg: dict) -> dict:
     gen = time.perf_counter() - t
     result = {"name": cfg["name"], "load_seconds": round(load, 3), "generate_seconds": round(gen, 4),
               "counters": delta(counters(llm), before),
-              "outputs": [list(o.outputs[0].token_ids) for o in outs], "throughput": []}
+              "outputs": [list(o.outputs[0].token_ids) for o in outs], "requests": [request_stats(o) for o in outs],
+              "throughput": [], "groups": []}
+    for group in req.get("groups", []) if cfg["speculative_config"] is not None else []:
+        before = counters(llm)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group["prompts"]], params, use_tqdm=False)
+        result["groups"].append({"label": group["label"], "counters": delta(counters(llm), before),
+                                 "requests": [request_stats(o) for o in outs]})
     for c in req["concurrency"]:
         groups = [prompts[i: i + c] for i in range(0, len(prompts) - c + 1, c)] or [prompts[:c]]
-        walls = []
+        walls, tpots, ttfts = [], [], []
         for group in groups:
             t = time.perf_counter()
-            llm.generate(group, params, use_tqdm=False)
+            outs = llm.generate(group, params, use_tqdm=False)
             walls.append(time.perf_counter() - t)
+            stats = [request_stats(o) for o in outs]
+            tpots += [s["tpot_s"] for s in stats if "tpot_s" in s]
+            ttfts += [s["ttft_s"] for s in stats if "ttft_s" in s]
         n = sum(len(g) for g in groups)
         result["throughput"].append({
             "concurrency": c, "requests": n, "seconds": round(sum(walls), 4),
-            "per_user_tokens_per_s": round(sum(req["max_tokens"] / w * len(g) for g, w in zip(groups, walls)) / n, 3),
+            # per-user output speed as 1/TPOT (time to first token excluded), the SPEED-Bench/AIPerf convention
+            "per_user_tokens_per_s": round(sum(1 / t for t in tpots) / len(tpots), 3) if tpots else None,
+            "per_user_tokens_per_s_e2e": round(sum(req["max_tokens"] / w * len(g) for g, w in zip(groups, walls)) / n,
+                                               3),
+            "ttft_s": round(sum(ttfts) / len(ttfts), 5) if ttfts else None,
             "total_tokens_per_s": round(req["max_tokens"] * n / sum(walls), 3)})
     del llm
     gc.collect()

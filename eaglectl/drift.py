@@ -1,0 +1,533 @@
+"""`eaglectl drift`: where a drafter's attention goes as speculation deepens (docs/drift.md).
+
+Free-running chain drafting in the reference drafter (vLLM's kernels never return attention
+probabilities) from anchor positions inside real text: the target's greedy answer to each prompt
+(target mode, the sequences the acceptance loop of the same run produced) or the last `max_tokens`
+positions of each captured request (`--states`). Anchor t: the drafter's context entries 0..t come
+from the target's states; step d's query sits at position t + d and sees the context ≤ t and its own
+chain entries t+1..t+d. Per step, per head: mass on the sink, on the chain (`self`), on the last w
+context positions (`recent`), attention entropy, and the RMS of the state fed to the next step.
+Averaged over heads, then anchors, then prompts; a two-level bootstrap (prompts, then anchors in each)
+gives the 95 % intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .errors import CheckpointNotFoundError, IncompatibleDrafterError, UsageError
+
+SCHEMA = "eaglectl.drift/1"
+METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
+TEMPLATES = ("training", "changed", "none")
+DEFAULT_SYSTEM = "You are a careful assistant. Think before answering, then answer briefly."
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    sink_tokens: int
+    recent_window: int
+    anchor_every: int
+    note: str
+
+
+PROTOCOLS = {
+    "paper-v1": Protocol(
+        "paper-v1", sink_tokens=1, recent_window=16, anchor_every=8,
+        note="definitions follow arXiv 2605.09992 Fig. 1 (sink = the first prompt token; own tokens = the "
+             "positions drafted in the current chain); the paper's exact head/averaging protocol is not "
+             "published, so this averages over heads, then anchors, then prompts"),
+}
+
+
+# ------------------------------------------------------------------------------------ measurement
+
+@dataclass
+class Chains:
+    """One sequence's anchors × depths (× heads) measurements; NaN where a chain was cut."""
+
+    anchors: list[int]
+    masses: dict[str, Any]  # metric -> float64 [anchors, depth, heads] (heads = layers × attention heads)
+    state_rms: Any  # float64 [anchors, depth]
+    drafts: Any  # int64 [anchors, depth] target ids
+    cut: int = 0  # chains stopped at a token the capture has no embedding row for
+
+
+def masses(probs: Any, anchors: Any, sink_tokens: int, recent_window: int, ctx_len: int,
+           self_cols: Any) -> dict[str, Any]:
+    """Attention masses of softmax rows `probs` [A, heads, keys]: keys 0..ctx_len-1 are context positions
+    (row a sees those ≤ anchors[a]); `self_cols` [A, keys] marks each row's own chain entries.
+
+    sink = the first `sink_tokens` positions; recent = the last `recent_window` context positions up to
+    the anchor, sink excluded (so the three masses are disjoint); prompt = 1 − sink − self."""
+    import torch
+
+    A, _, K = probs.shape
+    col = torch.arange(K)[None, :]
+    t = anchors[:, None]
+    ctx = col < ctx_len
+    sink = ctx & (col < sink_tokens)
+    recent = ctx & (col <= t) & (col > t - recent_window) & ~sink
+    p = probs.double()
+    out = {
+        "sink_mass": (p * sink[:, None]).sum(-1),
+        "self_mass": (p * self_cols[:, None]).sum(-1),
+        "recent_mass": (p * recent[:, None]).sum(-1),
+        "entropy": -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1),
+    }
+    out["prompt_mass"] = 1 - out["sink_mass"] - out["self_mass"]
+    return {k: v.numpy() for k, v in out.items()}
+
+
+def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth: int, *, sink_tokens: int,
+                   recent_window: int, embed: Any = None, token_rows: Any = None, chunk: int = 256,
+                   group: int = 64) -> Chains:
+    """Draft `depth` tokens from every anchor (≤ T−2) of one sequence: aux [1, T, W], tokens [1, T].
+
+    `token_rows` maps a target id to a row of `embed` (−1: no row; the chain stops there) when the table
+    is a capture's compact one; None when `embed` (or the drafter's own table) covers the vocabulary."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from .model.reference import ChainCache, LayerKV, prefill
+
+    T = tokens.shape[1]
+    n_ctx = T - 1
+    if not anchors or max(anchors) > T - 2:
+        raise ValueError(f"anchors must lie in 0..{T - 2}")
+    attns = [layer.self_attn for layer in model.layers]
+    heads = len(attns) * model.a.num_heads
+    A = len(anchors)
+    res = {m: np.full((A, depth, heads), np.nan) for m in ("sink_mass", "self_mass", "recent_mass", "prompt_mass",
+                                                            "entropy")}
+    state = np.full((A, depth), np.nan)
+    drafts = np.full((A, depth), -1, dtype=np.int64)
+    at = torch.tensor(anchors)
+    table = model.table(embed)
+
+    def rows_of(ids: Any) -> tuple[Any, Any]:
+        if token_rows is None:
+            return ids, torch.ones_like(ids, dtype=torch.bool)
+        r = token_rows[ids.clamp(0, len(token_rows) - 1)]
+        return r.clamp(min=0), (r >= 0) & (ids < len(token_rows))
+
+    def record(idx: Any, d: int, kept: list[Any], ctx_len: int, self_cols: Any, out: Any, alive: Any) -> None:
+        probs = torch.cat([k[0].transpose(0, 1) for k in kept], dim=1)  # [rows, layers·heads, keys]
+        m = masses(probs, at[idx], sink_tokens, recent_window, ctx_len, self_cols)
+        dead = ~alive.numpy()
+        for name, v in m.items():
+            v[dead] = np.nan
+            res[name][idx.numpy(), d] = v
+        rms = out.feedback[0].double().pow(2).mean(-1).sqrt().numpy()
+        rms[dead] = np.nan
+        state[idx.numpy(), d] = rms
+        drafts[idx.numpy(), d] = out.target_ids[0].numpy()
+
+    with torch.no_grad():
+        try:
+            for a in attns:
+                a.kept_probs = []
+            cache = ChainCache()
+            first_fb, first_ids = torch.zeros(A, model.a.hidden_size), torch.zeros(A, dtype=torch.long)
+            tok_rows, _ = rows_of(tokens[0])
+            for s in range(0, n_ctx, chunk):  # step 0: context entries (features p, token p+1), chunked
+                e = min(n_ctx, s + chunk)
+                out = prefill(model, aux[:, s:e], tok_rows[None, s + 1:e + 1], torch.arange(s, e)[None], cache, embed)
+                sel = ((at >= s) & (at < e)).nonzero().flatten()
+                if len(sel):
+                    kept = [a.kept_probs[-1][:, :, at[sel] - s] for a in attns]
+                    rows = at[sel] - s
+                    sub = type(out)(out.logits[:, rows], out.feedback[:, rows], out.target_ids[:, rows],
+                                    out.pre_norm[:, rows])
+                    record(sel, 0, kept, e, torch.zeros(len(sel), e, dtype=torch.bool), sub,
+                           torch.ones(len(sel), dtype=torch.bool))
+                    first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
+                for a in attns:
+                    a.kept_probs.clear()
+            context = [(kv.k, kv.v) for kv in cache.layers]
+            cut = 0
+            for g0 in range(0, A, group):  # chain steps 1..depth-1, a group of anchors at a time
+                idx = torch.arange(g0, min(A, g0 + group))
+                G = len(idx)
+                kvs = [LayerKV(k, v) for k, v in context]
+                hidden, ids = first_fb[idx][None], first_ids[idx][None]
+                alive = torch.ones(G, dtype=torch.bool)
+                causal = torch.arange(n_ctx)[None, :] <= at[idx][:, None]
+                for d in range(1, depth):
+                    rows, ok = rows_of(ids[0])
+                    cut += int((alive & ~ok).sum())
+                    alive &= ok
+                    mask = torch.cat([causal] + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
+                    out = model(hidden, F.embedding(rows[None], table), (at[idx] + d)[None], kvs, mask)
+                    self_cols = torch.cat([torch.zeros(G, n_ctx, dtype=torch.bool)]
+                                          + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
+                    record(idx, d, [a.kept_probs[-1] for a in attns], n_ctx, self_cols, out, alive)
+                    for a in attns:
+                        a.kept_probs.clear()
+                    hidden, ids = out.feedback, out.target_ids
+        finally:
+            for a in attns:
+                a.kept_probs = None
+    return Chains(anchors, res, state, drafts, cut)
+
+
+# -------------------------------------------------------------------------------------- statistics
+
+def bootstrap(values: list[Any], reps: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over prompts of the mean over anchors, with a 95 % interval from resampling prompts and then
+    anchors within each (values: one 1-D array per prompt, NaN = missing)."""
+    import numpy as np
+
+    vals = [v[~np.isnan(v)] for v in values]
+    vals = [v for v in vals if len(v)]
+    if not vals:
+        return math.nan, math.nan, math.nan
+    point = float(np.mean([v.mean() for v in vals]))
+    rng = np.random.default_rng(seed)
+    P, width = len(vals), max(len(v) for v in vals)
+    pad = np.full((P, width), np.nan)
+    for i, v in enumerate(vals):
+        pad[i, : len(v)] = v
+    n = np.array([len(v) for v in vals])
+    pick = rng.integers(0, P, size=(reps, P))
+    inner = (rng.random((reps, P, width)) * n[pick][..., None]).astype(np.int64)
+    cols = np.arange(width)[None, None, :] < n[pick][..., None]
+    sample = np.where(cols, pad[pick[..., None], inner], np.nan)
+    stats = np.nanmean(np.nanmean(sample, axis=2), axis=1)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+def summarize(chains: list[Chains], depth: int, loop: Any, reps: int, seed: int) -> list[dict[str, Any]]:
+    """The `depths` objects: per depth, each metric's mean, its 95 % interval, its spread over heads,
+    and the loop's per-position acceptance where depth < k."""
+    import numpy as np
+
+    out = []
+    for d in range(depth):
+        row: dict[str, Any] = {"depth": d}
+        for m in METRICS:
+            # a cut chain is NaN in every head, so the plain head mean keeps it missing
+            per_prompt = [c.state_rms[:, d] if m == "state_rms" else c.masses[m][:, d].mean(-1) for c in chains]
+            mean, lo, hi = bootstrap(per_prompt, reps, seed + d)
+            row[m], row[f"{m}_ci"] = _f(mean), [_f(lo), _f(hi)]
+        for m in ("sink_mass", "self_mass"):
+            by_head = np.stack([_nanmean(c.masses[m][:, d], 0) for c in chains])  # [prompts, heads]
+            row[f"{m}_by_head"] = [_f(x) for x in _nanmean(by_head, 0)]
+        sink0 = out[0]["sink_mass"] if out else row["sink_mass"]
+        row["sink_retention"] = _f(row["sink_mass"] / sink0) if sink0 and row["sink_mass"] is not None else None
+        row["drift_ratio"] = (_f(row["self_mass"] / row["sink_mass"])
+                              if row["sink_mass"] and row["self_mass"] is not None else None)
+        row["anchors"] = int(sum(np.sum(~np.isnan(c.state_rms[:, d])) for c in chains))
+        rates = loop.per_position if loop is not None else []
+        row["acceptance_rate"] = _f(rates[d]) if d < len(rates) else None
+        out.append(row)
+    return out
+
+
+def _nanmean(x: Any, axis: int) -> Any:
+    """Mean over non-NaN entries (NaN where there are none), without numpy's empty-slice warning."""
+    import numpy as np
+
+    ok = ~np.isnan(x)
+    n = ok.sum(axis)
+    total = np.where(ok, x, 0.0).sum(axis)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
+def _f(x: Any) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else round(x, 6)  # JSON has no NaN; 6 places is far below the intervals
+
+
+# ------------------------------------------------------------------------------------------ report
+
+@dataclass
+class LoopResult:
+    """The reference speculative loop of the same run (smoke --engine reference's loop)."""
+
+    k: int
+    num_drafts: int
+    num_accepted_tokens: int
+    per_position: list[float]
+    per_request: list[float]
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+
+@dataclass
+class DriftRun:
+    drafter: str
+    context_length: int | None
+    template: str | None
+    prompts: int
+    depths: list[dict[str, Any]]
+    loop: LoopResult | None
+    aux_chunk_rms: list[float]
+    fc_rms: float | None
+    chains_cut: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        loop = self.loop
+        return {
+            "drafter": self.drafter, "context_length": self.context_length, "template": self.template,
+            "prompts": self.prompts, "depths": self.depths,
+            "mean_acceptance_length": loop.mean_acceptance_length if loop else None,
+            "mean_acceptance_length_per_request": (sum(loop.per_request) / len(loop.per_request)
+                                                   if loop and loop.per_request else None),
+            "num_drafts": loop.num_drafts if loop else None,
+            "num_accepted_tokens": loop.num_accepted_tokens if loop else None,
+            "per_position_acceptance": loop.per_position if loop else None,
+            "aux_chunk_rms": self.aux_chunk_rms, "fc_rms": self.fc_rms, "chains_cut": self.chains_cut,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class DriftReport:
+    target: str | None
+    states: str | None
+    protocol: Protocol
+    depth: int
+    k: int
+    max_tokens: int
+    prompts: str
+    runs: list[DriftRun]
+    versions: dict[str, Any]
+    acceptance_note: str | None = None
+    plot: str | None = None
+    exit_code: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        main = self.runs[0].to_json()
+        return {
+            "schema": SCHEMA, "tool_version": __version__, "command": "drift",
+            "protocol": self.protocol.name, "protocol_note": self.protocol.note,
+            "sink_tokens": self.protocol.sink_tokens, "recent_window": self.protocol.recent_window,
+            "anchor_every": self.protocol.anchor_every, "depth": self.depth, "num_speculative_tokens": self.k,
+            "max_tokens": self.max_tokens, "prompts": self.prompts, "target": self.target, "states": self.states,
+            "drafter": main["drafter"], "depths": main["depths"],
+            "mean_acceptance_length": main["mean_acceptance_length"],
+            "mean_acceptance_length_per_request": main["mean_acceptance_length_per_request"],
+            "acceptance_note": self.acceptance_note,
+            "runs": [r.to_json() for r in self.runs], "versions": self.versions, "plot": self.plot,
+            "exit_code": self.exit_code,
+        }
+
+
+# --------------------------------------------------------------------------------------------- run
+
+@dataclass
+class Sequence:
+    tokens: list[int]
+    aux: Any  # torch [1, T, W] at the drafter's aux ids
+    anchors: list[int]
+
+
+def anchor_positions(start: int, end: int, every: int) -> list[int]:
+    """Every `every`-th position from `start` to `end` (inclusive), never below 0."""
+    return list(range(max(0, start), end + 1, every))
+
+
+def run(drafters: list[str], *, target: str | None = None, states: str | None = None, protocol: str = "paper-v1",
+        depth: int = 8, k: int = 3, prompts: str = "builtin:short", num_prompts: int = 16, max_tokens: int = 64,
+        context_lengths: tuple[int, ...] = (), templates: tuple[str, ...] = (), system_prompt: str = DEFAULT_SYSTEM,
+        sink_tokens: int | None = None, recent_window: int | None = None, anchor_every: int | None = None,
+        bootstrap_reps: int = 1000, seed: int = 0, plot: str | None = None, progress: Any = None) -> DriftReport:
+    """Measure drift for each drafter under each condition (context length × template)."""
+    import torch
+
+    from .model.loader import DTYPES
+    from .verify import load_drafter
+
+    base = PROTOCOLS[protocol]
+    proto = Protocol(base.name, sink_tokens if sink_tokens is not None else base.sink_tokens,
+                     recent_window if recent_window is not None else base.recent_window,
+                     anchor_every if anchor_every is not None else base.anchor_every, base.note)
+    if not drafters:
+        raise UsageError("name at least one drafter")
+    if context_lengths and templates:
+        raise UsageError("--context-lengths and --templates are separate axes: run one at a time")
+    if (target is None) == (states is None):
+        raise UsageError("pass --target (runs the target and the acceptance loop) or --states (a capture)")
+    progress = progress or (lambda items, **_: items)
+    loaded = [load_drafter(d) for d in drafters]
+    runs: list[DriftRun] = []
+    note = None
+    if target is not None:
+        from .model.hf import load_model
+
+        tgt = load_model(target, dtype=DTYPES["float32"])
+        conditions = _conditions(target, tgt.tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
+                                 templates, system_prompt)
+        for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
+                                                          label="drift"):
+            runs.append(_target_run(d, tgt, prompt_ids, length, template, proto, depth, k, max_tokens,
+                                    bootstrap_reps, seed))
+    else:
+        assert states is not None
+        from .io.states import open_states
+
+        if context_lengths or templates:
+            raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
+                             "capture's requests are the workload")
+        captured = open_states(states)
+        note = "no acceptance loop: the target does not run with --states (run drift with --target for it)"
+        for d in progress(loaded, label="drift"):
+            runs.append(_states_run(d, captured, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed))
+    versions = {"eaglectl_version": __version__, "torch_version": torch.__version__,
+                "python": sys.version.split()[0]}
+    rep = DriftReport(target, states, proto, depth, k, max_tokens, prompts if states is None else states, runs,
+                      versions, note)
+    if plot:
+        from .plot import plot_drift
+
+        plot_drift(rep.to_json(), plot)
+        rep.plot = plot
+    return rep
+
+
+def _conditions(target: str, tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int, k: int, seed: int,
+                context_lengths: tuple[int, ...], templates: tuple[str, ...],
+                system_prompt: str) -> list[tuple[int | None, str | None, list[list[int]]]]:
+    from .workload import load_prompts
+
+    def load(length: int | None) -> list[list[int]]:
+        room = (length or 0) + max_tokens + k + 2
+        return load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
+                            max_model_len=max(1024, room), k=k, seed=seed, length=length).prompts
+
+    if context_lengths:
+        return [(n, None, load(n)) for n in context_lengths]
+    if templates:
+        return [(None, t, template_prompts(prompts, tokenizer, t, system_prompt, num_prompts)) for t in templates]
+    return [(None, None, load(None))]
+
+
+def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: str, count: int) -> list[list[int]]:
+    """The chat prompts of a JSONL `messages` file under the training template (as written), a changed
+    system prompt, or none."""
+    import json
+    from pathlib import Path
+
+    if template not in TEMPLATES:
+        raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template")
+    file = Path(path)
+    if not file.is_file():
+        raise CheckpointNotFoundError(f"{path}: --templates needs a JSONL file of chat 'messages'", path=path)
+    out = []
+    for lineno, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            messages = json.loads(line).get("messages")
+        except (ValueError, AttributeError):
+            messages = None
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise CheckpointNotFoundError(f"{path}:{lineno}: --templates needs chat 'messages'", path=path)
+        rest = [m for m in messages if m.get("role") != "system"]
+        if template == "changed":
+            messages = [{"role": "system", "content": system_prompt}, *rest]
+        elif template == "none":
+            messages = rest
+        out.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)))
+        if len(out) == count:
+            break
+    if not out:
+        raise CheckpointNotFoundError(f"{path}: no prompts", path=path)
+    return out
+
+
+def _target_run(d: Any, tgt: Any, prompt_ids: list[list[int]], length: int | None, template: str | None,
+                proto: Protocol, depth: int, k: int, max_tokens: int, reps: int, seed: int) -> DriftRun:
+    """The acceptance loop (smoke --engine reference's), then chains from anchors inside each answer."""
+    import torch
+
+    from .model.hf import forward
+    from .model.specloop import speculative_generate
+
+    model = d.build(torch.float32, "cpu")
+    ids = d.spec.capture_ids(tgt.num_layers)
+    embed = None if d.has_embed else tgt.embedding().float()
+    counts = speculative_generate(tgt, model, prompt_ids, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed)
+    loop = LoopResult(k, counts.num_drafts, counts.num_accepted_tokens,
+                      [a / counts.num_drafts for a in counts.accepted_per_pos] if counts.num_drafts else [],
+                      [r.mean_acceptance_length for r in counts.per_request if r.num_drafts])
+    seqs = []
+    for prompt, answer in zip(prompt_ids, counts.outputs, strict=True):
+        tokens = prompt + answer
+        _, aux = forward(tgt, torch.tensor([tokens]), ids)
+        # the loop's first chain is drafted from position len(prompt) - 1; anchors step through the answer
+        seqs.append(Sequence(tokens, aux, anchor_positions(len(prompt) - 1, len(tokens) - 2, proto.anchor_every)))
+    return _measure(d, model, seqs, proto, depth, reps, seed, embed, None, loop, length, template, [])
+
+
+def _states_run(d: Any, captured: Any, proto: Protocol, depth: int, max_tokens: int, count: int, reps: int,
+                seed: int) -> DriftRun:
+    import numpy as np
+    import torch
+
+    from .io.states import compact_embedding
+
+    model = d.build(torch.float32, "cpu")
+    ids = d.spec.capture_ids(captured.num_layers)
+    fetch = ids + ((0,) if not d.has_embed and 0 not in ids else ())
+    if not d.has_embed:
+        why = captured.embedding_source()
+        if why is not None:
+            raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
+    reqs = list(captured.requests(fetch, slice(0, count)))
+    notes: list[str] = []
+    embed = token_rows = None
+    if not d.has_embed:  # the target's rows of every token the capture saw, read off boundary 0
+        all_ids = np.concatenate([r.token_ids for r in reqs])
+        h0 = np.concatenate([np.asarray(r.hidden[:, fetch.index(0)], dtype=np.float32) for r in reqs])
+        compact, rows = compact_embedding(all_ids, h0)
+        lookup = np.full(int(all_ids.max()) + 1, -1, dtype=np.int64)
+        lookup[all_ids] = compact
+        embed, token_rows = torch.from_numpy(rows), torch.from_numpy(lookup)
+        notes.append("embedding rows read off the capture's boundary 0; a chain stops at a token the capture "
+                     "never saw (chains_cut)")
+    seqs = []
+    for r in reqs:
+        T = len(r.token_ids)
+        aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
+        anchors = anchor_positions(T - 1 - max_tokens, T - 2, proto.anchor_every)
+        if anchors:
+            seqs.append(Sequence(r.token_ids.tolist(), aux, anchors))
+    if not seqs:
+        raise IncompatibleDrafterError(f"{captured.root}: no captured request has 2 tokens or more")
+    return _measure(d, model, seqs, proto, depth, reps, seed, embed, token_rows, None, None, None, notes)
+
+
+def _measure(d: Any, model: Any, seqs: list[Sequence], proto: Protocol, depth: int, reps: int, seed: int, embed: Any,
+             token_rows: Any, loop: LoopResult | None, length: int | None, template: str | None,
+             notes: list[str]) -> DriftRun:
+    import torch
+
+    chains = []
+    chunk_sq = torch.zeros(d.args.num_aux, dtype=torch.float64)
+    fc_sq, n = 0.0, 0
+    for s in seqs:
+        tokens = torch.tensor([s.tokens])
+        chains.append(measure_chains(model, s.aux, tokens, s.anchors, depth, sink_tokens=proto.sink_tokens,
+                                     recent_window=proto.recent_window, embed=embed, token_rows=token_rows))
+        with torch.no_grad():
+            parts = s.aux[0].double().split(d.args.target_hidden_size, dim=-1)
+            chunk_sq += torch.stack([p.pow(2).mean(-1).sum() for p in parts])
+            fc_sq += float(model.combine(s.aux)[0].double().pow(2).mean(-1).sum())
+        n += s.aux.shape[1]
+    cut = sum(c.cut for c in chains)
+    return DriftRun(d.source, length, template, len(seqs), summarize(chains, depth, loop, reps, seed), loop,
+                    [_f(math.sqrt(x / n)) for x in chunk_sq.tolist()], _f(math.sqrt(fc_sq / n)), cut, notes)
