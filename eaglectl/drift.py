@@ -419,6 +419,8 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
     import json
     from pathlib import Path
 
+    from .workload import chat_ids
+
     if template not in TEMPLATES:
         raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
@@ -441,7 +443,7 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
             messages = [{"role": "system", "content": system_prompt}, *rest]
         elif template == "none":
             messages = rest
-        out.append(list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)))
+        out.append(chat_ids(tokenizer, messages))
         if len(out) == count:
             break
     if not out:

@@ -92,8 +92,7 @@ def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_
         elif isinstance(obj.get("prompt"), str) and tokenizer is not None:
             prompts.append(tokenizer(obj["prompt"], add_special_tokens=True).input_ids)
         elif isinstance(obj.get("messages"), list) and tokenizer is not None and tokenizer.chat_template:
-            prompts.append(list(tokenizer.apply_chat_template(obj["messages"], add_generation_prompt=True,
-                                                              tokenize=True)))
+            prompts.append(chat_ids(tokenizer, obj["messages"]))
         else:
             raise CheckpointNotFoundError(
                 f"{spec}:{lineno}: needs a 'prompt' text, chat 'messages' (target with a chat template) or "
@@ -160,6 +159,14 @@ def _fits(name: str, prompts: list[list[int]], max_tokens: int, max_model_len: i
                                       hint=f"pass --max-model-len {max(too_long) + max_tokens + k + 2} or more")
 
 
+def chat_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of `messages` under the tokenizer's chat template, with the generation prompt (transformers 5
+    returns an encoding, 4 a list)."""
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    return [int(t) for t in ids]
+
+
 def needs_chat(spec: str) -> bool:
     """Whether the prompts go through the tokenizer's chat template (JSONL messages, SPEED-Bench turns)."""
     path = Path(spec)
@@ -211,8 +218,7 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
             if rows and len(picked) < count:
                 picked.append((bucket_name, cat, rows.pop(0)[1]))
     chat = tokenizer is not None and getattr(tokenizer, "chat_template", None)
-    prompts = [list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                  tokenize=True)) if chat
+    prompts = [chat_ids(tokenizer, [{"role": "user", "content": text}]) if chat
                else tokenizer(text, add_special_tokens=True).input_ids for _, _, text in picked]
     if length is not None:
         prompts = at_length(prompts, length)

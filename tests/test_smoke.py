@@ -142,8 +142,16 @@ def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters):
     first, *rest = names
     baselines = [Baseline(n, "eagle3", str(parity_drafters[n])) for n in rest] + [Baseline("none", "none")]
     rep = smoke(str(parity_drafters[first]), str(TARGET), engine="vllm", k=3, num_prompts=16, max_tokens=64,
-                concurrency=(1,), baselines=baselines, vllm_python=python).to_json()
+                concurrency=(1,), baselines=baselines, vllm_python=python, context_lengths=(128, 384)).to_json()
     by_name = {first: rep, **{b["name"]: b for b in rep["baselines"]}}
+    # per request and per context length too (vLLM's per-request metrics against the reference loop's)
+    ref = smoke(str(parity_drafters[first]), str(TARGET), engine="reference", k=3, num_prompts=16, max_tokens=64,
+                context_lengths=(128, 384)).to_json()
+    counted = ("num_drafts", "num_accepted_tokens", "accepted_per_pos")
+    assert [{c: r[c] for c in counted} for r in rep["requests"]] == [{c: r[c] for c in counted} for r in ref["requests"]]
+    assert rep["by_context_length"] == ref["by_context_length"]
+    assert [r["context_length"] for r in rep["by_context_length"]] == [128, 384]
+    assert all(r["tpot_s"] > 0 for r in rep["requests"])  # 1/TPOT needs vLLM's per-request timestamps
     for name in names:
         base = next(b for b in ("eagle3-output", "eagle3.1", "eagle3") if name.startswith(b))
         e = EXPECTED[f"{base}-k3-short"]
