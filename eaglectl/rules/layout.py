@@ -157,10 +157,9 @@ def names(ctx: Context) -> None:
 
 
 def mla_dims(ctx: Context) -> dict[str, int | None]:
-    root = ctx.drafter.layer_config
-    dims: dict[str, int | None] = {k: root.int(k, lo=1) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                                  "qk_rope_head_dim", "v_head_dim")}
-    dims["lora_q"] = 0 if ("q_lora_rank" in root.data and root.data["q_lora_rank"] is None) else 1
+    """The MLA sizes as read into the spec; `lora_q` is 0 only for an explicit `q_lora_rank: null`."""
+    dims: dict[str, int | None] = dict(ctx.spec.mla or {})
+    dims["lora_q"] = 0 if ctx.spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
     return dims
 
 
