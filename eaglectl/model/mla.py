@@ -26,8 +26,6 @@ from torch import nn
 if TYPE_CHECKING:
     from .reference import DrafterArgs
 
-HEAD_SIZES = (320, 512, 576)  # kv_lora_rank + qk_rope_head_dim vLLM's MLA backends accept (CPU: 576 only)
-
 
 @dataclass(frozen=True)
 class MLADims:
