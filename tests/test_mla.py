@@ -267,3 +267,32 @@ def test_trained_mla_verify_with_target_and_upgrade_calibration(invoke, tmp_path
     s = res.statistics
     assert res.layers["boundary_ids"] == [1, 2, 3] and s["fc_output_relative_error"] < s["fc_output_relative_error_ones"]
     assert open_checkpoint(str(tmp_path / "up")).read("fc_norm.0.weight").shape == (128,)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path):
+    """vLLM's Eagle3DeepseekV2ForCausalLM (CPU_MLA backend, DeepSeek YaRN, fc_norm, norm_output) drafts
+    exactly what the reference loop drafts: the committed counts, as shipped and after a conversion."""
+    from eaglectl.smoke import Baseline
+    from eaglectl.smoke import run as smoke
+
+    from .test_smoke import COUNTS, EXPECTED, vllm_python
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    e = EXPECTED["eagle3.1-mla-k3-short"]
+    drafter, target = TRAINED / e["drafter"], TRAINED / e["target"]
+    converted = tmp_path / "modelopt"
+    convert(str(drafter), str(converted), "modelopt", target=str(target))  # measured, behaviour-checked
+    rep = smoke(str(drafter), str(target), engine="vllm", k=e["k"], num_prompts=e["num_prompts"],
+                max_tokens=e["max_tokens"], concurrency=(1,), vllm_python=python,
+                baselines=[Baseline("modelopt", "eagle3", str(converted)), Baseline("none", "none")]).to_json()
+    by_name = {"drafter": rep, **{b["name"]: b for b in rep["baselines"]}}
+    for name in ("drafter", "modelopt"):
+        assert {c: by_name[name][c] for c in COUNTS} == {c: e[c] for c in COUNTS}, name
+        assert by_name[name]["greedy_match"] == 1.0, name
+    assert not rep["red_flags"], rep["red_flags"]
+    reading = rep["engine_reading"]
+    assert reading["matched"] is not None and reading["matched"]["boundary_ids"] == [1, 2, 3]

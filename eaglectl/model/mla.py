@@ -151,6 +151,7 @@ class MLAAttention(nn.Module):
         self.kv_b_proj = nn.Linear(d.kv_lora_rank, nh * (d.qk_nope_head_dim + d.v_head_dim), bias=False)
         self.o_proj = nn.Linear(nh * d.v_head_dim, a.hidden_size, bias=False)
         rope = mla_rope(d, a.rope_theta, a.rope_scaling)
+        self.kept_probs: list[torch.Tensor] | None = None  # a list: softmax rows (fp32) are appended (attention readers)
         # plain attributes, not buffers: Module.to(bfloat16) must not round them
         self.rope_kind, self.inv_freq, self.rope_mscale, self.scale = (rope.kind, rope.inv_freq, rope.mscale_ratio,
                                                                        rope.softmax_scale)
@@ -177,7 +178,10 @@ class MLAAttention(nn.Module):
         """q (B, nh, Tq, qk); k (B, nh, Tk, qk); v (B, nh, Tk, v); mask (Tq, Tk) True = visible → (B, Tq, H)."""
         wide = (lambda t: t if t.dtype == torch.float64 else t.float())
         scores = (wide(q) @ wide(k).transpose(-1, -2)) * self.scale
-        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype)
+        probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        if self.kept_probs is not None:
+            self.kept_probs.append(probs)
+        probs = probs.to(v.dtype)
         out = (probs @ v).transpose(1, 2).reshape(q.shape[0], q.shape[2], self.a.num_heads * self.d.v_head_dim)
         return self.o_proj(out)
 
