@@ -94,8 +94,6 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
 def _parity(rep: Any, target: str | None, captured: Any = None) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
-    if rep.spec.arch == "mla":
-        return Stage("parity", "skipped", "the reference drafter does not run MLA drafters")
     from .errors import MissingDependencyError
     from .model.loader import load_reference
     from .verify import compare, states_inputs, synthetic_inputs, target_inputs

@@ -141,7 +141,7 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
     captured, tgt = open_target_or_capture(target, states)
     measured = model = None
     notes: list[str] = []
-    if tgt is not None and measure and src.spec.arch != "mla":
+    if tgt is not None and measure:
         why = tgt.why_not_runnable() if captured is None else None
         if why is None:
             from .probe import try_measure
@@ -455,7 +455,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
             "transformer_layer_config": layer,
         })
     else:
-        top.update({"architectures": [w.architectures[spec.arch]], **layer})
+        top.update({"architectures": [_dest_architecture(src, spec, w.architectures[spec.arch])], **layer})
     top["draft_vocab_size"] = draft_vocab
     top["target_hidden_size"] = spec.target_hidden_size
     for flag in FLAGS:
@@ -474,6 +474,16 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         config_set(top, path, value)
     top["torch_dtype"] = torch_dtype
     return top
+
+
+def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) -> str:
+    """The writer's class for the family, except that an MLA source spelled any known way keeps its
+    DeepSeek version under vLLM's registered name (rules/layout.py MLA_SPELLINGS)."""
+    from .rules.layout import MLA_SPELLINGS, REGISTERED
+
+    archs = src.config.str_list("architectures") or ()
+    name = MLA_SPELLINGS.get(archs[0]) if archs and spec.arch == "mla" else None
+    return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
 def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> dict[str, Any] | None:

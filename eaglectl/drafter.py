@@ -31,6 +31,11 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
 # Aux ids: vLLM captures the top-level list first, then eagle_config's.
 AUX_ID_PATHS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
 
+# vLLM reads an MLA drafter's config through transformers' DeepseekV3Config, whose defaults fill absent
+# keys silently (docs/math.md#mla); the spec records them the same way, so the shape rules see what vLLM builds.
+MLA_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                "v_head_dim": 128}
+
 FAMILY_MARKERS = (("mla", ("self_attn.kv_a_proj_with_mqa.", "self_attn.q_a_proj.", "self_attn.kv_b_proj.")),
                 ("qwen3", ("self_attn.q_norm.", "self_attn.k_norm.")))
 _LAYER = re.compile(r"layers\.([0-9]{1,6})\.")  # ASCII digits only ('²'.isdigit() is True)
@@ -172,9 +177,9 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         kv_heads = heads
         f.sources["num_key_value_heads"] = "default: = num_attention_heads (HF)"
     head_dim = f.get("head_dim", "head_dim", "int", lo=1)
-    if arch == "mla":
-        nope = f.get("qk_nope", "qk_nope_head_dim", "int")
-        rope = f.get("qk_rope", "qk_rope_head_dim", "int")
+    mla = _mla_dims(f) if arch == "mla" else None
+    if mla is not None:
+        nope, rope = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
         head_dim = nope + rope if nope is not None and rope is not None else None
         f.sources["head_dim"] = "derived: qk_nope_head_dim + qk_rope_head_dim (MLA q/k head)"
     elif head_dim is None and hidden and heads and hidden % heads == 0:
@@ -249,8 +254,26 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         config_dtype=config_dtype,
         tensor_dtypes=tuple(sorted({t.dtype for t in ckpt.tensors.values()})),
         sources=f.sources,
+        mla=mla,
         **flags,
     )
+
+
+def _mla_dims(f: _Fields) -> dict[str, int | None]:
+    """The MLA sizes as vLLM reads them: `q_lora_rank: null` means a plain q_proj; an absent key takes
+    DeepseekV3Config's default; an invalid one is None (the rules name it)."""
+    out: dict[str, int | None] = {}
+    for key, default in MLA_DEFAULTS.items():
+        data = f.arch.data if isinstance(f.arch.data, dict) else {}
+        if key == "q_lora_rank" and key in data and data[key] is None:
+            out[key] = None
+            f.sources[key] = "config: q_lora_rank null (plain q_proj)"
+        elif not f.arch.has(key):
+            out[key] = default
+            f.sources[key] = f"default: {default} (transformers DeepseekV3Config, as vLLM reads it)"
+        else:
+            out[key] = f.get(key, key, "int", lo=1)
+    return out
 
 
 def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...] | None, str]:

@@ -71,6 +71,8 @@ class DrafterSpec:
     config_dtype: str | None  # torch_dtype / dtype in the config
     tensor_dtypes: tuple[str, ...]
     sources: dict[str, str] = field(default_factory=dict)
+    # MLA only: q_lora_rank (None = plain q_proj), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+    mla: dict[str, int | None] | None = None
 
     @property
     def eagle_version(self) -> str:

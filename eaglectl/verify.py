@@ -349,7 +349,7 @@ def _run(d: LoadedDrafter, dtype: str, device: str, inputs: Inputs, embed: torch
 
 def _same_shape(cand: LoadedDrafter, ref: LoadedDrafter) -> None:
     fields = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "num_layers",
-              "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "qk_norm")
+              "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "qk_norm", "mla")
     for f in fields:
         if getattr(cand.args, f) != getattr(ref.args, f):
             raise IncompatibleDrafterError(f"{f} differs: candidate {getattr(cand.args, f)}, reference "

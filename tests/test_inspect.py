@@ -322,7 +322,9 @@ def test_mla_ranks_are_checked_against_the_config(invoke, tmp_path):
     doc = _json(invoke("inspect", _edit_config(tmp_path, "modelopt-mla", q_lora_rank=12, kv_lora_rank=20), "--json"))
     shapes = [f["message"] for f in doc["findings"] if f["rule_id"] == "tensor-shape"]
     assert any("q_a_proj" in m for m in shapes) and any("kv_a_proj_with_mqa" in m for m in shapes)
-    assert doc["spec"]["head_dim"] == 16  # qk_nope 8 + qk_rope 8, not hidden / heads
+    assert doc["spec"]["head_dim"] == 72  # qk_nope 8 + qk_rope 64, not hidden / heads
+    assert doc["spec"]["mla"] == {"q_lora_rank": 12, "kv_lora_rank": 20, "qk_nope_head_dim": 8, "qk_rope_head_dim": 64,
+                                  "v_head_dim": 8}
 
 
 def test_a_wrong_layer_count_is_one_finding_not_a_flood(invoke, tmp_path):

@@ -40,8 +40,9 @@ def vllm_python() -> str | None:
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_reference_loop_reproduces_the_committed_counts(case):
     e = EXPECTED[case]
-    rep = smoke(str(TRAINED / e["drafter"]), str(TARGET), engine="reference", k=e["k"], prompts=e["prompts"],
-                max_tokens=e["max_tokens"], num_prompts=e["num_prompts"], baselines=parse_baselines("none")).to_json()
+    rep = smoke(str(TRAINED / e["drafter"]), str(TRAINED / e.get("target", "target")), engine="reference",
+                k=e["k"], prompts=e["prompts"], max_tokens=e["max_tokens"], num_prompts=e["num_prompts"],
+                baselines=parse_baselines("none")).to_json()
     assert {c: rep[c] for c in COUNTS} == {c: e[c] for c in COUNTS}
     assert rep["greedy_match"] == 1.0  # speculation is lossless
     assert rep["mean_acceptance_length"] > 2.5 and not rep["red_flags"]

@@ -20,7 +20,7 @@ SAME_31 = ["speculators-3.1", "speculators-sharded", "specforge-3.1", "torchspec
 SAME_3 = ["eagle-3", "eagle-3-bin", "specforge-3", "speculators-3"]
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in DRAFTERS.iterdir() if p.name != "modelopt-mla"))
+@pytest.mark.parametrize("name", sorted(p.name for p in DRAFTERS.iterdir()))
 def test_every_dialect_against_itself_is_exact(invoke, name):
     r = invoke("verify", DRAFTERS / name, "--against", DRAFTERS / name, "--allow-pickle", "--json", "--tokens", "16")
     doc = json.loads(r.stdout)
@@ -87,11 +87,6 @@ def test_cuda_without_a_gpu_is_missing_dependency(invoke):
         pytest.skip("a GPU is present")
     r = invoke("verify", DRAFTERS / "speculators-3", "--device", "cuda", "--dtype", "bfloat16")
     assert r.exit_code == 10 and "error[missing-dependency]" in r.stderr
-
-
-def test_mla_is_refused_by_the_reference(invoke):
-    r = invoke("verify", DRAFTERS / "modelopt-mla")
-    assert r.exit_code == 13 and "MLA" in r.stderr
 
 
 def test_different_architectures_are_refused(invoke):

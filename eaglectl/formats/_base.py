@@ -121,6 +121,8 @@ class Dialect:
     # the engine that serves this dialect's files and reads their aux ids (see engines.py)
     consumer: str = "vllm"
     notes: tuple[str, ...] = ()
+    # rope scaling this producer can inject into exported configs whatever training used (rules/mla.py)
+    exported_rope_scaling: dict[str, Any] = field(default_factory=dict)
 
     def to_canonical(self, name: str) -> str:
         for canonical, ours in self.key_rules:

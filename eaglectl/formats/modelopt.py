@@ -48,6 +48,9 @@ DIALECT = Dialect(
     ),
     owned_config_keys=("eagle_config",),
     d2t_order="frequency",
+    # `eagle_export_rope_scaling`: ModelOpt writes this into the exported config even when training used
+    # default RoPE (docs/hazards.md#rope)
+    exported_rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048},
     flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
     flag_defaults={
         "norm_before_residual": (False, "vLLM default for HF-style configs"),

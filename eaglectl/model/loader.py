@@ -11,6 +11,7 @@ import torch
 from ..drafter import DrafterCheckpoint, layer_index
 from ..errors import IncompatibleDrafterError
 from ..spec import DrafterSpec
+from .mla import MLADims, mla_rope, rope_kind
 from .reference import ROPE_KINDS, Drafter, DrafterArgs
 
 DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16")}  # the --dtype choices
@@ -19,15 +20,9 @@ DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float1
 def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
     """DrafterArgs for a spec, or IncompatibleDrafterError naming what the reference cannot run."""
     where = f"{source}: " if source else ""
-    if spec.arch == "mla":
-        raise IncompatibleDrafterError(f"{where}MLA drafters are inspected, not run, by the reference drafter")
     if spec.sliding_window is not None:
         raise IncompatibleDrafterError(f"{where}sliding-window attention (window {spec.sliding_window}) is not "
                                        "implemented in the reference drafter")
-    kind = (spec.rope_scaling or {}).get("rope_type", (spec.rope_scaling or {}).get("type", "default"))
-    if kind not in ROPE_KINDS:
-        raise IncompatibleDrafterError(f"{where}rope_scaling type '{kind}' is not implemented in the reference drafter",
-                                       key="rope_scaling")
 
     def need(name: str) -> Any:
         value = getattr(spec, name)
@@ -35,12 +30,21 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
             raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name)
         return value
 
+    mla, rope_scaling = None, spec.rope_scaling
+    if spec.arch == "mla":
+        mla, rope_scaling = _mla_args(spec, where)
+    else:
+        kind = rope_kind(spec.rope_scaling)
+        if kind not in ROPE_KINDS:
+            raise IncompatibleDrafterError(f"{where}rope_scaling type '{kind}' is not implemented in the reference "
+                                           "drafter", key="rope_scaling")
     hidden = need("hidden_size")
+    heads = need("num_attention_heads")
     return DrafterArgs(
         hidden_size=hidden,
         target_hidden_size=spec.target_hidden_size or hidden,
-        num_heads=need("num_attention_heads"),
-        num_kv_heads=need("num_key_value_heads"),
+        num_heads=heads,
+        num_kv_heads=heads if mla else need("num_key_value_heads"),  # MLA: every head has its own k and v
         head_dim=need("head_dim"),
         intermediate_size=need("intermediate_size"),
         num_layers=need("num_hidden_layers"),
@@ -49,14 +53,37 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
         num_aux=need("num_aux_hidden_states"),
         rms_norm_eps=spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6,
         rope_theta=spec.rope_theta if spec.rope_theta is not None else 10000.0,
-        rope_scaling=spec.rope_scaling,
+        rope_scaling=rope_scaling,
         qk_norm=spec.arch == "qwen3",
         attention_bias=spec.attention_bias,
         norm_before_residual=spec.norm_before_residual,
         norm_before_fc=spec.norm_before_fc,
         fc_norm=spec.fc_norm,
         norm_output=spec.norm_output,
+        mla=mla,
     )
+
+
+def _mla_args(spec: DrafterSpec, where: str) -> tuple[MLADims, dict[str, Any] | None]:
+    """MLA dims and the rope dict as vLLM resolves them (docs/math.md#mla-rope), or the key that stops it."""
+    dims = spec.mla or {}
+    for key, value in dims.items():
+        if value is None and (key != "q_lora_rank" or spec.sources.get(key, "").startswith("invalid")):
+            raise IncompatibleDrafterError(f"{where}the drafter's config has no valid '{key}'", key=key)
+    if spec.norm_before_fc:
+        raise IncompatibleDrafterError(f"{where}MLA drafters have no input_norm / norm_before_fc (vLLM's DeepSeek "
+                                       "EAGLE-3 model cannot load one)", key="norm_before_fc")
+    scaling = dict(spec.rope_scaling) if spec.rope_scaling else None
+    if scaling is not None and rope_kind(scaling) != "default":
+        # transformers fills the original context from max_position_embeddings (its default 4096)
+        scaling.setdefault("original_max_position_embeddings", spec.max_position_embeddings or 4096)
+    mla = MLADims(dims["q_lora_rank"], dims["kv_lora_rank"], dims["qk_nope_head_dim"],  # type: ignore[arg-type]
+                  dims["qk_rope_head_dim"], dims["v_head_dim"])  # type: ignore[arg-type]
+    try:
+        mla_rope(mla, spec.rope_theta if spec.rope_theta is not None else 10000.0, scaling)
+    except ValueError as e:
+        raise IncompatibleDrafterError(f"{where}{e}", key="rope_scaling") from None
+    return mla, scaling
 
 
 @dataclass

@@ -11,7 +11,10 @@ Mirrors vLLM 0.32 `vllm/model_executor/models/llama_eagle3.py` (and `qwen3_eagle
 - final `norm` → `lm_head` over the draft vocab; draft id i means target id `i + d2t[i]`;
 - the state fed to the next step is the pre-norm sum (EAGLE-3) or the post-norm state
   (`norm_output`, EAGLE-3.1);
-- norms in fp32 (HF form `w * (x32 * rsqrt(mean(x32²) + eps)).to(dtype)`), softmax in fp32.
+- norms in fp32 (HF form `w * (x32 * rsqrt(mean(x32²) + eps)).to(dtype)`), softmax in fp32;
+- attention: Llama/Qwen3 GQA here, or MLA (`Eagle3DeepseekV2ForCausalLM`, model/mla.py) when the
+  args carry MLA dims; everything around the attention is the same (vLLM's `deepseek_eagle3.py`
+  differs from `llama_eagle3.py` only there and in having no `input_norm`: docs/math.md#mla).
 
 Attention keys: a step-j query of anchor t sees the step-0 (context) keys at positions ≤ t and its
 own chain's keys of steps 1..j — vLLM's drafter KV cache for a chain drafted from t, and the
@@ -24,13 +27,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below
+if TYPE_CHECKING:
+    from .mla import MLADims
+
+ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below (GQA; MLA: model/mla.py)
 
 
 @dataclass
@@ -54,6 +60,7 @@ class DrafterArgs:
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    mla: MLADims | None = None  # set: MLA attention (head_dim / num_kv_heads are then unused)
 
 
 # ------------------------------------------------------------------------------------ building blocks
@@ -148,6 +155,15 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
+def attention(a: DrafterArgs, in_features: int) -> nn.Module:
+    """The attention the args describe: MLA when they carry MLA dims, else GQA."""
+    if a.mla is not None:
+        from .mla import MLAAttention
+
+        return MLAAttention(a, in_features)
+    return Attention(a, in_features)
+
+
 class FeedForward(nn.Module):
     def __init__(self, a: DrafterArgs) -> None:
         super().__init__()
@@ -189,12 +205,12 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if index == 0:
             self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = Attention(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
+        self.self_attn = attention(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = FeedForward(a)
 
-    def forward(self, x: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor, inv_freq: torch.Tensor,
-                kv: LayerKV, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor,
+                inv_freq: torch.Tensor | None, kv: LayerKV, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, H) at `positions` (B, T); the new keys join `kv`; mask (T, P) over all of them."""
         if self.index == 0:
             assert embeds is not None
@@ -236,8 +252,8 @@ class Drafter(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.lm_head = nn.Linear(a.hidden_size, a.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(a.draft_vocab_size, dtype=torch.long), persistent=True)
-        # a plain attribute, not a buffer: Module.to(dtype) must not round it to bf16
-        self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta, a.rope_scaling)
+        # a plain attribute, not a buffer: Module.to(dtype) must not round it to bf16; MLA layers keep their own
+        self.inv_freq = rope_inv_freq(a.head_dim, a.rope_theta, a.rope_scaling) if a.mla is None else None
         if own_embedding:
             self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
 

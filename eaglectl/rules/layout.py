@@ -31,6 +31,10 @@ MISSING_TENSOR = rule("missing-tensor", ERROR, "A tensor the architecture needs 
 LAYER_COUNT = rule("layer-count", ERROR, "num_hidden_layers disagrees with the layer blocks present",
                    "fix num_hidden_layers")
 TENSOR_SHAPE = rule("tensor-shape", ERROR, "A tensor's shape disagrees with the config", "fix the config or the tensor")
+ARCHITECTURES_SPELLING = rule("architectures-spelling", ERROR, "architectures spells the MLA EAGLE-3 class the way "
+                              "another tool does; vLLM 0.32 registers only Eagle3DeepseekV2ForCausalLM and "
+                              "Eagle3DeepseekV3ForCausalLM", "eaglectl convert --to modelopt (writes the registered "
+                              "name)", repaired_by_convert=True)
 BIAS_IGNORED = rule("bias-ignored", WARNING, "A .bias tensor vLLM silently ignores",
                     "drop it, or serve with an engine that uses it")
 
@@ -44,6 +48,18 @@ REGISTERED = {
 }
 # vLLM renames a plain class X to Eagle3X for method eagle3; these plain MLA classes therefore load.
 _PLAIN_MLA = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"}
+# Every spelling of the MLA EAGLE-3 class seen in exports -> the registered vLLM name it stands for (V2 and V3
+# are one class in vLLM; the version is kept). eaglectl convert writes the right-hand side.
+MLA_SPELLINGS = {
+    "Eagle3DeepseekV2ForCausalLM": "Eagle3DeepseekV2ForCausalLM",
+    "Eagle3DeepseekV3ForCausalLM": "Eagle3DeepseekV3ForCausalLM",
+    "DeepseekV3ForCausalLMEagle3": "Eagle3DeepseekV3ForCausalLM",  # SpecForge / sglang
+    "Eagle3DeepSeekV3ForCausalLM": "Eagle3DeepseekV3ForCausalLM",  # TensorRT-LLM
+    "DeepseekV2ForCausalLMEagle3": "Eagle3DeepseekV2ForCausalLM",
+    "Eagle3DeepSeekV2ForCausalLM": "Eagle3DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM": "Eagle3DeepseekV3ForCausalLM",  # the target class (vLLM renames it itself)
+    "DeepseekV2ForCausalLM": "Eagle3DeepseekV2ForCausalLM",
+}
 
 
 @check
@@ -68,6 +84,13 @@ def architectures(ctx: Context) -> None:
         else:
             ctx.emit(ARCHITECTURES_PLAIN, f"'{arch}' is a target class (vLLM renames it Eagle3{arch} with method "
                      "eagle3)", loc)
+        return
+    if arch in MLA_SPELLINGS and arch not in known:
+        if ctx.spec.arch != "mla":
+            ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+        else:
+            ctx.emit(ARCHITECTURES_SPELLING, f"'{arch}' is not a vLLM 0.32 class; vLLM's name for it is "
+                     f"'{MLA_SPELLINGS[arch]}'", loc)
         return
     if arch not in known:
         ctx.emit(ARCHITECTURES_UNREGISTERED, f"'{arch}' is registered in no engine", loc)
@@ -157,10 +180,9 @@ def names(ctx: Context) -> None:
 
 
 def mla_dims(ctx: Context) -> dict[str, int | None]:
-    root = ctx.drafter.layer_config
-    dims: dict[str, int | None] = {k: root.int(k, lo=1) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                                  "qk_rope_head_dim", "v_head_dim")}
-    dims["lora_q"] = 0 if ("q_lora_rank" in root.data and root.data["q_lora_rank"] is None) else 1
+    """The MLA sizes as read into the spec; `lora_q` is 0 only for an explicit `q_lora_rank: null`."""
+    dims: dict[str, int | None] = dict(ctx.spec.mla or {})
+    dims["lora_q"] = 0 if ctx.spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
     return dims
 
 
