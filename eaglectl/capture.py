@@ -163,11 +163,10 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
 def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, tp: int,
           max_model_len: int | None, args: dict[str, Any], vllm_python: str | None, timeout_s: float,
           progress: Any) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
-    from .smoke import WorkerRun, find_vllm_python
+    from .smoke import WorkerRun, engine_path, find_vllm_python
 
     python = find_vllm_python(vllm_python)
-    local = Path(target)
-    request = {"target": str(local.resolve()) if local.exists() else target, "dtype": dtype, "layer_ids": list(ids),
+    request = {"target": engine_path(target), "dtype": dtype, "layer_ids": list(ids),
                "prompts": prompts, "out_dir": str(stage), "tensor_parallel_size": tp,
                "max_model_len": max_model_len or max(len(p) for p in prompts) + 8, "engine_args": args}
     run = WorkerRun(python, request, timeout_s, worker=WORKER, error=CaptureFailedError)

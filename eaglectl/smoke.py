@@ -249,15 +249,20 @@ def find_vllm_python(explicit: str | None) -> str:
     return python
 
 
+def engine_path(source: str | None) -> str | None:
+    """A local folder as an absolute path (the worker runs in a scratch folder, where a relative one would be
+    read as a Hub id); a Hub id unchanged."""
+    return str(Path(source).resolve()) if source and Path(source).exists() else source
+
+
 def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | None:
     if kind == "none":
         return None
     if kind == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     if kind == "draft_model":
-        return {"method": "draft_model", "model": str(Path(path).resolve()) if path and Path(path).exists() else path,
-                "num_speculative_tokens": k}
-    return {"method": "eagle3", "model": str(Path(path).resolve()) if path and Path(path).exists() else path,
+        return {"method": "draft_model", "model": engine_path(path), "num_speculative_tokens": k}
+    return {"method": "eagle3", "model": engine_path(path),
             "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
 
 
@@ -370,7 +375,7 @@ def run(
         length=n).prompts} for n in context_lengths]
     configs = [Baseline("drafter", "eagle3", drafter), *baselines]
     if python is not None:
-        request = {"target": target, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
+        request = {"target": engine_path(target), "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
                    "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size, "max_tokens": max_tokens,
                    "concurrency": list(concurrency), "prompts": prompt_set.prompts, "groups": groups,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}

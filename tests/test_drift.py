@@ -301,3 +301,14 @@ def test_smoke_plot_is_a_png(tmp_path, invoke):
     doc = _json(invoke("smoke", TRAINED / "eagle3.1", "--target", TARGET, "--engine", "reference", "--num-prompts", 2,
                        "--context-lengths", "128", "--plot", png, "--json"))
     assert doc["plot"] == str(png) and png.read_bytes().startswith(PNG)
+
+
+def test_drift_reads_mla_attention(invoke):
+    """The MLA drafter's heads (non-absorbed scores) give proportions too, and the same AL as smoke."""
+    mla, target = TRAINED / "eagle3.1-mla", TRAINED / "target-mla"
+    doc = _json(invoke("drift", mla, "--target", target, "--num-prompts", 3, "--depth", 4, "--bootstrap", 100,
+                       "--json"))
+    assert doc["depths"][0]["self_mass"] == 0
+    assert all(0 <= d["sink_mass"] <= 1 and 0 < d["self_mass"] <= 1 for d in doc["depths"][1:])
+    smoke = _json(invoke("smoke", mla, "--target", target, "--engine", "reference", "--num-prompts", 3, "--json"))
+    assert doc["mean_acceptance_length"] == smoke["mean_acceptance_length"]

@@ -183,3 +183,14 @@ def test_vllm_reading_other_layers_is_a_red_flag(tmp_path):
     assert reading["matched"]["boundary_ids"] == [3, 5, 6] and reading["intended"]["boundary_ids"] == [2, 4, 5]
     assert rep["exit_code"] == 9
     assert any("vLLM reads boundaries [3, 5, 6]; the drafter was trained on [2, 4, 5]" in f for f in rep["red_flags"])
+
+
+def test_local_paths_reach_the_engine_absolute(monkeypatch):
+    """The vLLM worker runs in a scratch folder: a relative folder would be read there as a Hub id."""
+    from eaglectl.smoke import engine_path, speculative_config
+
+    monkeypatch.chdir(ROOT)
+    rel = "fixtures/trained/target"
+    assert engine_path(rel) == str(TARGET) and os.path.isabs(engine_path(rel))
+    assert speculative_config("eagle3", "fixtures/trained/eagle3", 3)["model"] == str(TRAINED / "eagle3")
+    assert engine_path("org/not-a-local-folder") == "org/not-a-local-folder"
