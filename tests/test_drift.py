@@ -312,3 +312,15 @@ def test_drift_reads_mla_attention(invoke):
     assert all(0 <= d["sink_mass"] <= 1 and 0 < d["self_mass"] <= 1 for d in doc["depths"][1:])
     smoke = _json(invoke("smoke", mla, "--target", target, "--engine", "reference", "--num-prompts", 3, "--json"))
     assert doc["mean_acceptance_length"] == smoke["mean_acceptance_length"]
+
+
+def test_speed_bench_throughput_buckets_report_by_context_length(tmp_path, invoke):
+    text = (ROOT / "eaglectl" / "data" / "calibration.txt").read_text()
+    for n, name in ((300, "throughput_1k/test.parquet"), (900, "throughput_2k/test.parquet")):
+        _speed_bench(tmp_path, [(f"{name[:13]}-{i}", "mixed", [text[i * 50: i * 50 + n]]) for i in range(2)], name)
+    doc = _json(invoke("smoke", TRAINED / "eagle3.1", "--target", TARGET, "--engine", "reference", "--prompts",
+                       tmp_path, "--num-prompts", 4, "--json"))
+    rows = doc["by_context_length"]
+    assert [r["bucket"] for r in rows] == ["1k", "2k"] and [r["requests"] for r in rows] == [2, 2]
+    assert rows[0]["context_length"] < rows[1]["context_length"]
+    assert sum(r["num_drafts"] for r in rows) == doc["num_drafts"]
