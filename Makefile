@@ -63,3 +63,4 @@ bench: $(STAMP) $(VLLM_STAMP)
 	$(PY) benchmarks/bench_verify.py
 	$(PY) benchmarks/bench_convert.py
 	$(PY) benchmarks/bench_smoke.py
+	$(PY) benchmarks/bench_drift.py

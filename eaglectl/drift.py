@@ -86,11 +86,12 @@ def masses(probs: Any, anchors: Any, sink_tokens: int, recent_window: int, ctx_l
 
 def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth: int, *, sink_tokens: int,
                    recent_window: int, embed: Any = None, token_rows: Any = None, chunk: int = 256,
-                   group: int = 64) -> Chains:
+                   group: int = 64, attention: bool = True) -> Chains:
     """Draft `depth` tokens from every anchor (≤ T−2) of one sequence: aux [1, T, W], tokens [1, T].
 
     `token_rows` maps a target id to a row of `embed` (−1: no row; the chain stops there) when the table
-    is a capture's compact one; None when `embed` (or the drafter's own table) covers the vocabulary."""
+    is a capture's compact one; None when `embed` (or the drafter's own table) covers the vocabulary.
+    `attention=False` drafts the same chains without reading attention (the benchmark's baseline)."""
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -118,12 +119,12 @@ def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth:
         return r.clamp(min=0), (r >= 0) & (ids < len(token_rows))
 
     def record(idx: Any, d: int, kept: list[Any], ctx_len: int, self_cols: Any, out: Any, alive: Any) -> None:
-        probs = torch.cat([k[0].transpose(0, 1) for k in kept], dim=1)  # [rows, layers·heads, keys]
-        m = masses(probs, at[idx], sink_tokens, recent_window, ctx_len, self_cols)
         dead = ~alive.numpy()
-        for name, v in m.items():
-            v[dead] = np.nan
-            res[name][idx.numpy(), d] = v
+        if attention:
+            probs = torch.cat([k[0].transpose(0, 1) for k in kept], dim=1)  # [rows, layers·heads, keys]
+            for name, v in masses(probs, at[idx], sink_tokens, recent_window, ctx_len, self_cols).items():
+                v[dead] = np.nan
+                res[name][idx.numpy(), d] = v
         rms = out.feedback[0].double().pow(2).mean(-1).sqrt().numpy()
         rms[dead] = np.nan
         state[idx.numpy(), d] = rms
@@ -132,7 +133,7 @@ def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth:
     with torch.no_grad():
         try:
             for a in attns:
-                a.kept_probs = []
+                a.kept_probs = [] if attention else None
             cache = ChainCache()
             first_fb, first_ids = torch.zeros(A, model.a.hidden_size), torch.zeros(A, dtype=torch.long)
             tok_rows, _ = rows_of(tokens[0])
@@ -141,7 +142,7 @@ def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth:
                 out = prefill(model, aux[:, s:e], tok_rows[None, s + 1:e + 1], torch.arange(s, e)[None], cache, embed)
                 sel = ((at >= s) & (at < e)).nonzero().flatten()
                 if len(sel):
-                    kept = [a.kept_probs[-1][:, :, at[sel] - s] for a in attns]
+                    kept = [a.kept_probs[-1][:, :, at[sel] - s] for a in attns] if attention else []
                     rows = at[sel] - s
                     sub = type(out)(out.logits[:, rows], out.feedback[:, rows], out.target_ids[:, rows],
                                     out.pre_norm[:, rows])
@@ -149,7 +150,8 @@ def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth:
                            torch.ones(len(sel), dtype=torch.bool))
                     first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
                 for a in attns:
-                    a.kept_probs.clear()
+                    if a.kept_probs is not None:
+                        a.kept_probs.clear()
             context = [(kv.k, kv.v) for kv in cache.layers]
             cut = 0
             for g0 in range(0, A, group):  # chain steps 1..depth-1, a group of anchors at a time
@@ -167,9 +169,11 @@ def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth:
                     out = model(hidden, F.embedding(rows[None], table), (at[idx] + d)[None], kvs, mask)
                     self_cols = torch.cat([torch.zeros(G, n_ctx, dtype=torch.bool)]
                                           + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
-                    record(idx, d, [a.kept_probs[-1] for a in attns], n_ctx, self_cols, out, alive)
+                    record(idx, d, [a.kept_probs[-1] for a in attns] if attention else [], n_ctx, self_cols, out,
+                           alive)
                     for a in attns:
-                        a.kept_probs.clear()
+                        if a.kept_probs is not None:
+                            a.kept_probs.clear()
                     hidden, ids = out.feedback, out.target_ids
         finally:
             for a in attns:
