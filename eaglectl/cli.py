@@ -264,11 +264,16 @@ def write_options(fn: Any) -> Any:
     return click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")(fn)
 
 
-def manifest_options(fn: Any) -> Any:
-    fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
-    return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
-                        help="JSONL, one item per line: {\"source\": ..., \"dest\": ...} plus per-item options "
-                             "named like this command's flags (unknown keys are errors).")(fn)
+def manifest_options(dest: bool = True) -> Callable[[Any], Any]:
+    item = '{"source": ..., "dest": ...}' if dest else '{"source": ...}'
+
+    def decorate(fn: Any) -> Any:
+        fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
+        return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
+                            help=f"JSONL, one item per line: {item} plus per-item options named like this "
+                                 "command's flags (unknown keys are errors).")(fn)
+
+    return decorate
 
 
 # ------------------------------------------------------------------------------------------ group
@@ -403,7 +408,7 @@ Examples:
 @states_option
 @write_options
 @allow_pickle_option
-@manifest_options
+@manifest_options()
 @json_option
 def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Convert a drafter between dialects: planned, streamed, fail-closed, checked after writing.
@@ -452,7 +457,7 @@ Examples:
               help="Measure the result against the source through the reference drafter.")
 @write_options
 @allow_pickle_option
-@manifest_options
+@manifest_options()
 @json_option
 def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Take an EAGLE-3 drafter to the EAGLE-3.1 layout (fc_norm, norm_output).
@@ -598,7 +603,7 @@ Examples:
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
 @allow_pickle_option
-@manifest_options
+@manifest_options(dest=False)
 @json_option
 def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
               **options: Any) -> None:
