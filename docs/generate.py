@@ -107,7 +107,7 @@ def rules_page() -> str:
            "exit 1; warnings do too with `--strict`.\n\n",
            "| rule | severity | meaning | fix |\n|---|---|---|---|\n"]
     for r in RULES.values():
-        fix = r.fix or "-"
+        fix = r.hint() or "-"
         if r.repaired_by_convert:
             fix += " (a conversion repairs it)"
         out.append(f"| `{r.id}` | {r.severity} | {_cell(r.title)} | {_cell(fix)} |\n")

@@ -227,7 +227,7 @@ def render_inspect(report: Any) -> None:
             style = SEVERITY_STYLE[f.severity]
             ft.add_row(f"[{style}]{f.severity}[/]", f.rule_id, safe(f.message), safe(f.locator or ""))
         out.print(ft)
-        hints = {f.rule_id: f.rule.fix for f in report.findings if f.rule.fix}
+        hints = {f.rule_id: f.hint for f in report.findings if f.hint}
         for rule, hint in hints.items():
             out.print(f"  [dim]{rule}: {safe(hint)}[/]")
         out.print()
