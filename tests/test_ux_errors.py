@@ -114,3 +114,20 @@ def test_the_aux_count_unsized_hint_says_convert_repairs_it(invoke):
     r = invoke("inspect", DEFECTS / "aux-count-unsized", "--json")
     hint = next(f["hint"] for f in json.loads(r.stdout)["findings"] if f["rule_id"] == "aux-count-unsized")
     assert hint.startswith(f"eaglectl convert {DEFECTS / 'aux-count-unsized'} DEST --to ")
+
+
+@pytest.mark.parametrize("source", ["eagle-3", "nemo-3.1", "eagle-3-bin"])
+@pytest.mark.parametrize("with_target", [False, True])
+def test_upgrade_hints_run_as_printed(invoke, tmp_path, source, with_target):
+    """SafeAILab heads (the most common EAGLE-3 source) cannot hold the 3.1 flags in their own layout."""
+    extra = ["--target", TARGET] if with_target else []
+    extra += ["--allow-pickle"] if source.endswith("-bin") else []
+    r = invoke("upgrade", DRAFTERS / source, tmp_path / "out", "--no-fidelity", *extra)
+    assert r.exit_code == 7, r.stderr
+    hint = r.stderr.split("hint: ", 1)[1]
+    assert ("TARGET" in hint) is not with_target  # a given target is used, not a placeholder
+    (command,) = _commands(hint)[:1]
+    out = invoke(*shlex.split(command), "--no-fidelity")
+    assert out.exit_code == 0, (command, out.stderr)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())  # written
+    assert invoke("inspect", tmp_path / "out").exit_code == 0

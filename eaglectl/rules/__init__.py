@@ -41,7 +41,8 @@ ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 # a .bin source (the three commands carry it already). Only DEST is left to fill;
 # a command runs to the next "(", ";" or the end (tests/test_ux_errors.py runs each one).
 # The catalogue (docs, `eaglectl rules`) shows them as SOURCE / TARGET / DIALECT.
-CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "", "convert": "eaglectl convert SOURCE DEST --to DIALECT",
+CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
+                    "convert": "eaglectl convert SOURCE DEST --to DIALECT",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
                     "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
 
