@@ -492,8 +492,8 @@ Examples:
 @states_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
-              help="Precision CANDIDATE runs at.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Precision CANDIDATE runs at (default: float32 with --against, else bfloat16 against fp32).")
 @click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
 @click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic inputs.")
@@ -502,14 +502,16 @@ Examples:
 @click.option("--against-from", type=DialectChoice(), help="Dialect of REFERENCE.")
 @allow_pickle_option
 @json_option
-def verify_cmd(candidate: str, against: str | None, target: str | None, states: str | None, device: str, dtype: str,
+def verify_cmd(candidate: str, against: str | None, target: str | None, states: str | None, device: str,
+               dtype: str | None,
                steps: int, tokens: int, seed: int, text: str | None, from_dialect: str | None,
                against_from: str | None, allow_pickle: bool) -> None:
     """Numerical parity of a drafter through the reference drafter.
 
     With --against: conversion parity (identical tensors must give identical outputs; a dtype
-    change gets that precision's tolerance). Without: CANDIDATE at --dtype on --device against its
-    own fp32 CPU run. Reports per draft step; exit 8 when a step fails (the report prints first).
+    change gets that precision's tolerance; an upgrade of REFERENCE gets the upgrade regime: carried
+    tensors identical, outputs a warm start). Without: CANDIDATE at --dtype (default bfloat16) on
+    --device against its own fp32 CPU run. Reports per draft step; exit 8 when a step fails.
     """
     from . import verify
 

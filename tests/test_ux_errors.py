@@ -131,3 +131,39 @@ def test_upgrade_hints_run_as_printed(invoke, tmp_path, source, with_target):
     assert out.exit_code == 0, (command, out.stderr)
     assert json.loads((tmp_path / "out" / "config.json").read_text())  # written
     assert invoke("inspect", tmp_path / "out").exit_code == 0
+
+
+# ------------------------------------------------------------------------------- defaults (item 7)
+
+def test_verify_alone_is_a_precision_check_that_can_fail(invoke):
+    r = invoke("verify", DRAFTERS / "speculators-3", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["candidate"]["dtype"] == "bfloat16" and doc["reference"]["dtype"] == "float32"
+    assert doc["regime"] == "low-precision" and any(m["logits_max_abs"] > 0 for m in doc["per_step"])
+    r = invoke("verify", DRAFTERS / "speculators-3", "--dtype", "float32")
+    assert r.exit_code == 2 and "with itself" in r.stderr and "--against" in r.stderr
+
+
+def test_verify_of_an_upgrade_uses_the_upgrade_regime(invoke, tmp_path):
+    src = DRAFTERS / "speculators-3"
+    assert invoke("upgrade", src, tmp_path / "up", "--no-fidelity").exit_code == 0
+    r = invoke("verify", tmp_path / "up", "--against", src)
+    assert r.exit_code == 0 and "verify (conversion)" in r.stdout and "tolerance  upgrade" in r.stdout, r.stdout
+    assert "added by the upgrade" in r.stdout and "exact" not in r.stdout
+    # a carried tensor that changed is not an upgrade: exact, and it fails
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(tmp_path / "up" / "model.safetensors")
+    t["fc.weight"] = t["fc.weight"] * 1.5
+    save_file(t, tmp_path / "up" / "model.safetensors", metadata={"format": "pt"})
+    r = invoke("verify", tmp_path / "up", "--against", src, "--json")
+    assert r.exit_code == 8 and json.loads(r.stdout)["regime"] == "exact"
+
+
+def test_scan_says_what_it_read(invoke):
+    r = invoke("inspect", DRAFTERS / "speculators-3", "--scan")
+    assert r.exit_code == 0 and re.search(r"^scan +\d+ floating-point tensors \([\d,]+ bytes\) read; no NaN/Inf$",
+                                          r.stdout, re.M), r.stdout
+    r = invoke("inspect", DEFECTS / "nonfinite-values", "--scan")
+    assert r.exit_code == 1 and re.search(r"^scan .* read; 1 with NaN/Inf", r.stdout, re.M), r.stdout
+    assert "scan " not in invoke("inspect", DRAFTERS / "speculators-3").stdout

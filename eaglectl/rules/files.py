@@ -25,7 +25,7 @@ MIXED_DTYPES = rule("mixed-dtypes", WARNING, "Floating-point tensors come in mor
                     "{convert} --dtype bfloat16 (or another: one dtype)")
 DTYPE_MISMATCH = rule("dtype-mismatch", WARNING, "config torch_dtype disagrees with the tensors",
                       "set torch_dtype to the tensors' dtype")
-SCANNED = rule("scanned", INFO, "--scan read every floating-point tensor and found no NaN/Inf", None)
+SCANNED = rule("scanned", INFO, "What --scan read: every floating-point tensor, and how many hold NaN/Inf", None)
 
 
 @check
@@ -68,11 +68,11 @@ def scan(ctx: Context) -> None:
         return
     names = [n for n, i in ctx.ckpt.tensors.items() if i.dtype in FLOAT_DTYPES]
     total = sum(ctx.ckpt.tensors[n].nbytes for n in names)
-    bad_any = False
+    bad_any = 0
     for name in ctx.progress(names, label="scanning for NaN/Inf", total=len(names)):
         bad = ctx.ckpt.count_nonfinite(name)
         if bad:
-            bad_any = True
+            bad_any += 1
             ctx.emit(NONFINITE_VALUES, f"'{name}' has {bad} NaN/Inf values", ctx.ckpt.locate(name))
-    if not bad_any:
-        ctx.emit(SCANNED, f"{len(names)} floating-point tensors ({total:,} bytes) read; no NaN/Inf")
+    found = f"{bad_any} with NaN/Inf (nonfinite-values)" if bad_any else "no NaN/Inf"
+    ctx.emit(SCANNED, f"{len(names)} floating-point tensors ({total:,} bytes) read; {found}")
