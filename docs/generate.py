@@ -42,7 +42,7 @@ def cli_page() -> str:
     for name in cli.list_commands(ctx):
         cmd = cli.get_command(ctx, name)
         assert cmd is not None
-        sub = click.Context(cmd, info_name=f"eaglectl {name}", parent=ctx, terminal_width=100)
+        sub = click.Context(cmd, info_name=name, parent=ctx, terminal_width=100)
         out.append(f"\n## eaglectl {name}\n\n```text\n{cmd.get_help(sub)}\n```\n")
     return "".join(out)
 

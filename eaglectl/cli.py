@@ -255,7 +255,7 @@ def plot_option(what: str) -> Callable[[Any], Any]:
         return value
 
     return click.option("--plot", type=OutputFile(), metavar="FILE.png", callback=check_extra,
-                        help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl[plot]').")
+                        help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl-cli[plot]').")
 
 
 def write_options(fn: Any) -> Any:

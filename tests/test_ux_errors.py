@@ -167,3 +167,33 @@ def test_scan_says_what_it_read(invoke):
     r = invoke("inspect", DEFECTS / "nonfinite-values", "--scan")
     assert r.exit_code == 1 and re.search(r"^scan .* read; 1 with NaN/Inf", r.stdout, re.M), r.stdout
     assert "scan " not in invoke("inspect", DRAFTERS / "speculators-3").stdout
+
+
+# ------------------------------------------------------------------------------ docs agree (item 10)
+
+ROOT = FIXTURES.parent
+
+
+def test_install_lines_name_the_distribution_we_publish():
+    assert re.search(r'^name = "eaglectl-cli"', (ROOT / "pyproject.toml").read_text(), re.M)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in page.read_text().splitlines():
+            if "pip install" in line and "eaglectl" in line:
+                assert re.search(r"eaglectl-cli\b", line) and not re.search(r"install[^#]*\beaglectl\b(?!-cli)", line), \
+                    (page.name, line)
+
+
+def test_ci_workflow_scopes_the_token_and_uploads_what_passed():
+    text = (ROOT / "docs" / "ci.md").read_text()
+    steps = text.split("      - name: ")
+    with_token = [s.splitlines()[0] for s in steps if "HF_TOKEN" in s and "secrets." in s]
+    assert with_token == ["Upload only what passed"], with_token
+    upload = next(s for s in steps if s.startswith("Upload only what passed"))
+    assert "!cancelled()" in upload and "steps.gate.outcome" in upload
+    assert "runs-on: ubuntu-latest\n    env:" not in text and "--states" in text
+
+
+def test_generated_help_pages_name_the_command_once(invoke):
+    assert "eaglectl eaglectl" not in (ROOT / "docs" / "cli.md").read_text()
+    assert '"dest"' not in invoke("check", "--help").stdout
+    assert '"dest"' in invoke("convert", "--help").stdout
