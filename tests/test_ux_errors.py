@@ -197,3 +197,11 @@ def test_generated_help_pages_name_the_command_once(invoke):
     assert "eaglectl eaglectl" not in (ROOT / "docs" / "cli.md").read_text()
     assert '"dest"' not in invoke("check", "--help").stdout
     assert '"dest"' in invoke("convert", "--help").stdout
+
+
+@pytest.mark.parametrize("command", ["verify", "upgrade"])
+def test_another_targets_states_are_named_not_a_crash(invoke, tmp_path, command):
+    args = [tmp_path / "out", "--to", "speculators"] if command == "upgrade" else []
+    r = invoke(command, DRAFTERS / "eagle-3", *args, "--target", TRAINED / "target")
+    assert r.exit_code == 13 and "aux states are 384 wide, the drafter's fc takes 96" in r.stderr, r.stderr
+    assert "internal error" not in r.stderr and not (tmp_path / "out").exists()
