@@ -42,7 +42,7 @@ def cli_page() -> str:
     for name in cli.list_commands(ctx):
         cmd = cli.get_command(ctx, name)
         assert cmd is not None
-        sub = click.Context(cmd, info_name=f"eaglectl {name}", parent=ctx, terminal_width=100)
+        sub = click.Context(cmd, info_name=name, parent=ctx, terminal_width=100)
         out.append(f"\n## eaglectl {name}\n\n```text\n{cmd.get_help(sub)}\n```\n")
     return "".join(out)
 
@@ -107,7 +107,7 @@ def rules_page() -> str:
            "exit 1; warnings do too with `--strict`.\n\n",
            "| rule | severity | meaning | fix |\n|---|---|---|---|\n"]
     for r in RULES.values():
-        fix = r.fix or "-"
+        fix = r.hint() or "-"
         if r.repaired_by_convert:
             fix += " (a conversion repairs it)"
         out.append(f"| `{r.id}` | {r.severity} | {_cell(r.title)} | {_cell(fix)} |\n")

@@ -7,6 +7,7 @@ A failing item does not stop the others unless `fail_fast`. Manifest lines are J
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +64,10 @@ def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tupl
             raise UsageError(f"{where}: needs {keys_needed} (strings)")
         unknown = sorted(set(obj) - allowed)
         if unknown:
-            raise UsageError(f"{where}: unknown key '{unknown[0]}' (this command takes: {', '.join(sorted(allowed))})")
+            close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
+            guess = f"did you mean '{close[0]}'? " if close else ""
+            raise UsageError(f"{where}: unknown key '{unknown[0]}' ({guess}this command takes: "
+                             f"{', '.join(sorted(allowed))})")
         items.append((lineno, obj))
     return items
 

@@ -200,7 +200,7 @@ def sarif(reports: list[CheckReport]) -> dict[str, Any]:
         "runs": [{
             "tool": {"driver": {"name": "eaglectl", "version": __version__, "rules": [
                 {"id": rid, "shortDescription": {"text": RULES[rid].title},
-                 **({"help": {"text": RULES[rid].fix}} if RULES[rid].fix else {}),
+                 **({"help": {"text": RULES[rid].hint()}} if RULES[rid].fix else {}),
                  "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used]}},
             "results": results,
         }],

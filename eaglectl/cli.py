@@ -255,7 +255,7 @@ def plot_option(what: str) -> Callable[[Any], Any]:
         return value
 
     return click.option("--plot", type=OutputFile(), metavar="FILE.png", callback=check_extra,
-                        help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl[plot]').")
+                        help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl-cli[plot]').")
 
 
 def write_options(fn: Any) -> Any:
@@ -264,11 +264,16 @@ def write_options(fn: Any) -> Any:
     return click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")(fn)
 
 
-def manifest_options(fn: Any) -> Any:
-    fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
-    return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
-                        help="JSONL, one item per line: {\"source\": ..., \"dest\": ...} plus per-item options "
-                             "named like this command's flags (unknown keys are errors).")(fn)
+def manifest_options(dest: bool = True) -> Callable[[Any], Any]:
+    item = '{"source": ..., "dest": ...}' if dest else '{"source": ...}'
+
+    def decorate(fn: Any) -> Any:
+        fn = click.option("--fail-fast", is_flag=True, help="Stop a batch at the first failure.")(fn)
+        return click.option("--manifest", type=click.Path(exists=True, dir_okay=False),
+                            help=f"JSONL, one item per line: {item} plus per-item options named like this "
+                                 "command's flags (unknown keys are errors).")(fn)
+
+    return decorate
 
 
 # ------------------------------------------------------------------------------------------ group
@@ -403,7 +408,7 @@ Examples:
 @states_option
 @write_options
 @allow_pickle_option
-@manifest_options
+@manifest_options()
 @json_option
 def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Convert a drafter between dialects: planned, streamed, fail-closed, checked after writing.
@@ -452,7 +457,7 @@ Examples:
               help="Measure the result against the source through the reference drafter.")
 @write_options
 @allow_pickle_option
-@manifest_options
+@manifest_options()
 @json_option
 def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
     """Take an EAGLE-3 drafter to the EAGLE-3.1 layout (fc_norm, norm_output).
@@ -487,8 +492,8 @@ Examples:
 @states_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
-              help="Precision CANDIDATE runs at.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              help="Precision CANDIDATE runs at (default: float32 with --against, else bfloat16 against fp32).")
 @click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
 @click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic inputs.")
@@ -497,14 +502,16 @@ Examples:
 @click.option("--against-from", type=DialectChoice(), help="Dialect of REFERENCE.")
 @allow_pickle_option
 @json_option
-def verify_cmd(candidate: str, against: str | None, target: str | None, states: str | None, device: str, dtype: str,
+def verify_cmd(candidate: str, against: str | None, target: str | None, states: str | None, device: str,
+               dtype: str | None,
                steps: int, tokens: int, seed: int, text: str | None, from_dialect: str | None,
                against_from: str | None, allow_pickle: bool) -> None:
     """Numerical parity of a drafter through the reference drafter.
 
     With --against: conversion parity (identical tensors must give identical outputs; a dtype
-    change gets that precision's tolerance). Without: CANDIDATE at --dtype on --device against its
-    own fp32 CPU run. Reports per draft step; exit 8 when a step fails (the report prints first).
+    change gets that precision's tolerance; an upgrade of REFERENCE gets the upgrade regime: carried
+    tensors identical, outputs a warm start). Without: CANDIDATE at --dtype (default bfloat16) on
+    --device against its own fp32 CPU run. Reports per draft step; exit 8 when a step fails.
     """
     from . import verify
 
@@ -598,7 +605,7 @@ Examples:
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
 @allow_pickle_option
-@manifest_options
+@manifest_options(dest=False)
 @json_option
 def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
               **options: Any) -> None:

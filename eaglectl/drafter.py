@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import formats
+from .errors import UnknownFormatError
 from .formats import Detection, Dialect, Probe
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.jsonio import ConfigView
@@ -132,7 +133,11 @@ def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: 
 
 
 def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:
-    dialect, detections = formats.detect(probe_of(ckpt), from_dialect, where=ckpt.root)
+    probe = probe_of(ckpt)
+    if not probe.tensors:
+        raise UnknownFormatError(f"{ckpt.source}: no tensors (the weights files are empty)", path=ckpt.source,
+                                 hint="point at the drafter's exported weights")
+    dialect, detections = formats.detect(probe, from_dialect, where=ckpt.root)
     view = CanonicalView(ckpt, dialect)
     config = ckpt.config_view
     spec = read_spec(ckpt, dialect, view, config)

@@ -18,7 +18,7 @@ def require_matplotlib() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise MissingDependencyError("--plot needs matplotlib", hint="pip install 'eaglectl[plot]'") from None
+        raise MissingDependencyError("--plot needs matplotlib", hint="pip install 'eaglectl-cli[plot]'") from None
     return plt
 
 

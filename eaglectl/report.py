@@ -213,6 +213,9 @@ def render_inspect(report: Any) -> None:
     t = tensor_summary(d)
     out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
               f"{human_size(t['bytes'])}, dtypes " + ", ".join(f"{safe(k)}×{v}" for k, v in t["dtypes"].items()))
+    for f in report.findings:
+        if f.rule_id == "scanned":  # --scan confirms what it read, outside the table
+            out.print(f"scan     {safe(f.message)}")
     if report.target:
         tg = report.target.summary()
         out.print(f"target   {safe(tg['source'])}: {tg.get('num_hidden_layers')} layers, hidden "
@@ -227,7 +230,7 @@ def render_inspect(report: Any) -> None:
             style = SEVERITY_STYLE[f.severity]
             ft.add_row(f"[{style}]{f.severity}[/]", f.rule_id, safe(f.message), safe(f.locator or ""))
         out.print(ft)
-        hints = {f.rule_id: f.rule.fix for f in report.findings if f.rule.fix}
+        hints = {f.rule_id: f.hint for f in report.findings if f.hint}
         for rule, hint in hints.items():
             out.print(f"  [dim]{rule}: {safe(hint)}[/]")
         out.print()
@@ -256,7 +259,11 @@ def render_verify(report: Any) -> None:
         out.print(f"{label}  {safe(side['source'])}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
                   f"{side['dtype']} on {side['device']})")
     out.print(f"inputs     {safe(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
-    if report.differing_tensors:
+    if report.regime == "upgrade":
+        out.print(f"tensors    {len(report.differing_tensors)} added by the upgrade "
+                  f"({safe(', '.join(report.differing_tensors[:5]))}); every carried tensor identical")
+        out.print("upgrade    not function-preserving by design: the outputs must stay a warm start")
+    elif report.differing_tensors:
         out.print(f"tensors    {len(report.differing_tensors)} differ: {safe(', '.join(report.differing_tensors[:5]))}")
     else:
         out.print("tensors    identical")

@@ -22,6 +22,8 @@ else by the FC-output error on held-out requests of the capture, else takes `one
 
 from __future__ import annotations
 
+import shlex
+
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -104,26 +106,30 @@ def run(
     spec = src.spec
     if init not in CHOICES:
         raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
+    again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
+        " --allow-pickle" if allow_pickle else "")
+    # specforge records the 3.1 flags and needs no target; speculators (vLLM's own) names its verifier
+    other = (f"{again} --to speculators --target {shlex.quote(target)}" if target else
+             f"{again} --to specforge (or --to speculators --target TARGET)")
     if to is None:
         if src.dialect.writer is None:
             raise ConversionError(f"{source}: eaglectl reads {src.dialect.name} checkpoints but does not write them",
-                                  hint=f"add --to DIALECT, e.g. eaglectl upgrade {source} {dest} --to speculators"
-                                       + (" --target TARGET" if target is None else ""))
+                                  hint=other)
         to = src.dialect.name
     if fc_norm and not spec.fc_norm and spec.norm_before_fc:
         raise ConversionError(f"{source}: the drafter has norm_before_fc; adding fc_norm would normalise twice "
                               "(vLLM applies both, TRT-LLM one, speculators refuses)",
-                              hint=f"eaglectl upgrade {source} {dest} --no-fc-norm (norm_output only)")
+                              hint=f"{again} --no-fc-norm (norm_output only)")
     add_fc_norm = fc_norm and not spec.fc_norm
     set_norm_output = norm_output and not spec.norm_output
     steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", set_norm_output)) if on]
     if init in NEEDS_TARGET and add_fc_norm and target is None and states is None:
         raise ConversionError(f"--init {init} measures the target's hidden states: pass --target or --states",
-                              hint=f"eaglectl upgrade {source} {dest} --init {init} --target TARGET "
+                              hint=f"{again} --init {init} --target TARGET "
                                    "(or --states DIR from eaglectl capture)")
     if to == src.dialect.name and src.dialect.writer is not None and not src.dialect.writer.flag_paths and steps:
         raise ConversionError(f"{source}: the {src.dialect.title} layout cannot record fc_norm / norm_output",
-                              hint=f"eaglectl upgrade {source} {dest} --to speculators --target TARGET")
+                              hint=other)
     tgt = open_target(target) if target else target_of_capture(captured) if captured else None
     model = None
     if target and ((add_fc_norm and captured is None) or (fidelity and steps and not dry_run)):

@@ -182,7 +182,7 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingDependencyError("reading a SPEED-Bench folder needs pyarrow",
-                                     hint="pip install 'eaglectl[speedbench]'") from None
+                                     hint="pip install 'eaglectl-cli[speedbench]'") from None
     files = sorted(folder.rglob("*.parquet"))
     if not files:
         raise CheckpointNotFoundError(f"{folder}: no parquet files (a SPEED-Bench folder holds its splits' parquet)",

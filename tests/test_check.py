@@ -158,3 +158,32 @@ def test_a_local_path_is_never_a_model_identity(invoke, tmp_path):
     assert r.exit_code == 1 and "card-local-path" in {f["rule_id"] for f in doc["findings"]}
     r = invoke("check", d, "--base-model", "./not/a/hub/id")
     assert r.exit_code == 2 and "not a Hub id" in r.stderr
+
+
+def test_manifest_keys_take_effect_and_unknown_keys_say_which(invoke, tmp_path):
+    def dtypes(folder):
+        raw = (folder / "model.safetensors").read_bytes()
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("\n".join(json.dumps(x) for x in (
+        # eagle -> speculators names the verifier: fails without the per-line target
+        {"source": str(DRAFTERS / "eagle-3"), "dest": str(tmp_path / "a"), "target": str(TARGET), "dtype": "float16"},
+        {"source": str(DRAFTERS / "eagle-3"), "dest": str(tmp_path / "x")},
+        {"source": str(DRAFTERS / "speculators-3"), "dest": str(tmp_path / "b")})))
+    r = invoke("convert", "--manifest", manifest, "--to", "speculators", "--json")
+    items = json.loads(r.stdout)["items"]
+    assert [i["exit_code"] for i in items] == [0, 7, 0], r.stdout
+    assert "pass --target" in items[1]["summary"]
+    assert dtypes(tmp_path / "a") - {"BOOL", "I64"} == {"F16"} and "F16" not in dtypes(tmp_path / "b")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"source": "x", "dest": str(tmp_path / "c")}) + "\n"
+                   + json.dumps({"source": "x", "dest": str(tmp_path / "d"), "taget": "t"}) + "\n")
+    r = invoke("convert", "--manifest", bad, "--to", "modelopt")
+    assert r.exit_code == 2 and f"{bad}:2: unknown key 'taget' (did you mean 'target'?" in r.stderr, r.stderr
+    assert not (tmp_path / "c").exists()
+    check_m = tmp_path / "c.jsonl"
+    check_m.write_text(json.dumps({"source": str(DRAFTERS / "eagle-3"), "dest": "x"}) + "\n")
+    r = invoke("check", "--manifest", check_m)
+    assert r.exit_code == 2 and "unknown key 'dest'" in r.stderr

@@ -236,7 +236,7 @@ def test_drift_refuses_bad_combinations_in_one_line(invoke, tmp_path):
 def test_plot_without_matplotlib_fails_before_any_work(invoke, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     res = invoke("drift", TRAINED / "eagle3", "--target", TARGET, "--plot", tmp_path / "x.png")
-    assert res.exit_code != 0 and "eaglectl[plot]" in res.stderr and not (tmp_path / "x.png").exists()
+    assert res.exit_code != 0 and "eaglectl-cli[plot]" in res.stderr and not (tmp_path / "x.png").exists()
 
 
 # ----------------------------------------------------------------------------------------- workloads

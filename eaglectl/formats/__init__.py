@@ -7,6 +7,8 @@ another dialect's `markers` (keys only that producer writes), never by a list of
 
 from __future__ import annotations
 
+import re
+
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import Caveat, Detection, Dialect, Probe, Signal, Writer
 
@@ -63,6 +65,9 @@ def evaluate(dialect: Dialect, probe: Probe) -> Detection:
 
 def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Dialect, list[Detection]]:
     """The dialect with the highest score, or the forced one; never a guess between equals."""
+    if forced is None and (why := looks_like_target(probe)):
+        raise UnknownFormatError(f"{where}: this looks like a target model ({why}), not an EAGLE drafter",
+                                 path=where, hint="give the drafter as SOURCE and this model as --target")
     detections = sorted((evaluate(d, probe) for d in DIALECTS.values()),
                         key=lambda d: -(d.score if d.score is not None else -1))
     if forced is not None:
@@ -81,6 +86,22 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
             path=where, hint=f"pass --from {tied[0].dialect} (or another) to say which producer wrote it",
         )
     return DIALECTS[fitting[0].dialect], detections
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def looks_like_target(probe: Probe) -> str | None:
+    """Why these weights are a whole model rather than a drafter: every EAGLE-3 drafter has an fc
+    that fuses aux states, and one (rarely a few) decoder layers; a target has no fc and many."""
+    if any(t == "fc.weight" or t.endswith(".fc.weight") for t in probe.tensors):
+        return None
+    layers = {int(m.group(1)) for t in probe.tensors if (m := _LAYER.search(t))}
+    if len(layers) < 2:
+        return None
+    arch = (probe.config or {}).get("architectures")
+    named = f"{arch[0]}, " if isinstance(arch, list) and arch and isinstance(arch[0], str) else ""
+    return f"{named}{len(layers)} decoder layers, no fc.weight"
 
 
 # The registry: one line per dialect module.

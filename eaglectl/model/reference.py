@@ -266,6 +266,13 @@ class Drafter(nn.Module):
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """(B, T, n_aux·H_t) target features → (B, T, H); step 0 only."""
+        if aux.shape[-1] != self.fc.weight.shape[1]:  # another target's states (its hidden size differs)
+            from ..errors import IncompatibleDrafterError
+
+            raise IncompatibleDrafterError(
+                f"the target's aux states are {aux.shape[-1]} wide, the drafter's fc takes {self.fc.weight.shape[1]} "
+                f"({self.a.num_aux} x target_hidden_size {self.a.target_hidden_size})",
+                hint="use the target this drafter was trained for (inspect with --target compares their configs)")
         x = aux.to(self.fc.weight.dtype)
         if self.a.norm_before_fc:
             x = self.input_norm(x)

@@ -13,6 +13,7 @@ reads goes through the drafter's typed `ConfigView`.
 from __future__ import annotations
 
 import enum
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,17 +34,51 @@ class Severity(str, enum.Enum):
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 
 
+# Placeholders a rule's fix may hold, so that a printed hint is a command that runs as printed:
+# {source}, {target}; {convert}: rewrite in the drafter's own dialect (speculators when eaglectl
+# cannot write that one), with --target only where the conversion needs one; {convert_t}: the
+# same, always with --target; {to_vllm}: to speculators with --target; {pickle}: --allow-pickle for
+# a .bin source (the three commands carry it already). Only DEST is left to fill;
+# a command runs to the next "(", ";" or the end (tests/test_ux_errors.py runs each one).
+# The catalogue (docs, `eaglectl rules`) shows them as SOURCE / TARGET / DIALECT.
+CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
+                    "convert": "eaglectl convert SOURCE DEST --to DIALECT",
+                    "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
+                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
     severity: Severity
     title: str
-    fix: str | None  # None: nothing to do (info)
+    fix: str | None  # None: nothing to do (info); may hold the placeholders above
     repaired_by_convert: bool = False  # a conversion fixes it by construction, so it does not block one
 
+    def hint(self, values: dict[str, str] | None = None) -> str | None:
+        return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
+
     def to_json(self) -> dict[str, Any]:
-        return {"rule_id": self.id, "severity": self.severity.value, "title": self.title, "hint": self.fix,
+        return {"rule_id": self.id, "severity": self.severity.value, "title": self.title, "hint": self.hint(),
                 "repaired_by_convert": self.repaired_by_convert}
+
+
+def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
+    """The placeholders filled in for this drafter (and target, when one was given)."""
+    from .. import formats
+
+    source = shlex.quote(drafter.ckpt.source)
+    tgt = shlex.quote(target.source) if target is not None and getattr(target, "source", None) else "TARGET"
+    name = drafter.dialect.name
+    own = name if name in formats.writable() else "speculators"
+    # speculators names its verifier: a source that does not already name one needs the target
+    needs_target = own == "speculators" and name != "speculators"
+    pickle = " --allow-pickle" if drafter.ckpt.layout == "pickle" else ""
+    convert = f"eaglectl convert {source} DEST --to {own}"
+    return {"source": source, "target": tgt, "pickle": pickle,
+            "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
+            "convert_t": f"{convert} --target {tgt}{pickle}",
+            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}"}
 
 
 RULES: dict[str, Rule] = {}
@@ -61,6 +96,11 @@ class Finding:
     rule: Rule
     message: str
     locator: str | None = None
+    values: dict[str, str] | None = None  # hint placeholders for this drafter (hint_values)
+
+    @property
+    def hint(self) -> str | None:
+        return self.rule.hint(self.values)
 
     @property
     def rule_id(self) -> str:
@@ -72,7 +112,7 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         return {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
-                "hint": self.rule.fix, "locator": self.locator}
+                "hint": self.hint, "locator": self.locator}
 
 
 @dataclass
@@ -106,7 +146,7 @@ class Context:
         return self.drafter.config
 
     def emit(self, r: Rule, message: str, locator: str | None = None) -> None:
-        self.findings.append(Finding(r, message, locator))
+        self.findings.append(Finding(r, message, locator, hint_values(self.drafter, self.target)))
 
     def array(self, canon: str) -> Any:
         if canon not in self._arrays:

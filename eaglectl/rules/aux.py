@@ -21,16 +21,17 @@ AUX_IDS_RANGE = rule("aux-ids-range", ERROR, "An aux id is negative or beyond th
 AUX_IDS_COUNT = rule("aux-ids-count", ERROR, "Number of aux ids differs from fc's in-features / target_hidden_size",
                      "fix ids or fc")
 AUX_COUNT_UNSIZED = rule("aux-count-unsized", ERROR, "N != 3 aux states but vLLM sizes fc for 3 "
-                         "(no num_aux_hidden_states)", "eaglectl convert --to DIALECT writes num_aux_hidden_states and "
-                         "eagle_config.eagle_aux_hidden_state_layer_ids", repaired_by_convert=True)
+                         "(no num_aux_hidden_states)", "{convert} (writes num_aux_hidden_states and "
+                         "eagle_config.eagle_aux_hidden_state_layer_ids)", repaired_by_convert=True)
 AUX_COUNT_NOT_3 = rule("aux-count-not-3", WARNING, "N != 3 aux states: older engines hard-code 3",
                        "serve with vLLM >= 0.22 or sglang with N-aux support")
 AUX_IDS_OUTPUT_CONVENTION = rule("aux-ids-output-convention", WARNING, "Aux ids are output-of-layer ids: vLLM reads "
                                  "the same numbers as boundary ids, one layer too early",
-                                 "for vLLM: eaglectl convert --to speculators --target TARGET (translates them)")
+                                 "for vLLM: {to_vllm} (translates them)")
 AUX_CONVENTION_UNVERIFIABLE = rule("aux-convention-unverifiable", WARNING,
                                    "The aux-id convention cannot be known from the files",
-                                   "inspect --target TARGET measures it; or pass --source-aux-convention when converting")
+                                   "eaglectl inspect {source} --target {target}{pickle} (measures it); or "
+                                   "pass --source-aux-convention when converting")
 TARGET_HIDDEN_SIZE = rule("target-hidden-size", ERROR, "fc's in-features do not fit target_hidden_size x aux count",
                           "set target_hidden_size to the target's hidden size")
 

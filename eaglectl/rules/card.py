@@ -8,21 +8,21 @@ from typing import Any
 
 from .. import formats
 from ..drafter import DrafterCheckpoint
-from . import ERROR, WARNING, Finding, rule
+from . import ERROR, WARNING, Finding, hint_values, rule
 from .target import same_model
 
 CARD_BASE_MODEL = rule("card-base-model", ERROR, "The card's base_model is not the drafter's target",
-                       "fix base_model (eaglectl check --card --base-model ORG/NAME)")
+                       "eaglectl check {source} --card --base-model ORG/NAME (the target's Hub id)")
 CARD_EAGLE_VERSION = rule("card-eagle-version", ERROR, "The card claims another EAGLE version than the files",
                           "fix the eagle3 / eagle3.1 tags")
 CARD_TAGS = rule("card-tags", WARNING, "The card lacks the speculative-decoding / eagle3 tags",
-                 "add them (eaglectl check --card)")
+                 "eaglectl check {source} --card (adds them)")
 CARD_K = rule("card-k", ERROR, "The card's vLLM snippet uses another k than the speculators config", "fix the snippet")
 CARD_DIALECT = rule("card-dialect", ERROR, "The card claims another checkpoint layout than the files", "fix the card")
 CARD_PROVENANCE = rule("card-provenance", WARNING, "An upgraded drafter's card does not say it needs fine-tuning",
-                       "say so (check --card does)")
+                       "eaglectl check {source} --card (says so)")
 CARD_LOCAL_PATH = rule("card-local-path", ERROR, "The card names a local path as a model identity",
-                       "pass --base-model ORG/NAME (a Hub id) and rewrite the card with check --card")
+                       "eaglectl check {source} --card --base-model ORG/NAME (the target's Hub id)")
 
 
 def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
@@ -60,4 +60,7 @@ def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: 
     if drafter.config.bool("eaglectl_provenance.needs_fine_tuning") and "fine-tun" not in card.text.lower():
         out.append(Finding(CARD_PROVENANCE, "the drafter was structurally upgraded and needs fine-tuning; the card "
                            "does not say so", where))
+    values = hint_values(drafter)
+    for f in out:
+        f.values = values
     return out

@@ -11,10 +11,10 @@ CONFIG_FIELD_INVALID = rule("config-field-invalid", ERROR, "A config field has t
 CONFIG_FIELD_MISSING = rule("config-field-missing", ERROR, "A config field the engines need is absent",
                             "add it to config.json (never guessed)")
 PICKLE_FILE = rule("pickle-file", WARNING, "Weights are a pickle (.bin)",
-                   "eaglectl convert --to DIALECT (writes safetensors)", repaired_by_convert=True)
+                   "{convert} (writes safetensors)", repaired_by_convert=True)
 METADATA_FORMAT = rule("metadata-format", WARNING,
                        "safetensors __metadata__ lacks format=pt (transformers refuses the file)",
-                       "rewrite with metadata {'format': 'pt'} (eaglectl convert does)", repaired_by_convert=True)
+                       "{convert} (writes metadata {{'format': 'pt'}})", repaired_by_convert=True)
 SHARD_INDEX = rule("shard-index", ERROR, "The shard index disagrees with the shards",
                    "regenerate model.safetensors.index.json")
 NONFINITE_VALUES = rule("nonfinite-values", ERROR, "A tensor holds NaN or Inf (--scan)",
@@ -22,10 +22,10 @@ NONFINITE_VALUES = rule("nonfinite-values", ERROR, "A tensor holds NaN or Inf (-
 EXOTIC_DTYPE = rule("exotic-dtype", WARNING, "A tensor uses an F8/F6/F4/complex/unsigned dtype the reference cannot run",
                     "dequantise, or check that your engine supports it")
 MIXED_DTYPES = rule("mixed-dtypes", WARNING, "Floating-point tensors come in more than one dtype",
-                    "convert --dtype to one dtype")
+                    "{convert} --dtype bfloat16 (or another: one dtype)")
 DTYPE_MISMATCH = rule("dtype-mismatch", WARNING, "config torch_dtype disagrees with the tensors",
                       "set torch_dtype to the tensors' dtype")
-SCANNED = rule("scanned", INFO, "--scan read every floating-point tensor and found no NaN/Inf", None)
+SCANNED = rule("scanned", INFO, "What --scan read: every floating-point tensor, and how many hold NaN/Inf", None)
 
 
 @check
@@ -68,11 +68,11 @@ def scan(ctx: Context) -> None:
         return
     names = [n for n, i in ctx.ckpt.tensors.items() if i.dtype in FLOAT_DTYPES]
     total = sum(ctx.ckpt.tensors[n].nbytes for n in names)
-    bad_any = False
+    bad_any = 0
     for name in ctx.progress(names, label="scanning for NaN/Inf", total=len(names)):
         bad = ctx.ckpt.count_nonfinite(name)
         if bad:
-            bad_any = True
+            bad_any += 1
             ctx.emit(NONFINITE_VALUES, f"'{name}' has {bad} NaN/Inf values", ctx.ckpt.locate(name))
-    if not bad_any:
-        ctx.emit(SCANNED, f"{len(names)} floating-point tensors ({total:,} bytes) read; no NaN/Inf")
+    found = f"{bad_any} with NaN/Inf (nonfinite-values)" if bad_any else "no NaN/Inf"
+    ctx.emit(SCANNED, f"{len(names)} floating-point tensors ({total:,} bytes) read; {found}")

@@ -9,17 +9,18 @@ from . import ERROR, WARNING, Context, check, rule
 from .files import CONFIG_FIELD_MISSING
 
 ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'architectures'",
-                             "set architectures (e.g. LlamaForCausalLMEagle3)", repaired_by_convert=True)
+                             "{convert} (writes the registered class)", repaired_by_convert=True)
 ARCHITECTURES_PLAIN = rule("architectures-plain", WARNING, "architectures names a plain target class",
-                           "use an EAGLE-3 class: sglang/SpecForge route a plain class to the target loader",
+                           "for sglang: eaglectl convert {source} DEST --to specforge{pickle} (writes "
+                           "an EAGLE-3 class; sglang/SpecForge route a plain class to the target loader)",
                            repaired_by_convert=True)
 ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architectures names a class no engine registers",
-                                  "rename to LlamaForCausalLMEagle3 (eaglectl convert does)", repaired_by_convert=True)
+                                  "{convert} (writes the registered class)", repaired_by_convert=True)
 ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
                               "fix architectures / model_type")
 SPECULATORS_CONFIG = rule("speculators-config", ERROR, "speculators_config lacks a key vLLM needs", "add the nested key")
 MODEL_PREFIX = rule("model-prefix", ERROR, "Keys carry a 'model.' prefix, which vLLM doubles and rejects",
-                    "eaglectl convert --to speculators (strips it)", repaired_by_convert=True)
+                    "{convert} (strips it)", repaired_by_convert=True)
 MULTI_LAYER_MIDLAYER = rule("multi-layer-midlayer", ERROR,
                             "midlayer.N.* keys (TRT-LLM naming) become layers.0.N.* in vLLM and fail",
                             "rename to layers.N.* and check which norm layers >= 1 were trained with")
@@ -33,8 +34,8 @@ LAYER_COUNT = rule("layer-count", ERROR, "num_hidden_layers disagrees with the l
 TENSOR_SHAPE = rule("tensor-shape", ERROR, "A tensor's shape disagrees with the config", "fix the config or the tensor")
 ARCHITECTURES_SPELLING = rule("architectures-spelling", ERROR, "architectures spells the MLA EAGLE-3 class the way "
                               "another tool does; vLLM 0.32 registers only Eagle3DeepseekV2ForCausalLM and "
-                              "Eagle3DeepseekV3ForCausalLM", "eaglectl convert --to modelopt (writes the registered "
-                              "name)", repaired_by_convert=True)
+                              "Eagle3DeepseekV3ForCausalLM", "eaglectl convert {source} DEST --to modelopt{pickle} "
+                              "(writes the registered name)", repaired_by_convert=True)
 BIAS_IGNORED = rule("bias-ignored", WARNING, "A .bias tensor vLLM silently ignores",
                     "drop it, or serve with an engine that uses it")
 

@@ -9,8 +9,7 @@ from . import ERROR, INFO, Context, check, rule
 
 AUX_READING_MISMATCH = rule("aux-reading-mismatch", ERROR, "The engine that serves this dialect reads other target "
                             "layers than the drafter was trained on (measured with --target)",
-                            "convert it for that engine with --target (the measured layers are written), e.g. "
-                            "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                            "for vLLM: {to_vllm} (writes the measured layers)",
                             repaired_by_convert=True)
 EMBEDDING_MISMATCH = rule("embedding-mismatch", ERROR, "The shipped embed_tokens is not the one the drafter was "
                           "trained with: it predicts better with the target's (measured)",
@@ -18,7 +17,7 @@ EMBEDDING_MISMATCH = rule("embedding-mismatch", ERROR, "The shipped embed_tokens
 LM_HEAD_MISMATCH = rule("lm-head-mismatch", ERROR, "The shipped lm_head predicts worse than the target's head at the "
                         "mapped ids: it is untrained or from another model (measured)", "export the trained lm_head")
 FLAG_READING_MISMATCH = rule("flag-reading-mismatch", ERROR, "A flag in the config contradicts how the drafter was "
-                             "trained (measured)", "convert it with --target (the measured value is written)",
+                             "trained (measured)", "{convert_t} (writes the measured value)",
                              repaired_by_convert=True)
 DRAFTER_AT_CHANCE = rule("drafter-at-chance", ERROR, "The drafter predicts this target no better than chance: the "
                          "wrong target, or untrained weights (measured)", "check --target and the export")
@@ -56,8 +55,7 @@ def measured(ctx: Context) -> None:
             else:
                 from .aux import AUX_IDS_OUTPUT_CONVENTION
 
-                ctx.emit(AUX_IDS_OUTPUT_CONVENTION, message + " (for vLLM: eaglectl convert --to speculators "
-                         "--target TARGET)", ctx.where)
+                ctx.emit(AUX_IDS_OUTPUT_CONVENTION, message, ctx.where)
     for name, r in (("embedding", EMBEDDING_MISMATCH), ("lm_head", LM_HEAD_MISMATCH)):
         fact = m.facts.get(name)
         if fact is not None and fact.measured == "target":

@@ -15,8 +15,8 @@ MLA_HEAD_SIZE = rule("mla-head-size", ERROR, "kv_lora_rank + qk_rope_head_dim is
                      "use the target's MLA sizes (Kimi-K2 / DeepSeek-V3: 512 + 64)")
 KIMI_AUX_IDS_AMBIGUOUS = rule("kimi-aux-ids-ambiguous", WARNING, "MLA drafter with Kimi-K2's default aux ids, which "
                               "trainers write in two numberings ([2, 30, 58] boundary = [1, 29, 57] output-of-layer)",
-                              "inspect --target TARGET measures which one it was trained on; convert with --target "
-                              "writes it")
+                              "eaglectl inspect {source} --target {target}{pickle} (measures which one "
+                              "it was trained on); {convert_t} (writes it)")
 EXPORTED_ROPE_SCALING = rule("exported-rope-scaling", INFO, "The config's rope scaling is the one the producer "
                              "injects at export; training may have used other RoPE", None)
 

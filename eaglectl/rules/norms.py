@@ -11,7 +11,8 @@ FC_NORM_WEIGHTS_WITHOUT_FLAG = rule("fc-norm-weights-without-flag", ERROR,
                                     "fc_norm.N weights present but fc_norm is false (vLLM load error)", "set fc_norm: true")
 FC_NORM_FLAG_WITHOUT_WEIGHTS = rule("fc-norm-flag-without-weights", ERROR,
                                     "fc_norm true but no fc_norm.N weights (vLLM runs with ones)",
-                                    "export the trained fc_norm weights or run eaglectl upgrade")
+                                    "export the trained fc_norm weights, or set fc_norm: false (then `upgrade` adds "
+                                    "untrained ones)")
 FC_NORM_COUNT = rule("fc-norm-count", ERROR, "fc_norm.N indices do not match the aux count",
                      "one fc_norm per aux state, 0..N-1")
 INPUT_NORM_WITHOUT_FLAG = rule("input-norm-without-flag", ERROR,
@@ -23,12 +24,12 @@ NORM_BEFORE_FC_WITHOUT_WEIGHTS = rule("norm-before-fc-without-weights", ERROR,
 DOUBLE_NORM = rule("double-norm", ERROR, "norm_before_fc and fc_norm both true: vLLM applies both, TRT-LLM one, "
                    "speculators rejects", "keep exactly one")
 NORM_BEFORE_FC_PLACEMENT = rule("norm-before-fc-placement", WARNING, "norm_before_fc stored in one place only (TRT-LLM "
-                                "reads eagle_config, speculators the top level)", "write it in both places",
+                                "reads eagle_config, speculators the top level)", "{convert} (writes it in both places)",
                                 repaired_by_convert=True)
 MLA_NORM_BEFORE_FC = rule("mla-norm-before-fc", ERROR, "MLA drafter with norm_before_fc / input_norm (vLLM's DeepSeek "
                           "path cannot load it)", "drop input_norm; MLA supports fc_norm only")
 FLAG_ABSENT = rule("flag-absent", WARNING, "A semantic flag is absent and engines disagree on its default",
-                   "write the flag explicitly (eaglectl convert writes every flag the dialect records)",
+                   "{convert} (writes every flag the dialect records)",
                    repaired_by_convert=True)
 FLAGS_IMPLICIT = rule("flags-implicit", INFO, "The layout cannot record the 3.1 flags; they are off by definition",
                       None)

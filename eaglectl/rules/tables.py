@@ -5,15 +5,15 @@ from __future__ import annotations
 from . import ERROR, INFO, WARNING, Context, check, rule
 
 LM_HEAD_MISSING = rule("lm-head-missing", ERROR, "No lm_head with a reduced vocab: vLLM substitutes the target's full "
-                       "head", "eaglectl convert --to DIALECT --target TARGET (takes the target's rows at the mapped ids)",
+                       "head", "{convert_t} (takes the target's rows at the mapped ids)",
                        repaired_by_convert=True)
 LM_HEAD_BORROWED = rule("lm-head-borrowed", WARNING, "No lm_head: vLLM borrows the target head, sglang starts a random one",
-                        "eaglectl convert --to DIALECT --target TARGET (materialises it)", repaired_by_convert=True)
+                        "{convert_t} (materialises it)", repaired_by_convert=True)
 EMBED_TOKENS_MISSING = rule("embed-tokens-missing", ERROR, "No embed_tokens and target_hidden_size != hidden_size: vLLM "
                             "cannot share the target's", "export the drafter's embed_tokens", repaired_by_convert=True)
 EMBED_TOKENS_SHARED = rule("embed-tokens-shared", INFO, "No embed_tokens: engines share the target's embedding", None)
 TIE_WORD_EMBEDDINGS = rule("tie-word-embeddings", WARNING, "tie_word_embeddings is true: sglang ties lm_head to "
-                           "embed_tokens, vLLM ignores it", "set tie_word_embeddings: false (eaglectl convert does)",
+                           "embed_tokens, vLLM ignores it", "{convert} (sets tie_word_embeddings: false)",
                            repaired_by_convert=True)
 ROPE_INCONSISTENT = rule("rope-inconsistent", ERROR, "rope_theta / rope_scaling disagree with rope_parameters",
                          "write both encodings with the values the drafter was trained with")

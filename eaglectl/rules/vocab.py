@@ -22,7 +22,7 @@ D2T_UNFILLED = rule("d2t-unfilled", ERROR, "d2t is all zeros with a reduced voca
 D2T_ORDER = rule("d2t-order", WARNING, "d2t is not increasing (only ModelOpt writes frequency order)",
                  "check the producer; sorted ids are expected")
 D2T_FULL_VOCAB = rule("d2t-full-vocab", ERROR, "d2t present although draft vocab == vocab (vLLM 0.32 has no "
-                      "parameter for it)", "drop d2t/t2d (eaglectl convert does)", repaired_by_convert=True)
+                      "parameter for it)", "{convert} (drops d2t/t2d)", repaired_by_convert=True)
 T2D_DTYPE = rule("t2d-dtype", ERROR, "t2d is not a bool mask", "store t2d as bool")
 T2D_SHAPE = rule("t2d-shape", ERROR, "t2d length differs from the target vocab", "rebuild t2d with length vocab_size")
 T2D_COUNT = rule("t2d-count", ERROR, "t2d.sum() differs from the draft vocab size", "rebuild t2d from d2t")
