@@ -41,16 +41,32 @@ class EaglectlGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(self.commands, key=lambda c: COMMAND_ORDER.index(c) if c in COMMAND_ORDER else len(COMMAND_ORDER))
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        argv = list(args)
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as e:
+            _usage_json(e, argv)
+            raise
+        ctx.meta["eaglectl.argv"] = argv
+        return ctx
+
     def invoke(self, ctx: click.Context) -> Any:
+        argv = ctx.meta.get("eaglectl.argv", [])
+        report.SETTINGS.command = next((a for a in argv if a in self.commands), None)
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:
+            _usage_json(e, argv)
+            raise
         except EaglectlError as e:
             report.error(e)
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             report.interrupted("interrupted (Ctrl-C); no output was left behind")
             ctx.exit(EXIT_INTERRUPTED)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+        except (click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except OSError as e:
             if e.filename is None or report.SETTINGS.debug:
@@ -62,6 +78,13 @@ class EaglectlGroup(click.Group):
                 raise
             report.internal_error(e)
             ctx.exit(EXIT_INTERNAL)
+
+
+def _usage_json(exc: click.ClickException, argv: list[str]) -> None:
+    """With --json anywhere on the line, a usage error is also the JSON error document on stdout."""
+    if "--json" in argv and not getattr(exc, "eaglectl_reported", False):
+        exc.eaglectl_reported = True  # type: ignore[attr-defined]
+        report.usage_error_json(exc, next((a for a in argv if a in cli.commands), None))
 
 
 # ------------------------------------------------------------------------------ parameter types

@@ -36,9 +36,19 @@ class Settings:
 
     json: bool = False
     debug: bool = False
+    command: str | None = None  # the subcommand being run (the JSON envelope's `command`)
+    verbosity: int = 0  # -1 quiet (errors and the result line), 0 normal, 1 verbose
 
-    def reset(self, *, debug: bool = False) -> None:
-        self.json, self.debug = False, debug
+    def reset(self, *, debug: bool = False, verbosity: int = 0) -> None:
+        self.json, self.debug, self.verbosity = False, debug, verbosity  # `command` is set before this runs
+
+    @property
+    def quiet(self) -> bool:
+        return self.verbosity < 0
+
+    @property
+    def verbose(self) -> bool:
+        return self.verbosity > 0
 
 
 SETTINGS = Settings()
@@ -54,6 +64,16 @@ def printable(text: Any) -> str:
 def safe(text: Any) -> str:
     """Printable and markup-escaped: for anything derived from input files."""
     return escape(printable(text))
+
+
+ERROR_SCHEMA = "eaglectl.error/1"
+
+
+def envelope(schema: str, command: str | None, exit_code: int, **result: Any) -> dict[str, Any]:
+    """The keys every JSON document starts with (docs/json.md); the command's result follows them."""
+    from . import __version__
+
+    return {"schema": schema, "tool_version": __version__, "command": command, **result, "exit_code": exit_code}
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -83,11 +103,8 @@ def finish_batch(command: str, result: Any) -> None:
 
 
 def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> None:
-    from . import __version__
-
     if SETTINGS.json:
-        emit_json({"schema": f"eaglectl.{command}/1", "tool_version": __version__, "command": command, **payload,
-                   "exit_code": 0})
+        emit_json(envelope(f"eaglectl.{command}/1", command, 0, **payload))
     else:
         render(payload)
 
@@ -102,11 +119,19 @@ def error(exc: EaglectlError) -> None:
     if exc.hint:
         stderr.print(f"[dim]hint:[/] {safe(exc.hint)}")
     if SETTINGS.json and not exc.reported:
-        emit_json({"schema": "eaglectl.error/1", "error": exc.to_json(), "exit_code": exc.exit_code})
+        emit_json(envelope(ERROR_SCHEMA, SETTINGS.command, exc.exit_code, error=exc.to_json()))
 
 
 def usage_error(exc: click.ClickException) -> None:
     exc.show()
+
+
+def usage_error_json(exc: click.ClickException, command: str | None) -> None:
+    """A Click usage error (bad flag or value, exit 2) as the error document, for --json callers."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    emit_json(envelope(ERROR_SCHEMA, command, exc.exit_code, error={
+        "reference": "usage", "message": printable(message), "context": {}, "hint": None,
+        "exit_code": exc.exit_code}))
 
 
 def interrupted(message: str) -> None:
@@ -446,7 +471,7 @@ def render_check(rep: Any) -> None:
 def render_batch(command: str, result: Any) -> None:
     out = stdout
     out.print(table(f"{command}: {len(result.rows)} item(s)", ["source", "dest", "exit", "result"],
-                    ((r["source"], r.get("dest", ""), r["exit_code"], r["summary"]) for r in result.rows)))
+                    ((r["source"], r.get("dest", ""), r["exit_code"], r["summary_line"]) for r in result.rows)))
     ok = sum(r["exit_code"] == 0 for r in result.rows)
     out.print(f"\n{ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")
 
