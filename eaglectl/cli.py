@@ -546,7 +546,8 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, states: 
     report.finish("verify", verify.run(candidate, against=against, target=target, states=states, device=device,
                                        dtype=dtype,
                                        steps=steps, tokens=tokens, seed=seed, text=text, from_dialect=from_dialect,
-                                       against_from=against_from, allow_pickle=allow_pickle))
+                                       against_from=against_from, allow_pickle=allow_pickle,
+                                       progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------------ smoke
@@ -608,7 +609,8 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      max_tokens=max_tokens, concurrency=concurrency, baselines=baselines, dtype=dtype,
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
-                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot))
+                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
+                                     progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------------ check

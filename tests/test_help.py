@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 
 import click
-import pytest
-
-from eaglectl import report
 from eaglectl.cli import COMMAND_ORDER, PATH_PARAMS, cli
 
 from .conftest import FIXTURES
@@ -58,46 +55,3 @@ def test_quiet_prints_only_the_result_line_and_verbose_more(invoke):
     assert "hidden_size" not in normal.stdout and "hidden_size" in verbose.stdout
     assert "inspect:" in verbose.stderr and " s" in verbose.stderr  # timing
     assert invoke("-q", "-v", "formats").exit_code == 2
-
-
-def test_no_color_keeps_progress_on_a_terminal(monkeypatch):
-    from rich.console import Console
-
-    monkeypatch.setenv("NO_COLOR", "1")
-    console = Console(stderr=True, force_terminal=True)
-    monkeypatch.setattr(report, "stderr", console)
-    report.SETTINGS.reset()
-    assert console.no_color and report.progress_enabled()
-    report.SETTINGS.json = True
-    assert not report.progress_enabled()
-    report.SETTINGS.reset(verbosity=-1)
-    assert not report.progress_enabled()
-    report.SETTINGS.reset()
-
-
-@pytest.mark.parametrize("args", [
-    ["smoke", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--engine", "reference",
-     "--num-prompts", "2", "--max-tokens", "4"],
-    ["upgrade", "fixtures/drafters/speculators-3", "{tmp}/u", "--init", "calibrated", "--target",
-     "fixtures/target-llama", "--no-fidelity"],
-    ["verify", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--tokens", "8", "--steps", "1"],
-])
-def test_long_steps_report_progress(invoke, monkeypatch, tmp_path, args):
-    """Every long step goes through report.progress (shown on a terminal; counted here)."""
-    from .conftest import ROOT
-
-    monkeypatch.chdir(ROOT)
-    seen: list[tuple[str, int]] = []
-    real = report.progress
-
-    def counting(items, *, label, **kw):
-        n = 0
-        for item in real(items, label=label, **kw):
-            n += 1
-            yield item
-        seen.append((label, n))
-
-    monkeypatch.setattr(report, "progress", counting)
-    r = invoke(*[a.format(tmp=tmp_path) for a in args])
-    assert r.exit_code == 0, r.stderr
-    assert seen and all(n > 0 for _, n in seen), seen
