@@ -118,8 +118,8 @@ def errors_page() -> str:
     out = [BANNER, "# Exit codes and errors\n\n",
            "Every failure is one line on stderr, `error[<reference>]: <message naming the file, tensor or key>`, "
            "optionally followed by `hint: ...`; with `--json` the same error is also printed on stdout as "
-           "`{\"schema\": \"eaglectl.error/1\", \"error\": {reference, message, context, hint, exit_code}, "
-           "\"exit_code\"}`. Nothing is written on failure. A traceback appears only with `EAGLECTL_DEBUG=1` "
+           "`{\"schema\": \"eaglectl.error/1\", \"tool_version\", \"command\", \"error\": {reference, message, "
+           "context, hint, exit_code}, \"exit_code\"}` ([json.md](json.md)); usage errors (exit 2) too. Nothing is written on failure. A traceback appears only with `EAGLECTL_DEBUG=1` "
            "(or `--debug`).\n\n| exit | reference | meaning |\n|---|---|---|\n",
            f"| {errors.EXIT_OK} | - | success (no error findings; with `--strict` no warnings either) |\n",
            f"| {errors.EXIT_FINDINGS} | rule ids | findings at error level, or warnings under `--strict` |\n",

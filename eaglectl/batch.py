@@ -79,12 +79,12 @@ def run_batch(items: list[dict[str, Any]], fn: Callable[[dict[str, Any]], tuple[
     for item in items:
         try:
             code, summary, doc = fn(item)
-            row = {**item, "exit_code": code, "summary": summary, "result": doc}
+            row = {**item, "exit_code": code, "summary_line": summary, "result": doc}
         except EaglectlError as e:
-            row = {**item, "exit_code": e.exit_code, "summary": f"error[{e.reference}]: {e.message}",
+            row = {**item, "exit_code": e.exit_code, "summary_line": f"error[{e.reference}]: {e.message}",
                    "error": e.to_json()}
         except Exception as e:  # noqa: BLE001 - one broken item must not hide the others' results
-            row = {**item, "exit_code": EXIT_INTERNAL, "summary": f"internal error: {type(e).__name__}: {e}"}
+            row = {**item, "exit_code": EXIT_INTERNAL, "summary_line": f"internal error: {type(e).__name__}: {e}"}
         out.rows.append(row)
         if fail_fast and row["exit_code"]:
             break

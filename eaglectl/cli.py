@@ -41,16 +41,32 @@ class EaglectlGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(self.commands, key=lambda c: COMMAND_ORDER.index(c) if c in COMMAND_ORDER else len(COMMAND_ORDER))
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        argv = list(args)
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as e:
+            _usage_json(e, argv)
+            raise
+        ctx.meta["eaglectl.argv"] = argv
+        return ctx
+
     def invoke(self, ctx: click.Context) -> Any:
+        argv = ctx.meta.get("eaglectl.argv", [])
+        report.SETTINGS.command = next((a for a in argv if a in self.commands), None)
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:
+            _usage_json(e, argv)
+            raise
         except EaglectlError as e:
             report.error(e)
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             report.interrupted("interrupted (Ctrl-C); no output was left behind")
             ctx.exit(EXIT_INTERRUPTED)
-        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+        except (click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except OSError as e:
             if e.filename is None or report.SETTINGS.debug:
@@ -62,6 +78,13 @@ class EaglectlGroup(click.Group):
                 raise
             report.internal_error(e)
             ctx.exit(EXIT_INTERNAL)
+
+
+def _usage_json(exc: click.ClickException, argv: list[str]) -> None:
+    """With --json anywhere on the line, a usage error is also the JSON error document on stdout."""
+    if "--json" in argv and not getattr(exc, "eaglectl_reported", False):
+        exc.eaglectl_reported = True  # type: ignore[attr-defined]
+        report.usage_error_json(exc, next((a for a in argv if a in cli.commands), None))
 
 
 # ------------------------------------------------------------------------------ parameter types
@@ -177,6 +200,9 @@ class TextFile(click.ParamType):
 
     name = "file"
 
+    def shell_complete(self, ctx: Any, param: Any, incomplete: str) -> list[Any]:
+        return click.Path().shell_complete(ctx, param, incomplete)
+
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         path = Path(str(value))
         try:
@@ -192,6 +218,9 @@ class OutputFile(click.ParamType):
     """A file to write: its folder must exist (checked before any work starts)."""
 
     name = "file"
+
+    def shell_complete(self, ctx: Any, param: Any, incomplete: str) -> list[Any]:
+        return click.Path().shell_complete(ctx, param, incomplete)
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         parent = Path(os.path.abspath(str(value))).parent
@@ -281,13 +310,19 @@ def manifest_options(dest: bool = True) -> Callable[[Any], Any]:
 @click.group(cls=EaglectlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="eaglectl")
 @click.option("--debug", is_flag=True, help="Show tracebacks for internal errors (same as EAGLECTL_DEBUG=1).")
-def cli(debug: bool) -> None:
+@click.option("-q", "--quiet", is_flag=True, help="Print only errors and the one-line result (no tables, warnings, "
+              "progress).")
+@click.option("-v", "--verbose", is_flag=True, help="Print more: detection evidence, the spec table, timings on "
+              "stderr.")
+def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     """Inspect, convert, upgrade, verify and smoke-test EAGLE-3 / EAGLE-3.1 drafters.
 
     Exit codes: 0 ok, 1 findings at error level (warnings too with --strict), 2 usage,
     3-18 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
     """
-    report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")))
+    if quiet and verbose:
+        raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
+    report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")), verbosity=verbose - quiet)
 
 
 # ------------------------------------------------------------------------------------- single/batch
@@ -354,7 +389,7 @@ def _row(result: Any) -> tuple[int, str, Any]:
 
 # ---------------------------------------------------------------------------------------- inspect
 
-@cli.command("inspect", epilog="""\b
+@cli.command("inspect", short_help="Name a drafter's dialect and check its files.", epilog="""\b
 Examples:
   eaglectl inspect ./my-drafter
   eaglectl inspect yuhuili/EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
@@ -387,7 +422,7 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
 
 # ---------------------------------------------------------------------------------------- convert
 
-@cli.command("convert", epilog="""\b
+@cli.command("convert", short_help="Convert a drafter between dialects, checked after writing.", epilog="""\b
 Examples:
   eaglectl convert ./eagle-head ./out --to speculators --target meta-llama/Llama-3.1-8B-Instruct
   eaglectl convert ./nemo-draft ./vllm-draft --to modelopt --dry-run
@@ -411,7 +446,7 @@ Examples:
 @manifest_options()
 @json_option
 def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
-    """Convert a drafter between dialects: planned, streamed, fail-closed, checked after writing.
+    """Convert the drafter SOURCE to DEST in another dialect: planned, streamed, fail-closed, checked.
 
     Every source tensor is copied (byte ranges), cast, dropped by a named rule, or the conversion
     fails naming it. Semantic flags, aux ids (translated between conventions) and the vocabulary
@@ -433,7 +468,7 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
 
 # ---------------------------------------------------------------------------------------- upgrade
 
-@cli.command("upgrade", epilog="""\b
+@cli.command("upgrade", short_help="Take an EAGLE-3 drafter to the EAGLE-3.1 layout.", epilog="""\b
 Examples:
   eaglectl upgrade ./speculators-head ./head-31                        # fc_norm = 1, norm_output on
   eaglectl upgrade ./head ./head-31 --init calibrated --target ./target  # least-squares fc_norm
@@ -460,7 +495,7 @@ Examples:
 @manifest_options()
 @json_option
 def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail_fast: bool, **options: Any) -> None:
-    """Take an EAGLE-3 drafter to the EAGLE-3.1 layout (fc_norm, norm_output).
+    """Take the EAGLE-3 drafter SOURCE to the EAGLE-3.1 layout (fc_norm, norm_output) at DEST.
 
     Not function-preserving: the result is a warm start for 3.1 fine-tuning, recorded as such in
     its config and metadata. Reports its fidelity to the source (per-step top-1 agreement and KL).
@@ -480,7 +515,7 @@ def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail
 
 # ----------------------------------------------------------------------------------------- verify
 
-@cli.command("verify", epilog="""\b
+@cli.command("verify", short_help="Numerical parity through the reference drafter.", epilog="""\b
 Examples:
   eaglectl verify ./converted --against ./original          # conversion parity, fp32 CPU
   eaglectl verify ./drafter --dtype bfloat16 --device cuda  # precision parity vs fp32 CPU
@@ -518,12 +553,13 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, states: 
     report.finish("verify", verify.run(candidate, against=against, target=target, states=states, device=device,
                                        dtype=dtype,
                                        steps=steps, tokens=tokens, seed=seed, text=text, from_dialect=from_dialect,
-                                       against_from=against_from, allow_pickle=allow_pickle))
+                                       against_from=against_from, allow_pickle=allow_pickle,
+                                       progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------------ smoke
 
-@cli.command("smoke", epilog="""\b
+@cli.command("smoke", short_help="Measure acceptance under vLLM or the reference loop.", epilog="""\b
 Examples:
   eaglectl smoke ./drafter --target ./target --baseline none,ngram
   eaglectl smoke ./drafter --target org/model --num-speculative-tokens 5 --prompts builtin:long
@@ -580,12 +616,13 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      max_tokens=max_tokens, concurrency=concurrency, baselines=baselines, dtype=dtype,
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
-                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot))
+                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
+                                     progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------------ check
 
-@cli.command("check", epilog="""\b
+@cli.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b
 Examples:
   eaglectl check ./drafter --target ./target                 # inspect + parity + card lint
   eaglectl check ./drafter --target ./target --smoke --card  # + vLLM smoke, write README.md
@@ -609,7 +646,7 @@ Examples:
 @json_option
 def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
               **options: Any) -> None:
-    """The pre-publish gate: inspect, parity self-check, optional smoke, model card — one exit code.
+    """The pre-publish gate for each of SOURCES: inspect, parity self-check, optional smoke, model card.
 
     A stage you asked for (--smoke, --min-acceptance, --card) that cannot run is a failure, never
     "skipped". Exit 0 when every stage that ran passed, 1 otherwise (a batch: the worst item's code).
@@ -669,7 +706,7 @@ class EngineArg(click.ParamType):
         return key.strip(), parsed
 
 
-@cli.command("capture", epilog="""\b
+@cli.command("capture", short_help="Capture a target's hidden states for --states.", epilog="""\b
 Examples:
   eaglectl capture ./target --out ./states                               # HF transformers, layers auto
   eaglectl capture org/big-target --engine vllm --drafter ./head --tensor-parallel-size 8 --out ./states
@@ -739,7 +776,7 @@ def capture_cmd(target: str, out: str, engine: str, server_url: str | None, laye
 
 # ------------------------------------------------------------------------------------------ drift
 
-@cli.command("drift", epilog="""\b
+@cli.command("drift", short_help="Measure attention drift and state growth by depth.", epilog="""\b
 Examples:
   eaglectl drift ./eagle3 ./eagle3.1 --target ./target               # side by side, depth 0..7
   eaglectl drift ./drafter --target ./target --context-lengths 1k,4k,16k --plot drift.png
@@ -780,7 +817,7 @@ def drift_cmd(drafters: tuple[str, ...], target: str | None, states: str | None,
               templates: tuple[str, ...] | None, system_prompt: str, sink_tokens: int | None,
               recent_window: int | None, anchor_every: int | None, bootstrap_reps: int, seed: int,
               plot: str | None) -> None:
-    """Measure attention drift: where each DRAFTER's attention goes as speculation deepens.
+    """Measure attention drift of DRAFTERS: where each one's attention goes as speculation deepens.
 
     Free-running chains from anchors inside real text, in the reference drafter. Per depth:
     attention mass on the sink, on the chain's own tokens and on recent context, attention
@@ -800,7 +837,7 @@ def drift_cmd(drafters: tuple[str, ...], target: str | None, states: str | None,
 
 # ------------------------------------------------------------------------------------ registry
 
-@cli.command("formats")
+@cli.command("formats", short_help="List the dialects eaglectl reads and writes.")
 @json_option
 def formats_cmd() -> None:
     """List the dialects eaglectl reads, with their detection signals."""
@@ -809,23 +846,27 @@ def formats_cmd() -> None:
     report.finish_listing("formats", {"dialects": dialect_rows()}, report.render_formats)
 
 
-@cli.command("rules")
+@cli.command("rules", short_help="List the inspect rules, or explain one: rules ID.")
 @click.argument("rule_id", required=False)
 @json_option
 def rules_cmd(rule_id: str | None) -> None:
-    """List every inspect rule with its severity and fix (or explain one: eaglectl rules RULE_ID)."""
+    """List every inspect rule with its severity and fix, or explain one: eaglectl rules RULE_ID."""
     from .rules import RULES
 
     if rule_id is not None and rule_id not in RULES:
-        raise UsageError(f"no rule '{rule_id}'", hint="eaglectl rules lists them all")
+        import difflib
+
+        near = difflib.get_close_matches(rule_id, list(RULES), n=3, cutoff=0.5)
+        raise UsageError(f"no rule '{rule_id}'", hint=(f"did you mean {' or '.join(near)}? " if near else "")
+                         + "eaglectl rules lists them all")
     rules = [r for r in RULES.values() if rule_id in (None, r.id)]
     report.finish_listing("rules", {"rules": [r.to_json() for r in rules]}, report.render_rules)
 
 
-@cli.command("completion")
+@cli.command("completion", short_help="Print the shell completion script.")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion_cmd(shell: str) -> None:
-    """Print the shell completion script, e.g. `eval "$(eaglectl completion bash)"`."""
+    """Print the completion script for SHELL, e.g. `eval "$(eaglectl completion bash)"`."""
     from click.shell_completion import get_completion_class
 
     cls = get_completion_class(shell)
@@ -834,6 +875,22 @@ def completion_cmd(shell: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ main
+
+# Parameters that take a local path (or a Hub id, which completion cannot know): the shell
+# completes file names. click.Path without exists= converts any string unchanged.
+PATH_PARAMS = frozenset({"source", "dest", "sources", "candidate", "drafter", "drafters", "target", "against", "out",
+                         "prompts", "vllm_python", "card_path"})
+
+
+def _complete_paths(group: click.Group) -> None:
+    for cmd in group.commands.values():
+        for p in cmd.params:
+            if p.name in PATH_PARAMS and p.type is click.STRING:
+                p.type = click.Path()
+
+
+_complete_paths(cli)
+
 
 def _terminated(signum: int, frame: object) -> None:
     report.interrupted("terminated (SIGTERM); no output was left behind")

@@ -20,11 +20,10 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from .errors import EaglectlError
 
-stdout = Console(highlight=False, soft_wrap=True)
+stdout = Console(highlight=False)  # wraps at spaces; the serve line and recipes opt out (soft_wrap)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 T = TypeVar("T")
@@ -36,9 +35,23 @@ class Settings:
 
     json: bool = False
     debug: bool = False
+    command: str | None = None  # the subcommand being run (the JSON envelope's `command`)
+    verbosity: int = 0  # -1 quiet (errors and the result line), 0 normal, 1 verbose
+    started: float = 0.0
 
-    def reset(self, *, debug: bool = False) -> None:
-        self.json, self.debug = False, debug
+    def reset(self, *, debug: bool = False, verbosity: int = 0) -> None:
+        import time
+
+        self.json, self.debug, self.verbosity = False, debug, verbosity  # `command` is set before this runs
+        self.started = time.perf_counter()
+
+    @property
+    def quiet(self) -> bool:
+        return self.verbosity < 0
+
+    @property
+    def verbose(self) -> bool:
+        return self.verbosity > 0
 
 
 SETTINGS = Settings()
@@ -56,6 +69,16 @@ def safe(text: Any) -> str:
     return escape(printable(text))
 
 
+ERROR_SCHEMA = "eaglectl.error/1"
+
+
+def envelope(schema: str, command: str | None, exit_code: int, **result: Any) -> dict[str, Any]:
+    """The keys every JSON document starts with (docs/json.md); the command's result follows them."""
+    from . import __version__
+
+    return {"schema": schema, "tool_version": __version__, "command": command, **result, "exit_code": exit_code}
+
+
 def emit_json(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
@@ -66,8 +89,11 @@ def finish(command: str, result: Any) -> None:
     """Print a command's result (JSON or human), its failure line if any, and exit with its code."""
     if SETTINGS.json:
         emit_json(result.to_json())
+    elif SETTINGS.quiet:
+        stdout.print(safe(result_line(command, result)))
     else:
         RENDERERS[command](result)
+    timings()
     failure = result.failure() if hasattr(result, "failure") else None
     if failure is not None:
         error(failure)
@@ -77,22 +103,48 @@ def finish(command: str, result: Any) -> None:
 def finish_batch(command: str, result: Any) -> None:
     if SETTINGS.json:
         emit_json(result.to_json(command))
+    elif SETTINGS.quiet:
+        ok = sum(r["exit_code"] == 0 for r in result.rows)
+        stdout.print(f"{command}: {ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")
     else:
         render_batch(command, result)
+    timings()
     click.get_current_context().exit(result.exit_code)
 
 
 def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> None:
-    from . import __version__
-
     if SETTINGS.json:
-        emit_json({"schema": f"eaglectl.{command}/1", "tool_version": __version__, "command": command, **payload,
-                   "exit_code": 0})
+        emit_json(envelope(f"eaglectl.{command}/1", command, 0, **payload))
+    elif SETTINGS.quiet:
+        stdout.print(f"{command}: {sum(len(v) for v in payload.values() if isinstance(v, list))} listed")
     else:
         render(payload)
 
 
+def result_line(command: str, result: Any) -> str:
+    """The one line -q prints: the result's own summary line, else its verdict."""
+    if hasattr(result, "summary_line"):
+        return f"{command}: {result.summary_line()}"
+    verdict = {0: "ok"}.get(result.exit_code, f"exit {result.exit_code}")
+    if command == "verify":
+        verdict = {True: "PASS", False: "FAIL", None: "measured"}[result.passed]
+    if command == "smoke":
+        al = result.to_json().get("mean_acceptance_length")
+        return f"smoke: AL {'-' if al is None else f'{al:.3f}'}; {verdict}"
+    return f"{command}: {verdict}"
+
+
+def timings() -> None:
+    """-v: how long the command took, on stderr."""
+    if SETTINGS.verbose and not SETTINGS.json:
+        import time
+
+        stderr.print(f"[dim]{SETTINGS.command or 'eaglectl'}: {time.perf_counter() - SETTINGS.started:.2f} s[/]")
+
+
 def warning(message: str) -> None:
+    if SETTINGS.quiet:
+        return
     stderr.print(f"[yellow]warning:[/] {safe(message)}")
 
 
@@ -102,11 +154,19 @@ def error(exc: EaglectlError) -> None:
     if exc.hint:
         stderr.print(f"[dim]hint:[/] {safe(exc.hint)}")
     if SETTINGS.json and not exc.reported:
-        emit_json({"schema": "eaglectl.error/1", "error": exc.to_json(), "exit_code": exc.exit_code})
+        emit_json(envelope(ERROR_SCHEMA, SETTINGS.command, exc.exit_code, error=exc.to_json()))
 
 
 def usage_error(exc: click.ClickException) -> None:
     exc.show()
+
+
+def usage_error_json(exc: click.ClickException, command: str | None) -> None:
+    """A Click usage error (bad flag or value, exit 2) as the error document, for --json callers."""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    emit_json(envelope(ERROR_SCHEMA, command, exc.exit_code, error={
+        "reference": "usage", "message": printable(message), "context": {}, "hint": None,
+        "exit_code": exc.exit_code}))
 
 
 def interrupted(message: str) -> None:
@@ -122,7 +182,8 @@ def internal_error(exc: BaseException) -> None:
 # ------------------------------------------------------------------------------------- progress
 
 def progress_enabled() -> bool:
-    return not SETTINGS.json and stderr.is_terminal
+    """On a terminal, unless --json or -q; NO_COLOR removes colour only (it is not "no progress")."""
+    return not SETTINGS.json and not SETTINGS.quiet and stderr.is_terminal
 
 
 def progress(items: Iterable[T], *, label: str, total: int | None = None, weight: Callable[[T], int] | None = None,
@@ -153,13 +214,27 @@ def progress(items: Iterable[T], *, label: str, total: int | None = None, weight
             bar.advance(task, weight(item) if weight else 1)
 
 
-def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]]) -> Table:
-    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for row in rows:
-        t.add_row(*(safe(_text(v)) for v in row))
-    return t
+PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records",
+         "per position")  # columns that may wrap (at spaces)
+
+
+def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]],
+          style: dict[str, Callable[[str], str | None]] | None = None) -> str:
+    """A table as markup lines no wider than the console where it can be; identifiers never broken
+    (eaglectl/layout.py)."""
+    from .layout import grid
+
+    lines = grid(columns, [list(r) for r in rows], width=stdout.width, prose=PROSE, style=style,
+                 title=title.strip() if title else None)
+    return ("\n" if title and title.startswith("\n") else "") + "\n".join(lines)
+
+
+def severity_style(text: str) -> str | None:
+    return SEVERITY_STYLE.get(text)
+
+
+def status_style(text: str) -> str | None:
+    return STATUS_STYLE.get(text)
 
 
 def _text(v: Any) -> str:
@@ -185,19 +260,55 @@ def human_size(n: int) -> str:
 
 
 def render_inspect(report: Any) -> None:
-    """Human view of an InspectReport."""
-    d, spec = report.drafter, report.spec
-    out = stdout
-    out.print(f"[bold]{safe(d.source)}[/]")
+    """Human view of an InspectReport: the verdict first, then findings and the serve line; the spec
+    table and the detection evidence with -v (all of it in --json)."""
+    from .layout import short_path
+
+    d, spec, out = report.drafter, report.spec, stdout
+    s = report.summary
+    out.print(f"[bold]{safe(short_path(d.source))}[/]")
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})" + ("  [dim](--from)[/]" if d.forced else ""))
-    for line in d.evidence:
-        out.print(f"  [dim]- {safe(line)}[/]")
+    if SETTINGS.verbose:
+        for line in d.evidence:
+            out.print(f"  [dim]- {safe(line)}[/]")
     mine = next((x.score for x in d.detections if x.dialect == d.dialect.name), 0) or 0
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
             out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
+    from .inspect import tensor_summary
+
+    t = tensor_summary(d)
+    out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
+              f"{human_size(t['bytes'])}, dtypes " + ", ".join(f"{safe(k)}×{v}" for k, v in t["dtypes"].items()))
+    for f in report.findings:
+        if f.rule_id == "scanned":  # --scan confirms what it read
+            out.print(f"scan     {safe(f.message)}")
+    if report.target:
+        tg = report.target.summary()
+        out.print(f"target   {safe(short_path(tg['source']))}: {tg.get('num_hidden_layers')} layers, hidden "
+                  f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
+    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
+    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
+              + ("  (--strict: warnings fail)" if report.strict else ""))
+    if report.findings:
+        out.print()
+        out.print(table("findings", ["severity", "rule", "where", "message"],
+                        ((f.severity, f.rule_id, f.locator or "", f.message) for f in report.findings),
+                        style={"severity": severity_style}))
+        hints = {f.rule_id: f.hint for f in report.findings if f.hint}  # commands filled in per finding
+        if hints:
+            out.print(table(None, ["rule", "fix"], hints.items()))
     out.print()
+    serve = report.serve_command()
+    if serve is not None:
+        out.print("vLLM:")
+        out.print(f"  {safe(serve)}", soft_wrap=True)
+    else:
+        out.print("vLLM: no serve command until the errors above are fixed")
+    if not SETTINGS.verbose:
+        out.print("[dim]spec fields and where each was read: eaglectl inspect -v (or --json)[/]")
+        return
     fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
               "aux_convention", "num_aux_hidden_states", "rms_norm_eps", "rope_theta", "rope_scaling",
@@ -206,44 +317,8 @@ def render_inspect(report: Any) -> None:
     rows = [(f, getattr(spec, f), spec.sources.get(f, "weights" if f.startswith("has_") else "")) for f in fields]
     if spec.aux_layer_ids is not None and spec.aux_convention == "output":
         rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
+    out.print()
     out.print(table("spec", ["field", "value", "source"], rows))
-    out.print()
-    from .inspect import tensor_summary
-
-    t = tensor_summary(d)
-    out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
-              f"{human_size(t['bytes'])}, dtypes " + ", ".join(f"{safe(k)}×{v}" for k, v in t["dtypes"].items()))
-    for f in report.findings:
-        if f.rule_id == "scanned":  # --scan confirms what it read, outside the table
-            out.print(f"scan     {safe(f.message)}")
-    if report.target:
-        tg = report.target.summary()
-        out.print(f"target   {safe(tg['source'])}: {tg.get('num_hidden_layers')} layers, hidden "
-                  f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
-    out.print()
-    if report.findings:
-        ft = Table(title="findings", title_justify="left", show_edge=False, pad_edge=False, box=None,
-                   header_style="bold")
-        for c in ("severity", "rule", "message", "where"):
-            ft.add_column(c, overflow="fold")
-        for f in report.findings:
-            style = SEVERITY_STYLE[f.severity]
-            ft.add_row(f"[{style}]{f.severity}[/]", f.rule_id, safe(f.message), safe(f.locator or ""))
-        out.print(ft)
-        hints = {f.rule_id: f.hint for f in report.findings if f.hint}
-        for rule, hint in hints.items():
-            out.print(f"  [dim]{rule}: {safe(hint)}[/]")
-        out.print()
-    serve = report.serve_command()
-    if serve is not None:
-        out.print("vLLM:")
-        out.print(f"  {safe(serve)}", soft_wrap=True)
-    else:
-        out.print("vLLM: no serve command until the errors above are fixed")
-    s = report.summary
-    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
-    out.print(f"\n{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
-              + ("  (--strict: warnings fail)" if report.strict else ""))
 
 
 def _num(x: float | None, fmt: str = ".2e") -> str:
@@ -255,8 +330,10 @@ def render_verify(report: Any) -> None:
     out = stdout
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
+    from .layout import short_path
+
     for label, side in (("candidate", c), ("reference", r)):
-        out.print(f"{label}  {safe(side['source'])}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
+        out.print(f"{label}  {safe(short_path(side['source']))}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
                   f"{side['dtype']} on {side['device']})")
     out.print(f"inputs     {safe(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
     if report.regime == "upgrade":
@@ -274,16 +351,12 @@ def render_verify(report: Any) -> None:
         out.print("tolerance  none: fidelity is a measurement")
     rows = []
     for m in report.metrics:
-        verdict = {True: "[green]pass[/]", False: "[bold red]FAIL[/]", None: "-"}[m.passed]
+        verdict = {True: "pass", False: "FAIL", None: "-"}[m.passed]
         rows.append((str(m.step), _num(m.logits_max_abs, ".1e"), _num(m.state_max_abs, ".1e"),
                      f"{m.state_cos_min:.6f}", _num(m.kl_mean, ".1e"), _num(m.kl_max, ".1e"),
                      f"{100 * m.top1_agreement:.1f}%/{m.top1_rows}", str(m.near_ties), verdict))
-    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for col in ("step", "logit Δ", "state Δ", "cos min", "KL mean", "KL max", "top-1", "ties", ""):
-        t.add_column(col)
-    for row in rows:
-        t.add_row(*row)
-    out.print(t)
+    out.print(table(None, ["step", "logit Δ", "state Δ", "cos min", "KL mean", "KL max", "top-1", "ties", ""], rows,
+                    style={"": {"pass": "green", "FAIL": "bold red"}.get}))
     if report.passed is None:
         out.print("\nfidelity measured (no pass/fail)")
     else:
@@ -292,17 +365,19 @@ def render_verify(report: Any) -> None:
 
 def render_conversion(result: Any) -> None:
     """Human view of a ConversionResult (the plan, and what the check established)."""
+    from .layout import short_path
+
     plan, out = result.plan, stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    out.print(f"[bold]{verb}[/]  {safe(plan.source)} ({plan.source_dialect}) -> {safe(plan.dest)} "
-              f"({plan.dest_dialect})")
-    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for col in ("tensor", "action", "dtype", "shape", "from"):
-        t.add_column(col, overflow="fold")
+    out.print(f"[bold]{verb}[/]  {safe(short_path(plan.source))} ({plan.source_dialect}) -> "
+              f"{safe(short_path(plan.dest))} ({plan.dest_dialect})")
+    rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
-        t.add_row(safe(a.dest), a.action, a.dtype, _text(list(a.shape)), safe(src or ""))
-    out.print(t)
+        rows.append((a.dest, a.action, a.dtype, _text(list(a.shape)), src or ""))
+    # a tensor's origin is a name or a note in words: "reason" wraps, names stay whole
+    out.print(table(None, ["tensor", "action", "dtype", "shape", "reason" if any(
+        a.source is None and a.note for a in plan.tensors) else "from"], rows))
     for name, why in plan.dropped:
         out.print(f"  [yellow]drop[/] {safe(name)}: {safe(why)}")
     out.print("config:")
@@ -347,22 +422,14 @@ def render_upgrade(result: Any) -> None:
         by_loop = "acceptance_kept" in result.init_candidates[0]
         out.print("fc_norm inits, ranked by " + ("the reference loop's acceptance kept on held-out prompts" if by_loop
                                                   else "FC-output error on held-out requests of the capture") + ":")
-        t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for col in ("init", "acceptance kept" if by_loop else "held-out FC error"):
-            t.add_column(col)
-        for c in result.init_candidates:
-            t.add_row(c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop
-                      else f"{c['heldout_fc_output_relative_error']:.4f}")
-        out.print(t)
+        out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error"], [
+            (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop else f"{c['heldout_fc_output_relative_error']:.4f}")
+            for c in result.init_candidates]))
     if result.fidelity is not None:
         out.print(f"fidelity to the source ({safe(result.fidelity.inputs)}):")
-        t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-        for col in ("step", "top-1 agreement", "near ties", "KL mean", "KL max"):
-            t.add_column(col)
-        for m in result.fidelity.metrics:
-            t.add_row(str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties),
-                      f"{m.kl_mean:.3g}", f"{m.kl_max:.3g}")
-        out.print(t)
+        out.print(table(None, ["step", "top-1 agreement", "near ties", "KL mean", "KL max"], [
+            (str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties), f"{m.kl_mean:.3g}",
+             f"{m.kl_max:.3g}") for m in result.fidelity.metrics]))
 
 
 def _bar(value: float, width: int = 30) -> str:
@@ -372,22 +439,27 @@ def _bar(value: float, width: int = 30) -> str:
 
 def _config_label(name: str) -> str:
     """`eagle3:/long/path/drafter` → `eagle3:drafter` (the JSON keeps the full name)."""
+    from .layout import short_path
+
     kind, sep, path = name.partition(":")
-    return f"{kind}:{_short_names([path])[0]}" if sep and path else name
+    return f"{kind}:{short_path(_short_names([path])[0])}" if sep and path else name
 
 
 def render_smoke(rep: Any) -> None:
+    from .layout import short_path
+
     out = stdout
     doc = rep.to_json()
-    out.print(f"[bold]smoke[/] ({rep.engine})  {safe(rep.drafter)} on {safe(rep.target)}  k={rep.k}, {rep.dtype}, "
+    out.print(f"[bold]smoke[/] ({rep.engine})  {safe(short_path(rep.drafter))} on {safe(short_path(rep.target))}  k={rep.k}, {rep.dtype}, "
               f"{doc['prompts']['description']}, {rep.max_tokens} new tokens, greedy")
     v = doc["versions"]
     out.print("versions: " + ", ".join(f"{k} {v[k]}" for k in v))
-    rows = []
+    rows, skipped = [], []
     for r in [doc, *doc["baselines"]]:
         name = "drafter" if r is doc else _config_label(r["name"])
-        if r.get("skipped"):
-            rows.append((name, "skipped: " + r["skipped"], "", "", "", "", ""))
+        if r.get("skipped"):  # below the table: a reason is prose, the table stays narrow
+            skipped.append((name, r["skipped"]))
+            rows.append((name, "skipped", "", "", "", "", ""))
             continue
         al = r.get("mean_acceptance_length")
         rows.append((name, "-" if al is None else f"{al:.3f}",
@@ -396,7 +468,9 @@ def render_smoke(rep: Any) -> None:
                      " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
                      "-" if r.get("num_drafts") is None else str(r["num_drafts"]),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
-    out.print(table(None, ["config", "AL", "accepted len", "accept rate", "per position", "drafts", "= no-spec"], rows))
+    out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
+    if skipped:
+        out.print(table(None, ["config", "reason"], skipped))
     if doc.get("mean_acceptance_length_per_request") is not None:
         out.print(f"AL as the mean over requests (SPEED-Bench's way): {doc['mean_acceptance_length_per_request']:.3f}")
     for key, label in (("by_context_length", "context tokens"), ("by_category", "category")):
@@ -434,17 +508,17 @@ STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
 
 def render_check(rep: Any) -> None:
     out = stdout
-    out.print(f"[bold]check[/]  {safe(rep.source)}")
-    t = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
-    for col in ("stage", "status", "what was checked", "s"):
-        t.add_column(col, overflow="fold")
-    for s in rep.stages:
-        t.add_row(s.name, f"[{STATUS_STYLE[s.status]}]{s.status}[/]", safe(s.detail), f"{s.seconds:.1f}")
-    out.print(t)
+    from .layout import short_path
+
+    out.print(f"[bold]check[/]  {safe(short_path(rep.source))}")
+    out.print(table(None, ["stage", "status", "s", "what was checked"],
+                    ((s.name, s.status, f"{s.seconds:.1f}", s.detail) for s in rep.stages),
+                    style={"status": status_style}))
     shown = [f for f in rep.findings if f.severity != "info"]
     if shown:
-        out.print(table("findings", ["severity", "rule", "message", "where"],
-                        ((f.severity, f.rule_id, f.message, f.locator) for f in shown)))
+        out.print(table("findings", ["severity", "rule", "where", "message"],
+                        ((f.severity, f.rule_id, f.locator or "", f.message) for f in shown),
+                        style={"severity": severity_style}))
     if rep.card_written:
         out.print(f"card written: {safe(rep.card_written)}")
     out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
@@ -452,8 +526,11 @@ def render_check(rep: Any) -> None:
 
 def render_batch(command: str, result: Any) -> None:
     out = stdout
+    from .layout import short_path
+
     out.print(table(f"{command}: {len(result.rows)} item(s)", ["source", "dest", "exit", "result"],
-                    ((r["source"], r.get("dest", ""), r["exit_code"], r["summary"]) for r in result.rows)))
+                    ((short_path(r["source"]), short_path(r.get("dest", "")), r["exit_code"], r["summary_line"])
+                     for r in result.rows)))
     ok = sum(r["exit_code"] == 0 for r in result.rows)
     out.print(f"\n{ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")
 

@@ -352,6 +352,7 @@ def run(
     preflight: bool = True,
     context_lengths: tuple[int, ...] = (),
     plot: str | None = None,
+    progress: Any = None,
 ) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every
     drafter first (check turns it off: it has just inspected)."""
@@ -380,14 +381,20 @@ def run(
                    "concurrency": list(concurrency), "prompts": prompt_set.prompts, "groups": groups,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
-        raw, log = run_vllm(python, request, timeout_s)
+        worker = WorkerRun(python, request, timeout_s)
+        # the worker rewrites its result file after each configuration: progress by configurations done
+        for _ in (progress or (lambda it, **kw: it))(worker.ticks(lambda: _configs_done(worker.res_path)),
+                                                     label="smoke (vLLM): configurations", total=len(configs),
+                                                     weight=lambda grew: grew):
+            pass
+        raw, log = worker.result()
         results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
                                 r["throughput"], r["load_seconds"], r["generate_seconds"],
                                 requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                    for c, r in zip(configs, raw["configs"], strict=True)]
         versions = {k2: raw[k2] for k2 in ("vllm_version", "torch_version", "cuda", "python")}
     else:
-        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, dtype), None
+        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, dtype, progress), None
         import torch
 
         versions = {"torch_version": torch.__version__, "python": sys.version.split()[0]}
@@ -428,8 +435,15 @@ def _engine_reading(rep: SmokeReport, drafter: str, target: str, dtype: str) -> 
         return None, f"not replayed: {e.message}"
 
 
+def _configs_done(path: Path) -> int:
+    try:
+        return len(json.loads(path.read_text())["configs"])
+    except (OSError, ValueError, KeyError, TypeError):  # not written yet, or caught mid-write
+        return 0
+
+
 def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, groups: list[dict[str, Any]], k: int,
-               max_tokens: int, dtype: str) -> list[ConfigResult]:
+               max_tokens: int, dtype: str, progress: Any = None) -> list[ConfigResult]:
     from .model.hf import load_model
     from .model.loader import DTYPES
     from .model.specloop import greedy_generate, speculative_generate
@@ -440,7 +454,7 @@ def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, grou
     for c in configs:
         t0 = time.perf_counter()
         if c.kind == "none":
-            outs = greedy_generate(tgt, prompt_set.prompts, max_tokens)
+            outs = greedy_generate(tgt, prompt_set.prompts, max_tokens, progress, label=f"smoke: {c.name}")
             results.append(ConfigResult(c.name, c.kind, c.path, None, outs, generate_seconds=time.perf_counter() - t0))
         elif c.kind == "eagle3":
             assert c.path is not None
@@ -450,7 +464,8 @@ def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, grou
             embed = None if d.has_embed else tgt.embedding().to(DTYPES[dtype])
 
             def loop(prompts: list[list[int]]) -> Any:
-                return speculative_generate(tgt, model, prompts, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed)
+                return speculative_generate(tgt, model, prompts, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed,
+                                            progress=progress, label=f"smoke: {c.name}")
 
             counts = loop(prompt_set.prompts)
             seconds = time.perf_counter() - t0

@@ -164,7 +164,8 @@ def run(
             held = None
             if captured is not None:
                 cal_part, held_part, where = _split_requests(captured, ids, rank=len(inits) > 1 and not runnable)
-                moments = accumulate(W, n, Ht, eps, cal_part)
+                moments = accumulate(W, n, Ht, eps, (progress or (lambda it, **kw: it))(
+                    cal_part, label="calibration: requests"))
                 held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
                 source_note = {"target": captured.target, "states": str(captured.root), "text_source": where}
             else:
@@ -174,7 +175,7 @@ def run(
             for _, _, st in fits.values():
                 st.update({**source_note, "aux_ids_vllm": list(ids)}) if st else None
             if runnable and (fidelity or len(inits) > 1):
-                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype)
+                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype, progress=progress)
             elif held is not None:
                 candidates = sorted(({"init": i, "heldout_fc_output_relative_error": round(
                     held_out_error(f, held), 6), "heldout_tokens": held.tokens} for i, f in fits.items()),
@@ -305,7 +306,7 @@ def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[
 
 def evaluate_inits(src: DrafterCheckpoint, fits: dict[str, tuple[list[np.ndarray], np.ndarray | None, Any]],
                    model: Any, ids: tuple[int, ...], new_flags: dict[str, bool], dtype: str, *, tokens: int = 1024,
-                   prompts: int = 16, max_tokens: int = 64, steps: int = 3) -> list[dict[str, Any]]:
+                   prompts: int = 16, max_tokens: int = 64, steps: int = 3, progress: Any = None) -> list[dict[str, Any]]:
     """Each candidate init on held-out text (never the calibration text), ranked by the acceptance it keeps.
 
     The ranking uses the reference loop's acceptance length on `prompts` held-out windows (the kind of
@@ -337,7 +338,8 @@ def evaluate_inits(src: DrafterCheckpoint, fits: dict[str, tuple[list[np.ndarray
     source_chain = chain(ref_out)
     source_al = replay(loaded, session_ids, model, ps, k=steps, max_tokens=max_tokens).mean_acceptance_length
     out = []
-    for init, (gammas, new_fc, _) in fits.items():
+    for init, (gammas, new_fc, _) in (progress or (lambda it, **kw: it))(list(fits.items()),
+                                                                         label="upgrade: fc_norm inits measured"):
         stored = {f"fc_norm.{j}.weight": _as_stored(g, dtype) for j, g in enumerate(gammas)}
         if new_fc is not None:
             stored["fc.weight"] = _as_stored(new_fc, dtype)

@@ -282,6 +282,7 @@ def run(
     against_from: str | None = None,
     allow_pickle: bool = False,
     fidelity: bool = False,
+    progress: Any = None,
 ) -> ParityReport:
     """Compare CANDIDATE with `against` (conversion / fidelity) or with its own fp32 CPU run (precision).
 
@@ -300,7 +301,14 @@ def run(
     if target:
         from .model.hf import load_model
 
-        inputs = target_inputs(load_model(target), ref.spec, ref.args, tokens, steps, seed, text)
+        # the long part: loading the target and its forward pass (a bar with elapsed time, two stages)
+        stages = iter((progress or (lambda it, **kw: it))(["load", "forward"], label="verify: target", total=2))
+        next(stages)
+        model = load_model(target)
+        next(stages)
+        inputs = target_inputs(model, ref.spec, ref.args, tokens, steps, seed, text)
+        for _ in stages:
+            pass
     elif states:
         from .io.states import open_states
 

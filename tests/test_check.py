@@ -119,7 +119,7 @@ def test_convert_and_upgrade_manifests(invoke, tmp_path):
     up = tmp_path / "u.jsonl"
     up.write_text(json.dumps({"source": str(tmp_path / "a"), "dest": str(tmp_path / "a31")}) + "\n")
     r = invoke("upgrade", "--manifest", up, "--json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["items"][0]["summary"] == "add-fc-norm, set-norm-output"
+    assert r.exit_code == 0 and json.loads(r.stdout)["items"][0]["summary_line"] == "add-fc-norm, set-norm-output"
 
 
 def test_batch_usage_errors(invoke, tmp_path):

@@ -200,7 +200,7 @@ def test_internal_error_is_70_with_debug_hint(monkeypatch, invoke):
 
 
 def test_human_output_has_every_section(invoke):
-    r = invoke("inspect", DRAFTERS / "specforge-3.1", "--target", TARGET)
+    r = invoke("-v", "inspect", DRAFTERS / "specforge-3.1", "--target", TARGET)
     out = r.stdout
     for part in ("dialect  specforge", "EAGLE    3.1", "spec", "aux ids (vLLM)", "tensors", "findings",
                  "specforge-norm-output-window", "vllm serve", '"method": "eagle3"', "target "):

@@ -11,11 +11,16 @@ features after each verification; the previous chain's entries are dropped (docs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from .hf import HFModel, forward
 from .reference import ChainCache, Drafter, chain_step, prefill
+
+
+def _all(items: Any, **_: Any) -> Any:
+    return items  # no progress wanted
 
 
 @dataclass
@@ -52,10 +57,11 @@ class LoopCounts:
 
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
-                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None) -> LoopCounts:
+                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Any = None,
+                         label: str = "prompts") -> LoopCounts:
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     device = drafter.fc.weight.device
-    for prompt in prompts:
+    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
         seq = list(prompt)
         logits, aux = forward(target, torch.tensor([seq]), aux_ids)
         seq.append(int(logits[0, -1].argmax()))  # the prefill samples the first output token
@@ -96,10 +102,11 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
 
 
 @torch.no_grad()
-def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Any = None,
+                    label: str = "prompts") -> list[list[int]]:
     """Plain greedy decoding with the target (the no-speculation reference output)."""
     outs = []
-    for prompt in prompts:
+    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
         seq = torch.tensor([prompt])
         gen = target.model.generate(input_ids=seq, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens,
                                     pad_token_id=0, eos_token_id=None)

@@ -1,0 +1,103 @@
+"""Human output piped at 80 columns (a CI log): identifiers whole on one line, paths short."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from eaglectl import report
+from eaglectl.layout import grid, short_path
+
+from .conftest import FIXTURES, ROOT
+
+T = FIXTURES / "trained"
+D = FIXTURES / "drafters"
+REAL = sorted(p for p in [*T.iterdir(), *D.iterdir()] if p.is_dir() and not p.name.startswith("target"))
+
+
+@pytest.fixture
+def width80(monkeypatch):
+    monkeypatch.setattr(report.stdout, "width", 80)
+    monkeypatch.chdir(ROOT)
+
+
+def _names(doc):
+    """Identifiers a document mentions: rule ids, dialects, tensor names, locators, stage names."""
+    out = set()
+
+    def walk(v, key=None):
+        if isinstance(v, dict):
+            if "score" in v and v["score"] is None:
+                return  # a dialect that does not fit: not shown
+            for k, x in v.items():
+                walk(x, k)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x, key)
+        elif isinstance(v, str) and key in {"rule_id", "dialect", "source_dialect", "dest_dialect", "locator",
+                                            "dest", "name", "id"} and " " not in v:
+            out.add(v)
+
+    walk(doc)
+    return out
+
+
+def _assert_whole(invoke, *args, pick=_names):
+    human = invoke(*args)
+    machine = invoke(*args, "--json")
+    lines = human.stdout.splitlines()
+    names = {n for n in pick(json.loads(machine.stdout)) if not os.path.isabs(n)}
+    assert names, args
+    for name in names:
+        assert any(name in line for line in lines), (name, args, human.stdout)
+    return human
+
+
+@pytest.mark.parametrize("drafter", REAL, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_inspect_and_convert_keep_names_whole_at_80_columns(invoke, width80, tmp_path, drafter):
+    r = _assert_whole(invoke, "inspect", drafter.relative_to(ROOT), "--allow-pickle")
+    assert len(r.stdout.splitlines()) <= 40  # a summary and the findings; -v for the spec table
+    to = "modelopt" if "mla" not in drafter.name else "speculators"
+    conv = invoke("convert", drafter.relative_to(ROOT), tmp_path / "o", "--to", to, "--dry-run",
+                  "--target", T / ("target-mla" if "mla" in drafter.name else "target"), "--allow-pickle", "--no-measure", "--json")
+    if conv.exit_code == 0:
+        _assert_whole(invoke, "convert", drafter.relative_to(ROOT), tmp_path / "o", "--to", to, "--dry-run",
+                      "--target", T / ("target-mla" if "mla" in drafter.name else "target"), "--allow-pickle", "--no-measure")
+
+
+def test_every_other_command_keeps_names_whole_at_80_columns(invoke, width80, tmp_path):
+    _assert_whole(invoke, "formats", pick=lambda doc: {d["id"] for d in doc["dialects"]})
+    _assert_whole(invoke, "rules")
+    _assert_whole(invoke, "check", "fixtures/trained/eagle3", "fixtures/defects/aux-ids-range",
+                  pick=lambda doc: {i["source"] for i in doc["items"]})
+    _assert_whole(invoke, "check", "fixtures/defects/aux-ids-range", pick=lambda doc: {s["name"] for s in doc["stages"]} | {
+        f["rule_id"] for f in doc["findings"] if f["severity"] != "info"})
+    _assert_whole(invoke, "verify", "fixtures/trained/eagle3", "--tokens", "4", "--steps", "1")
+    _assert_whole(invoke, "upgrade", "fixtures/drafters/speculators-3", tmp_path / "u", "--dry-run", "--no-fidelity")
+    smoke = invoke("smoke", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--engine", "reference",
+                   "--num-prompts", "1", "--max-tokens", "4", "--baseline", "none,eagle3:fixtures/trained/eagle3.1")
+    assert smoke.exit_code == 0, smoke.stderr
+    assert any("eagle3:eagle3.1" in line for line in smoke.stdout.splitlines()), smoke.stdout
+    assert max(len(line) for line in smoke.stdout.splitlines() if "--" not in line) <= 80, smoke.stdout
+
+
+def test_prose_wraps_at_spaces_and_records_when_names_cannot_fit():
+    long_id = "aux-ids-output-convention"
+    lines = grid(["rule", "message"], [(long_id, "word " * 40)], width=40, prose=["message"])
+    assert any(long_id in line for line in lines) and all(len(line) <= 40 for line in lines)
+    tensor = "model.layers.0.self_attn.q_proj.weight.very_long_name_indeed"
+    lines = grid(["severity", "rule", "where", "message"], [("error", long_id, tensor, "a b c")], width=40,
+                 prose=["message"])
+    assert any(tensor in line and long_id in line for line in lines)  # records: ids on one line
+
+
+def test_short_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert short_path(tmp_path / "a" / "b") == os.path.join("a", "b")
+    hub = "/root/.cache/huggingface/hub/models--yuhuili--EAGLE3-LLaMA3.1-Instruct-8B/snapshots/0123abcd"
+    assert short_path(hub) == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+    assert short_path(hub + "/sub") == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/sub"
+    assert short_path("/very/long/path/somewhere/else/on/disk/drafter/head") == "…/drafter/head"
+    assert short_path("org/name") == "org/name" and short_path("/opt/x") == "/opt/x"

@@ -1,0 +1,71 @@
+"""Progress on stderr for long steps: shown on a terminal (NO_COLOR or not), never with --json or -q."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from eaglectl import report
+from eaglectl.smoke import WorkerRun, _configs_done
+
+from .conftest import ROOT
+
+
+def test_no_color_keeps_progress_on_a_terminal(monkeypatch):
+    from rich.console import Console
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    console = Console(stderr=True, force_terminal=True)
+    monkeypatch.setattr(report, "stderr", console)
+    report.SETTINGS.reset()
+    assert console.no_color and report.progress_enabled()
+    report.SETTINGS.json = True
+    assert not report.progress_enabled()
+    report.SETTINGS.reset(verbosity=-1)
+    assert not report.progress_enabled()
+    report.SETTINGS.reset()
+
+
+@pytest.mark.parametrize("args", [
+    ["smoke", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--engine", "reference",
+     "--num-prompts", "2", "--max-tokens", "4"],
+    ["upgrade", "fixtures/drafters/speculators-3", "{tmp}/u", "--init", "calibrated", "--target",
+     "fixtures/target-llama", "--no-fidelity"],
+    ["verify", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--tokens", "8", "--steps", "1"],
+])
+def test_long_steps_report_progress(invoke, monkeypatch, tmp_path, args):
+    """Every long step goes through report.progress (shown on a terminal; counted here)."""
+    monkeypatch.chdir(ROOT)
+    seen: list[tuple[str, int]] = []
+    real = report.progress
+
+    def counting(items, *, label, **kw):
+        n = 0
+        for item in real(items, label=label, **kw):
+            n += 1
+            yield item
+        seen.append((label, n))
+
+    monkeypatch.setattr(report, "progress", counting)
+    r = invoke(*[a.format(tmp=tmp_path) for a in args])
+    assert r.exit_code == 0, r.stderr
+    assert seen and all(n > 0 for _, n in seen), seen
+
+
+def test_vllm_worker_progress_follows_its_result_file(tmp_path):
+    """The smoke worker rewrites result.json after each configuration; ticks() reports the growth."""
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text("""import json, sys, time
+out = {"configs": []}
+for i in range(3):
+    time.sleep(0.3)
+    out["configs"].append({"i": i})
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)
+time.sleep(0.3)
+""")
+    run = WorkerRun(sys.executable, {}, timeout_s=60, worker=worker)
+    grew = list(run.ticks(lambda: _configs_done(run.res_path), every_s=0.05))
+    doc, _ = run.result()
+    assert sum(grew) == 3 and len(grew) >= 2 and len(doc["configs"]) == 3
