@@ -258,6 +258,26 @@ def plot_option(what: str) -> Callable[[Any], Any]:
                         help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl[plot]').")
 
 
+class HubId(click.ParamType):
+    """ORG/NAME on the Hub; a local path (one that exists, or spelled like one) is refused."""
+
+    name = "org/name"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from .target import is_hub_id
+
+        if not is_hub_id(str(value)):
+            self.fail(f"{value!r} is not a Hub id (ORG/NAME)", param, ctx)
+        return str(value)
+
+
+def base_model_option(fn: Any) -> Any:
+    return click.option("--base-model", type=HubId(), metavar="ORG/NAME",
+                        help="The target's Hub id, written wherever the target is named (speculators verifier, "
+                             "model card); default: the target's own id (its repo, or a Hub-id `_name_or_path`). "
+                             "A local path is never written.")(fn)
+
+
 def write_options(fn: Any) -> Any:
     fn = click.option("--force", is_flag=True,
                       help="Replace an existing DEST folder that holds only checkpoint files.")(fn)
@@ -399,6 +419,7 @@ Examples:
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
 @click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@base_model_option
 @measure_option
 @states_option
 @write_options
@@ -421,7 +442,8 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            target=o["target"], aux_layer_ids=o["aux_layer_ids"],
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
-                           measure=o["measure"], states=o["states"], progress=report.progress)
+                           measure=o["measure"], states=o["states"], progress=report.progress,
+                           base_model=o["base_model"])
 
     _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 
@@ -444,6 +466,7 @@ Examples:
               "held-out prompts) or --states (FC-output error on held-out requests) and keeps the best; ones "
               "without either.")
 @target_option("Target model (calibration, fidelity inputs, verifier name).")
+@base_model_option
 @states_option
 @click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
@@ -468,7 +491,8 @@ def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            init=o["init"], target=o["target"], states=o["states"],
                            calibration_text=o["calibration_text"], to=o["to"],
                            from_dialect=o["from_dialect"], allow_pickle=o["allow_pickle"], force=o["force"],
-                           dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress)
+                           dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress,
+                           base_model=o["base_model"])
 
     _single_or_batch("upgrade", source, dest, manifest, fail_fast, one)
 
@@ -591,7 +615,7 @@ Examples:
               "acceptance length.")
 @click.option("--card/--no-card", default=None,
               help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
-@click.option("--base-model", metavar="ORG/NAME", help="The target's Hub id for the card (never a local path).")
+@base_model_option
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
 @measure_option
 @states_option
@@ -621,11 +645,6 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
         reports.append(rep)
         return rep
 
-    if base := options.get("base_model"):
-        from .card import is_hub_id
-
-        if not is_hub_id(base):
-            raise click.BadParameter(f"{base!r} is not a Hub id (ORG/NAME)", param_hint="--base-model")
     items = [{"source": s} for s in sources] if len(sources) > 1 else None
     try:
         _single_or_batch("check", sources[0] if len(sources) == 1 else None, None, manifest, fail_fast, one,

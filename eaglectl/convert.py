@@ -46,7 +46,7 @@ from .io.safetensors import (
 )
 from .rules import Context, run_checks
 from .spec import FLAGS, DrafterSpec, default_aux_ids
-from .target import TargetCheckpoint, open_target_or_capture
+from .target import TargetCheckpoint, is_hub_id, open_target_or_capture
 
 SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
@@ -131,7 +131,7 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
         force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
-        progress: Any = None) -> ConversionResult:
+        progress: Any = None, base_model: str | None = None) -> ConversionResult:
     """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`).
 
     With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
@@ -151,7 +151,7 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
             notes.append(why)
     ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, to)
     plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=ids, source_aux_convention=convention,
-                           max_shard_size=max_shard_size, measured=measured)
+                           max_shard_size=max_shard_size, measured=measured, base_model=base_model)
     plan.notes[:0] = notes + more
     if dry_run:
         return ConversionResult(plan, False, [])
@@ -256,6 +256,7 @@ def plan_conversion(
     spec_override: DrafterSpec | None = None,
     extra_tensors: dict[str, tuple[str, tuple[int, ...], str]] | None = None,
     measured: Any = None,
+    base_model: str | None = None,
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
@@ -337,7 +338,7 @@ def plan_conversion(
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail)
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
     config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=w.aux_convention or dialect.aux_convention)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
@@ -418,10 +419,13 @@ def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
 
 
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetCheckpoint | None, fail: Any) -> dict[str, Any]:
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Any,
+                 base_model: str | None = None) -> dict[str, Any]:
     w = dialect.writer
     assert w is not None
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
+    if not is_hub_id(layer.get("_name_or_path")):
+        layer.pop("_name_or_path", None)  # a training machine's path is no identity
     layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
     if spec.rope_theta is None and "rope_parameters" not in layer:
         layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
@@ -432,9 +436,9 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
     if w.style == "speculators":
-        verifier = _verifier(src, target)
+        verifier = _verifier(src, target, base_model)
         if verifier is None:
-            fail("the speculators format names its verifier (target): pass --target")
+            fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
         methods = src.config.raw("speculators_config.proposal_methods")
         tokens = 3
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
@@ -486,11 +490,17 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
     return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
-def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> dict[str, Any] | None:
-    if target is not None:
-        return {"name_or_path": target.hub_id or target.source, "architectures": list(target.architectures)}
-    existing = src.config.dict("speculators_config.verifier")
-    return existing if existing and isinstance(existing.get("name_or_path"), str) else None
+def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None) -> dict[str, Any] | None:
+    """The speculators verifier, named by Hub id only: --base-model, the target's own id, the source's
+    verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
+    published). None: nothing at all is known of the target."""
+    existing = src.config.dict("speculators_config.verifier") or {}
+    named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
+    if target is None and base_model is None and named is None:
+        return None
+    name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
+    archs = list(target.architectures) if target is not None else existing.get("architectures") or []
+    return {"name_or_path": name, "architectures": archs}
 
 
 # The source digest is computed from the bytes read while writing and patched into config and
