@@ -407,10 +407,14 @@ Examples:
   eaglectl convert ./eagle-head ./out --to speculators --target meta-llama/Llama-3.1-8B-Instruct
   eaglectl convert ./nemo-draft ./vllm-draft --to modelopt --dry-run
   eaglectl convert ./head ./head-fp16 --to specforge --dtype float16 --max-shard-size 2GB
+  eaglectl convert ./head ./served --for vllm --target ./target  # picks the dialect, prints vllm serve
 """)
 @click.argument("source", required=False)
 @click.argument("dest", required=False)
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect.")
+@click.option("--for", "for_engine", type=click.Choice(["vllm"]),
+              help="Instead of --to: the dialect this engine serves the drafter from best (by the release its "
+                   "features need, docs/engines.md); prints the serve line for DEST.")
 @from_option
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
 @target_option("Target model: verifier name, default aux ids, missing tables (folder or Hub id).")
@@ -436,9 +440,11 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
     from . import convert
 
     def one(o: dict[str, Any]) -> Any:
-        if not o.get("to"):
-            raise UsageError("--to is required (or a 'to' key per manifest line)")
-        return convert.run(o["source"], o["dest"], o["to"], from_dialect=o["from_dialect"], dtype=o["dtype"],
+        if bool(o.get("to")) == bool(o.get("for_engine")):
+            raise UsageError("give --to DIALECT or --for ENGINE (or a 'to' / 'for' key per manifest line), not both"
+                             if o.get("to") else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key "
+                             "per manifest line)", hint="eaglectl convert SOURCE DEST --for vllm")
+        return convert.run(o["source"], o["dest"], o["to"], for_engine=o["for_engine"], from_dialect=o["from_dialect"], dtype=o["dtype"],
                            target=o["target"], aux_layer_ids=o["aux_layer_ids"],
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],

@@ -112,6 +112,7 @@ class ConversionResult:
     written: bool
     checked: list[str]  # what the post-write check established
     source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
+    serve: dict[str, Any] | None = None  # convert --for ENGINE: the choice and the serve line
 
     @property
     def exit_code(self) -> int:
@@ -124,15 +125,16 @@ class ConversionResult:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
                 "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
-                "exit_code": self.exit_code}
+                "serve": self.serve, "exit_code": self.exit_code}
 
 
-def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dtype: str | None = None,
+def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = None, dtype: str | None = None,
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
         force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
-        progress: Any = None, base_model: str | None = None) -> ConversionResult:
-    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`).
+        progress: Any = None, base_model: str | None = None, for_engine: str | None = None) -> ConversionResult:
+    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`); with `for_engine` instead of
+    `to`, to the dialect that engine serves this drafter from best (serving.pick), with its serve line.
 
     With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
     table, and the written output must draft exactly like the source under the reference loop, read the
@@ -149,19 +151,35 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
             measured, model, why = try_measure(src, tgt.source, states=captured, progress=progress)
         if why:
             notes.append(why)
-    ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, to)
-    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=ids, source_aux_convention=convention,
-                           max_shard_size=max_shard_size, measured=measured, base_model=base_model)
+    def plan_for(dialect: str) -> tuple[ConversionPlan, Any, Any, list[str]]:
+        ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, dialect)
+        return plan_conversion(src, dest, dialect, dtype=dtype, target=tgt, aux_layer_ids=ids,
+                               source_aux_convention=convention, max_shard_size=max_shard_size, measured=measured,
+                               base_model=base_model), ids, convention, more
+
+    serve = None
+    if for_engine is not None:
+        from .serving import pick
+
+        to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
+    else:
+        plan, ids, convention, more = plan_for(to)
     plan.notes[:0] = notes + more
+    if serve is not None:
+        from .serving import serve_command
+
+        serve["command"] = serve_command(src, dest, tgt, base_model, plan.config)
     if dry_run:
-        return ConversionResult(plan, False, [])
+        return ConversionResult(plan, False, [], serve=serve)
     check = None
     if model is not None and measured is not None and not measured.at_chance:
         check = behaviour_check(src, measured, model, ids, convention, to)
     elif captured is not None and measured is not None:
         plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
                           "runnable --target without --states)")
-    return execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+    result = execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+    result.serve = serve
+    return result
 
 
 def follow_measurement(src: DrafterCheckpoint, m: Any, given: str | None, given_ids: tuple[int, ...] | None,

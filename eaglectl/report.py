@@ -312,6 +312,14 @@ def render_conversion(result: Any) -> None:
         out.print(f"[yellow]note:[/] {safe(note)}")
     for check in result.checked:
         out.print(f"[green]checked[/] {safe(check)}")
+    serve = getattr(result, "serve", None)
+    if serve:
+        out.print(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ({safe(serve['why'])})")
+        for c in serve["candidates"]:
+            if "refused" in c:
+                out.print(f"  not {c['dialect']}: {safe(c['refused'])}")
+        out.print(("serve it with:" if result.written else "once written, serve it with:"))
+        click.echo(serve["command"])  # unwrapped: a command to copy
 
 
 def json_short(value: Any, limit: int = 80) -> str:
