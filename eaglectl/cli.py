@@ -31,8 +31,8 @@ from .errors import (
 )
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
-COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "smoke", "check", "capture", "drift", "formats", "rules",
-                 "completion")
+COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "capture", "drift", "formats",
+                 "rules", "completion")
 
 
 class EaglectlGroup(click.Group):
@@ -542,6 +542,40 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, states: 
                                        dtype=dtype,
                                        steps=steps, tokens=tokens, seed=seed, text=text, from_dialect=from_dialect,
                                        against_from=against_from, allow_pickle=allow_pickle))
+
+
+# ------------------------------------------------------------------------------------------- diff
+
+@cli.command("diff", epilog="""\b
+Examples:
+  eaglectl diff ./head ./head-speculators                  # a conversion: equivalent, exit 0
+  eaglectl diff ./head-3.0 ./head-3.1 --json               # flags and fc_norm tensors differ, exit 1
+  eaglectl diff ./safeailab-head ./converted --target ./target   # default aux ids resolved on the target
+""")
+@click.argument("a")
+@click.argument("b")
+@click.option("--values/--no-values", default=True, show_default=True,
+              help="Compare tensor values (max |A-B|, streamed); --no-values compares names, dtypes and shapes only.")
+@click.option("--atol", type=Number(0.0), default=0.0, show_default=True,
+              help="Values within this max absolute difference count as equal.")
+@target_option("Target model (its config): compare aux ids as the boundaries vLLM captures on it, so "
+               "'no ids' (engine default) equals the default written out.")
+@click.option("--from-a", type=DialectChoice(), help="A's dialect, when detection cannot tell.")
+@click.option("--from-b", type=DialectChoice(), help="B's dialect, when detection cannot tell.")
+@allow_pickle_option
+@json_option
+def diff_cmd(a: str, b: str, values: bool, atol: float, target: str | None, from_a: str | None, from_b: str | None,
+             allow_pickle: bool) -> None:
+    """Compare two drafters by meaning, across dialects: spec fields and tensors by canonical name.
+
+    Reports differing spec fields (aux ids in vLLM's boundary numbering, flags, sizes), tensors only
+    in A or only in B, dtype and shape differences, and value differences (max |A-B|). Exit 0 when
+    equivalent, 1 when they differ.
+    """
+    from . import diff
+
+    report.finish("diff", diff.run(a, b, from_a=from_a, from_b=from_b, values=values, atol=atol, target=target,
+                                   allow_pickle=allow_pickle, progress=report.progress))
 
 
 # ------------------------------------------------------------------------------------------ smoke
