@@ -271,6 +271,25 @@ class HubId(click.ParamType):
         return str(value)
 
 
+class ReleaseVersion(click.ParamType):
+    """X.Y or X.Y.Z."""
+
+    name = "x.y"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        import re
+
+        if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){1,2}", str(value)):
+            self.fail(f"{value!r} is not a release number like 0.22 or 0.22.1", param, ctx)
+        return str(value)
+
+
+def engine_version_option(fn: Any) -> Any:
+    return click.option("--engine-version", type=ReleaseVersion(), metavar="X.Y",
+                        help="Scope findings to this vLLM release: features it does not serve are errors "
+                             "(docs/engines.md#features).")(fn)
+
+
 def base_model_option(fn: Any) -> Any:
     return click.option("--base-model", type=HubId(), metavar="ORG/NAME",
                         help="The target's Hub id, written wherever the target is named (speculators verifier, "
@@ -381,12 +400,13 @@ Examples:
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
+@engine_version_option
 @measure_option
 @states_option
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, measure: bool, states: str | None, allow_pickle: bool) -> None:
+                scan: bool, engine_version: str | None, measure: bool, states: str | None, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -397,7 +417,7 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
 
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
                                          allow_pickle=allow_pickle, revision=revision, measure=measure,
-                                         states=states, progress=report.progress))
+                                         states=states, progress=report.progress, engine_version=engine_version))
 
 
 # ---------------------------------------------------------------------------------------- convert
@@ -657,6 +677,7 @@ Examples:
               help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
 @base_model_option
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
+@engine_version_option
 @measure_option
 @states_option
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
@@ -681,7 +702,7 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
         rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
                         strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
                         allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
-                        states=o["states"])
+                        states=o["states"], engine_version=o["engine_version"])
         reports.append(rep)
         return rep
 
