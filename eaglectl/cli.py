@@ -630,6 +630,8 @@ Examples:
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True,
               help="vLLM tensor parallelism.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
+@click.option("--server", metavar="URL", help="Measure an already running vLLM server serving TARGET with DRAFTER: "
+              "prompts via its completions API, acceptance from its /metrics counters (deltas around the run).")
 @click.option("--min-acceptance", type=Number(1.0, 65.0), help="Fail (exit 9) below this mean acceptance length.")
 @click.option("--timeout-s", type=Number(0.0, 86400.0, lo_open=True), default=900.0, show_default=True,
               help="Give up on vLLM after this many seconds.")
@@ -641,8 +643,8 @@ Examples:
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
               max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
-              tensor_parallel_size: int, vllm_python: str | None, min_acceptance: float | None, timeout_s: float,
-              seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
+              tensor_parallel_size: int, vllm_python: str | None, server: str | None, min_acceptance: float | None,
+              timeout_s: float, seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -657,7 +659,8 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      max_tokens=max_tokens, concurrency=concurrency, baselines=baselines, dtype=dtype,
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
-                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot))
+                                     timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
+                                     server=server))
 
 
 # ------------------------------------------------------------------------------------------ check
