@@ -92,10 +92,20 @@ def engines_page() -> str:
         out.append(f"| {r.engine} | {_cell(r.since)} | {_cell(r.describe())} | {_cell(r.source)} |\n")
     out.append("\nThe engine that serves each dialect (`consumer` in the registry): "
                + ", ".join(f"`{d['id']}` → {d['consumer']}" for d in dialect_rows()) + ".\n")
-    out.append("\n## features\n\nThe first release that serves a drafter feature correctly:\n\n"
-               "| feature | engine | since | note |\n|---|---|---|---|\n")
+    out.append("\n## features\n\nThe first release that serves a drafter feature correctly. `release` is the first "
+               "release known to hold it; *unconfirmed* means only the change (PR and merge date) is confirmed, not "
+               f"the release that first shipped it (vLLM {REFERENCE['vllm']}, eaglectl's reference, has every vLLM "
+               "row). The releases given (0.8, 0.22) are the project's record, not checked against vLLM release notes; "
+               "the PRs and merge dates were checked against the PR threads. `inspect --engine-version X.Y` and `check --engine-version X.Y` turn this table into findings "
+               "(`engine-version-unserved`: error, the release is older than a known one; "
+               "`engine-version-unconfirmed`: warning, older than the reference with the release unconfirmed); "
+               "`convert --for vllm` picks the dialect whose rows need the oldest release.\n\n"
+               "| feature | engine | since | release | applies to | note |\n|---|---|---|---|---|---|\n")
     for f in FEATURES:
-        out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {_cell(f.note)} |\n")
+        applies = ", ".join(x for x in (f.arch and f"{f.arch} drafters", f.style and f"{f.style}-style configs",
+                                        f.flags and " or ".join(f.flags) + " on") if x) or "every drafter"
+        out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {f.release or '*unconfirmed*'} | "
+                   f"{_cell(applies)} | {_cell(f.note)} |\n")
     return "".join(out)
 
 

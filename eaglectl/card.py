@@ -16,14 +16,9 @@ from typing import Any
 from . import __version__
 from .errors import filesystem_error
 from .inspect import InspectReport
-from .io.hub import parse_hub_id
+from .target import is_hub_id
 
 CARD = "README.md"
-
-
-def is_hub_id(name: str | None) -> bool:
-    return bool(name) and parse_hub_id(name) is not None and not name.startswith(("/", ".", "~")) \
-        and not Path(name).exists()  # type: ignore[arg-type]
 
 
 def base_model(rep: InspectReport, explicit: str | None = None) -> str | None:
@@ -33,6 +28,9 @@ def base_model(rep: InspectReport, explicit: str | None = None) -> str | None:
     if rep.target is not None and rep.target.hub_id:
         return rep.target.hub_id
     verifier = rep.drafter.config.str("speculators_config.verifier.name_or_path")
+    if verifier and rep.target is not None and rep.target.ckpt.hub_ref is None \
+            and os.path.abspath(verifier) == os.path.abspath(rep.target.source):
+        return None  # the verifier spells the local --target folder: a path, not an identity
     return verifier if is_hub_id(verifier) else None
 
 

@@ -63,7 +63,7 @@ def _timed(fn: Any) -> Stage:
 def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
         strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
         allow_pickle: bool = False, base_model: str | None = None, measure: bool = True,
-        states: str | None = None) -> CheckReport:
+        states: str | None = None, engine_version: str | None = None) -> CheckReport:
     """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
     from .drafter import open_drafter
     from .inspect import inspect_opened
@@ -72,7 +72,7 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=allow_pickle)
     captured, tgt = open_target_or_capture(target, states)
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure, states=captured)
+    rep = inspect_opened(d, tgt, strict=strict, measure=measure, states=captured, engine_version=engine_version)
     s = rep.summary
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "

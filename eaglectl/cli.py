@@ -31,8 +31,8 @@ from .errors import (
 )
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
-COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "smoke", "check", "capture", "drift", "formats", "rules",
-                 "completion")
+COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "capture", "drift", "formats",
+                 "rules", "completion")
 
 
 class EaglectlGroup(click.Group):
@@ -287,6 +287,45 @@ def plot_option(what: str) -> Callable[[Any], Any]:
                         help=f"Also draw {what} (needs the plot extra: pip install 'eaglectl-cli[plot]').")
 
 
+class HubId(click.ParamType):
+    """ORG/NAME on the Hub; a local path (one that exists, or spelled like one) is refused."""
+
+    name = "org/name"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        from .target import is_hub_id
+
+        if not is_hub_id(str(value)):
+            self.fail(f"{value!r} is not a Hub id (ORG/NAME)", param, ctx)
+        return str(value)
+
+
+class ReleaseVersion(click.ParamType):
+    """X.Y or X.Y.Z."""
+
+    name = "x.y"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        import re
+
+        if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){1,2}", str(value)):
+            self.fail(f"{value!r} is not a release number like 0.22 or 0.22.1", param, ctx)
+        return str(value)
+
+
+def engine_version_option(fn: Any) -> Any:
+    return click.option("--engine-version", type=ReleaseVersion(), metavar="X.Y",
+                        help="Scope findings to this vLLM release: features it does not serve are errors "
+                             "(docs/engines.md#features).")(fn)
+
+
+def base_model_option(fn: Any) -> Any:
+    return click.option("--base-model", type=HubId(), metavar="ORG/NAME",
+                        help="The target's Hub id, written wherever the target is named (speculators verifier, "
+                             "model card); default: the target's own id (its repo, or a Hub-id `_name_or_path`). "
+                             "A local path is never written.")(fn)
+
+
 def write_options(fn: Any) -> Any:
     fn = click.option("--force", is_flag=True,
                       help="Replace an existing DEST folder that holds only checkpoint files.")(fn)
@@ -401,12 +440,13 @@ Examples:
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
+@engine_version_option
 @measure_option
 @states_option
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, measure: bool, states: str | None, allow_pickle: bool) -> None:
+                scan: bool, engine_version: str | None, measure: bool, states: str | None, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -417,7 +457,7 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
 
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
                                          allow_pickle=allow_pickle, revision=revision, measure=measure,
-                                         states=states, progress=report.progress))
+                                         states=states, progress=report.progress, engine_version=engine_version))
 
 
 # ---------------------------------------------------------------------------------------- convert
@@ -427,10 +467,14 @@ Examples:
   eaglectl convert ./eagle-head ./out --to speculators --target meta-llama/Llama-3.1-8B-Instruct
   eaglectl convert ./nemo-draft ./vllm-draft --to modelopt --dry-run
   eaglectl convert ./head ./head-fp16 --to specforge --dtype float16 --max-shard-size 2GB
+  eaglectl convert ./head ./served --for vllm --target ./target  # picks the dialect, prints vllm serve
 """)
 @click.argument("source", required=False)
 @click.argument("dest", required=False)
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect.")
+@click.option("--for", "for_engine", type=click.Choice(["vllm"]),
+              help="Instead of --to: the dialect this engine serves the drafter from best (by the release its "
+                   "features need, docs/engines.md); prints the serve line for DEST.")
 @from_option
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
 @target_option("Target model: verifier name, default aux ids, missing tables (folder or Hub id).")
@@ -439,6 +483,7 @@ Examples:
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
 @click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@base_model_option
 @measure_option
 @states_option
 @write_options
@@ -455,13 +500,16 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
     from . import convert
 
     def one(o: dict[str, Any]) -> Any:
-        if not o.get("to"):
-            raise UsageError("--to is required (or a 'to' key per manifest line)")
-        return convert.run(o["source"], o["dest"], o["to"], from_dialect=o["from_dialect"], dtype=o["dtype"],
+        if bool(o.get("to")) == bool(o.get("for_engine")):
+            raise UsageError("give --to DIALECT or --for ENGINE (or a 'to' / 'for' key per manifest line), not both"
+                             if o.get("to") else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key "
+                             "per manifest line)", hint="eaglectl convert SOURCE DEST --for vllm")
+        return convert.run(o["source"], o["dest"], o["to"], for_engine=o["for_engine"], from_dialect=o["from_dialect"], dtype=o["dtype"],
                            target=o["target"], aux_layer_ids=o["aux_layer_ids"],
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
-                           measure=o["measure"], states=o["states"], progress=report.progress)
+                           measure=o["measure"], states=o["states"], progress=report.progress,
+                           base_model=o["base_model"])
 
     _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 
@@ -484,6 +532,7 @@ Examples:
               "held-out prompts) or --states (FC-output error on held-out requests) and keeps the best; ones "
               "without either.")
 @target_option("Target model (calibration, fidelity inputs, verifier name).")
+@base_model_option
 @states_option
 @click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
@@ -508,7 +557,8 @@ def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            init=o["init"], target=o["target"], states=o["states"],
                            calibration_text=o["calibration_text"], to=o["to"],
                            from_dialect=o["from_dialect"], allow_pickle=o["allow_pickle"], force=o["force"],
-                           dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress)
+                           dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress,
+                           base_model=o["base_model"])
 
     _single_or_batch("upgrade", source, dest, manifest, fail_fast, one)
 
@@ -557,6 +607,40 @@ def verify_cmd(candidate: str, against: str | None, target: str | None, states: 
                                        progress=report.progress))
 
 
+# ------------------------------------------------------------------------------------------- diff
+
+@cli.command("diff", epilog="""\b
+Examples:
+  eaglectl diff ./head ./head-speculators                  # a conversion: equivalent, exit 0
+  eaglectl diff ./head-3.0 ./head-3.1 --json               # flags and fc_norm tensors differ, exit 1
+  eaglectl diff ./safeailab-head ./converted --target ./target   # default aux ids resolved on the target
+""")
+@click.argument("a")
+@click.argument("b")
+@click.option("--values/--no-values", default=True, show_default=True,
+              help="Compare tensor values (max |A-B|, streamed); --no-values compares names, dtypes and shapes only.")
+@click.option("--atol", type=Number(0.0), default=0.0, show_default=True,
+              help="Values within this max absolute difference count as equal.")
+@target_option("Target model (its config): compare aux ids as the boundaries vLLM captures on it, so "
+               "'no ids' (engine default) equals the default written out.")
+@click.option("--from-a", type=DialectChoice(), help="A's dialect, when detection cannot tell.")
+@click.option("--from-b", type=DialectChoice(), help="B's dialect, when detection cannot tell.")
+@allow_pickle_option
+@json_option
+def diff_cmd(a: str, b: str, values: bool, atol: float, target: str | None, from_a: str | None, from_b: str | None,
+             allow_pickle: bool) -> None:
+    """Compare two drafters by meaning, across dialects: spec fields and tensors by canonical name.
+
+    Reports differing spec fields (aux ids in vLLM's boundary numbering, flags, sizes), tensors only
+    in A or only in B, dtype and shape differences, and value differences (max |A-B|). Exit 0 when
+    equivalent, 1 when they differ.
+    """
+    from . import diff
+
+    report.finish("diff", diff.run(a, b, from_a=from_a, from_b=from_b, values=values, atol=atol, target=target,
+                                   allow_pickle=allow_pickle, progress=report.progress))
+
+
 # ------------------------------------------------------------------------------------------ smoke
 
 @cli.command("smoke", short_help="Measure acceptance under vLLM or the reference loop.", epilog="""\b
@@ -589,6 +673,8 @@ Examples:
 @click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True,
               help="vLLM tensor parallelism.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
+@click.option("--server", metavar="URL", help="Measure an already running vLLM server serving TARGET with DRAFTER: "
+              "prompts via its completions API, acceptance from its /metrics counters (deltas around the run).")
 @click.option("--min-acceptance", type=Number(1.0, 65.0), help="Fail (exit 9) below this mean acceptance length.")
 @click.option("--timeout-s", type=Number(0.0, 86400.0, lo_open=True), default=900.0, show_default=True,
               help="Give up on vLLM after this many seconds.")
@@ -600,8 +686,8 @@ Examples:
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
               max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
-              tensor_parallel_size: int, vllm_python: str | None, min_acceptance: float | None, timeout_s: float,
-              seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
+              tensor_parallel_size: int, vllm_python: str | None, server: str | None, min_acceptance: float | None,
+              timeout_s: float, seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -617,7 +703,7 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
                                      timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
-                                     progress=report.progress))
+                                     progress=report.progress, server=server))
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -635,8 +721,9 @@ Examples:
               "acceptance length.")
 @click.option("--card/--no-card", default=None,
               help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
-@click.option("--base-model", metavar="ORG/NAME", help="The target's Hub id for the card (never a local path).")
+@base_model_option
 @click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
+@engine_version_option
 @measure_option
 @states_option
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
@@ -661,15 +748,10 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
         rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
                         strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
                         allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
-                        states=o["states"])
+                        states=o["states"], engine_version=o["engine_version"])
         reports.append(rep)
         return rep
 
-    if base := options.get("base_model"):
-        from .card import is_hub_id
-
-        if not is_hub_id(base):
-            raise click.BadParameter(f"{base!r} is not a Hub id (ORG/NAME)", param_hint="--base-model")
     items = [{"source": s} for s in sources] if len(sources) > 1 else None
     try:
         _single_or_batch("check", sources[0] if len(sources) == 1 else None, None, manifest, fail_fast, one,

@@ -46,7 +46,7 @@ from .io.safetensors import (
 )
 from .rules import Context, run_checks
 from .spec import FLAGS, DrafterSpec, default_aux_ids
-from .target import TargetCheckpoint, open_target_or_capture
+from .target import TargetCheckpoint, is_hub_id, open_target_or_capture
 
 SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
@@ -112,6 +112,7 @@ class ConversionResult:
     written: bool
     checked: list[str]  # what the post-write check established
     source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
+    serve: dict[str, Any] | None = None  # convert --for ENGINE: the choice and the serve line
 
     @property
     def exit_code(self) -> int:
@@ -124,15 +125,16 @@ class ConversionResult:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
                 "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
-                "exit_code": self.exit_code}
+                "serve": self.serve, "exit_code": self.exit_code}
 
 
-def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dtype: str | None = None,
+def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = None, dtype: str | None = None,
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
         force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
-        progress: Any = None) -> ConversionResult:
-    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`).
+        progress: Any = None, base_model: str | None = None, for_engine: str | None = None) -> ConversionResult:
+    """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`); with `for_engine` instead of
+    `to`, to the dialect that engine serves this drafter from best (serving.pick), with its serve line.
 
     With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
     table, and the written output must draft exactly like the source under the reference loop, read the
@@ -149,19 +151,35 @@ def run(source: str, dest: str, to: str, *, from_dialect: str | None = None, dty
             measured, model, why = try_measure(src, tgt.source, states=captured, progress=progress)
         if why:
             notes.append(why)
-    ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, to)
-    plan = plan_conversion(src, dest, to, dtype=dtype, target=tgt, aux_layer_ids=ids, source_aux_convention=convention,
-                           max_shard_size=max_shard_size, measured=measured)
+    def plan_for(dialect: str) -> tuple[ConversionPlan, Any, Any, list[str]]:
+        ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, dialect)
+        return plan_conversion(src, dest, dialect, dtype=dtype, target=tgt, aux_layer_ids=ids,
+                               source_aux_convention=convention, max_shard_size=max_shard_size, measured=measured,
+                               base_model=base_model), ids, convention, more
+
+    serve = None
+    if for_engine is not None:
+        from .serving import pick
+
+        to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
+    else:
+        plan, ids, convention, more = plan_for(to)
     plan.notes[:0] = notes + more
+    if serve is not None:
+        from .serving import serve_command
+
+        serve["command"] = serve_command(src, dest, tgt, base_model, plan.config)
     if dry_run:
-        return ConversionResult(plan, False, [])
+        return ConversionResult(plan, False, [], serve=serve)
     check = None
     if model is not None and measured is not None and not measured.at_chance:
         check = behaviour_check(src, measured, model, ids, convention, to)
     elif captured is not None and measured is not None:
         plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
                           "runnable --target without --states)")
-    return execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+    result = execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+    result.serve = serve
+    return result
 
 
 def follow_measurement(src: DrafterCheckpoint, m: Any, given: str | None, given_ids: tuple[int, ...] | None,
@@ -256,6 +274,7 @@ def plan_conversion(
     spec_override: DrafterSpec | None = None,
     extra_tensors: dict[str, tuple[str, tuple[int, ...], str]] | None = None,
     measured: Any = None,
+    base_model: str | None = None,
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
@@ -337,7 +356,7 @@ def plan_conversion(
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail)
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
     config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=w.aux_convention or dialect.aux_convention)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
@@ -418,10 +437,13 @@ def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
 
 
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetCheckpoint | None, fail: Any) -> dict[str, Any]:
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Any,
+                 base_model: str | None = None) -> dict[str, Any]:
     w = dialect.writer
     assert w is not None
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
+    if not is_hub_id(layer.get("_name_or_path")):
+        layer.pop("_name_or_path", None)  # a training machine's path is no identity
     layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
     if spec.rope_theta is None and "rope_parameters" not in layer:
         layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
@@ -432,9 +454,9 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
     if w.style == "speculators":
-        verifier = _verifier(src, target)
+        verifier = _verifier(src, target, base_model)
         if verifier is None:
-            fail("the speculators format names its verifier (target): pass --target")
+            fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
         methods = src.config.raw("speculators_config.proposal_methods")
         tokens = 3
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
@@ -486,11 +508,17 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
     return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
-def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> dict[str, Any] | None:
-    if target is not None:
-        return {"name_or_path": target.hub_id or target.source, "architectures": list(target.architectures)}
-    existing = src.config.dict("speculators_config.verifier")
-    return existing if existing and isinstance(existing.get("name_or_path"), str) else None
+def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None) -> dict[str, Any] | None:
+    """The speculators verifier, named by Hub id only: --base-model, the target's own id, the source's
+    verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
+    published). None: nothing at all is known of the target."""
+    existing = src.config.dict("speculators_config.verifier") or {}
+    named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
+    if target is None and base_model is None and named is None:
+        return None
+    name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
+    archs = list(target.architectures) if target is not None else existing.get("architectures") or []
+    return {"name_or_path": name, "architectures": archs}
 
 
 # The source digest is computed from the bytes read while writing and patched into config and

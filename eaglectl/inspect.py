@@ -109,16 +109,19 @@ def run(
     measure: bool = True,
     states: str | None = None,
     progress: Any = None,
+    engine_version: str | None = None,
 ) -> InspectReport:
     """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
     it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
     captured, t = open_target_or_capture(target, states)
-    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, states=captured, progress=progress)
+    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, states=captured, progress=progress,
+                          engine_version=engine_version)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: bool = False, scan: bool = False,
-                   measure: bool = True, states: Any = None, progress: Any = None) -> InspectReport:
+                   measure: bool = True, states: Any = None, progress: Any = None,
+                   engine_version: str | None = None) -> InspectReport:
     """Inspect an opened drafter; with a runnable target, or a capture of one (`states`), measure too."""
     measured, note = None, None
     if t is not None and measure:
@@ -130,6 +133,7 @@ def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: 
 
             measured, _, note = try_measure(d, t.source, states=states, progress=progress)
     ctx = Context(d, t, scan, measured)
+    ctx.engine_version = engine_version  # type: ignore[attr-defined]  # rules/engine.py
     if progress is not None:
         ctx.progress = progress
     return InspectReport(d, t, run_checks(ctx), strict, measured, note)

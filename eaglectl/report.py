@@ -394,6 +394,14 @@ def render_conversion(result: Any) -> None:
         out.print(f"[yellow]note:[/] {safe(note)}")
     for check in result.checked:
         out.print(f"[green]checked[/] {safe(check)}")
+    serve = getattr(result, "serve", None)
+    if serve:
+        out.print(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ({safe(serve['why'])})")
+        for c in serve["candidates"]:
+            if "refused" in c:
+                out.print(f"  not {c['dialect']}: {safe(c['refused'])}")
+        out.print(("serve it with:" if result.written else "once written, serve it with:"))
+        click.echo(serve["command"])  # unwrapped: a command to copy
 
 
 def json_short(value: Any, limit: int = 80) -> str:
@@ -623,7 +631,34 @@ def render_drift(rep: Any) -> None:
         out.print(f"plot: {safe(doc['plot'])}")
 
 
+def render_diff(rep: Any) -> None:
+    out, doc = stdout, rep.to_json()
+    out.print(f"[bold]A[/] {safe(doc['a']['source'])} ({doc['a']['dialect']}, EAGLE {doc['a']['eagle_version']})")
+    out.print(f"[bold]B[/] {safe(doc['b']['source'])} ({doc['b']['dialect']}, EAGLE {doc['b']['eagle_version']})")
+    for f in doc["spec"]:
+        out.print(f"  spec {f['field']}: {safe(json_short(f['a']))} -> {safe(json_short(f['b']))}")
+    for side in ("a", "b"):
+        for name in doc[f"only_in_{side}"]:
+            out.print(f"  only in {side.upper()}: {safe(name)}")
+    for d in doc["derived_only"]:
+        out.print(f"  [dim]only in {d['in'].upper()}: {safe(d['name'])} (derived from {d['derived_from']}, "
+                  "which is equal)[/]")
+    for t in doc["tensors"]:
+        parts = []
+        if "dtype" in t["differs"]:
+            parts.append(f"dtype {t['a']['dtype']} -> {t['b']['dtype']}")
+        if "shape" in t["differs"]:
+            parts.append(f"shape {t['a']['shape']} -> {t['b']['shape']}")
+        if "values" in t["differs"]:
+            worst = t.get("max_abs_diff")
+            parts.append("values: NaN on one side" if worst is None else f"values: max |A-B| {worst:.6g}")
+        out.print(f"  tensor {safe(t['name'])}: {'; '.join(parts)}")
+    verdict = "[bold green]EQUIVALENT[/]" if doc["equivalent"] else "[bold red]DIFFERENT[/]"
+    out.print(f"\n{verdict}  {safe(rep.summary_line())}")
+
+
 RENDERERS: dict[str, Callable[[Any], None]] = {
     "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
     "smoke": render_smoke, "check": render_check, "capture": render_capture, "drift": render_drift,
+    "diff": render_diff,
 }

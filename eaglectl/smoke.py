@@ -353,12 +353,19 @@ def run(
     context_lengths: tuple[int, ...] = (),
     plot: str | None = None,
     progress: Any = None,
+    server: str | None = None,
 ) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every
     drafter first (check turns it off: it has just inspected)."""
     from . import inspect
 
     baselines = baselines or []
+    if server is not None:
+        engine = "server"
+        baselines = [b for b in baselines if b.kind != "none"]  # the default: no server without a drafter here
+        if baselines or context_lengths:
+            raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
+                                   "--context-lengths (each would need its own server)")
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     for path in ([drafter] if preflight else []) + [b.path for b in baselines if b.kind == "eagle3" and b.path]:
         pre = inspect.run(path, target=target, measure=False)  # engine_reading measures what vLLM ran
@@ -375,7 +382,14 @@ def run(
         prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
         length=n).prompts} for n in context_lengths]
     configs = [Baseline("drafter", "eagle3", drafter), *baselines]
-    if python is not None:
+    if server is not None:
+        from . import server_smoke
+
+        got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
+        results, log = [ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
+                                     generate_seconds=got["generate_seconds"])], None
+        versions = {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]}
+    elif python is not None:
         request = {"target": engine_path(target), "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
                    "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size, "max_tokens": max_tokens,
                    "concurrency": list(concurrency), "prompts": prompt_set.prompts, "groups": groups,

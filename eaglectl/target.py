@@ -7,6 +7,7 @@ Running the target (HF transformers, or vLLM through `capture`) lives in `model/
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointNotFoundError
@@ -17,6 +18,13 @@ from .limits import limit
 
 EMBED_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight",
                "language_model.model.embed_tokens.weight")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """`name` is a Hub identity (org/name[@rev]), not a local path: a folder that exists here, or any
+    path-looking spelling, is never taken for one."""
+    return bool(name) and parse_hub_id(name) is not None and not name.startswith(("/", ".", "~")) \
+        and not Path(name).exists()  # type: ignore[arg-type]
 
 
 @dataclass
@@ -57,7 +65,7 @@ class TargetCheckpoint:
         if self.ckpt.hub_ref is not None:
             return self.ckpt.hub_ref.repo_id
         name = ConfigView(self.ckpt.config, self.config.where).str("_name_or_path")
-        return name if name and parse_hub_id(name) and not name.startswith(("/", ".", "~")) else None
+        return name if is_hub_id(name) else None
 
     def table_name(self, which: str) -> str | None:
         """The stored name of the target's `embed_tokens` or `lm_head` (a tied target's head is its embedding)."""

@@ -98,6 +98,7 @@ def run(
     fidelity: bool = True,
     fidelity_tokens: int = 64,
     progress: Any = None,
+    base_model: str | None = None,
 ) -> UpgradeResult:
     """Take SOURCE to the EAGLE-3.1 layout at DEST; the target (when given) runs once, for calibration
     and for the fidelity report."""
@@ -189,7 +190,8 @@ def run(
         if new_fc is not None:
             extra["fc.weight"] = (dtype, tuple(new_fc.shape), "refit to the 3.0 FC output")
             supplied["fc.weight"] = casting.encode(new_fc, dtype)
-    plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra)
+    plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra,
+                           base_model=base_model)
     _mark(plan, steps, chosen, stats)
     notes = []
     if steps:

@@ -105,7 +105,7 @@ def test_calibration_from_states_equals_calibration_from_the_target(hf_states, t
                            calibration.accumulate(W, 3, src.spec.aux_width, src.spec.rms_norm_eps or 1e-6, seqs))[0]
     got = open_drafter(str(tmp_path / "up"))
     verifier = got.ckpt.config["speculators_config"]["verifier"]
-    assert got.spec.fc_norm and verifier == {"name_or_path": str(TARGET), "architectures": ["LlamaForCausalLM"]}
+    assert got.spec.fc_norm and verifier == {"name_or_path": None, "architectures": ["LlamaForCausalLM"]}  # a path is no id
     for j in range(3):
         stored = got.view.read(f"fc_norm.{j}.weight").astype(np.float64)
         assert np.abs(stored - want[j]).max() <= 0.01 * np.abs(want[j]).max()  # bf16 rounding at most

@@ -67,6 +67,8 @@ def test_a_to_b_to_a_is_bit_identical(tmp_path, fixture, a, b):
     cfg1 = json.loads((first / "config.json").read_text())
     cfg2 = json.loads((tmp_path / "a2" / "config.json").read_text())
     cfg1.pop("eaglectl_provenance"), cfg2.pop("eaglectl_provenance")
+    for cfg in (cfg1, cfg2):  # HF-style dialects cannot hold the verifier's Hub id; a local target adds none
+        cfg.get("speculators_config", {}).get("verifier", {}).pop("name_or_path", None)
     assert cfg1 == cfg2
 
 
@@ -277,7 +279,7 @@ def test_speculators_needs_a_verifier(tmp_path):
     with pytest.raises(ConversionError, match="verifier"):
         convert(DRAFTERS / "specforge-3", tmp_path / "x", "speculators")
     convert(DRAFTERS / "specforge-3", tmp_path / "y", "speculators", target=TARGET)
-    assert config(tmp_path / "y")["speculators_config"]["verifier"]["name_or_path"] == str(TARGET)
+    assert config(tmp_path / "y")["speculators_config"]["verifier"]["name_or_path"] is None  # a local path names nothing
 
 
 def test_source_errors_block_conversion(tmp_path):

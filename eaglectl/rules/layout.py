@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from ..spec import DrafterSpec
-from . import ERROR, WARNING, Context, check, rule
+from ..target import is_hub_id
+from . import ERROR, INFO, WARNING, Context, check, rule
 from .files import CONFIG_FIELD_MISSING
 
 ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'architectures'",
@@ -18,6 +19,12 @@ ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architec
                                   "{convert} (writes the registered class)", repaired_by_convert=True)
 ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
                               "fix architectures / model_type")
+VERIFIER_LOCAL_PATH = rule("verifier-local-path", WARNING, "The speculators verifier is a local path, no identity",
+                           "eaglectl convert --to speculators --base-model ORG/NAME (vllm serve DRAFTER alone cannot "
+                           "find the target)")
+VERIFIER_UNNAMED = rule("verifier-unnamed", INFO, "The speculators verifier has no Hub id (null)",
+                        "serve the target with --speculative-config (the line inspect prints), or name it: "
+                        "eaglectl convert --to speculators --base-model ORG/NAME")
 SPECULATORS_CONFIG = rule("speculators-config", ERROR, "speculators_config lacks a key vLLM needs", "add the nested key")
 MODEL_PREFIX = rule("model-prefix", ERROR, "Keys carry a 'model.' prefix, which vLLM doubles and rejects",
                     "{convert} (strips it)", repaired_by_convert=True)
@@ -102,10 +109,19 @@ def architectures(ctx: Context) -> None:
 
 def _speculators_config(ctx: Context) -> None:
     cfg = ctx.config
+    verifier = cfg.dict("speculators_config.verifier") or {}
+    named = "name_or_path" in verifier  # null is allowed: vLLM reads the key only when serving the drafter alone
     for path in ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path",
                  "speculators_model_type", "transformer_layer_config"):
-        if cfg.raw(path) in ([], "") or not cfg.has(path):
+        if cfg.raw(path) in ([], "") or not (cfg.has(path) or (path.endswith("name_or_path") and named)):
             ctx.emit(SPECULATORS_CONFIG, f"speculators config lacks '{path}'", ctx.at(path))
+    name = verifier.get("name_or_path")
+    where = ctx.at("speculators_config.verifier.name_or_path")
+    if named and name is None:
+        ctx.emit(VERIFIER_UNNAMED, "verifier name_or_path is null: vllm serve DRAFTER alone cannot find the target",
+                 where)
+    elif isinstance(name, str) and (name.startswith(("/", ".", "~")) or ("/" in name and not is_hub_id(name))):
+        ctx.emit(VERIFIER_LOCAL_PATH, f"verifier name_or_path '{name}' is a local path", where)
     methods = cfg.raw("speculators_config.proposal_methods")
     if isinstance(methods, list) and methods and isinstance(methods[0], dict) and "speculative_tokens" not in methods[0]:
         ctx.emit(SPECULATORS_CONFIG, "proposal_methods[0] lacks 'speculative_tokens'",
