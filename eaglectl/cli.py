@@ -629,7 +629,7 @@ Examples:
 @json_option
 def diff_cmd(a: str, b: str, values: bool, atol: float, target: str | None, from_a: str | None, from_b: str | None,
              allow_pickle: bool) -> None:
-    """Compare two drafters by meaning, across dialects: spec fields and tensors by canonical name.
+    """Compare two drafters by meaning, across dialects.
 
     Reports differing spec fields (aux ids in vLLM's boundary numbering, flags, sizes), tensors only
     in A or only in B, dtype and shape differences, and value differences (max |A-B|). Exit 0 when

@@ -175,7 +175,7 @@ def test_manifest_keys_take_effect_and_unknown_keys_say_which(invoke, tmp_path):
     r = invoke("convert", "--manifest", manifest, "--to", "speculators", "--json")
     items = json.loads(r.stdout)["items"]
     assert [i["exit_code"] for i in items] == [0, 7, 0], r.stdout
-    assert "pass --target" in items[1]["summary"]
+    assert "--target" in items[1]["summary_line"]
     assert dtypes(tmp_path / "a") - {"BOOL", "I64"} == {"F16"} and "F16" not in dtypes(tmp_path / "b")
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"source": "x", "dest": str(tmp_path / "c")}) + "\n"

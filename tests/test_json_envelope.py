@@ -34,6 +34,7 @@ def _cases(tmp):
          "eaglectl.capture-result/1", 0),
         (["drift", T / "eagle3", "--target", T / "target", "--num-prompts", "1", "--max-tokens", "8", "--depth", "2",
           "--bootstrap", "100"], "eaglectl.drift/1", 0),
+        (["diff", T / "eagle3", T / "eagle3.1", "--no-values"], "eaglectl.diff/1", 1),
         (["formats"], "eaglectl.formats/1", 0),
         (["rules"], "eaglectl.rules/1", 0),
         (["rules", "aux-count-unsized"], "eaglectl.rules/1", 0),
