@@ -60,7 +60,7 @@ def _assert_whole(invoke, *args, pick=_names):
 @pytest.mark.parametrize("drafter", REAL, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_inspect_and_convert_keep_names_whole_at_80_columns(invoke, width80, tmp_path, drafter):
     r = _assert_whole(invoke, "inspect", drafter.relative_to(ROOT), "--allow-pickle")
-    assert len(r.stdout.splitlines()) <= 40  # a summary and the findings; -v for the spec table
+    assert len(r.stdout.splitlines()) <= 45  # a summary and the findings; -v for the spec table
     to = "modelopt" if "mla" not in drafter.name else "speculators"
     conv = invoke("convert", drafter.relative_to(ROOT), tmp_path / "o", "--to", to, "--dry-run",
                   "--target", T / ("target-mla" if "mla" in drafter.name else "target"), "--allow-pickle", "--no-measure", "--json")
