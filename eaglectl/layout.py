@@ -88,10 +88,21 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
 
 def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int], width: int,
              style: dict[str, Callable[[str], str | None]]) -> list[str]:
+    """Each row's identifiers on one line, its prose indented below; aligned under a header when the
+    identifiers alone fit the width (a numeric table stays readable), else one record per row."""
+    ids = [i for i in range(len(columns)) if i not in prose_ix]
+    widths = {i: max([cell_len(columns[i])] + [cell_len(r[i]) for r in body]) for i in ids}
+    aligned = sum(widths.values()) + GAP * (len(ids) - 1) <= width
     out = []
+    if aligned:
+        out.append(_line([columns[i] for i in ids], [widths[i] for i in ids], {}, [columns[i] for i in ids],
+                         bold=True))
+        out.append("    [bold]" + escape(" / ".join(columns[i] for i in prose_ix)) + "[/]")
     for r in body:
-        head = [i for i in range(len(columns)) if i not in prose_ix and r[i]]
-        out.append("  ".join(_styled(r[i], style.get(columns[i])) for i in head))
+        if aligned:
+            out.append(_line([r[i] for i in ids], [widths[i] for i in ids], style, [columns[i] for i in ids]))
+        else:
+            out.append("  ".join(_styled(r[i], style.get(columns[i])) for i in ids if r[i]))
         for i in prose_ix:
             out += ["    " + escape(line) for line in wrap_words(r[i], width - 4) if r[i]]
     return out

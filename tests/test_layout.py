@@ -103,3 +103,14 @@ def test_short_paths(tmp_path, monkeypatch):
     assert short_path(hub + "/sub") == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/sub"
     assert short_path("/very/long/path/somewhere/else/on/disk/drafter/head") == "…/drafter/head"
     assert short_path("org/name") == "org/name" and short_path("/opt/x") == "/opt/x"
+
+
+def test_records_keep_a_header_when_the_identifiers_fit():
+    """A numeric table whose prose column cannot fit still says which number is which (smoke in a CI log)."""
+    rows = [["draft_model:vanilla-draft-long-name", "3.207", "324", "0.81 / 0.73 / 0.66"],
+            ["eagle3:eagle3-upgraded", "3.087", "333", "0.82 / 0.69 / 0.58"]]
+    lines = [report.printable(line).replace("[bold]", "").replace("[/]", "")
+             for line in grid(["config", "AL", "drafts", "per position"], rows, width=50, prose=["per position"])]
+    assert lines[0].split() == ["config", "AL", "drafts"] and lines[1].strip() == "per position"
+    assert lines[2].split() == rows[0][:3] and lines[3].strip() == rows[0][3]
+    assert lines[2].index("3.207") == lines[4].index("3.087") == lines[0].index("AL")
