@@ -371,7 +371,7 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         from .model.hf import load_model
 
         tgt = load_model(target, dtype=DTYPES["float32"])
-        conditions = _conditions(target, tgt.tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
+        conditions = _conditions(tgt.tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
                                  templates, system_prompt)
         for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
                                                           label="drift"):
@@ -400,7 +400,7 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     return rep
 
 
-def _conditions(target: str, tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int, k: int, seed: int,
+def _conditions(tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int, k: int, seed: int,
                 context_lengths: tuple[int, ...], templates: tuple[str, ...],
                 system_prompt: str) -> list[tuple[int | None, str | None, list[list[int]]]]:
     from .workload import load_prompts

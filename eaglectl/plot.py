@@ -24,7 +24,7 @@ def require_matplotlib() -> Any:
 
 def _save(fig: Any, path: str) -> None:
     dest = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".png", dir=dest.parent or ".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".png", dir=dest.parent)
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")

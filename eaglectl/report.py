@@ -237,16 +237,6 @@ def status_style(text: str) -> str | None:
     return STATUS_STYLE.get(text)
 
 
-def _text(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(map(str, v)) + "]"
-    return str(v)
-
-
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -374,7 +364,7 @@ def render_conversion(result: Any) -> None:
     rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
-        rows.append((a.dest, a.action, a.dtype, _text(list(a.shape)), src or ""))
+        rows.append((a.dest, a.action, a.dtype, list(a.shape), src or ""))  # layout formats lists
     # a tensor's origin is a name or a note in words: "reason" wraps, names stay whole
     out.print(table(None, ["tensor", "action", "dtype", "shape", "reason" if any(
         a.source is None and a.note for a in plan.tensors) else "from"], rows))

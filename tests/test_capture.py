@@ -5,12 +5,8 @@ fidelity, parity), with statistics streamed from the files."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +18,7 @@ from eaglectl.drafter import open_drafter
 from eaglectl.io.states import open_states
 from eaglectl.model.hf import forward, load_model
 
-from .conftest import ROOT
+from .conftest import ROOT, vllm_server
 from .test_smoke import vllm_python
 
 TRAINED = ROOT / "fixtures" / "trained"
@@ -233,12 +229,6 @@ def test_vllm_capture_equals_the_hf_capture(hf_states, tmp_path, invoke):
     assert np.abs(ga - gb).max() <= 1e-2 * np.abs(ga).max()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke):
@@ -246,33 +236,12 @@ def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke)
     python = vllm_python()
     if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
-    port = _free_port()
     storage = tmp_path / "raw"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
-           "PYTHONPATH": str(ROOT / "eaglectl" / "workers")}
-    # the API server module: `vllm serve` itself looks up the distribution "vllm", which vllm-cpu is not
-    serve = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET), "--port", str(port),
-             "--dtype", "float32",
-             "--enforce-eager", "--max-model-len", "300", *capture.server_args(tuple(range(9)), str(storage), cpu=True)]
-    with (tmp_path / "serve.log").open("w") as log:
-        proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(2)
+    args = ["--model", str(TARGET), "--dtype", "float32", "--enforce-eager", "--max-model-len", "300",
+            *capture.server_args(tuple(range(9)), str(storage), cpu=True)]
+    with vllm_server(python, args, tmp_path, {"PYTHONPATH": str(ROOT / "eaglectl" / "workers")}) as (port, log):
         r = invoke("capture", TARGET, "--engine", "server", "--server-url", f"http://127.0.0.1:{port}",
                    "--layers", "0,1,2,3,4,5,6,7,8", "--out", tmp_path / "s", "--timeout-s", "600")
-        assert r.exit_code == 0, r.output + (tmp_path / "serve.log").read_text()[-3000:]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        assert r.exit_code == 0, r.output + log.read_text()[-3000:]
     assert _agree(hf_states, tmp_path / "s") <= 1e-3
     assert not any(storage.glob("*.safetensors"))  # the server's dumps were moved, not copied and left

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from eaglectl import capture, drift, workload
+from eaglectl.io.states import open_states
 from eaglectl.model.hf import forward, load_model
 from eaglectl.model.reference import ChainCache, chain_step, prefill
 from eaglectl.verify import load_drafter
@@ -211,14 +212,13 @@ def test_drift_on_a_capture_has_masses_but_no_loop(tmp_path, invoke):
     # the same anchors through the running target give the same masses: the capture stands in for it
     tgt = load_model(str(TARGET))
     d = load_drafter(str(TRAINED / "eagle3"))
-    req = next(iter(__import__("eaglectl.io.states", fromlist=["open_states"]).open_states(str(states)).requests()))
+    req = next(iter(open_states(str(states)).requests()))
     tokens = req.token_ids.tolist()
     _, aux = forward(tgt, torch.tensor([tokens]), d.spec.capture_ids(8))
     anchors = drift.anchor_positions(len(tokens) - 49, len(tokens) - 2, 8)
     ran = drift.measure_chains(d.build(torch.float32, "cpu"), aux, torch.tensor([tokens]), anchors, 4, sink_tokens=1,
                                recent_window=16, embed=tgt.embedding().float())
-    run = drift._states_run(d, __import__("eaglectl.io.states", fromlist=["open_states"]).open_states(str(states)),
-                            drift.PROTOCOLS["paper-v1"], 4, 48, 1, 100, 0)
+    run = drift._states_run(d, open_states(str(states)), drift.PROTOCOLS["paper-v1"], 4, 48, 1, 100, 0)
     assert run.depths[1]["self_mass"] == pytest.approx(float(ran.masses["self_mass"][:, 1].mean()), abs=1e-5)
 
 

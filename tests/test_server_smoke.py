@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -14,8 +11,7 @@ import pytest
 
 from eaglectl.server_smoke import parse_metrics
 
-from .conftest import FIXTURES
-from .test_capture import _free_port
+from .conftest import FIXTURES, free_port, vllm_server
 from .test_smoke import vllm_python
 
 TRAINED = FIXTURES / "trained"
@@ -100,7 +96,7 @@ def test_a_server_without_a_drafter_is_a_one_line_failure(invoke, fake_server):
 
 
 def test_an_unreachable_server_names_the_url(invoke):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     r = invoke("smoke", TRAINED / "eagle3.1", "--target", TARGET, "--server", url, "--num-prompts", "2")
     assert r.exit_code == 9 and url in r.output
 
@@ -120,35 +116,14 @@ def test_a_real_vllm_server_counts_like_the_reference_loop(tmp_path, invoke):
     python = vllm_python()
     if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
-    port = _free_port()
     drafter = str(Path(TRAINED / "eagle3.1").resolve())  # vLLM needs absolute local paths
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
-    serve = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TARGET.resolve()), "--port", str(port),
-             "--host", "127.0.0.1", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
-             "--speculative-config", json.dumps(spec)]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with (tmp_path / "serve.log").open("w") as log:
-        proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
-    try:
-        import socket
-
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(2)
-        args = ["smoke", drafter, "--target", TARGET, "--num-prompts", "4", "--max-tokens", "32", "--json"]
+    serve = ["--model", str(TARGET.resolve()), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+             "--seed", "0", "--speculative-config", json.dumps(spec)]
+    args = ["smoke", drafter, "--target", TARGET, "--num-prompts", "4", "--max-tokens", "32", "--json"]
+    with vllm_server(python, serve, tmp_path) as (port, log):
         r = invoke(*args, "--server", f"http://127.0.0.1:{port}", "--timeout-s", "600")
-        assert r.exit_code == 0, r.output + (tmp_path / "serve.log").read_text()[-3000:]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        assert r.exit_code == 0, r.output + log.read_text()[-3000:]
     ref = invoke(*args, "--engine", "reference")
     got, want = json.loads(r.stdout), json.loads(ref.stdout)
     for key in ("num_drafts", "num_accepted_tokens", "mean_acceptance_length", "per_position_acceptance"):
