@@ -67,12 +67,12 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
     from .drafter import open_drafter
     from .inspect import inspect_opened
-    from .target import open_target_or_capture
+    from .target import Target
 
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=allow_pickle)
-    captured, tgt = open_target_or_capture(target, states)
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure, states=captured, engine_version=engine_version)
+    tgt = Target.open(target, states)
+    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version)
     s = rep.summary
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "
@@ -82,7 +82,7 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
                           {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": s},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
-    out.stages.append(_timed(lambda: _parity(rep, target, captured)))
+    out.stages.append(_timed(lambda: _parity(rep)))
     wants_smoke = run_smoke or min_acceptance is not None
     smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python))
     out.stages.append(smoke_stage)
@@ -91,21 +91,17 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     return out
 
 
-def _parity(rep: Any, target: str | None, captured: Any = None) -> Stage:
+def _parity(rep: Any) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
     from .errors import MissingDependencyError
-    from .model.loader import load_reference
-    from .verify import compare, states_inputs, synthetic_inputs, target_inputs
+    from .verify import compare, real_inputs, synthetic_inputs
 
     try:
-        loaded = load_reference(rep.drafter)
-        if target:
-            from .model.hf import load_model
-
-            inputs = target_inputs(load_model(target), loaded.spec, loaded.args, 32, 3, 0, None)
-        elif captured is not None:
-            inputs = states_inputs(captured, loaded.spec, loaded.args, 32, 3, table_needed=not loaded.has_embed)
+        loaded = rep.drafter.reference()
+        t = rep.opened_target
+        if t is not None and t.has_states:
+            inputs = real_inputs(t, loaded, 32, 3)
         else:
             inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
         par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)
@@ -131,8 +127,8 @@ def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float 
     from . import smoke
 
     try:
-        sm = smoke.run(rep.source, target, min_acceptance=min_acceptance, vllm_python=vllm_python,
-                       concurrency=(1,), preflight=False).to_json()
+        sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
+                           concurrency=(1,), measured=rep.measured).to_json()
     except EaglectlError as e:
         return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
     al = sm["mean_acceptance_length"]

@@ -21,9 +21,10 @@ import json
 import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from .drafter import DrafterCheckpoint, interpret, open_drafter
 from .errors import ConversionError, EaglectlError, filesystem_error
 from .formats import Dialect
 from .io import cast as casting
-from .io.atomic import staged_output
+from .io.atomic import check_destination, staged_output
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from .io.jsonio import MISSING, config_set
@@ -44,9 +45,13 @@ from .io.safetensors import (
     sha256_range,
     write_safetensors,
 )
+from .progress import Progress, passthrough
 from .rules import Context, run_checks
 from .spec import FLAGS, DrafterSpec, default_aux_ids
-from .target import TargetCheckpoint, is_hub_id, open_target_or_capture
+from .target import Target, TargetCheckpoint, is_hub_id
+
+if TYPE_CHECKING:
+    from .probe import Measurement
 
 SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
@@ -132,28 +137,34 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
         target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
         force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
-        progress: Any = None, base_model: str | None = None, for_engine: str | None = None) -> ConversionResult:
+        progress: Progress = passthrough, base_model: str | None = None,
+        for_engine: str | None = None) -> ConversionResult:
     """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`); with `for_engine` instead of
     `to`, to the dialect that engine serves this drafter from best (serving.pick), with its serve line.
 
     With `target` (when it can be run) the source's aux reading is measured and wins over the dialect
     table, and the written output must draft exactly like the source under the reference loop, read the
-    way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST)."""
+    way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST). Whatever can
+    be refused without measuring (the destination, the dialect) is refused before the target is touched."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    captured, tgt = open_target_or_capture(target, states)
-    measured = model = None
+    tgt = Target.open(target, states, progress=progress)
+    checkpoint = tgt.checkpoint if tgt is not None else None
+    if to is not None:
+        writable_dialect(to)
+    if not dry_run:
+        check_destination(dest, force=force, sources=plan_inputs(src, checkpoint))
+    measured = None
     notes: list[str] = []
     if tgt is not None and measure:
-        why = tgt.why_not_runnable() if captured is None else None
-        if why is None:
-            from .probe import try_measure
+        from .probe import try_measure
 
-            measured, model, why = try_measure(src, tgt.source, states=captured, progress=progress)
+        measured, why = try_measure(src, tgt, progress=progress)
         if why:
             notes.append(why)
+
     def plan_for(dialect: str) -> tuple[ConversionPlan, Any, Any, list[str]]:
         ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, dialect)
-        return plan_conversion(src, dest, dialect, dtype=dtype, target=tgt, aux_layer_ids=ids,
+        return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
                                source_aux_convention=convention, max_shard_size=max_shard_size, measured=measured,
                                base_model=base_model), ids, convention, more
 
@@ -163,23 +174,35 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
 
         to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
     else:
+        assert to is not None
         plan, ids, convention, more = plan_for(to)
     plan.notes[:0] = notes + more
     if serve is not None:
         from .serving import serve_command
 
-        serve["command"] = serve_command(src, dest, tgt, base_model, plan.config)
+        serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
     if dry_run:
         return ConversionResult(plan, False, [], serve=serve)
     check = None
-    if model is not None and measured is not None and not measured.at_chance:
-        check = behaviour_check(src, measured, model, ids, convention, to)
-    elif captured is not None and measured is not None:
+    if tgt is not None and tgt.runnable and measured is not None and not measured.at_chance:
+        check = behaviour_check(src, measured, tgt, ids, convention, to)
+    elif tgt is not None and tgt.states is not None and measured is not None:
         plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
                           "runnable --target without --states)")
-    result = execute(plan, src, target=tgt, force=force, progress=progress, after_write=check)
+    result = execute(plan, src, target=checkpoint, force=force, progress=progress, after_write=check)
     result.serve = serve
     return result
+
+
+def writable_dialect(to: str) -> Dialect:
+    """The destination dialect, or ConversionError naming what eaglectl can write."""
+    if to not in formats.DIALECTS:
+        raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
+    dialect = formats.get(to)
+    if dialect.writer is None:
+        raise ConversionError(f"eaglectl reads {to} checkpoints but does not write them", dialect=to,
+                              hint=f"write one of: {', '.join(formats.writable())}")
+    return dialect
 
 
 def follow_measurement(src: DrafterCheckpoint, m: Any, given: str | None, given_ids: tuple[int, ...] | None,
@@ -218,18 +241,17 @@ def follow_measurement(src: DrafterCheckpoint, m: Any, given: str | None, given_
         f"{list(spec.aux_layer_ids)}; the measured boundaries are written"]
 
 
-def behaviour_check(src: DrafterCheckpoint, m: Any, model: Any, ids: tuple[int, ...] | None, convention: str | None,
-                    to: str) -> Any:
+def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids: tuple[int, ...] | None,
+                    convention: str | None, to: str) -> Any:
     """After writing: the reference loop drafts exactly as much with the output (read the way the
-    destination's engine reads it) as with the source (read as measured)."""
+    destination's engine reads it) as with the source (read as measured), on the same greedy continuations."""
     from .engines import aux_reading, engine_boundaries
     from .errors import BehaviourChangedError
-    from .model.loader import load_reference
-    from .probe import flag_overrides, heldout_prompts, replay
+    from .probe import LOOP_TOKENS, acceptance, flag_overrides, probe_prompts
 
-    def check(stage: Path) -> list[str]:
-        out = interpret(open_checkpoint(str(stage)))
-        L = model.num_layers
+    def check(out: DrafterCheckpoint) -> list[str]:
+        L = target.num_layers
+        assert L is not None
         spec = src.spec
         if ids is not None:
             src_ids = tuple(ids)
@@ -241,16 +263,17 @@ def behaviour_check(src: DrafterCheckpoint, m: Any, model: Any, ids: tuple[int, 
             src_ids = spec.capture_ids(L)
         engine = formats.get(to).consumer
         out_ids = engine_boundaries(engine, out.spec.aux_layer_ids, L)
-        prompts = heldout_prompts(model, 4, 64, seed=1)
+        prompts = probe_prompts(target.model().tokenizer)  # decoded once already, for the probe
         k = m.steps
-        a = replay(load_reference(src), src_ids, model, prompts, k=k, max_tokens=32, **flag_overrides(m))
-        b = replay(load_reference(out), out_ids, model, prompts, k=k, max_tokens=32)
+        a = acceptance(src.reference(), target, prompts, boundaries=src_ids, k=k, max_tokens=LOOP_TOKENS,
+                       **flag_overrides(m))
+        b = acceptance(out.reference(), target, prompts, boundaries=out_ids, k=k, max_tokens=LOOP_TOKENS)
         counts = lambda c: (c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos)  # noqa: E731
         if counts(a) != counts(b):
             raise BehaviourChangedError(
                 f"{to} output under {engine} (since {aux_reading(engine).since}, boundaries {list(out_ids)}): "
                 f"acceptance length {b.mean_acceptance_length:.3f}, the source (boundaries {list(src_ids)}): "
-                f"{a.mean_acceptance_length:.3f}; nothing was written", path=str(stage),
+                f"{a.mean_acceptance_length:.3f}; nothing was written", path=out.root,
                 hint="the destination cannot carry this drafter's meaning for that engine; pick another --to")
         return [f"drafts exactly like the source under {engine}'s reading (boundaries {list(out_ids)}): "
                 f"{a.num_drafts} drafts, {a.num_accepted_tokens} accepted on {len(prompts)} held-out prompts, "
@@ -281,13 +304,9 @@ def plan_conversion(
     `spec_override` and `extra_tensors` (canonical name -> (dtype, shape, note)) let `upgrade` reuse
     the same machinery: they declare flags and new tensors whose bytes the caller supplies.
     """
-    if to not in formats.DIALECTS:
-        raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
-    dialect = formats.get(to)
+    dialect = writable_dialect(to)
     w = dialect.writer
-    if w is None:
-        raise ConversionError(f"eaglectl reads {to} checkpoints but does not write them", dialect=to,
-                              hint=f"write one of: {', '.join(formats.writable())}")
+    assert w is not None
     _refuse_source_errors(src, target, measured)
     spec = spec_override or src.spec
     fail = _failer(src, to)
@@ -707,16 +726,17 @@ def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None, *extra:
 
 
 def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
-            force: bool = False, supplied: dict[str, bytes] | None = None, progress: Any = None,
-            after_write: Any = None, inputs: tuple[str, ...] = ()) -> ConversionResult:
+            force: bool = False, supplied: dict[str, bytes] | None = None, progress: Progress = passthrough,
+            after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
+            inputs: tuple[str, ...] = ()) -> ConversionResult:
     """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
 
-    `after_write(stage)` (upgrade, the behavioural check) runs on the staged output before the rename
-    and returns more lines for `checked`; `inputs` are further paths DEST may not overlap.
+    `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
+    before the rename and returns more lines for `checked`; `inputs` are further paths DEST may not overlap.
     """
     supplied = supplied or {}
     by_name = {a.dest: a for a in plan.tensors}
-    wrap = progress or (lambda it, **kw: it)
+    wrap = progress
     names = plan.file_names()
     total = sum(a.nbytes for a in plan.tensors)
     with staged_output(plan.dest, force=force, sources=plan_inputs(src, target, *inputs)) as stage:
@@ -746,9 +766,10 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
             (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, source_digest))
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        checked += check_checkpoint(stage, plan, written, target)
+        out, lines = check_checkpoint(stage, plan, written, target)
+        checked += lines
         if after_write is not None:
-            checked += after_write(stage)
+            checked += after_write(out)
         src.ckpt.ensure_unchanged()
         if target is not None:
             target.ckpt.ensure_unchanged()
@@ -793,9 +814,9 @@ def check_tensors(plan: ConversionPlan, written: list[Written], src: DrafterChec
 
 
 def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
-                     ) -> list[str]:
+                     ) -> tuple[DrafterCheckpoint, list[str]]:
     """The finished output opens, holds exactly the planned tensors where they were written, is detected
-    as the planned dialect, and inspect finds no errors in it."""
+    as the planned dialect, and inspect finds no errors in it: (the output, interpreted; what was checked)."""
     where = f"{plan.dest} (staged)"
     try:
         out = open_checkpoint(str(stage))
@@ -822,4 +843,4 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}",
                               tensor=errors[0].locator)
     checks.append("inspect finds no errors")
-    return checks
+    return d, checks

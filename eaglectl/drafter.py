@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import formats
+from . import formats, loads
 from .errors import UnknownFormatError
 from .formats import Detection, Dialect, Probe
 from .io.checkpoint import Checkpoint, open_checkpoint
@@ -21,6 +21,9 @@ from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
 from .limits import limit
 from .spec import FLAGS, DrafterSpec
+
+if TYPE_CHECKING:
+    from .model.loader import LoadedDrafter
 
 # Where vLLM reads each flag, in order (docs/engines.md): norm_before_fc from eagle_config first.
 FLAG_PATHS: dict[str, tuple[str, ...]] = {
@@ -101,6 +104,15 @@ class DrafterCheckpoint:
     view: CanonicalView
     spec: DrafterSpec
     config: ConfigView  # typed access to config.json; its `problems` are the invalid fields
+    _reference: LoadedDrafter | None = field(default=None, repr=False, compare=False)
+
+    def reference(self) -> LoadedDrafter:
+        """Every tensor in fp32 for the reference drafter, read on first use only (torch is imported then)."""
+        if self._reference is None:
+            from .model.loader import load_reference
+
+            self._reference = load_reference(self)
+        return self._reference
 
     @property
     def source(self) -> str:
@@ -133,6 +145,7 @@ def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: 
 
 
 def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:
+    loads.count("drafter")
     probe = probe_of(ckpt)
     if not probe.tensors:
         raise UnknownFormatError(f"{ckpt.source}: no tensors (the weights files are empty)", path=ckpt.source,

@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import CheckpointNotFoundError, IncompatibleDrafterError, UsageError
+from .progress import passthrough
+from .target import Target
+
+if TYPE_CHECKING:
+    from .io.states import States
+    from .model.loader import LoadedDrafter
 
 SCHEMA = "eaglectl.drift/1"
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
@@ -350,7 +357,6 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     """Measure drift for each drafter under each condition (context length × template)."""
     import torch
 
-    from .model.loader import DTYPES
     from .verify import load_drafter
 
     base = PROTOCOLS[protocol]
@@ -363,31 +369,28 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         raise UsageError("--context-lengths and --templates are separate axes: run one at a time")
     if (target is None) == (states is None):
         raise UsageError("pass --target (runs the target and the acceptance loop) or --states (a capture)")
-    progress = progress or (lambda items, **_: items)
+    progress = progress or passthrough
+    if states is not None and (context_lengths or templates):
+        raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
+                         "capture's requests are the workload")
     loaded = [load_drafter(d) for d in drafters]
+    t = Target.open(target, states, progress=progress)
+    assert t is not None
     runs: list[DriftRun] = []
     note = None
     if target is not None:
-        from .model.hf import load_model
-
-        tgt = load_model(target, dtype=DTYPES["float32"])
-        conditions = _conditions(tgt.tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
+        conditions = _conditions(t.model().tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
                                  templates, system_prompt)
+        t.need({i for d in loaded for i in d.spec.capture_ids(t.num_layers)})  # type: ignore[arg-type]
         for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
                                                           label="drift"):
-            runs.append(_target_run(d, tgt, prompt_ids, length, template, proto, depth, k, max_tokens,
+            runs.append(_target_run(d, t, prompt_ids, length, template, proto, depth, k, max_tokens,
                                     bootstrap_reps, seed))
     else:
-        assert states is not None
-        from .io.states import open_states
-
-        if context_lengths or templates:
-            raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
-                             "capture's requests are the workload")
-        captured = open_states(states)
+        assert t.states is not None
         note = "no acceptance loop: the target does not run with --states (run drift with --target for it)"
         for d in progress(loaded, label="drift"):
-            runs.append(_states_run(d, captured, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed))
+            runs.append(_states_run(d, t.states, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed))
     versions = {"eaglectl_version": __version__, "torch_version": torch.__version__,
                 "python": sys.version.split()[0]}
     rep = DriftReport(target, states, proto, depth, k, max_tokens, prompts if states is None else states, runs,
@@ -455,77 +458,86 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
     return out
 
 
-def _target_run(d: Any, tgt: Any, prompt_ids: list[list[int]], length: int | None, template: str | None,
-                proto: Protocol, depth: int, k: int, max_tokens: int, reps: int, seed: int) -> DriftRun:
-    """The acceptance loop (smoke --engine reference's), then chains from anchors inside each answer."""
+def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], length: int | None,
+                template: str | None, proto: Protocol, depth: int, k: int, max_tokens: int, reps: int,
+                seed: int) -> DriftRun:
+    """The acceptance loop (smoke --engine reference's, replayed on the target's greedy continuations),
+    then chains from anchors inside each answer, on the same continuations' states."""
     import torch
 
-    from .model.hf import forward
-    from .model.specloop import speculative_generate
+    from .model.replay import replay
 
     model = d.build(torch.float32, "cpu")
-    ids = d.spec.capture_ids(tgt.num_layers)
-    embed = None if d.has_embed else tgt.embedding().float()
-    counts = speculative_generate(tgt, model, prompt_ids, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed)
+    ids = d.spec.capture_ids(tgt.num_layers)  # type: ignore[arg-type]
+    embed = None if d.has_embed else tgt.model().embedding().float()
+    conts = tgt.continuations(prompt_ids, max_tokens=max_tokens, k=k, boundaries=ids)
+    counts = replay(model, conts, aux_ids=ids, embed=embed)
     loop = LoopResult(k, counts.num_drafts, counts.num_accepted_tokens,
                       [a / counts.num_drafts for a in counts.accepted_per_pos] if counts.num_drafts else [],
                       [r.mean_acceptance_length for r in counts.per_request if r.num_drafts])
     seqs = []
-    for prompt, answer in zip(prompt_ids, counts.outputs, strict=True):
-        tokens = prompt + answer
-        _, aux = forward(tgt, torch.tensor([tokens]), ids)
+    for prompt, c in zip(prompt_ids, conts, strict=True):
+        tokens = prompt + c.output
+        aux = c.aux(ids)[None, : len(tokens)]
         # the loop's first chain is drafted from position len(prompt) - 1; anchors step through the answer
         seqs.append(Sequence(tokens, aux, anchor_positions(len(prompt) - 1, len(tokens) - 2, proto.anchor_every)))
     return _measure(d, model, seqs, proto, depth, reps, seed, embed, None, loop, length, template, [])
 
 
-def _states_run(d: Any, captured: Any, proto: Protocol, depth: int, max_tokens: int, count: int, reps: int,
-                seed: int) -> DriftRun:
+def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int, max_tokens: int, count: int,
+                reps: int, seed: int) -> DriftRun:
+    """Chains from anchors in the last `max_tokens` positions of each captured request, one request in memory
+    at a time (a first pass collects the embedding rows a drafter without its own table needs)."""
     import numpy as np
     import torch
 
-    from .io.states import compact_embedding
-
     model = d.build(torch.float32, "cpu")
-    ids = d.spec.capture_ids(captured.num_layers)
+    ids = d.spec.capture_ids(captured.num_layers)  # type: ignore[arg-type]
     fetch = ids + ((0,) if not d.has_embed and 0 not in ids else ())
-    if not d.has_embed:
-        why = captured.embedding_source()
-        if why is not None:
-            raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
-    reqs = list(captured.requests(fetch, slice(0, count)))
     notes: list[str] = []
     embed = token_rows = None
     if not d.has_embed:  # the target's rows of every token the capture saw, read off boundary 0
-        all_ids = np.concatenate([r.token_ids for r in reqs])
-        h0 = np.concatenate([np.asarray(r.hidden[:, fetch.index(0)], dtype=np.float32) for r in reqs])
-        compact, rows = compact_embedding(all_ids, h0)
-        lookup = np.full(int(all_ids.max()) + 1, -1, dtype=np.int64)
-        lookup[all_ids] = compact
-        embed, token_rows = torch.from_numpy(rows), torch.from_numpy(lookup)
+        why = captured.embedding_source()
+        if why is not None:
+            raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
+        found: dict[int, np.ndarray] = {}
+        for r in captured.requests(fetch, slice(0, count)):
+            for t, tok in enumerate(r.token_ids.tolist()):
+                if tok not in found:
+                    found[tok] = np.asarray(r.hidden[t, fetch.index(0)], dtype=np.float32)
+        if found:
+            order = sorted(found)
+            lookup = np.full(order[-1] + 1, -1, dtype=np.int64)
+            lookup[order] = np.arange(len(order))
+            embed = torch.from_numpy(np.stack([found[t] for t in order]))
+            token_rows = torch.from_numpy(lookup)
         notes.append("embedding rows read off the capture's boundary 0; a chain stops at a token the capture "
                      "never saw (chains_cut)")
-    seqs = []
-    for r in reqs:
-        T = len(r.token_ids)
-        aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
-        anchors = anchor_positions(T - 1 - max_tokens, T - 2, proto.anchor_every)
-        if anchors:
-            seqs.append(Sequence(r.token_ids.tolist(), aux, anchors))
-    if not seqs:
+
+    def sequences() -> Any:
+        for r in captured.requests(fetch, slice(0, count)):
+            T = len(r.token_ids)
+            aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
+            anchors = anchor_positions(T - 1 - max_tokens, T - 2, proto.anchor_every)
+            if anchors:
+                yield Sequence(r.token_ids.tolist(), aux, anchors)
+
+    run = _measure(d, model, sequences(), proto, depth, reps, seed, embed, token_rows, None, None, None, notes)
+    if not run.prompts:
         raise IncompatibleDrafterError(f"{captured.root}: no captured request has 2 tokens or more")
-    return _measure(d, model, seqs, proto, depth, reps, seed, embed, token_rows, None, None, None, notes)
+    return run
 
 
-def _measure(d: Any, model: Any, seqs: list[Sequence], proto: Protocol, depth: int, reps: int, seed: int, embed: Any,
+def _measure(d: Any, model: Any, seqs: Iterable[Sequence], proto: Protocol, depth: int, reps: int, seed: int, embed: Any,
              token_rows: Any, loop: LoopResult | None, length: int | None, template: str | None,
              notes: list[str]) -> DriftRun:
     import torch
 
     chains = []
     chunk_sq = torch.zeros(d.args.num_aux, dtype=torch.float64)
-    fc_sq, n = 0.0, 0
+    fc_sq, n, count = 0.0, 0, 0
     for s in seqs:
+        count += 1
         tokens = torch.tensor([s.tokens])
         chains.append(measure_chains(model, s.aux, tokens, s.anchors, depth, sink_tokens=proto.sink_tokens,
                                      recent_window=proto.recent_window, embed=embed, token_rows=token_rows))
@@ -535,5 +547,7 @@ def _measure(d: Any, model: Any, seqs: list[Sequence], proto: Protocol, depth: i
             fc_sq += float(model.combine(s.aux)[0].double().pow(2).mean(-1).sum())
         n += s.aux.shape[1]
     cut = sum(c.cut for c in chains)
-    return DriftRun(d.source, length, template, len(seqs), summarize(chains, depth, loop, reps, seed), loop,
+    if not count:
+        return DriftRun(d.source, length, template, 0, [], loop, [], None, 0, notes)
+    return DriftRun(d.source, length, template, count, summarize(chains, depth, loop, reps, seed), loop,
                     [_f(math.sqrt(x / n)) for x in chunk_sq.tolist()], _f(math.sqrt(fc_sq / n)), cut, notes)

@@ -12,8 +12,9 @@ from typing import Any
 from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
+from .progress import Progress, passthrough
 from .rules import Context, Finding, run_checks, summarise
-from .target import TargetCheckpoint, open_target_or_capture
+from .target import Target, TargetCheckpoint
 
 SCHEMA = "eaglectl.inspect/1"
 
@@ -21,11 +22,15 @@ SCHEMA = "eaglectl.inspect/1"
 @dataclass
 class InspectReport:
     drafter: DrafterCheckpoint
-    target: TargetCheckpoint | None
+    opened_target: Target | None  # what the command opened, loaded and ran of the target (check reuses it)
     findings: list[Finding]
     strict: bool
     measured: Any = None  # probe.Measurement when the target could be run
     measured_note: str | None = None  # why nothing was measured
+
+    @property
+    def target(self) -> TargetCheckpoint | None:
+        return self.opened_target.checkpoint if self.opened_target is not None else None
 
     @property
     def spec(self) -> Any:
@@ -108,40 +113,41 @@ def run(
     revision: str | None = None,
     measure: bool = True,
     states: str | None = None,
-    progress: Any = None,
+    progress: Progress = passthrough,
     engine_version: str | None = None,
 ) -> InspectReport:
     """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
     it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
-    captured, t = open_target_or_capture(target, states)
-    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, states=captured, progress=progress,
+    t = Target.open(target, states, progress=progress)
+    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress,
                           engine_version=engine_version)
 
 
-def inspect_opened(d: DrafterCheckpoint, t: TargetCheckpoint | None, *, strict: bool = False, scan: bool = False,
-                   measure: bool = True, states: Any = None, progress: Any = None,
+def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
+                   measure: bool = True, progress: Progress = passthrough,
                    engine_version: str | None = None) -> InspectReport:
-    """Inspect an opened drafter; with a runnable target, or a capture of one (`states`), measure too."""
+    """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
+    object keeps what it loaded and ran, for the caller's next steps)."""
     measured, note = None, None
+    checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
-        note = t.why_not_runnable() if states is None else None
+        note = t.why_not_runnable() if t.states is None else None
         if note is None and not _servable_structure(d, t):
             note = "not measured: inspect finds errors that keep the reference drafter from running"
         if note is None:
             from .probe import try_measure  # torch and transformers: only when the target can be run
 
-            measured, _, note = try_measure(d, t.source, states=states, progress=progress)
-    ctx = Context(d, t, scan, measured)
+            measured, note = try_measure(d, t, progress=progress)
+    ctx = Context(d, checkpoint, scan, measured)
     ctx.engine_version = engine_version  # type: ignore[attr-defined]  # rules/engine.py
-    if progress is not None:
-        ctx.progress = progress
+    ctx.progress = progress
     return InspectReport(d, t, run_checks(ctx), strict, measured, note)
 
 
-def _servable_structure(d: DrafterCheckpoint, t: TargetCheckpoint) -> bool:
+def _servable_structure(d: DrafterCheckpoint, t: Target) -> bool:
     """No error-level finding before measuring (the probe needs a drafter the reference can build)."""
-    return not any(f.severity == "error" for f in run_checks(Context(d, t)))
+    return not any(f.severity == "error" for f in run_checks(Context(d, t.checkpoint)))
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:

@@ -24,24 +24,33 @@ the target's token more probability) rejects "no difference" at `ALPHA`; otherwi
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .drafter import DrafterCheckpoint
 from .errors import IncompatibleDrafterError
-from .model.hf import HFModel, forward
-from .model.loader import LoadedDrafter, load_reference
-from .model.specloop import speculative_generate
+from .io.states import States
+from .model.loader import LoadedDrafter
+from .model.replay import Continuation, replay
+from .model.specloop import LoopCounts
+from .progress import Progress, passthrough
+from .target import Target
 
 MARGIN = 0.02  # absolute top-1 agreement between the best reading and the runner-up
 ALPHA = 1e-3  # two-sided sign test over tokens: which reading gives the target's token more probability
 FLOOR = -30.0  # log-probability of a token outside the draft vocabulary
 CHANCE_MARGIN = 0.05  # a best reading within this of the chance level is "no better than chance"
-DATA = Path(__file__).with_name("data")
+# the probe's acceptance loops: held-out windows of 64 tokens (the first of smoke's builtin:short prompts, so
+# a command that smokes too decodes them once), 64 new tokens each
+LOOP_PROMPTS, LOOP_TOKENS, LOOP_SEED = 4, 64, 0
+
+
+def probe_prompts(tokenizer: Any, count: int = LOOP_PROMPTS) -> list[list[int]]:
+    from .workload import heldout_prompts
+
+    return heldout_prompts(tokenizer, count, 64, LOOP_SEED)
 
 
 @dataclass
@@ -139,33 +148,6 @@ class Measurement:
         return out
 
 
-# ------------------------------------------------------------------------------------------ inputs
-
-def text_ids(model: HFModel, count: int, text: str | None = None) -> tuple[torch.Tensor, str]:
-    """(1, count) token ids of `text` (default: the bundled calibration text, then held-out code)."""
-    if model.tokenizer is None:
-        raise IncompatibleDrafterError(f"{model.path}: the target has no tokenizer, so no text can be given to it",
-                                       hint="use a target folder with its tokenizer files")
-    body = text if text is not None else (DATA / "calibration.txt").read_text() + "\n" + \
-        (DATA / "heldout-code.txt").read_text(errors="replace")[:200_000]
-    ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :count]
-    if ids.shape[1] < count:
-        raise IncompatibleDrafterError(f"the text has {ids.shape[1]} tokens; {count} needed")
-    return ids, "bundled text" if text is None else "given text"
-
-
-def heldout_prompts(model: HFModel, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` windows of `length` tokens from the held-out code (never the calibration text)."""
-    assert model.tokenizer is not None
-    text = (DATA / "heldout-code.txt").read_text(errors="replace")
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(count):
-        start = rng.randrange(0, max(1, len(text) - 8 * length))
-        prompts.append(model.tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length])
-    return prompts
-
-
 # --------------------------------------------------------------------------------------- candidates
 
 def aux_candidates(stored: tuple[int, ...] | None, default: tuple[int, ...], num_aux: int,
@@ -242,13 +224,15 @@ class Segment:
 
 @dataclass
 class Session:
-    """The target's states over the probe text, for every boundary any candidate reads: one run of an HF
-    target, or windows of a capture (`--states`)."""
+    """The target's states over the probe text, for every boundary any candidate reads (windows of the
+    target's run over the measurement text, or of a capture), and the greedy continuations of held-out
+    prompts that the acceptance loops replay (a runnable target only)."""
 
     segments: list[Segment]
     steps: int
     description: str
-    model: HFModel | None  # the loaded target (the speculative loop and the target head need it)
+    continuations: list[Continuation] = field(default_factory=list)
+    target_table: torch.Tensor | None = None  # the target's embedding table, when it ran
 
     @property
     def anchors(self) -> int:
@@ -258,28 +242,19 @@ class Session:
         return torch.cat([seg.truth(1)[0] for seg in self.segments])
 
 
-def open_session(model: HFModel, boundaries: set[int], tokens: int, steps: int, text: str | None) -> Session:
-    ids, how = text_ids(model, tokens + steps, text)
-    wanted = tuple(sorted(boundaries))
-    with torch.no_grad():
-        logits, aux = forward(model, ids, wanted)
-    width = aux.shape[-1] // len(wanted)
-    states = {b: aux[:, :tokens, j * width:(j + 1) * width] for j, b in enumerate(wanted)}
-    seg = Segment(ids, logits.argmax(-1)[0], states, (ids, model.embedding().float()))
-    return Session([seg], steps, f"target {model.path}: {tokens} tokens of {how}", model)
-
-
-def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -> Session:
-    """Windows of a capture (io/states.py) until `tokens` anchors: the labels are the target's greedy
-    next tokens when the capture recorded them, else the text's next tokens."""
+def states_session(states: States, boundaries: set[int], tokens: int, steps: int,
+                   table: torch.Tensor | None = None) -> Session:
+    """Windows of captured states (io/states.py, or the target's run) until `tokens` anchors: the labels are
+    the target's greedy next tokens when recorded, else the text's next tokens. Without the target's
+    embedding `table`, the rows of the tokens seen are read off boundary 0."""
     import numpy as np
 
     from .io.states import compact_embedding
 
     wanted = tuple(sorted(boundaries))
     states.require(wanted)
-    no_table = states.embedding_source()
-    fetch = wanted if no_table is not None or 0 in wanted else (0, *wanted)
+    no_table = None if table is not None else states.embedding_source()
+    fetch = wanted if table is not None or no_table is not None or 0 in wanted else (0, *wanted)
     segments, got = [], 0
     for req in states.requests(fetch):
         labels = np.asarray(req.labels)
@@ -288,25 +263,29 @@ def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -
             continue
         hidden = torch.from_numpy(np.ascontiguousarray(req.hidden, dtype=np.float32))
         tok = torch.from_numpy(req.token_ids[: T + steps].copy())[None]
-        table = None
-        if no_table is None:
-            index, rows = compact_embedding(tok[0].numpy(), hidden[: tok.shape[1], fetch.index(0)].numpy())
-            table = (torch.from_numpy(index)[None], torch.from_numpy(rows))
+        if table is not None:
+            rows = (tok, table)
+        elif no_table is None:
+            index, found = compact_embedding(tok[0].numpy(), hidden[: tok.shape[1], fetch.index(0)].numpy())
+            rows = (torch.from_numpy(index)[None], torch.from_numpy(found))
+        else:
+            rows = None
         segments.append(Segment(tok, torch.from_numpy(labels[: T + steps].copy()),
-                                {b: hidden[None, :T, fetch.index(b)] for b in wanted}, table))
+                                {b: hidden[None, :T, fetch.index(b)] for b in wanted}, rows))
         got += T
         if got >= tokens:
             break
     if not segments:
         raise IncompatibleDrafterError(f"{states.root}: no request is longer than {steps + 1} tokens")
     label = "the target's greedy next tokens" if states.labels_are == "target" else "the text's next tokens"
-    return Session(segments, steps, f"capture {states.root}: {got} tokens in {len(segments)} requests, "
-                   f"labels {label}", None)
+    where = getattr(states, "description", f"capture {states.root}")
+    return Session(segments, steps, f"{where}: {got} tokens in {len(segments)} requests, labels {label}")
 
 
 @torch.no_grad()
-def score(loaded: LoadedDrafter, c: Candidate, s: Session, prompts: list[list[int]], loop_tokens: int) -> None:
-    """Teacher-forced agreement per step on the session text, and the reference loop's acceptance length."""
+def score(loaded: LoadedDrafter, c: Candidate, s: Session) -> None:
+    """Teacher-forced agreement per step on the session text, and the reference loop's acceptance length
+    (replayed on the session's greedy continuations)."""
     opts = dict(c.options)
     use_target_table = opts.pop("target_embedding", False)
     drafter = loaded.build(torch.float32, "cpu", **opts)
@@ -329,40 +308,43 @@ def score(loaded: LoadedDrafter, c: Candidate, s: Session, prompts: list[list[in
     c.correct, c.logp = torch.cat(correct, dim=1), torch.cat(logp, dim=1)
     c.agreement = [float(r.float().mean()) for r in c.correct]
     c.loglik = [float(r.mean()) for r in c.logp]
-    if prompts and s.model is not None:
-        table = None if own else s.model.embedding().float()
-        counts = speculative_generate(s.model, drafter, prompts, k=s.steps, max_tokens=loop_tokens,
-                                      aux_ids=c.boundary_ids, embed=table)
+    if s.continuations:
+        counts = replay(drafter, s.continuations, aux_ids=c.boundary_ids, embed=None if own else s.target_table)
         c.acceptance_length = counts.mean_acceptance_length
 
 
-def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any = None, tokens: int = 768,
-            steps: int = 3, text: str | None = None, loop_prompts: int = 4, loop_tokens: int = 32, seed: int = 0,
-            progress: Any = None) -> Measurement:
-    """Measure every fact the files of `d` cannot settle, against the loaded target `model` or a capture
-    of it (`states`; then no speculative loop and no target head: agreement only).
+def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: int = 3,
+            loop_prompts: int = LOOP_PROMPTS, loop_tokens: int = LOOP_TOKENS, progress: Progress = passthrough
+            ) -> Measurement:
+    """Measure every fact the files of `d` cannot settle, against the target (run once for the command) or a
+    capture of it (`Target.states`; then no speculative loop and no target head: agreement only).
 
     The aux reading is decided first; the other facts are then measured at the winning reading (the
     files' own reading when undecided), so each comparison changes one thing at a time."""
     from .spec import default_aux_ids
 
-    loaded = load_reference(d)
+    loaded = d.reference()
     spec = d.spec
-    L = model.num_layers if model is not None else states.num_layers
-    wrap = progress or (lambda it, **kw: it)
+    L = target.num_layers
+    if L is None:
+        raise IncompatibleDrafterError(f"{target.source}: the target config has no valid num_hidden_layers")
     aux = aux_candidates(spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L)
-    wanted = {i for c in aux for i in c.boundary_ids}
-    if model is not None:
-        session = open_session(model, wanted, tokens, steps, text)
-    else:
-        aux = [c for c in aux if set(c.boundary_ids) <= set(states.layer_ids)]
+    if target.states is not None:
+        aux = [c for c in aux if set(c.boundary_ids) <= set(target.states.layer_ids)]
         if not aux:
-            states.require(tuple(sorted(wanted)))
-        session = states_session(states, {i for c in aux for i in c.boundary_ids}, tokens, steps)
-    prompts = heldout_prompts(model, loop_prompts, 64, seed) if loop_prompts and model is not None else []
+            target.states.require(tuple(sorted({i for c in aux_candidates(
+                spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L) for i in c.boundary_ids})))
+    wanted = {i for c in aux for i in c.boundary_ids}
+    target.need(wanted, tokens + steps)
+    table = target.model().embedding().float() if target.states is None else None
+    session = states_session(target.text_states(wanted, tokens + steps), wanted, tokens, steps, table)
+    if target.states is None and loop_prompts:
+        prompts = probe_prompts(target.model().tokenizer, loop_prompts)
+        session.continuations = target.continuations(prompts, max_tokens=loop_tokens, k=steps, boundaries=wanted)
+        session.target_table = table
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
-    for c in wrap(aux, label="measuring aux readings", total=len(aux)):
-        score(loaded, c, session, prompts, loop_tokens)
+    for c in progress(aux, label="measuring aux readings", total=len(aux)):
+        score(loaded, c, session)
     decide(aux_fact)
     at = aux_fact.winner or aux[0]
     facts = {"aux_convention": aux_fact}
@@ -370,7 +352,7 @@ def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any =
     if loaded.has_embed and all(seg.target_embedding is not None for seg in session.segments):
         alternatives.append(("embedding", "own", Candidate("target", at.boundary_ids, {
             "own_embedding": False, "target_embedding": True})))
-    head = _target_head_rows(loaded, model) if model is not None else None
+    head = _target_head_rows(loaded, target) if target.states is None else None
     if head is not None:
         alternatives.append(("lm_head", "own", Candidate("target", at.boundary_ids,
                                                          {"replace": {"lm_head.weight": head}})))
@@ -379,8 +361,8 @@ def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any =
             stored = bool(getattr(spec, caveat.subject))
             alternatives.append((caveat.subject, str(stored).lower(), Candidate(
                 str(not stored).lower(), at.boundary_ids, {caveat.subject: not stored})))
-    for name, as_stored, other in wrap(alternatives, label="measuring other readings", total=len(alternatives)):
-        score(loaded, other, session, prompts, loop_tokens)
+    for name, as_stored, other in progress(alternatives, label="measuring other readings", total=len(alternatives)):
+        score(loaded, other, session)
         same = Candidate(as_stored or "own", at.boundary_ids, agreement=at.agreement, loglik=at.loglik,
                          acceptance_length=at.acceptance_length, correct=at.correct, logp=at.logp)  # as the files say
         steps_changed = list(range(1, steps)) if name == "norm_output" and steps > 1 else [0]
@@ -390,12 +372,12 @@ def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any =
     return Measurement(facts, chance, session.description, steps)
 
 
-def _target_head_rows(loaded: LoadedDrafter, model: HFModel) -> torch.Tensor | None:
+def _target_head_rows(loaded: LoadedDrafter, target: Target) -> torch.Tensor | None:
     """The target head's rows at the drafter's mapped ids, when both heads exist and widths agree."""
     own = loaded.tensors.get("lm_head.weight")
     if own is None:
         return None
-    head = model.head().float()
+    head = target.model().head().float()
     if head.shape[1] != own.shape[1]:
         return None
     d2t = loaded.tensors.get("d2t")
@@ -405,37 +387,32 @@ def _target_head_rows(loaded: LoadedDrafter, model: HFModel) -> torch.Tensor | N
     return head[rows].contiguous()
 
 
-def try_measure(d: DrafterCheckpoint, target: str | None, states: Any = None, **kw: Any
-                ) -> tuple[Measurement | None, Any, str | None]:
-    """(measurement, the loaded HF target or None, None), or (None, None, why nothing could be measured):
-    a target without weights or a tokenizer, a drafter the reference cannot run, no transformers. A
-    capture (`states`) is used instead of running the target."""
+def try_measure(d: DrafterCheckpoint, target: Target | None, **kw: Any) -> tuple[Measurement | None, str | None]:
+    """(measurement, None), or (None, why nothing could be measured): no target, a target without weights
+    or a tokenizer, a drafter the reference cannot run, no transformers. A capture stands in for the target."""
     from .errors import EaglectlError
-    from .target import open_target
 
-    try:
-        if states is not None:
-            return measure(d, states=states, **kw), None, None
-        why = open_target(target).why_not_runnable()  # type: ignore[arg-type]
+    if target is None:
+        return None, None
+    if target.states is None:
+        why = target.why_not_runnable()
         if why is not None:
-            return None, None, why
-        from .model.hf import load_model
-
-        model = load_model(target)  # type: ignore[arg-type]
-        return measure(d, model, **kw), model, None
+            return None, why
+    try:
+        return measure(d, target, **kw), None
     except EaglectlError as e:
-        return None, None, f"not measured: {e.message}"
+        return None, f"not measured: {e.message}"
 
 
-def replay(loaded: LoadedDrafter, boundaries: tuple[int, ...], model: HFModel, prompts: list[list[int]], *, k: int,
-           max_tokens: int, **overrides: Any) -> Any:
-    """The reference speculative loop for one reading of a drafter: its LoopCounts (drafts, accepted,
-    per position), exactly as vLLM counts them."""
+def acceptance(loaded: LoadedDrafter, target: Target, prompts: list[list[int]], *, boundaries: tuple[int, ...],
+               k: int, max_tokens: int, **overrides: Any) -> LoopCounts:
+    """The reference speculative loop for one reading of a drafter on the target's greedy continuations of
+    `prompts` (decoded once per command): its LoopCounts (drafts, accepted, per position), exactly as vLLM
+    counts them."""
     drafter = loaded.build(torch.float32, "cpu", **overrides)
-    table = None if getattr(drafter, "embed_tokens", None) is not None else model.embedding().float()
-    with torch.no_grad():
-        return speculative_generate(model, drafter, prompts, k=k, max_tokens=max_tokens, aux_ids=boundaries,
-                                    embed=table)
+    table = None if getattr(drafter, "embed_tokens", None) is not None else target.model().embedding().float()
+    conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=boundaries)
+    return replay(drafter, conts, aux_ids=boundaries, embed=table)
 
 
 def flag_overrides(m: Measurement | None) -> dict[str, bool]:

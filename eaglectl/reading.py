@@ -10,11 +10,15 @@ is being lost silently and `smoke` raises a red flag naming the difference.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .drafter import DrafterCheckpoint
 from .engines import engine_boundaries
 from .spec import FLAGS
+
+if TYPE_CHECKING:
+    from .probe import Measurement
+    from .target import Target
 
 
 @dataclass
@@ -81,15 +85,14 @@ def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Readi
     return list(unique.values())
 
 
-def engine_reading(drafter: str, model: Any, prompts: list[list[int]], *, k: int, max_tokens: int,
-                   engine_counts: dict[str, Any], measured: Any) -> EngineReading:
-    """Replay candidate readings until one reproduces the engine's counts exactly."""
-    from .drafter import open_drafter
-    from .model.loader import load_reference
-    from .probe import flag_overrides, replay
+def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int, max_tokens: int,
+                   engine_counts: dict[str, Any], measured: Measurement | None) -> EngineReading:
+    """Replay candidate readings (on the target's greedy continuations, decoded once) until one reproduces
+    the engine's counts exactly."""
+    from .probe import acceptance, flag_overrides
 
-    d = open_drafter(drafter)
-    L = model.num_layers
+    L = target.num_layers
+    assert L is not None
     flags = {f: bool(getattr(d.spec, f)) for f in FLAGS}
     if measured is not None and measured.boundary_ids is not None:
         intended = Reading("measured", tuple(measured.boundary_ids), {**flags, **flag_overrides(measured)})
@@ -97,13 +100,14 @@ def engine_reading(drafter: str, model: Any, prompts: list[list[int]], *, k: int
     else:
         intended = Reading("files", d.spec.capture_ids(L), flags)
         basis = "as the files say (not measured)"
-    loaded = load_reference(d)
+    loaded = d.reference()
     candidates = candidate_readings(d, L, intended)
+    target.need({i for c in candidates for i in c.boundary_ids})
     matched = None
     want = {key: engine_counts[key] for key in ("num_drafts", "num_accepted_tokens", "accepted_per_pos")}
     for c in candidates:
-        counts = replay(loaded, c.boundary_ids, model, prompts, k=k, max_tokens=max_tokens,
-                        **{f: v for f, v in c.flags.items() if v != flags[f]})
+        counts = acceptance(loaded, target, prompts, boundaries=c.boundary_ids, k=k, max_tokens=max_tokens,
+                            **{f: v for f, v in c.flags.items() if v != flags[f]})
         c.counts = {"num_drafts": counts.num_drafts, "num_accepted_tokens": counts.num_accepted_tokens,
                     "accepted_per_pos": counts.accepted_per_pos}
         if c.counts == want:

@@ -19,13 +19,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
+from .drafter import DrafterCheckpoint
 from .errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from .progress import Progress, passthrough
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
+
+if TYPE_CHECKING:
+    from .probe import Measurement
+    from .reading import EngineReading
+    from .target import Target
 
 SCHEMA = "eaglectl.smoke/1"
 WORKER = Path(__file__).with_name("workers") / "vllm_smoke.py"
@@ -37,6 +44,7 @@ class Baseline:
     name: str
     kind: str  # none | ngram | draft_model | eagle3
     path: str | None = None
+    opened: DrafterCheckpoint | None = field(default=None, repr=False, compare=False)  # eagle3, once opened
 
 
 BASELINE_KINDS = ("none", "ngram", "draft_model:PATH", "eagle3:PATH", "a drafter folder")
@@ -331,9 +339,31 @@ def _tail(path: Path, lines: int = 12) -> str:
     return "last log lines:\n" + "\n".join(text[-lines:])
 
 
-def run(
-    drafter: str,
-    target: str,
+def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, preflight: bool = True,
+        dtype: str = "float32", progress: Progress = passthrough, **options: Any) -> SmokeReport:
+    """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first.
+    `options` are `measure`'s."""
+    from .drafter import open_drafter
+    from .inspect import inspect_opened
+    from .target import Target
+
+    d = open_drafter(drafter)
+    t = Target.open(target, progress=progress, dtype=dtype)
+    assert t is not None
+    baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
+                 for b in baselines or []]
+    for opened in ([d] if preflight else []) + [b.opened for b in baselines if b.opened is not None]:
+        pre = inspect_opened(opened, t, measure=False)  # engine_reading measures what vLLM ran
+        if pre.exit_code:
+            first = next(f for f in pre.findings if f.severity == "error")
+            raise SmokeFailedError(f"{opened.source}: pre-flight inspect found errors, first [{first.rule_id}] "
+                                   f"{first.message}", hint=f"eaglectl inspect {opened.source} --target {target}")
+    return measure(d, t, baselines=baselines, dtype=dtype, progress=progress, **options)
+
+
+def measure(
+    d: DrafterCheckpoint,
+    target: Target,
     *,
     engine: str = "vllm",
     k: int = 3,
@@ -349,16 +379,15 @@ def run(
     max_model_len: int = 1024,
     seed: int = 0,
     timeout_s: float = 900.0,
-    preflight: bool = True,
     context_lengths: tuple[int, ...] = (),
     plot: str | None = None,
-    progress: Any = None,
+    progress: Progress = passthrough,
     server: str | None = None,
+    measured: Measurement | None = None,
 ) -> SmokeReport:
-    """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every
-    drafter first (check turns it off: it has just inspected)."""
-    from . import inspect
-
+    """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
+    the target is loaded once per command)."""
+    drafter = d.source
     baselines = baselines or []
     if server is not None:
         engine = "server"
@@ -367,13 +396,7 @@ def run(
             raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
                                    "--context-lengths (each would need its own server)")
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
-    for path in ([drafter] if preflight else []) + [b.path for b in baselines if b.kind == "eagle3" and b.path]:
-        pre = inspect.run(path, target=target, measure=False)  # engine_reading measures what vLLM ran
-        if pre.exit_code:
-            first = next(f for f in pre.findings if f.severity == "error")
-            raise SmokeFailedError(f"{path}: pre-flight inspect found errors, first [{first.rule_id}] {first.message}",
-                                   hint=f"eaglectl inspect {path} --target {target}")
-    tokenizer = tokenizer_of(target, chat=needs_chat(prompts))
+    tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
@@ -381,7 +404,7 @@ def run(
     groups = [{"label": {"context_length": n}, "prompts": load_prompts(
         prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
         length=n).prompts} for n in context_lengths]
-    configs = [Baseline("drafter", "eagle3", drafter), *baselines]
+    configs = [Baseline("drafter", "eagle3", drafter, d), *baselines]
     if server is not None:
         from . import server_smoke
 
@@ -390,33 +413,32 @@ def run(
                                      generate_seconds=got["generate_seconds"])], None
         versions = {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]}
     elif python is not None:
-        request = {"target": engine_path(target), "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
-                   "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size, "max_tokens": max_tokens,
-                   "concurrency": list(concurrency), "prompts": prompt_set.prompts, "groups": groups,
-                   "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
-                               for c in configs]}
+        request = {"target": engine_path(target.source), "dtype": dtype, "max_model_len": max_model_len,
+                   "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size,
+                   "max_tokens": max_tokens, "concurrency": list(concurrency), "prompts": prompt_set.prompts,
+                   "groups": groups, "configs": [{"name": c.name, "speculative_config": speculative_config(
+                       c.kind, c.path, k)} for c in configs]}
         worker = WorkerRun(python, request, timeout_s)
         # the worker rewrites its result file after each configuration: progress by configurations done
-        for _ in (progress or (lambda it, **kw: it))(worker.ticks(lambda: _configs_done(worker.res_path)),
-                                                     label="smoke (vLLM): configurations", total=len(configs),
-                                                     weight=lambda grew: grew):
+        for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)), label="smoke (vLLM): configurations",
+                          total=len(configs), weight=lambda grew: grew):
             pass
         raw, log = worker.result()
         results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
                                 r["throughput"], r["load_seconds"], r["generate_seconds"],
                                 requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                    for c, r in zip(configs, raw["configs"], strict=True)]
-        versions = {k2: raw[k2] for k2 in ("vllm_version", "torch_version", "cuda", "python")}
+        versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
     else:
-        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, dtype, progress), None
+        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress), None
         import torch
 
         versions = {"torch_version": torch.__version__, "python": sys.version.split()[0]}
     versions["eaglectl_version"] = __version__
-    rep = SmokeReport(drafter, target, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
+    rep = SmokeReport(drafter, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
     if python is not None and rep.main.counters and rep.main.counters["num_drafts"]:
-        rep.engine_reading, rep.engine_reading_note = _engine_reading(rep, drafter, target, dtype)
+        rep.engine_reading, rep.engine_reading_note = _engine_reading(rep, d, target, dtype, measured)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke
@@ -426,24 +448,21 @@ def run(
     return rep
 
 
-def _engine_reading(rep: SmokeReport, drafter: str, target: str, dtype: str) -> tuple[Any, str | None]:
+def _engine_reading(rep: SmokeReport, d: DrafterCheckpoint, target: Target, dtype: str,
+                    measured: Measurement | None) -> tuple[EngineReading | None, str | None]:
     """Which reading of the drafter vLLM ran (replayed in fp32 only: other precisions do not reproduce
     vLLM's kernels bit for bit)."""
     if dtype != "float32":
         return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
-    from .drafter import open_drafter
-    from .errors import EaglectlError
     from .probe import try_measure
     from .reading import engine_reading
 
+    why = None
     try:
-        measured, model, why = try_measure(open_drafter(drafter), target)
-        if model is None:
-            from .model.hf import load_model
-
-            model = load_model(target)
+        if measured is None:
+            measured, why = try_measure(d, target)
         assert rep.main.counters is not None
-        return engine_reading(drafter, model, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
+        return engine_reading(d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
                               engine_counts=rep.main.counters, measured=measured), why
     except EaglectlError as e:
         return None, f"not replayed: {e.message}"
@@ -456,30 +475,34 @@ def _configs_done(path: Path) -> int:
         return 0
 
 
-def _reference(configs: list[Baseline], target: str, prompt_set: PromptSet, groups: list[dict[str, Any]], k: int,
-               max_tokens: int, dtype: str, progress: Any = None) -> list[ConfigResult]:
-    from .model.hf import load_model
+def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, prompt_set: PromptSet,
+               groups: list[dict[str, Any]], k: int, max_tokens: int, progress: Progress) -> list[ConfigResult]:
+    """The reference loop for every configuration on one set of the target's greedy continuations (decoded
+    once, model/replay.py): each EAGLE drafter costs one teacher-forced pass, `none` is the continuation."""
+    from .drafter import open_drafter
     from .model.loader import DTYPES
-    from .model.specloop import greedy_generate, speculative_generate
-    from .verify import load_drafter
+    from .model.replay import replay
 
-    tgt = load_model(target, dtype=DTYPES[dtype])
+    dtype = DTYPES[target.dtype]
+    L = target.num_layers
+    opened = {c.name: c.opened or open_drafter(c.path) for c in configs if c.kind == "eagle3"}  # type: ignore[arg-type]
+    ids = {name: o.spec.capture_ids(L) for name, o in opened.items()}  # type: ignore[arg-type]
+    target.need({i for b in ids.values() for i in b})
     results = []
-    for c in configs:
+    for c in progress(configs, label="smoke (reference): configurations", total=len(configs)):
         t0 = time.perf_counter()
         if c.kind == "none":
-            outs = greedy_generate(tgt, prompt_set.prompts, max_tokens, progress, label=f"smoke: {c.name}")
-            results.append(ConfigResult(c.name, c.kind, c.path, None, outs, generate_seconds=time.perf_counter() - t0))
+            conts = target.continuations(prompt_set.prompts, max_tokens=max_tokens, k=k, boundaries=())
+            results.append(ConfigResult(c.name, c.kind, c.path, None, [x.output for x in conts],
+                                        generate_seconds=time.perf_counter() - t0))
         elif c.kind == "eagle3":
-            assert c.path is not None
-            d = load_drafter(c.path)
-            model = d.build(DTYPES[dtype], "cpu")
-            ids = d.spec.capture_ids(tgt.num_layers)
-            embed = None if d.has_embed else tgt.embedding().to(DTYPES[dtype])
+            loaded = opened[c.name].reference()
+            model = loaded.build(dtype, "cpu")
+            embed = None if loaded.has_embed else target.model().embedding().to(dtype)
 
             def loop(prompts: list[list[int]]) -> Any:
-                return speculative_generate(tgt, model, prompts, k=k, max_tokens=max_tokens, aux_ids=ids, embed=embed,
-                                            progress=progress, label=f"smoke: {c.name}")
+                conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=ids[c.name])
+                return replay(model, conts, aux_ids=ids[c.name], embed=embed)  # noqa: B023
 
             counts = loop(prompt_set.prompts)
             seconds = time.perf_counter() - t0

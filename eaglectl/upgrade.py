@@ -25,18 +25,23 @@ from __future__ import annotations
 import shlex
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import __version__
-from .convert import ConversionPlan, ConversionResult, execute, plan_conversion
+from .calibration import Moments, accumulate, fit, held_out_error
+from .convert import ConversionPlan, ConversionResult, execute, plan_conversion, plan_inputs, writable_dialect
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError
 from .io import cast as casting
-from .calibration import accumulate, fit, held_out_error
-from .io.states import open_states
-from .target import open_target, target_of_capture
+from .io.atomic import check_destination
+from .io.states import States
+from .progress import Progress, passthrough
+from .target import Target
+
+if TYPE_CHECKING:
+    from .verify import ParityReport
 
 SCHEMA = "eaglectl.upgrade/1"
 INITS = ("ones", "harmonic", "calibrated", "refit")
@@ -80,6 +85,10 @@ class UpgradeResult:
         }
 
 
+CALIBRATION_TOKENS = 4096  # tokens of the calibration text read for the statistics
+RANK_PROMPTS, RANK_TOKENS, RANK_SEED = 16, 64, 3  # held-out prompts the inits are ranked on (reference loop)
+
+
 def run(
     source: str,
     dest: str,
@@ -97,86 +106,42 @@ def run(
     dry_run: bool = False,
     fidelity: bool = True,
     fidelity_tokens: int = 64,
-    progress: Any = None,
+    progress: Progress = passthrough,
     base_model: str | None = None,
 ) -> UpgradeResult:
-    """Take SOURCE to the EAGLE-3.1 layout at DEST; the target (when given) runs once, for calibration
-    and for the fidelity report."""
+    """Take SOURCE to the EAGLE-3.1 layout at DEST. The target (when given) is loaded once, its states over
+    the calibration text are captured once, and its greedy continuations of held-out prompts are decoded
+    once; the probe, calibration, the ranking of the inits and the fidelity report all read them."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    captured = open_states(states) if states else None
+    tgt = Target.open(target, states, progress=progress, text=calibration_text)
     spec = src.spec
-    if init not in CHOICES:
-        raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
-    again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
-        " --allow-pickle" if allow_pickle else "")
-    # specforge records the 3.1 flags and needs no target; speculators (vLLM's own) names its verifier
-    other = (f"{again} --to speculators --target {shlex.quote(target)}" if target else
-             f"{again} --to specforge (or --to speculators --target TARGET)")
-    if to is None:
-        if src.dialect.writer is None:
-            raise ConversionError(f"{source}: eaglectl reads {src.dialect.name} checkpoints but does not write them",
-                                  hint=other)
-        to = src.dialect.name
-    if fc_norm and not spec.fc_norm and spec.norm_before_fc:
-        raise ConversionError(f"{source}: the drafter has norm_before_fc; adding fc_norm would normalise twice "
-                              "(vLLM applies both, TRT-LLM one, speculators refuses)",
-                              hint=f"{again} --no-fc-norm (norm_output only)")
-    add_fc_norm = fc_norm and not spec.fc_norm
-    set_norm_output = norm_output and not spec.norm_output
-    steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", set_norm_output)) if on]
-    if init in NEEDS_TARGET and add_fc_norm and target is None and states is None:
-        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target or --states",
-                              hint=f"{again} --init {init} --target TARGET "
-                                   "(or --states DIR from eaglectl capture)")
-    if to == src.dialect.name and src.dialect.writer is not None and not src.dialect.writer.flag_paths and steps:
-        raise ConversionError(f"{source}: the {src.dialect.title} layout cannot record fc_norm / norm_output",
-                              hint=other)
-    tgt = open_target(target) if target else target_of_capture(captured) if captured else None
-    model = None
-    if target and ((add_fc_norm and captured is None) or (fidelity and steps and not dry_run)):
-        from .model.hf import load_model
-
-        model = load_model(target)
-
-    new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm, norm_output=spec.norm_output or set_norm_output)
+    to, steps = _plan_steps(src, source, dest, init, fc_norm, norm_output, to, target, tgt, allow_pickle)
+    if not dry_run:
+        check_destination(dest, force=force, sources=plan_inputs(src, tgt.checkpoint if tgt else None))
+    add_fc_norm = "add-fc-norm" in steps
+    new_spec = replace(spec, fc_norm=spec.fc_norm or add_fc_norm,
+                       norm_output=spec.norm_output or "set-norm-output" in steps)
     new_flags = {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output}
     supplied: dict[str, bytes] = {}
     extra: dict[str, tuple[str, tuple[int, ...], str]] = {}
     stats: dict[str, Any] = {}
     dtype = _float_dtype(src)
     candidates: list[dict[str, Any]] = []
-    layers = None
-    chosen = None
+    layers = chosen = None
+    ids: tuple[int, ...] | None = None
     if add_fc_norm:
         n, Ht = spec.num_aux_hidden_states, spec.aux_width
         if n is None or Ht is None:
             raise ConversionError(f"{source}: cannot tell the aux count / width from fc.weight")
-        runnable = tgt is not None and tgt.why_not_runnable() is None
-        measurable = runnable or captured is not None
-        inits = (INITS if measurable else ("calibrated",) if model is not None else ("ones",)) if init == "auto" \
-            else (init,)
-        if model is None and captured is None:
+        inits = _inits(init, tgt)
+        if tgt is None or not tgt.has_states:
             fits = {i: fit(i, n, Ht) for i in inits}
         else:
-            ids, how = _layers(src, model if runnable else None, captured, tgt)
+            ids, how = _layers(src, tgt)
             layers = {"boundary_ids": list(ids), "how": how}
-            W = src.view.read("fc.weight").astype(np.float64)
-            eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
-            held = None
-            if captured is not None:
-                cal_part, held_part, where = _split_requests(captured, ids, rank=len(inits) > 1 and not runnable)
-                moments = accumulate(W, n, Ht, eps, (progress or (lambda it, **kw: it))(
-                    cal_part, label="calibration: requests"))
-                held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
-                source_note = {"target": captured.target, "states": str(captured.root), "text_source": where}
-            else:
-                moments, text_how = _text_moments(model, calibration_text, ids, W, n, Ht, eps)
-                source_note = {"target": model.path, "text_source": text_how}
-            fits = {i: fit(i, n, Ht, moments) for i in inits}
-            for _, _, st in fits.values():
-                st.update({**source_note, "aux_ids_vllm": list(ids)}) if st else None
-            if runnable and (fidelity or len(inits) > 1):
-                candidates = evaluate_inits(src, fits, model, ids, new_flags, dtype, progress=progress)
+            fits, held = _calibrate(src, tgt, ids, inits, n, Ht, progress)
+            if tgt.runnable and (fidelity or len(inits) > 1):
+                candidates = evaluate_inits(src, fits, tgt, ids, new_flags, dtype, progress=progress)
             elif held is not None:
                 candidates = sorted(({"init": i, "heldout_fc_output_relative_error": round(
                     held_out_error(f, held), 6), "heldout_tokens": held.tokens} for i, f in fits.items()),
@@ -190,9 +155,116 @@ def run(
         if new_fc is not None:
             extra["fc.weight"] = (dtype, tuple(new_fc.shape), "refit to the 3.0 FC output")
             supplied["fc.weight"] = casting.encode(new_fc, dtype)
-    plan = plan_conversion(src, dest, to, target=tgt, spec_override=new_spec, extra_tensors=extra,
-                           base_model=base_model)
+    plan = plan_conversion(src, dest, to, target=tgt.checkpoint if tgt else None, spec_override=new_spec,
+                           extra_tensors=extra, base_model=base_model)
     _mark(plan, steps, chosen, stats)
+    notes = _notes(steps, init, chosen, candidates)
+    if dry_run:
+        return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, ConversionResult(plan, False, []), None,
+                             notes, candidates, layers)
+    measured: dict[str, Any] = {}
+
+    def fidelity_of(out: DrafterCheckpoint) -> list[str]:
+        measured["report"] = _fidelity(out, src, tgt, fidelity_tokens, ids)
+        return []
+
+    result = execute(plan, src, target=tgt.checkpoint if tgt else None, force=force, supplied=supplied,
+                     progress=progress, after_write=fidelity_of if steps and fidelity else None)
+    return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, result, measured.get("report"), notes,
+                         candidates, layers)
+
+
+def _plan_steps(src: DrafterCheckpoint, source: str, dest: str, init: str, fc_norm: bool, norm_output: bool,
+                to: str | None, target: str | None, tgt: Target | None, allow_pickle: bool) -> tuple[str, list[str]]:
+    """(the destination dialect, the steps), or ConversionError with the command that works: every refusal
+    that needs no measurement, before the target is touched."""
+    spec = src.spec
+    if init not in CHOICES:
+        raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
+    again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
+        " --allow-pickle" if allow_pickle else "")
+    # specforge records the 3.1 flags and needs no target; speculators (vLLM's own) names its verifier
+    other = (f"{again} --to speculators --target {shlex.quote(target)}" if target else
+             f"{again} --to specforge (or --to speculators --target TARGET)")
+    if to is None:
+        if src.dialect.writer is None:
+            raise ConversionError(f"{source}: eaglectl reads {src.dialect.name} checkpoints but does not write them",
+                                  hint=other)
+        to = src.dialect.name
+    writable_dialect(to)
+    if fc_norm and not spec.fc_norm and spec.norm_before_fc:
+        raise ConversionError(f"{source}: the drafter has norm_before_fc; adding fc_norm would normalise twice "
+                              "(vLLM applies both, TRT-LLM one, speculators refuses)",
+                              hint=f"{again} --no-fc-norm (norm_output only)")
+    add_fc_norm = fc_norm and not spec.fc_norm
+    steps = [s for s, on in (("add-fc-norm", add_fc_norm), ("set-norm-output", norm_output and not spec.norm_output))
+             if on]
+    if init in NEEDS_TARGET and add_fc_norm and tgt is None:
+        raise ConversionError(f"--init {init} measures the target's hidden states: pass --target or --states",
+                              hint=f"{again} --init {init} --target TARGET "
+                                   "(or --states DIR from eaglectl capture)")
+    if to == src.dialect.name and src.dialect.writer is not None and not src.dialect.writer.flag_paths and steps:
+        raise ConversionError(f"{source}: the {src.dialect.title} layout cannot record fc_norm / norm_output",
+                              hint=other)
+    return to, steps
+
+
+def _inits(init: str, tgt: Target | None) -> tuple[str, ...]:
+    """The inits to fit: one asked for, or under `auto` every init that can be measured (a target without a
+    tokenizer can calibrate but not rank: `calibrated`; nothing to measure: `ones`)."""
+    if init != "auto":
+        return (init,)
+    if tgt is not None and (tgt.runnable or tgt.states is not None):
+        return INITS
+    if tgt is not None and tgt.has_states:
+        return ("calibrated",)
+    return ("ones",)
+
+
+def _layers(src: DrafterCheckpoint, tgt: Target) -> tuple[tuple[int, ...], str]:
+    """The boundaries calibration must use: measured when the probe decides, else the files' reading."""
+    from .probe import try_measure
+
+    L = tgt.num_layers
+    assert L is not None
+    if tgt.states is None and not tgt.runnable:
+        return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})"
+    tgt.need(tokens=CALIBRATION_TOKENS)  # the probe's capture also serves calibration and fidelity
+    m, why = try_measure(src, tgt, loop_prompts=0)
+    if m is not None and m.boundary_ids is not None:
+        return m.boundary_ids, f"measured ({m.aux.reason})"
+    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason if m else why})"
+
+
+def _calibrate(src: DrafterCheckpoint, tgt: Target, ids: tuple[int, ...], inits: tuple[str, ...], n: int, Ht: int,
+               progress: Progress) -> tuple[dict[str, Any], Moments | None]:
+    """Every init fitted on the target's states at `ids` (its run over the calibration text, or the capture's
+    requests, the last quarter held out to rank the inits when the target cannot run), and the held-out
+    moments."""
+    spec = src.spec
+    W = src.view.read("fc.weight").astype(np.float64)
+    eps = spec.rms_norm_eps if spec.rms_norm_eps is not None else 1e-6
+    held = None
+    if tgt.states is not None:
+        captured = tgt.states
+        cal_part, held_part, where = _split_requests(captured, ids, rank=len(inits) > 1 and not tgt.runnable)
+        moments = accumulate(W, n, Ht, eps, progress(cal_part, label="calibration: requests"))
+        held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
+        note = {"target": captured.target, "states": str(captured.root), "text_source": where}
+    else:
+        text = tgt.text_states(ids, CALIBRATION_TOKENS)
+        req = next(text.requests(ids))
+        count = min(CALIBRATION_TOKENS, int(text.meta.get("calibration_tokens", CALIBRATION_TOKENS)))
+        moments = accumulate(W, n, Ht, eps, [req.hidden[:count].reshape(min(count, len(req.hidden)), -1)])
+        note = {"target": tgt.source, "text_source": text.description}
+    fits = {i: fit(i, n, Ht, moments) for i in inits}
+    for _, _, st in fits.values():
+        if st:
+            st.update({**note, "aux_ids_vllm": list(ids)})
+    return fits, held
+
+
+def _notes(steps: list[str], init: str, chosen: str | None, candidates: list[dict[str, Any]]) -> list[str]:
     notes = []
     if steps:
         notes.append("structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune "
@@ -206,37 +278,10 @@ def run(
         notes.append(f"fc_norm init '{chosen}' has the lowest FC-output error on held-out requests of the capture "
                      f"({candidates[0]['heldout_fc_output_relative_error']:.3f}); acceptance was not measured "
                      "(no runnable target)")
-    if dry_run:
-        return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, ConversionResult(plan, False, []), None,
-                             notes, candidates, layers)
-    result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
-    fid = None
-    if steps and fidelity:
-        fid = _fidelity(dest, src, model, captured, calibration_text, fidelity_tokens)
-    return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, result, fid, notes, candidates, layers)
+    return notes
 
 
-def _layers(src: DrafterCheckpoint, model: Any, captured: Any, tgt: Any) -> tuple[tuple[int, ...], str]:
-    """The boundaries calibration must use: measured when the probe decides, else the files' reading."""
-    from .probe import try_measure
-
-    L = model.num_layers if model is not None else captured.num_layers if captured is not None else tgt.num_layers
-    if model is None and captured is None:
-        return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})"
-    m, _, why = try_measure(src, None, states=captured, loop_prompts=0) if model is None else \
-        (_measure(src, model), None, None)
-    if m is not None and m.boundary_ids is not None:
-        return m.boundary_ids, f"measured ({m.aux.reason})"
-    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason if m else why})"
-
-
-def _measure(src: DrafterCheckpoint, model: Any) -> Any:
-    from .probe import measure
-
-    return measure(src, model, loop_prompts=0)
-
-
-def _split_requests(captured: Any, ids: tuple[int, ...], rank: bool) -> tuple[Any, Any, str]:
+def _split_requests(captured: States, ids: tuple[int, ...], rank: bool) -> tuple[Any, Any, str]:
     """(calibration sequences, held-out sequences, description): the last quarter of the requests is held
     out for ranking the inits when there is more than one request and a ranking is wanted."""
     captured.require(ids)
@@ -251,38 +296,16 @@ def _split_requests(captured: Any, ids: tuple[int, ...], rank: bool) -> tuple[An
     return seqs(slice(0, count - held)), seqs(slice(count - held, count)) if held else None, how
 
 
-def _text_moments(model: Any, text: str | None, ids: tuple[int, ...], W: Any, n: int, Ht: int, eps: float
-                  ) -> tuple[Any, str]:
-    """Statistics of the target's states over calibration text (one forward pass)."""
-    import torch
+def _fidelity(out: DrafterCheckpoint, src: DrafterCheckpoint, tgt: Target | None, tokens: int,
+              ids: tuple[int, ...] | None) -> ParityReport:
+    """DEST against SOURCE through the reference drafter, on the target's states (at the measured layers)
+    when it ran or was captured, else synthetic states."""
+    from .verify import compare, real_inputs, synthetic_inputs
 
-    from .model.hf import capture_aux
-    from .verify import BUNDLED_TEXT
-
-    body = text if text is not None else BUNDLED_TEXT.read_text()
-    if model.tokenizer is not None:
-        input_ids = model.tokenizer(body, return_tensors="pt").input_ids[:, :4096]
-        how = "bundled text" if text is None else "given text"
-    else:
-        # no tokenizer: bytes of the text as ids (byte-level vocabularies), clipped to the vocab
-        input_ids = (torch.tensor(list(body.encode("utf-8"))[:4096]) % model.vocab_size)[None]
-        how = "text bytes as token ids (the target has no tokenizer)"
-    aux = capture_aux(model, input_ids, ids)[0].double().numpy()
-    return accumulate(W, n, Ht, eps, [aux]), how
-
-
-def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, captured: Any, text: str | None, tokens: int) -> Any:
-    """DEST against SOURCE through the reference drafter, on the target's states when it ran or was captured."""
-    from .model.loader import load_reference
-    from .verify import compare, states_inputs, synthetic_inputs, target_inputs
-
-    ref = load_reference(src)
-    cand = load_reference(open_drafter(dest))
+    ref, cand = src.reference(), out.reference()
     steps = 3
-    if model is not None:
-        inputs = target_inputs(model, ref.spec, ref.args, tokens, steps, 0, text)
-    elif captured is not None:
-        inputs = states_inputs(captured, ref.spec, ref.args, tokens, steps, table_needed=not ref.has_embed)
+    if tgt is not None and tgt.has_states:
+        inputs = real_inputs(tgt, ref, tokens, steps, boundaries=ids)
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0)
     return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), steps, tokens, 0)
@@ -307,49 +330,42 @@ def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[
 # ------------------------------------------------------------------------------- choosing by measurement
 
 def evaluate_inits(src: DrafterCheckpoint, fits: dict[str, tuple[list[np.ndarray], np.ndarray | None, Any]],
-                   model: Any, ids: tuple[int, ...], new_flags: dict[str, bool], dtype: str, *, tokens: int = 1024,
-                   prompts: int = 16, max_tokens: int = 64, steps: int = 3, progress: Any = None) -> list[dict[str, Any]]:
-    """Each candidate init on held-out text (never the calibration text), ranked by the acceptance it keeps.
+                   tgt: Target, ids: tuple[int, ...], new_flags: dict[str, bool], dtype: str, *,
+                   prompts: int = RANK_PROMPTS, max_tokens: int = RANK_TOKENS, steps: int = 3,
+                   progress: Progress = passthrough) -> list[dict[str, Any]]:
+    """Each candidate init on held-out prompts (never the calibration text), ranked by the acceptance it keeps.
 
-    The ranking uses the reference loop's acceptance length on `prompts` held-out windows (the kind of
-    text the drafter serves: the target's own continuations); ties go to the chain acceptance estimated
-    teacher-forced over `tokens` anchors of real text. The top-1 agreement with the source drafter is
+    The ranking uses the reference loop's acceptance length on the target's greedy continuations of `prompts`
+    held-out windows (decoded once, replayed for every init); ties go to the chain acceptance estimated
+    teacher-forced over every anchor of those continuations. The top-1 agreement with the source drafter is
     reported too. Values are rounded to the stored dtype first: what is measured is what would be written."""
     import torch
 
-    from .model.hf import forward
-    from .model.loader import load_reference
-    from .probe import heldout_prompts, replay
+    from .model.replay import chains, correct, counts_of
+    from .workload import heldout_prompts
 
-    loaded = load_reference(src)
-    tok = torch.tensor([heldout_prompts(model, 1, tokens + steps + 1, seed=7)[0]])
+    loaded = src.reference()
     session_ids = tuple(sorted(set(ids)))
-    with torch.no_grad():
-        logits, aux = forward(model, tok, session_ids)
-    aux = aux[:, :tokens]
-    greedy = logits.argmax(-1)[0]
-    table = None if loaded.has_embed else model.embedding().float()
-    ps = heldout_prompts(model, prompts, 64, seed=3)
+    table = None if loaded.has_embed else tgt.model().embedding().float()
+    ps = heldout_prompts(tgt.model().tokenizer, prompts, 64, seed=RANK_SEED)
+    conts = tgt.continuations(ps, max_tokens=max_tokens, k=steps, boundaries=session_ids)
 
-    def chain(outs: list[Any]) -> float:
-        right = torch.stack([o.target_ids[0] == greedy[j + 1: j + 1 + tokens] for j, o in enumerate(outs)])
-        return 1 + float(right.long().cumprod(0).sum(0).float().mean())  # leading correct steps per anchor
+    def chain(drafted: list[torch.Tensor]) -> float:  # leading correct steps per anchor, over every anchor
+        right = torch.cat([correct(c, d) for c, d in zip(conts, drafted, strict=True)], dim=1)
+        return 1 + float(right.long().cumprod(0).sum(0).float().mean())
 
-    with torch.no_grad():
-        ref_out = loaded.build(torch.float32, "cpu").run(aux, tok, steps, embed=table)
-    source_chain = chain(ref_out)
-    source_al = replay(loaded, session_ids, model, ps, k=steps, max_tokens=max_tokens).mean_acceptance_length
+    source = chains(loaded.build(torch.float32, "cpu"), conts, aux_ids=session_ids, embed=table)
+    source_chain, source_al = chain(source), counts_of(conts, source).mean_acceptance_length
     out = []
-    for init, (gammas, new_fc, _) in (progress or (lambda it, **kw: it))(list(fits.items()),
-                                                                         label="upgrade: fc_norm inits measured"):
+    for init, (gammas, new_fc, _) in progress(list(fits.items()), label="upgrade: fc_norm inits measured"):
         stored = {f"fc_norm.{j}.weight": _as_stored(g, dtype) for j, g in enumerate(gammas)}
         if new_fc is not None:
             stored["fc.weight"] = _as_stored(new_fc, dtype)
-        with torch.no_grad():
-            cand = loaded.build(torch.float32, "cpu", replace=stored, **new_flags).run(aux, tok, steps, embed=table)
-        agreement = [float((c.target_ids == r.target_ids).float().mean()) for c, r in zip(cand, ref_out, strict=True)]
-        al = replay(loaded, session_ids, model, ps, k=steps, max_tokens=max_tokens, replace=stored,
-                    **new_flags).mean_acceptance_length
+        drafter = loaded.build(torch.float32, "cpu", replace=stored, **new_flags)
+        cand = chains(drafter, conts, aux_ids=session_ids, embed=table)
+        agreement = [float(torch.cat([(c[j] == r[j]).float() for c, r in zip(cand, source, strict=True)]).mean())
+                     for j in range(steps)]
+        al = counts_of(conts, cand).mean_acceptance_length
         out.append({"init": init, "agreement_with_source": [round(a, 4) for a in agreement],
                     "estimated_acceptance_kept": round(chain(cand) / source_chain, 4),
                     "acceptance_length": round(al, 4), "source_acceptance_length": round(source_al, 4),

@@ -24,9 +24,11 @@ import torch
 from . import __version__
 from .drafter import open_drafter
 from .errors import IncompatibleDrafterError, MissingDependencyError, ParityMismatchError, UsageError
-from .model.loader import DTYPES, LoadedDrafter, load_reference
+from .io.states import States
+from .model.loader import DTYPES, LoadedDrafter
 from .model.reference import DrafterArgs, StepOutput
-from .spec import DrafterSpec
+from .progress import Progress, passthrough
+from .target import Target
 
 SCHEMA = "eaglectl.verify/1"
 NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
@@ -43,11 +45,10 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "upgrade": {"kl_mean_max": 0.1, "top1_agreement_min": 0.5},
 }
 UPGRADE_ADDS = ("fc_norm.",)  # tensors an upgrade adds (docs/upgrade.md)
-BUNDLED_TEXT = Path(__file__).with_name("data") / "calibration.txt"
 
 
 def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
-    return load_reference(open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle))
+    return open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle).reference()
 
 
 # --------------------------------------------------------------------------------------- inputs
@@ -80,44 +81,35 @@ def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens:
                   f"token ids < {rows}")
 
 
-def text_token_ids(target: Any, count: int, seed: int, text: str | None) -> tuple[torch.Tensor, str]:
-    """(1, count) token ids of `text` (default: the bundled calibration text) in the target's tokenizer."""
-    if target.tokenizer is not None:
-        body = text if text is not None else BUNDLED_TEXT.read_text()
-        ids = target.tokenizer(body, return_tensors="pt").input_ids[:, :count]
-        if ids.shape[1] < count:
-            raise IncompatibleDrafterError(f"the text has {ids.shape[1]} tokens; {count} needed")
-        return ids, "bundled text" if text is None else "given text"
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, target.vocab_size, (1, count), generator=g)
-    return ids, f"random token ids (seed {seed}; the target has no tokenizer)"
+def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
+                boundaries: tuple[int, ...] | None = None, table_needed: bool | None = None) -> Inputs:
+    """Real aux states at the drafter's layers (`boundaries`, default: as the files say): the target's run over
+    the measurement text (once per command, `Target.text_states`), else its capture (`--states`)."""
+    import numpy as np
+
+    ids = boundaries or loaded.spec.capture_ids(target.num_layers)  # type: ignore[arg-type]
+    if len(ids) != loaded.args.num_aux:
+        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {loaded.args.num_aux} states")
+    if target.states is not None:
+        needed = not loaded.has_embed if table_needed is None else table_needed
+        return states_inputs(target.states, ids, tokens, steps, table_needed=needed)
+    target.need(ids, tokens + steps)
+    states = target.text_states(ids, tokens + steps)
+    req = next(states.requests(tuple(ids)))
+    hidden = np.ascontiguousarray(req.hidden[:tokens], dtype=np.float32)
+    aux = torch.from_numpy(hidden.reshape(1, tokens, -1).copy())
+    tok = torch.from_numpy(req.token_ids[: tokens + steps].copy())[None]
+    return Inputs(aux, tok, target.model().embedding().float().cpu(), f"{states.description}: aux ids {list(ids)}")
 
 
-def target_inputs(target: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int, seed: int,
-                  text: str | None) -> Inputs:
-    """Real aux states of a loaded HF target (model/hf.py) at the drafter's layers."""
-    from .model.hf import capture_aux
-
-    ids = spec.capture_ids(target.num_layers)
-    if len(ids) != args.num_aux:
-        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
-    all_ids, how = text_token_ids(target, tokens + steps, seed, text)
-    aux = capture_aux(target, all_ids[:, :tokens], ids)
-    return Inputs(aux.cpu(), all_ids, target.embedding().float().cpu(),
-                  f"target {target.path}: aux ids {list(ids)} on {how}")
-
-
-def states_inputs(captured: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int,
-                  table_needed: bool = True) -> Inputs:
-    """Aux states of a capture (`--states`, io/states.py) at the drafter's layers: the first request long
-    enough. With `table_needed` (no drafter ships an embedding) the ids index the rows read off boundary 0."""
+def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: int, table_needed: bool = True
+                  ) -> Inputs:
+    """Aux states of a capture (`--states`, io/states.py) at boundaries `ids`: the first request long enough.
+    With `table_needed` (no drafter ships an embedding) the ids index the rows read off boundary 0."""
     import numpy as np
 
     from .io.states import compact_embedding
 
-    ids = spec.capture_ids(captured.num_layers)
-    if len(ids) != args.num_aux:
-        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {args.num_aux} states")
     why = captured.embedding_source() if table_needed else None
     if why is not None:
         raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
@@ -282,7 +274,7 @@ def run(
     against_from: str | None = None,
     allow_pickle: bool = False,
     fidelity: bool = False,
-    progress: Any = None,
+    progress: Progress = passthrough,
 ) -> ParityReport:
     """Compare CANDIDATE with `against` (conversion / fidelity) or with its own fp32 CPU run (precision).
 
@@ -298,22 +290,9 @@ def run(
     cand = load_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
     ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
     _same_shape(cand, ref)
-    if target:
-        from .model.hf import load_model
-
-        # the long part: loading the target and its forward pass (a bar with elapsed time, two stages)
-        stages = iter((progress or (lambda it, **kw: it))(["load", "forward"], label="verify: target", total=2))
-        next(stages)
-        model = load_model(target)
-        next(stages)
-        inputs = target_inputs(model, ref.spec, ref.args, tokens, steps, seed, text)
-        for _ in stages:
-            pass
-    elif states:
-        from .io.states import open_states
-
-        inputs = states_inputs(open_states(states), ref.spec, ref.args, tokens, steps,
-                               table_needed=not (cand.has_embed or ref.has_embed))
+    t = Target.open(target, states, progress=progress, text=text)
+    if t is not None:
+        inputs = real_inputs(t, ref, tokens, steps, table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
     if against is None:  # precision / device parity against the fp32 CPU reference of itself

@@ -227,3 +227,32 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
     return PromptSet(str(folder), prompts, f"{len(prompts)} SPEED-Bench prompts over {len(cats)} categories "
                      f"({'chat template' if chat else 'plain text'}, first turn)",
                      [{"category": c, "bucket": b} for b, c, _ in picked])
+
+
+# ------------------------------------------------------------------------------------ text for measurement
+
+def measurement_text(text: str | None = None) -> tuple[str, str, str]:
+    """(the text calibration reads, the text the probe and parity read after it, description): the given text,
+    else the bundled calibration text; then held-out code, so a long read never runs out."""
+    head = text if text is not None else CALIBRATION.read_text()
+    tail = "\n" + HELDOUT.read_bytes().decode("utf-8", errors="replace")[:200_000]
+    return head, tail, "given text" if text is not None else "bundled text"
+
+
+def text_token_ids(tokenizer: Any, vocab_size: int, text: str) -> list[int]:
+    """`text` as the target's token ids; without a tokenizer, its UTF-8 bytes as ids (byte-level
+    vocabularies), clipped to the vocabulary."""
+    if tokenizer is not None:
+        return list(tokenizer(text, add_special_tokens=True).input_ids)
+    return [b % vocab_size for b in text.encode("utf-8")]
+
+
+def heldout_prompts(tokenizer: Any, count: int, length: int, seed: int) -> list[list[int]]:
+    """`count` windows of `length` tokens at seeded offsets of the held-out code (never the calibration text)."""
+    text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(count):
+        start = rng.randrange(0, max(1, len(text) - 8 * length))
+        prompts.append(tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length])
+    return prompts

@@ -14,10 +14,12 @@ from safetensors.torch import load_file, save_file
 
 from eaglectl import convert, inspect
 from eaglectl.drafter import open_drafter
-from eaglectl.model.hf import load_model
+from eaglectl.model.specloop import speculative_generate
 from eaglectl.probe import measure
 from eaglectl.reading import engine_reading
 from eaglectl.smoke import run as smoke
+from eaglectl.target import Target
+from eaglectl.workload import heldout_prompts
 
 from .conftest import ROOT
 
@@ -29,7 +31,8 @@ TRUTH = {"eagle3": ("boundary", [2, 4, 5]), "eagle3.1": ("boundary", [2, 4, 5]),
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(str(TARGET))
+    """The trained target, opened once for the module (its states and continuations are reused)."""
+    return Target.open(str(TARGET))
 
 
 def measured(path, **kw) -> dict:
@@ -204,39 +207,35 @@ def test_a_specforge_flag_from_the_other_window_is_measured(tmp_path, invoke):
 
 
 def test_engine_reading_names_the_reading_that_reproduces_the_counts(tmp_path, model):
-    """What smoke does with vLLM's counts, fed here with the reference loop's counts of a known reading."""
-    from eaglectl.model.loader import load_reference
-    from eaglectl.probe import heldout_prompts, replay
-
+    """What smoke does with vLLM's counts, fed here with the counts of the live speculative loop (an engine
+    of its own, independent of the replay engine_reading uses) under a known reading."""
     shifted = tmp_path / "shifted"
     shutil.copytree(TRAINED / "eagle3.1", shifted)
     cfg = json.loads((shifted / "config.json").read_text())
     cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
     (shifted / "config.json").write_text(json.dumps(cfg))
-    prompts = heldout_prompts(model, 4, 64, seed=5)
+    hf = model.model()
+    prompts = heldout_prompts(hf.tokenizer, 4, 64, seed=5)
+
+    def served(path, ids, **flags):  # what an engine running this reading counts
+        drafter = open_drafter(str(path)).reference().build(torch.float32, "cpu", **flags)
+        c = speculative_generate(hf, drafter, prompts, k=3, max_tokens=32, aux_ids=ids, embed=hf.embedding().float())
+        return {"num_drafts": c.num_drafts, "num_accepted_tokens": c.num_accepted_tokens,
+                "accepted_per_pos": c.accepted_per_pos}
+
     d = open_drafter(str(shifted))
-    served = replay(load_reference(d), (3, 5, 6), model, prompts, k=3, max_tokens=32)  # what an engine would do
-    counts = {"num_drafts": served.num_drafts, "num_accepted_tokens": served.num_accepted_tokens,
-              "accepted_per_pos": served.accepted_per_pos}
-    m = measure(d, model)
-    er = engine_reading(str(shifted), model, prompts, k=3, max_tokens=32, engine_counts=counts, measured=m)
+    er = engine_reading(d, model, prompts, k=3, max_tokens=32, engine_counts=served(shifted, (3, 5, 6)),
+                        measured=measure(d, model))
     assert er.matched is not None and er.matched.boundary_ids == (3, 5, 6)
     assert er.intended.boundary_ids == (2, 4, 5)
     assert "reads boundaries [3, 5, 6]; the drafter was trained on [2, 4, 5]" in er.difference()
-    straight = engine_reading(str(TRAINED / "eagle3.1"), model, prompts, k=3, max_tokens=32, engine_counts={
-        **counts, **{k: v for k, v in zip(("num_drafts", "num_accepted_tokens", "accepted_per_pos"), _counts(
-            replay(load_reference(open_drafter(str(TRAINED / "eagle3.1"))), (2, 4, 5), model, prompts, k=3,
-                   max_tokens=32)), strict=True)}}, measured=measure(open_drafter(str(TRAINED / "eagle3.1")), model))
+    plain = open_drafter(str(TRAINED / "eagle3.1"))
+    straight = engine_reading(plain, model, prompts, k=3, max_tokens=32,
+                              engine_counts=served(TRAINED / "eagle3.1", (2, 4, 5)), measured=measure(plain, model))
     assert straight.matched is not None and straight.difference() is None
-    flipped = engine_reading(str(TRAINED / "eagle3.1"), model, prompts, k=3, max_tokens=32, engine_counts=dict(zip(
-        ("num_drafts", "num_accepted_tokens", "accepted_per_pos"), _counts(replay(
-            load_reference(open_drafter(str(TRAINED / "eagle3.1"))), (2, 4, 5), model, prompts, k=3, max_tokens=32,
-            norm_output=False)), strict=True)), measured=None)
+    flipped = engine_reading(plain, model, prompts, k=3, max_tokens=32,
+                             engine_counts=served(TRAINED / "eagle3.1", (2, 4, 5), norm_output=False), measured=None)
     assert "ran with norm_output off" in flipped.difference()
-
-
-def _counts(c):
-    return c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos
 
 
 def test_upgrade_measures_layers_and_inits(tmp_path, invoke):

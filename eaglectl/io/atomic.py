@@ -83,6 +83,15 @@ def staged_output(dest: str | os.PathLike[str], *, force: bool = False, sources:
             raise
 
 
+def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
+                      sources: Iterable[str | os.PathLike[str]] = (), replaceable: tuple[str, ...] = REPLACEABLE) -> None:
+    """Refuse DEST now, before any measurement or write, for every reason `staged_output` would (it checks
+    again under its lock)."""
+    final = resolve_dest(dest)
+    refuse_overlap(final, sources)
+    _existing(final, force, replaceable)
+
+
 def resolve_dest(dest: str | os.PathLike[str]) -> Path:
     """DEST with symlinked parents resolved (DEST itself is not followed: a link there is refused)."""
     text = os.fspath(dest)

@@ -36,7 +36,11 @@ class HFModel:
 
 
 def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
-    """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code."""
+    """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code. A command loads
+    its target once, through `target.Target.model`."""
+    from .. import loads
+
+    loads.count("target_model")
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import loads
 from ..drafter import DrafterCheckpoint, layer_index
 from ..errors import IncompatibleDrafterError
 from ..spec import DrafterSpec
@@ -130,7 +131,9 @@ class LoadedDrafter:
 
 
 def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
-    """Read every tensor of an interpreted checkpoint for the reference drafter."""
+    """Read every tensor of an interpreted checkpoint for the reference drafter (`DrafterCheckpoint.reference`
+    keeps the result: call that)."""
+    loads.count("drafter_fp32")
     args = args_from_spec(d.spec, d.source)
     tensors: dict[str, torch.Tensor] = {}
     for canon in d.view.names():

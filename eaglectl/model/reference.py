@@ -303,28 +303,41 @@ class Drafter(nn.Module):
     # -- all anchors at once (parity, training-time-test layout) -----------------------------
 
     def run(self, aux: torch.Tensor, tokens: torch.Tensor, steps: int,
-            embed: torch.Tensor | None = None) -> list[StepOutput]:
+            embed: torch.Tensor | None = None, anchors: slice | None = None) -> list[StepOutput]:
         """Draft `steps` tokens from every anchor t = 0..T-1, teacher-forced.
 
         aux: (B, T, n_aux·H_t) target features of positions 0..T-1; tokens: (B, T + steps) token ids,
         the step-j input of anchor t is tokens[t + j + 1] at position t + j. `embed` overrides the
-        embedding table (the target's, for drafters that ship none).
+        embedding table (the target's, for drafters that ship none). `anchors` (a slice of 0..T-1)
+        drafts the chains of those anchors only: step 0 still runs at every position (its keys are
+        every chain's context), steps >= 1 only for the window, and their outputs cover the window.
         """
         B, T = aux.shape[:2]
+        lo, hi, _ = (anchors or slice(0, T)).indices(T)
+        W = hi - lo
         table = self.table(embed)
         pos0 = torch.arange(T, device=aux.device).expand(B, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=aux.device).tril()
-        diag = torch.eye(T, dtype=torch.bool, device=aux.device)
+        diag = torch.eye(W, dtype=torch.bool, device=aux.device)
         kvs = [LayerKV() for _ in self.layers]
         hidden = self.combine(aux)
         outs = []
         for j in range(steps):
-            embeds = F.embedding(tokens[:, j + 1: j + 1 + T], table)
-            mask = torch.cat([causal] + [diag] * j, dim=1)  # (T, T·(j+1)): context ≤ t, own chain
-            out = self(hidden, embeds, pos0 + j, kvs, mask)
+            if j == 0:
+                out = self(hidden, F.embedding(tokens[:, 1: 1 + T], table), pos0, kvs, causal)
+                outs.append(out if W == T else _rows(out, lo, hi))
+                hidden = out.feedback[:, lo:hi]
+                continue
+            embeds = F.embedding(tokens[:, lo + j + 1: hi + j + 1], table)
+            mask = torch.cat([causal[lo:hi]] + [diag] * j, dim=1)  # (W, T + W·j): context ≤ t, own chain
+            out = self(hidden, embeds, pos0[:, lo:hi] + j, kvs, mask)
             outs.append(out)
             hidden = out.feedback
         return outs
+
+
+def _rows(out: StepOutput, lo: int, hi: int) -> StepOutput:
+    return StepOutput(out.logits[:, lo:hi], out.feedback[:, lo:hi], out.target_ids[:, lo:hi], out.pre_norm[:, lo:hi])
 
 
 @dataclass
