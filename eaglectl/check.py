@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .errors import EXIT_FINDINGS, EaglectlError
+from .progress import Progress, passthrough
 from .rules import RULES, Finding
 
 SCHEMA = "eaglectl.check/1"
@@ -63,7 +64,8 @@ def _timed(fn: Any) -> Stage:
 def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
         strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
         allow_pickle: bool = False, base_model: str | None = None, measure: bool = True,
-        states: str | None = None, engine_version: str | None = None) -> CheckReport:
+        states: str | None = None, engine_version: str | None = None, progress: Progress = passthrough
+        ) -> CheckReport:
     """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
     from .drafter import open_drafter
     from .inspect import inspect_opened
@@ -71,8 +73,8 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
 
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=allow_pickle)
-    tgt = Target.open(target, states)
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version)
+    tgt = Target.open(target, states, progress=progress)
+    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version, progress=progress)
     s = rep.summary
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "
@@ -84,7 +86,7 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
     out.stages.append(_timed(lambda: _parity(rep)))
     wants_smoke = run_smoke or min_acceptance is not None
-    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python))
+    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress))
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
     out.stages.append(_timed(lambda: _card(out, rep, card, smoke_doc, base_model)))
@@ -117,7 +119,7 @@ def _parity(rep: Any) -> Stage:
 
 
 def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float | None,
-           vllm_python: str | None) -> Stage:
+           vllm_python: str | None, progress: Progress) -> Stage:
     if not requested:
         return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM)")
     why_not = ("needs --target" if target is None else
@@ -128,7 +130,7 @@ def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float 
 
     try:
         sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
-                           concurrency=(1,), measured=rep.measured).to_json()
+                           concurrency=(1,), measured=rep.measured, progress=progress).to_json()
     except EaglectlError as e:
         return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
     al = sm["mean_acceptance_length"]

@@ -748,7 +748,7 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
         rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
                         strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
                         allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
-                        states=o["states"], engine_version=o["engine_version"])
+                        states=o["states"], engine_version=o["engine_version"], progress=report.progress)
         reports.append(rep)
         return rep
 

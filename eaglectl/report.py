@@ -135,11 +135,15 @@ def result_line(command: str, result: Any) -> str:
 
 
 def timings() -> None:
-    """-v: how long the command took, on stderr."""
+    """-v: how long the command took and what it opened, loaded and ran (eaglectl/loads.py), on stderr."""
     if SETTINGS.verbose and not SETTINGS.json:
         import time
 
-        stderr.print(f"[dim]{SETTINGS.command or 'eaglectl'}: {time.perf_counter() - SETTINGS.started:.2f} s[/]")
+        from .loads import COUNTS
+
+        done = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(COUNTS.items()))
+        stderr.print(f"[dim]{SETTINGS.command or 'eaglectl'}: {time.perf_counter() - SETTINGS.started:.2f} s"
+                     + (f"; {safe(done)}" if done else "") + "[/]")
 
 
 def warning(message: str) -> None:
@@ -181,6 +185,9 @@ def internal_error(exc: BaseException) -> None:
 
 # ------------------------------------------------------------------------------------- progress
 
+HEARTBEAT_S = 30.0  # off a terminal (CI logs): a progress line on stderr at least this often
+
+
 def progress_enabled() -> bool:
     """On a terminal, unless --json or -q; NO_COLOR removes colour only (it is not "no progress")."""
     return not SETTINGS.json and not SETTINGS.quiet and stderr.is_terminal
@@ -188,12 +195,14 @@ def progress_enabled() -> bool:
 
 def progress(items: Iterable[T], *, label: str, total: int | None = None, weight: Callable[[T], int] | None = None,
              unit: str | None = None) -> Iterator[T]:
-    """Wrap an iterable in a transient progress bar on stderr when a human watches it; else pass through.
+    """Wrap an iterable in a transient progress bar on stderr when a human watches it. Off a terminal (a CI
+    log), a measurement is not silent either: one plain line on stderr once it has run HEARTBEAT_S, then at
+    least every HEARTBEAT_S (never with --json or -q, where stderr carries errors only).
 
     `weight(item)` advances the bar by that amount (bytes with unit "B", tokens, ...) instead of 1.
     """
     if not progress_enabled():
-        yield from items
+        yield from items if SETTINGS.json or SETTINGS.quiet else _heartbeat(items, label, total, weight)
         return
     from rich.progress import (
         BarColumn,
@@ -212,6 +221,30 @@ def progress(items: Iterable[T], *, label: str, total: int | None = None, weight
         for item in items:
             yield item
             bar.advance(task, weight(item) if weight else 1)
+
+
+def _heartbeat(items: Iterable[T], label: str, total: int | None, weight: Callable[[T], int] | None
+               ) -> Iterator[T]:
+    """Pass `items` through; a daemon thread prints how far they got every HEARTBEAT_S until they end."""
+    import threading
+    import time
+
+    started, done, stop = time.monotonic(), [0], threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            took = time.monotonic() - started
+            eta = f", about {took / done[0] * (total - done[0]):.0f} s left" if total and done[0] else ""
+            stderr.print(f"{safe(label)}: {done[0]}" + (f" of {total}" if total else "") + f" after {took:.0f} s{eta}")
+
+    thread = threading.Thread(target=beat, name="eaglectl-heartbeat", daemon=True)
+    thread.start()
+    try:
+        for item in items:
+            yield item
+            done[0] += weight(item) if weight else 1
+    finally:
+        stop.set()
 
 
 PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records",

@@ -216,7 +216,9 @@ class Target:
             from .model.hf import load_model
             from .model.loader import DTYPES
 
-            self._model = load_model(self.source, dtype=DTYPES[self.dtype])
+            for _ in self.progress([0], label=f"loading the target {self.source}", total=1):
+                self._model = load_model(self.source, dtype=DTYPES[self.dtype])
+        assert self._model is not None
         return self._model
 
     def need(self, boundaries: Any = (), tokens: int = 0) -> None:

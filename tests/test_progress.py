@@ -69,3 +69,26 @@ time.sleep(0.3)
     grew = list(run.ticks(lambda: _configs_done(run.res_path), every_s=0.05))
     doc, _ = run.result()
     assert sum(grew) == 3 and len(grew) >= 2 and len(doc["configs"]) == 3
+
+
+def test_off_a_terminal_a_long_step_still_prints_a_line(monkeypatch, capsys):
+    """CI logs: stderr is no terminal, yet a measurement prints a plain line at least every HEARTBEAT_S, even
+    while one item takes longer than that (a thread keeps the beat); none with --json."""
+    import time
+
+    from rich.console import Console
+
+    console = Console(stderr=True, force_terminal=False)
+    monkeypatch.setattr(report, "stderr", console)
+    monkeypatch.setattr(report, "HEARTBEAT_S", 0.05)
+    report.SETTINGS.reset()
+    for _ in report.progress(range(2), label="measuring", total=2):
+        time.sleep(0.3)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("measuring: ")]
+    assert len(lines) >= 4 and lines[0].startswith("measuring: 0 of 2 after") and " of 2 after " in lines[-1]
+    assert any("s left" in x for x in lines)  # an ETA once an item is done
+    report.SETTINGS.json = True
+    for _ in report.progress(range(1), label="measuring", total=1):
+        time.sleep(0.2)
+    assert "measuring" not in capsys.readouterr().err
+    report.SETTINGS.reset()
