@@ -223,17 +223,17 @@ def _inits(init: str, tgt: Target | None) -> tuple[str, ...]:
 
 def _layers(src: DrafterCheckpoint, tgt: Target) -> tuple[tuple[int, ...], str]:
     """The boundaries calibration must use: measured when the probe decides, else the files' reading."""
-    from .probe import try_measure
+    from .probe import measure
 
     L = tgt.num_layers
     assert L is not None
     if tgt.states is None and not tgt.runnable:
         return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})"
     tgt.need(tokens=CALIBRATION_TOKENS)  # the probe's capture also serves calibration and fidelity
-    m, why = try_measure(src, tgt, loop_prompts=0)
-    if m is not None and m.boundary_ids is not None:
+    m = measure(src, tgt, loop_prompts=0)  # what stops the probe stops calibration too: said as it is
+    if m.boundary_ids is not None:
         return m.boundary_ids, f"measured ({m.aux.reason})"
-    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason if m else why})"
+    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason})"
 
 
 def _calibrate(src: DrafterCheckpoint, tgt: Target, ids: tuple[int, ...], inits: tuple[str, ...], n: int, Ht: int,

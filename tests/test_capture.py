@@ -15,6 +15,7 @@ import torch
 
 from eaglectl import calibration, capture, probe, upgrade
 from eaglectl.drafter import open_drafter
+from eaglectl.target import Target
 from eaglectl.io.states import open_states
 from eaglectl.model.hf import forward, load_model
 
@@ -122,7 +123,7 @@ def test_auto_init_from_states_ranks_on_held_out_requests(hf_states, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(TRUTH))
 def test_the_probe_reads_each_fixture_from_a_capture(hf_states, name):
-    m = probe.measure(open_drafter(str(TRAINED / name)), states=open_states(str(hf_states)))
+    m = probe.measure(open_drafter(str(TRAINED / name)), Target.open(None, str(hf_states)))
     assert list(m.boundary_ids) == TRUTH[name] and m.aux.p_value < 1e-6
     assert "labels the target's greedy next tokens" in m.inputs
 
