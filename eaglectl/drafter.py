@@ -197,6 +197,8 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         f.sources["target_hidden_size"] = "default: = hidden_size (vLLM)"
     num_aux = None
     fc = view.shape("fc.weight")
+    if fc is not None and len(fc) == 2 and view.info("fc.weight").dtype == "U8" and "fc.weight_scale_2" in view:
+        fc = (fc[0], fc[1] * 2)  # NVFP4 packs two values per byte
     if fc is not None and len(fc) == 2 and target_hidden and fc[1] % target_hidden == 0:
         num_aux = fc[1] // target_hidden
         f.sources["num_aux_hidden_states"] = "weights: fc.weight in-features / target_hidden_size"

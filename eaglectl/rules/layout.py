@@ -170,7 +170,7 @@ _MAX_NAME_FINDINGS = 20  # a hostile file may hold 10⁵ strange names; name the
 @check
 def names(ctx: Context) -> None:
     stored = list(ctx.ckpt.tensor_file)
-    quantized = ctx.config.has("quantization_config")
+    quantized = ctx.config.has("quantization_config") or "hf_quant_config.json" in ctx.ckpt.file_names
     prefixed = [n for n in stored if n.startswith("model.")]
     if prefixed:
         ctx.emit(MODEL_PREFIX, f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
@@ -294,6 +294,9 @@ def layers(ctx: Context) -> None:
                 ctx.emit(MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
             continue
         actual = view.shape(canon)
+        if actual is not None and len(actual) == 2 and view.info(canon).dtype == "U8" \
+                and f"{canon}_scale_2" in view:  # NVFP4: two 4-bit values per byte along the input dimension
+            actual = (actual[0], actual[1] * 2)
         if actual is not None and not _shape_ok(actual, shape):
             ctx.emit(TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
                      view.locate(canon))
