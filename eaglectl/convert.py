@@ -35,8 +35,8 @@ from .io import cast as casting
 from .io.atomic import staged_output
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
-from .io.quant import QUANT_FILE, converted_configs, layout_of
 from .io.jsonio import MISSING, config_set
+from .io.quant import QUANT_FILE, converted_configs, layout_of
 from .io.safetensors import (
     TensorEntry,
     Written,

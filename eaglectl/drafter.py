@@ -75,7 +75,13 @@ class CanonicalView:
         return self.ckpt.tensors[self.stored[canon]]
 
     def shape(self, canon: str) -> tuple[int, ...] | None:
-        return self.info(canon).shape if canon in self.stored else None
+        """The tensor's logical shape: an NVFP4 weight (uint8 with a weight_scale_2) packs two values per byte."""
+        if canon not in self.stored:
+            return None
+        info = self.info(canon)
+        if info.dtype == "U8" and len(info.shape) == 2 and canon.endswith(".weight") and f"{canon}_scale_2" in self:
+            return (info.shape[0], info.shape[1] * 2)
+        return info.shape
 
     def read(self, canon: str) -> Any:
         return self.ckpt.read(self.stored[canon])
@@ -197,8 +203,6 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         f.sources["target_hidden_size"] = "default: = hidden_size (vLLM)"
     num_aux = None
     fc = view.shape("fc.weight")
-    if fc is not None and len(fc) == 2 and view.info("fc.weight").dtype == "U8" and "fc.weight_scale_2" in view:
-        fc = (fc[0], fc[1] * 2)  # NVFP4 packs two values per byte
     if fc is not None and len(fc) == 2 and target_hidden and fc[1] % target_hidden == 0:
         num_aux = fc[1] // target_hidden
         f.sources["num_aux_hidden_states"] = "weights: fc.weight in-features / target_hidden_size"

@@ -245,7 +245,9 @@ def matches_any(entry: str, prefixes: list[str]) -> bool:
 def rewrite_entries(entries: list[Any], src: Any, dst: Any) -> list[Any]:
     """Exclusion entries renamed from the source dialect's tensor names to the destination's (the dialect
     key rules are prefix renames: `midlayer.` <-> `layers.0.`, NeMo's `model.`); wildcards before a name are
-    kept. Entries naming no dialect prefix (vLLM names like `*fc`, `lm_head`) stay as they are."""
+    kept, entries naming no dialect prefix (`*fc`, `lm_head`) stay as they are. Where the destination's names
+    are not vLLM's (`midlayer.`: sglang's module names), the canonical spelling, which vLLM's module names
+    contain, is kept next to the renamed one, so both engines exclude the same layers."""
     out: list[Any] = []
     for e in entries:
         if not isinstance(e, str):
@@ -253,7 +255,22 @@ def rewrite_entries(entries: list[Any], src: Any, dst: Any) -> list[Any]:
             continue
         body = e.lstrip("*")
         head = e[: len(e) - len(body)]
-        out.append(head + dst.from_canonical(src.to_canonical(body)))
+        canon = src.to_canonical(body)
+        for spelled in (head + dst.from_canonical(canon), head + canon):
+            if spelled not in out:
+                out.append(spelled)
+    return out
+
+
+def dialect_names(prefixes: list[str], dialect: Any) -> list[str]:
+    """vLLM module prefixes (`model.layers.0.mlp.down_proj`) spelled in a dialect's tensor names
+    (`model.midlayer.mlp.down_proj`: the module names of the engine that serves that layout)."""
+    out = []
+    for p in prefixes:
+        inner = p.removeprefix("model.")
+        spelled = ("model." if p.startswith("model.") else "") + dialect.from_canonical(inner)
+        if spelled != p:
+            out.append(spelled)
     return out
 
 

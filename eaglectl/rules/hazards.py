@@ -95,7 +95,9 @@ def _claims(ctx: Context) -> list[str]:
 @check
 def nemo_claims_31(ctx: Context) -> None:
     spec = ctx.spec
-    if ctx.dialect.name != "nemo" or spec.eagle_version != "3" or any(c.startswith("fc_norm.") for c in ctx.view.stored):
+    if ctx.dialect.name != "nemo" or spec.eagle_version != "3":
+        return
+    if any(c.startswith("fc_norm.") for c in ctx.view.stored):
         return
     claims = _claims(ctx)
     if claims:
@@ -196,9 +198,9 @@ def null_template_fields(ctx: Context) -> None:
 @check
 def tokenspeed_sizes(ctx: Context) -> None:
     spec = ctx.spec
-    H, Ht = spec.hidden_size, spec.target_hidden_size
-    if H is None or Ht is None or H == Ht:
+    hidden, target_hidden = spec.hidden_size, spec.target_hidden_size
+    if hidden is None or target_hidden is None or hidden == target_hidden:
         return
     what = "fc and fc_norm" if spec.fc_norm else "fc"
-    ctx.emit(TOKENSPEED_TARGET_HIDDEN, f"target_hidden_size {Ht} != hidden_size {H}: TokenSpeed builds {what} for "
-             f"{H}-wide aux states, the weights take {Ht}", ctx.at("target_hidden_size"))
+    ctx.emit(TOKENSPEED_TARGET_HIDDEN, f"target_hidden_size {target_hidden} != hidden_size {hidden}: TokenSpeed builds "
+             f"{what} for {hidden}-wide aux states, the weights take {target_hidden}", ctx.at("target_hidden_size"))

@@ -294,9 +294,6 @@ def layers(ctx: Context) -> None:
                 ctx.emit(MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
             continue
         actual = view.shape(canon)
-        if actual is not None and len(actual) == 2 and view.info(canon).dtype == "U8" \
-                and f"{canon}_scale_2" in view:  # NVFP4: two 4-bit values per byte along the input dimension
-            actual = (actual[0], actual[1] * 2)
         if actual is not None and not _shape_ok(actual, shape):
             ctx.emit(TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
                      view.locate(canon))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..io.quant import SCHEMES, QuantLayout, excluded, layout_of, matches_any, vllm_module, vllm_modules
+from ..io.quant import SCHEMES, QuantLayout, dialect_names, excluded, layout_of, matches_any, vllm_module, vllm_modules
 from . import ERROR, INFO, WARNING, Context, check, rule
 
 QUANTIZED = rule("quantized", INFO, "A quantised drafter: its scheme, what is quantised and what vLLM leaves "
@@ -31,8 +31,8 @@ QUANT_IGNORE_UNMATCHED = rule("quant-ignore-unmatched", WARNING, "An exclusion e
 QUANT_EMBED_TOKENS = rule("quant-embed-tokens", ERROR, "embed_tokens is quantised: vLLM never quantises the "
                           "embedding and fails (KeyError: 'embed_tokens.weight_scale')",
                           "keep embed_tokens unquantised (export it in bf16, or exclude it)")
-QUANT_SCALE_MISSING = rule("quant-scale-missing", ERROR, "A quantised weight lacks a scale its scheme needs, or a scale "
-                           "has no weight: vLLM leaves the scale uninitialised or rejects the key",
+QUANT_SCALE_MISSING = rule("quant-scale-missing", ERROR, "A quantised weight lacks a scale its scheme needs, or a "
+                           "scale has no weight: vLLM leaves the scale uninitialised or rejects the key",
                            "re-export the scales with their weights")
 QUANT_CONFIG_DISAGREE = rule("quant-config-disagree", WARNING, "config.json quantization_config and "
                              "hf_quant_config.json disagree (vLLM reads the first, TensorRT-LLM and older readers "
@@ -82,8 +82,8 @@ def quantization(ctx: Context) -> None:
                  "quant_method", ctx.at("quantization_config.quant_method"))
     supported = eff.scheme is not None and (eff.quant_method or "").lower().startswith("modelopt")
     if not supported and not (q.config is not None and q.config.quant_method is None):
-        ctx.emit(QUANT_UNSUPPORTED, f"quant_method {eff.quant_method or 'absent'}, quant_algo {eff.quant_algo or 'absent'}"
-                 f" ({eff.where})", where)
+        ctx.emit(QUANT_UNSUPPORTED, f"quant_method {eff.quant_method or 'absent'}, quant_algo "
+                 f"{eff.quant_algo or 'absent'} ({eff.where})", where)
     if q.config is not None and q.config.style == "flat" and q.config.exclusions is None and q.config.exclude_modules:
         ctx.emit(QUANT_EXCLUDE_IGNORED, f"exclude_modules {list(q.config.exclude_modules)[:4]} and no ignore",
                  ctx.at("quantization_config.exclude_modules"))
@@ -154,7 +154,8 @@ def _modules(ctx: Context, q: QuantLayout, entries: tuple[str, ...], where: str)
     for message in bad[:20]:
         ctx.emit(QUANT_MODULE_MISMATCH, message, where)
     prefixes = [p for p in modules if p != "model.embed_tokens"]
-    unmatched = [e for e in entries if not matches_any(e, prefixes)]
+    own = dialect_names(prefixes, ctx.dialect)  # a midlayer layout's own engine (sglang) names them so
+    unmatched = [e for e in entries if not matches_any(e, prefixes) and not matches_any(e, own)]
     for e in unmatched[:20]:
         ctx.emit(QUANT_IGNORE_UNMATCHED, f"entry '{e}' excludes none of vLLM's modules for this drafter "
                  f"({', '.join(sorted(prefixes)[:6])})", where)
