@@ -24,6 +24,7 @@ from eaglectl import errors  # noqa: E402
 from eaglectl.cli import cli  # noqa: E402
 from eaglectl.docs_data import dialect_rows  # noqa: E402
 from eaglectl.engines import AUX_READINGS, FEATURES, REFERENCE  # noqa: E402
+from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
 from eaglectl.spec import AUX_CONVENTIONS, EAGLE_VERSIONS  # noqa: E402
@@ -76,6 +77,13 @@ def formats_page() -> str:
                "| norm_before_fc | fc_norm | norm_output | eagle_version | meaning |\n|---|---|---|---|---|\n")
     for (nbfc, fcn, no), (name, meaning) in EAGLE_VERSIONS.items():
         out.append(f"| {str(nbfc).lower()} | {str(fcn).lower()} | {str(no).lower()} | `{name}` | {_cell(meaning)} |\n")
+    out.append("\n## Not EAGLE-3\n\nDrafter families no EAGLE-3 dialect can hold (`eaglectl/formats/families.py`): "
+               "detected before the dialects and refused by name (`unknown-format`, exit 5) by every command. A family "
+               "matches when the weights of its signals that hold reach its threshold.\n\n"
+               "| family | signals (weight) | threshold | served by | why refused |\n|---|---|---|---|---|\n")
+    for f in FAMILIES:
+        signals = "; ".join(f"{s.describe()} ({s.weight:g})" for s in f.signals)
+        out.append(f"| {f.name} | {_cell(signals)} | {f.threshold:g} | {_cell(f.served_by)} | {_cell(f.why)} |\n")
     return "".join(out)
 
 
@@ -120,7 +128,8 @@ def rules_page() -> str:
         fix = r.hint() or "-"
         if r.repaired_by_convert:
             fix += " (a conversion repairs it)"
-        out.append(f"| `{r.id}` | {r.severity} | {_cell(r.title)} | {_cell(fix)} |\n")
+        title = r.title + (f" (scoped to {r.engine})" if r.engine else "")
+        out.append(f"| `{r.id}` | {r.severity} | {_cell(title)} | {_cell(fix)} |\n")
     return "".join(out)
 
 

@@ -43,7 +43,8 @@ def card_tags(rep: InspectReport) -> list[str]:
     return [*tags, "vllm"]
 
 
-def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] | None, existing: Any | None) -> str:
+def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] | None, existing: Any | None,
+                profile: dict[str, Any] | None = None) -> str:
     """README.md text: front-matter (base_model, tags; license and other keys kept) and a generated body."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -79,6 +80,8 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
                   "| k | mean acceptance length | per-position acceptance |", "|---|---|---|",
                   f"| {smoke['num_speculative_tokens']} | {smoke['mean_acceptance_length']:.3f} | "
                   + " / ".join(f"{x:.2f}" for x in smoke["per_position_acceptance"]) + " |", ""]
+    if profile is not None:
+        lines += profile_section(profile)
     lines += ["## Provenance", "", f"Card written by eaglectl {__version__}."]
     if prov.present:
         source = prov.str("source") or "?"
@@ -91,6 +94,21 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
     card = ModelCard.from_template(ModelCardData(**data), template_str="---\n{{ card_data }}\n---\n\n{{ body }}\n",
                                    body="\n".join(lines))
     return str(card)
+
+
+def profile_section(p: dict[str, Any]) -> list[str]:
+    """The measured figures of a (validated, measured) speculation_profile.json, as card lines."""
+    cond = p.get("measurement_conditions") or {}
+    said = ", ".join(f"{k} {cond[k]}" for k in ("engine", "engine_version", "runner", "dtype", "dataset", "num_samples",
+                                                 "osl") if cond.get(k) is not None)
+    rows = [f"| {i + 1} | {c:.3f} | {m:.3f} |" for i, (c, m) in
+            enumerate(zip(p["conditional_accept_rates"], p["marginal_accept_rates"], strict=True))]
+    per_request = p.get("mean_accept_length_per_request")
+    return ["## Measured acceptance (speculation_profile.json)", "",
+            f"k = {p['num_speculative_tokens']}, mean acceptance length {p['mean_accept_length']:.3f} per decode step"
+            + (f" ({per_request:.3f} averaged per request)" if isinstance(per_request, (int, float)) else "")
+            + (f"; {said}" if said else "") + ".", "",
+            "| draft position | conditional acceptance | marginal acceptance |", "|---|---|---|", *rows, ""]
 
 
 def _serve(rep: InspectReport, base: str | None) -> str:

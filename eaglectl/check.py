@@ -146,7 +146,7 @@ def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float 
 def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
     from .card import base_model, load_card, render_card, write_card
-    from .rules.card import lint_card
+    from .rules.card import lint_card, lint_profile
 
     if card is False:
         return Stage("card", "skipped", "--no-card")
@@ -156,20 +156,26 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
                          requested=True)
     folder = Path(rep.drafter.root)
     base = base_model(rep, explicit_base)
+    profile, profile_findings = lint_profile(folder, rep.drafter) if folder.is_dir() else (None, [])
+    out.findings.extend(profile_findings)  # speculation_profile.json: validated; its figures go on the card
     try:
         existing = load_card(folder) if folder.is_dir() else None
         if card:
-            path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing))
+            path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile))
             out.card_written = str(path)
             existing = load_card(folder)
     except EaglectlError as e:
         return Stage("card", "fail", f"[{e.reference}] {e.message}", requested=bool(card))
     if existing is None:
+        bad = [f for f in profile_findings if f.severity == "error"]
+        if bad:
+            return Stage("card", "fail", f"[{bad[0].rule_id}] {bad[0].message}")
         return Stage("card", "skipped", "no README.md (--card writes one)")
     from .inspect import speculative_config
 
     found = lint_card(existing, rep.drafter, base, speculative_config(rep.drafter)["num_speculative_tokens"])
     out.findings.extend(found)
+    found = profile_findings + found
     errors = [f for f in found if f.severity == "error"]
     note = "" if base else "; base_model unknown (pass --base-model ORG/NAME)"
     return Stage("card", "fail" if errors else "pass",

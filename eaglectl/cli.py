@@ -683,11 +683,14 @@ Examples:
               help="Also run prompts of exactly these lengths (1k = 1024 tokens, built from the workload) and report "
                    "acceptance per length; --max-model-len grows to fit.")
 @plot_option("per-position acceptance, AL by context length and speedup by concurrency")
+@click.option("--profile", type=OutputFile(), help="Also write the measured acceptance as ModelOpt's "
+              "speculation_profile.json (conditional and marginal rates per position, histogram, conditions).")
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
               max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
               tensor_parallel_size: int, vllm_python: str | None, server: str | None, min_acceptance: float | None,
-              timeout_s: float, seed: int, context_lengths: tuple[int, ...] | None, plot: str | None) -> None:
+              timeout_s: float, seed: int, context_lengths: tuple[int, ...] | None, plot: str | None,
+              profile: str | None) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -703,7 +706,7 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
                                      timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
-                                     progress=report.progress, server=server))
+                                     progress=report.progress, server=server, profile=profile))
 
 
 # ------------------------------------------------------------------------------------------ check

@@ -37,6 +37,7 @@ from .io.atomic import check_destination, staged_output
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from .io.jsonio import MISSING, config_set
+from .io.quant import QUANT_FILE, converted_configs, layout_of
 from .io.safetensors import (
     TensorEntry,
     Written,
@@ -47,6 +48,7 @@ from .io.safetensors import (
 )
 from .progress import Progress, passthrough
 from .rules import Context, run_checks
+from .rules.hazards import strip_null_template_fields
 from .spec import FLAGS, DrafterSpec, default_aux_ids
 from .target import Target, TargetCheckpoint, is_hub_id
 
@@ -57,7 +59,7 @@ SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
 _DRAFTER_KEYS = frozenset({
     "architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
-    "num_aux_hidden_states", "eaglectl_provenance", "torch_dtype", "dtype", *FLAGS,
+    "num_aux_hidden_states", "eaglectl_provenance", "torch_dtype", "dtype", "quantization_config", *FLAGS,
 })
 
 
@@ -95,6 +97,7 @@ class ConversionPlan:
     shards: list[list[str]]  # dest tensor names per file; one list = single model.safetensors
     metadata: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    side_files: dict[str, Any] = field(default_factory=dict)  # other JSON files written beside config.json
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,7 +106,7 @@ class ConversionPlan:
             "tensors": [{**asdict(t), "shape": list(t.shape)} for t in self.tensors],
             "dropped": [{"tensor": n, "why": w} for n, w in self.dropped],
             "config": self.config, "config_changes": self.config_changes,
-            "files": self.file_names(), "metadata": self.metadata, "notes": self.notes,
+            "files": self.file_names() + sorted(self.side_files), "metadata": self.metadata, "notes": self.notes,
         }
 
     def file_names(self) -> list[str]:
@@ -322,6 +325,10 @@ def plan_conversion(
     if w.style == "speculators" and spec.norm_before_fc and spec.fc_norm:
         fail("the speculators format rejects norm_before_fc together with fc_norm")
 
+    quantized = layout_of(src)
+    if dtype and quantized is not None:  # a cast would lose the scales' meaning: FP8 / NVFP4 stay as stored
+        fail(f"the drafter is quantised ({quantized.describe()}); --dtype {dtype} would cast its scales and leave the "
+             "quantised weights as they are: convert it without --dtype (its tensors are copied bit for bit)")
     out_dtype = CONFIG_NAMES[dtype] if dtype else None
     V, Vd = spec.vocab_size, spec.draft_vocab_size or spec.vocab_size
     reduced = V is not None and Vd is not None and Vd < V
@@ -376,6 +383,9 @@ def plan_conversion(
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
     config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
+    quant_config, quant_file = converted_configs(src, dialect)
+    if quant_config is not None:
+        config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
     config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=w.aux_convention or dialect.aux_convention)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
@@ -383,6 +393,7 @@ def plan_conversion(
         source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
         shards=_shard(actions, shard_limit), metadata=metadata,
+        side_files={QUANT_FILE: quant_file} if quant_file is not None else {},
     )
 
 
@@ -463,6 +474,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
     if not is_hub_id(layer.get("_name_or_path")):
         layer.pop("_name_or_path", None)  # a training machine's path is no identity
+    strip_null_template_fields(layer)  # a typed field is never written as null (rule null-template-field)
     layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
     if spec.rope_theta is None and "rope_parameters" not in layer:
         layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
@@ -766,6 +778,8 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
             (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         config = json.loads(json.dumps(plan.config).replace(DIGEST_PLACEHOLDER, source_digest))
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for side_name, side_data in plan.side_files.items():  # hf_quant_config.json of a quantised drafter
+            (stage / side_name).write_text(json.dumps(side_data, indent=2) + "\n")
         out, lines = check_checkpoint(stage, plan, written, target)
         checked += lines
         if after_write is not None:

@@ -78,7 +78,13 @@ class CanonicalView:
         return self.ckpt.tensors[self.stored[canon]]
 
     def shape(self, canon: str) -> tuple[int, ...] | None:
-        return self.info(canon).shape if canon in self.stored else None
+        """The tensor's logical shape: an NVFP4 weight (uint8 with a weight_scale_2) packs two values per byte."""
+        if canon not in self.stored:
+            return None
+        info = self.info(canon)
+        if info.dtype == "U8" and len(info.shape) == 2 and canon.endswith(".weight") and f"{canon}_scale_2" in self:
+            return (info.shape[0], info.shape[1] * 2)
+        return info.shape
 
     def read(self, canon: str) -> Any:
         return self.ckpt.read(self.stored[canon])

@@ -48,6 +48,9 @@ class Baseline:
 
 
 BASELINE_KINDS = ("none", "ngram", "draft_model:PATH", "eagle3:PATH", "a drafter folder")
+# methods smoke does not offer as baselines, and why (vLLM 0.33 removed both: config/speculative.py)
+NOT_OFFERED = {"medusa": "vLLM 0.33 removed method medusa (smoke measures what current vLLM serves)",
+               "mlp_speculator": "vLLM 0.33 removed method mlp_speculator"}
 
 
 def parse_baselines(text: str | None) -> list[Baseline]:
@@ -62,6 +65,8 @@ def parse_baselines(text: str | None) -> list[Baseline]:
                 raise ValueError(f"empty item in {text!r}")
             continue
         kind, _, rest = item.partition(":")
+        if kind in NOT_OFFERED:
+            raise ValueError(f"baseline '{item}' is not offered: {NOT_OFFERED[kind]}")
         if item in ("none", "ngram"):
             out.append(Baseline(item, item))
         elif kind == "draft_model" or kind in ("eagle3", "eagle"):
@@ -180,6 +185,7 @@ class SmokeReport:
     engine_reading: Any = None  # reading.EngineReading (vLLM engine only)
     engine_reading_note: str | None = None
     plot: str | None = None
+    profile: str | None = None  # --profile: the speculation_profile.json written
 
     @property
     def main(self) -> ConfigResult:
@@ -233,6 +239,7 @@ class SmokeReport:
             "min_acceptance": self.min_acceptance,
             "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
             "engine_reading_note": self.engine_reading_note, "log": self.log, "plot": self.plot,
+            "profile": self.profile,
             "exit_code": self.exit_code,
         }
 
@@ -384,6 +391,7 @@ def measure(
     progress: Progress = passthrough,
     server: str | None = None,
     measured: Measurement | None = None,
+    profile: str | None = None,
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
@@ -445,6 +453,10 @@ def measure(
 
         plot_smoke(rep.to_json(), plot)
         rep.plot = plot
+    if profile:
+        from .profile import write_from_smoke
+
+        rep.profile = write_from_smoke(profile, rep.to_json())
     return rep
 
 

@@ -30,6 +30,7 @@ EXPECTED = {
     "modelopt-3": ("modelopt", "3", "llama", 0),
     "modelopt-mla": ("modelopt", "3.1", "mla", 0),
     "nemo-3.1": ("nemo", "3.1", "llama", 1),  # model.-prefixed keys: vLLM cannot load it as is
+    "speculators-fp8": ("speculators", "3.1", "llama", 0),  # ModelOpt FP8, quantised from trained/eagle3.1
 }
 
 
@@ -50,6 +51,7 @@ EXPECTED_FINDINGS = {
     "speculators-qwen3": set(),
     "speculators-sharded": set(),
     "torchspec-3.1": {"aux-ids-output-convention", "metadata-format"},
+    "speculators-fp8": {"embed-tokens-shared", "quantized"},  # no exotic-dtype, no mixed-dtypes
 }
 
 

@@ -64,7 +64,9 @@ def evaluate(dialect: Dialect, probe: Probe) -> Detection:
 
 
 def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Dialect, list[Detection]]:
-    """The dialect with the highest score, or the forced one; never a guess between equals."""
+    """The dialect with the highest score, or the forced one; never a guess between equals. A drafter of a
+    family that is not EAGLE-3 (families.py) is refused by name, whatever --from says."""
+    not_eagle3(probe, where)
     if forced is None and (why := looks_like_target(probe)):
         raise UnknownFormatError(f"{where}: this looks like a target model ({why}), not an EAGLE drafter",
                                  path=where, hint="give the drafter as SOURCE and this model as --target")
@@ -86,6 +88,21 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
             path=where, hint=f"pass --from {tied[0].dialect} (or another) to say which producer wrote it",
         )
     return DIALECTS[fitting[0].dialect], detections
+
+
+def not_eagle3(probe: Probe, where: str) -> None:
+    """UnknownFormatError naming the family, the engine that serves it and why, for a non-EAGLE-3 drafter."""
+    from .families import identify
+
+    found = identify(probe)
+    if found is None:
+        return
+    family, evidence = found
+    raise UnknownFormatError(
+        f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; served by "
+        f"{family.served_by}", path=where, family=family.name, served_by=family.served_by,
+        hint="only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
+             "named")
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

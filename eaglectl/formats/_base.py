@@ -32,6 +32,8 @@ class Signal:
             return any(t.startswith(self.arg) for t in p.tensors)
         if self.kind == "tensor":
             return self.arg in p.tensors
+        if self.kind == "tensor-contains":
+            return any(self.arg in t for t in p.tensors)
         if self.kind == "config-key":
             return config_get(p.config, self.arg) not in (MISSING, None)
         if self.kind == "config-value":
@@ -47,6 +49,7 @@ class Signal:
         return {
             "tensor-prefix": f"tensor names start with '{self.arg}'",
             "tensor": f"tensor '{self.arg}' present",
+            "tensor-contains": f"a tensor name contains '{self.arg}'",
             "config-key": f"config has '{self.arg}'",
             "config-value": f"config '{self.arg}' is {self.value!r}",
             "metadata-key": f"safetensors metadata has '{self.arg}'",

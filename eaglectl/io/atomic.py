@@ -92,6 +92,38 @@ def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
     _existing(final, force, replaceable)
 
 
+def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write one small file all or nothing: a temporary file beside it, fsynced, renamed over it. An existing
+    regular file is replaced (a sidecar such as speculation_profile.json); a link, folder or device never is."""
+    final = resolve_dest(path)
+    try:
+        st = os.lstat(final)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise filesystem_error(e, "look up", final) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OutputExistsError(f"{final}: exists and is not a regular file; it is never replaced", path=str(final))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.eaglectl-", dir=final.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, final)
+        tmp = None
+        _fsync_dir(final.parent)
+    except OSError as e:
+        raise filesystem_error(e, "write", final) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return final
+
+
 def resolve_dest(dest: str | os.PathLike[str]) -> Path:
     """DEST with symlinked parents resolved (DEST itself is not followed: a link there is refused)."""
     text = os.fspath(dest)

@@ -132,14 +132,22 @@ class LoadedDrafter:
 
 def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
     """Read every tensor of an interpreted checkpoint for the reference drafter (`DrafterCheckpoint.reference`
-    keeps the result: call that)."""
+    keeps the result: call that); a quantised export's weights are dequantised."""
+    from ..io.quant import dequantize, layout_of, scale_of
+
     loads.count("drafter_fp32")
     args = args_from_spec(d.spec, d.source)
+    quant = layout_of(d)  # a quantised export: weights are dequantised, scales are not parameters
     tensors: dict[str, torch.Tensor] = {}
     for canon in d.view.names():
         if canon.endswith(".hidden_norm.weight") and layer_index(canon) not in (None, 0):
             continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
-        value = np.ascontiguousarray(d.view.read(canon))
+        if quant is not None and scale_of(canon) is not None and canon not in quant.orphans:
+            continue
+        if quant is not None and canon in quant.quantized:
+            value = dequantize(d, canon, quant)
+        else:
+            value = np.ascontiguousarray(d.view.read(canon))
         t = torch.from_numpy(value if value.flags.writeable else value.copy())
         tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
     stored = {c: d.view.info(c).dtype for c in d.view.names()}

@@ -54,13 +54,16 @@ class Rule:
     title: str
     fix: str | None  # None: nothing to do (info); may hold the placeholders above
     repaired_by_convert: bool = False  # a conversion fixes it by construction, so it does not block one
+    # the one engine whose reading the rule is about (None: vLLM, the reference consumer, or every reader);
+    # a finding scoped to another engine says nothing about vLLM
+    engine: str | None = None
 
     def hint(self, values: dict[str, str] | None = None) -> str | None:
         return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
 
     def to_json(self) -> dict[str, Any]:
         return {"rule_id": self.id, "severity": self.severity.value, "title": self.title, "hint": self.hint(),
-                "repaired_by_convert": self.repaired_by_convert}
+                "repaired_by_convert": self.repaired_by_convert, "engine": self.engine}
 
 
 def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
@@ -84,10 +87,11 @@ def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
 RULES: dict[str, Rule] = {}
 
 
-def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False) -> Rule:
+def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False,
+         engine: str | None = None) -> Rule:
     if id in RULES:
         raise ValueError(f"rule '{id}' declared twice")
-    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert)
+    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert, engine)
     return r
 
 
@@ -191,3 +195,4 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 # Check modules, in report order; importing them registers their rules and checks.
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
 from . import engine  # noqa: E402, F401
+from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)

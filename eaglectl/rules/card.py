@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import formats
 from ..drafter import DrafterCheckpoint
+from ..errors import EaglectlError
 from . import ERROR, WARNING, Finding, hint_values, rule
 from .target import same_model
 
@@ -23,6 +24,33 @@ CARD_PROVENANCE = rule("card-provenance", WARNING, "An upgraded drafter's card d
                        "eaglectl check {source} --card (says so)")
 CARD_LOCAL_PATH = rule("card-local-path", ERROR, "The card names a local path as a model identity",
                        "eaglectl check {source} --card --base-model ORG/NAME (the target's Hub id)")
+PROFILE_INVALID = rule("profile-invalid", ERROR, "speculation_profile.json beside the drafter breaks ModelOpt's "
+                       "schema (rates, lengths, mean consistency)", "rewrite it: eaglectl smoke {source} --target "
+                       "{target} --profile {source}/speculation_profile.json")
+PROFILE_UNMEASURED = rule("profile-unmeasured", WARNING, "speculation_profile.json beside the drafter is an "
+                          "unmeasured stub (measured: false)", "measure it: eaglectl smoke {source} --target {target} "
+                          "--profile {source}/speculation_profile.json")
+
+
+def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """The profile found beside the drafter when it is valid and measured (for the card), and the findings."""
+    from ..profile import FILE, read, validate
+
+    path = folder / FILE
+    if not path.is_file():
+        return None, []
+    values = hint_values(drafter)
+    try:
+        profile = read(path)
+    except EaglectlError as e:
+        return None, [Finding(PROFILE_INVALID, e.message, str(path), values)]
+    problems = validate(profile)
+    if problems:
+        return None, [Finding(PROFILE_INVALID, f"{FILE}: {problems[0]}"
+                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), str(path), values)]
+    if profile.get("measured") is False:
+        return None, [Finding(PROFILE_UNMEASURED, f"{FILE} says measured: false", str(path), values)]
+    return profile, []
 
 
 def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:

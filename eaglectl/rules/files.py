@@ -19,8 +19,9 @@ SHARD_INDEX = rule("shard-index", ERROR, "The shard index disagrees with the sha
                    "regenerate model.safetensors.index.json")
 NONFINITE_VALUES = rule("nonfinite-values", ERROR, "A tensor holds NaN or Inf (--scan)",
                         "re-export from a healthy training checkpoint")
-EXOTIC_DTYPE = rule("exotic-dtype", WARNING, "A tensor uses an F8/F6/F4/complex/unsigned dtype the reference cannot run",
-                    "dequantise, or check that your engine supports it")
+EXOTIC_DTYPE = rule("exotic-dtype", WARNING, "A tensor uses an F8/F6/F4/complex/unsigned dtype outside a recognised "
+                    "quantised layout (the reference cannot run it)", "export it with its scales and a ModelOpt "
+                    "quantization_config (FP8 / NVFP4: rule quantized), or dequantise it")
 MIXED_DTYPES = rule("mixed-dtypes", WARNING, "Floating-point tensors come in more than one dtype",
                     "{convert} --dtype bfloat16 (or another: one dtype)")
 DTYPE_MISMATCH = rule("dtype-mismatch", WARNING, "config torch_dtype disagrees with the tensors",
@@ -49,10 +50,16 @@ def invalid_fields(ctx: Context) -> None:
 
 @check
 def dtypes(ctx: Context) -> None:
-    exotic = [(n, i) for n, i in ctx.ckpt.tensors.items() if i.dtype not in COMMON_DTYPES]
+    from ..io.quant import scale_of
+    from .quant import recognised  # a recognised quantised layout's weights and scales are not exotic
+
+    canon = ctx.dialect.to_canonical
+    exotic = [(n, i) for n, i in ctx.ckpt.tensors.items() if i.dtype not in COMMON_DTYPES
+              and not recognised(ctx, canon(n))]
     for name, info in exotic[:20]:
         ctx.emit(EXOTIC_DTYPE, f"'{name}' is {info.dtype}", ctx.ckpt.locate(name))
-    floats = ctx.drafter.float_dtypes()
+    floats = {i.dtype for n, i in ctx.ckpt.tensors.items() if i.dtype in FLOAT_DTYPES
+              and not (scale_of(canon(n)) and recognised(ctx, canon(n)))}  # scales keep their own dtype
     if len(floats) > 1:
         ctx.emit(MIXED_DTYPES, f"floating tensors use {', '.join(sorted(floats))}")
     configured = ctx.spec.config_dtype

@@ -170,7 +170,7 @@ _MAX_NAME_FINDINGS = 20  # a hostile file may hold 10⁵ strange names; name the
 @check
 def names(ctx: Context) -> None:
     stored = list(ctx.ckpt.tensor_file)
-    quantized = ctx.config.has("quantization_config")
+    quantized = ctx.config.has("quantization_config") or "hf_quant_config.json" in ctx.ckpt.file_names
     prefixed = [n for n in stored if n.startswith("model.")]
     if prefixed:
         ctx.emit(MODEL_PREFIX, f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
