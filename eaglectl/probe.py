@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .drafter import DrafterCheckpoint
-from .errors import IncompatibleDrafterError
+from .errors import IncompatibleDrafterError, InvalidStatesError
 from .model.hf import HFModel, forward
 from .model.loader import LoadedDrafter, load_reference
 from .model.specloop import speculative_generate
@@ -269,9 +269,10 @@ def open_session(model: HFModel, boundaries: set[int], tokens: int, steps: int, 
     return Session([seg], steps, f"target {model.path}: {tokens} tokens of {how}", model)
 
 
-def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -> Session:
+def states_session(states: Any, boundaries: set[int], tokens: int, steps: int, vocab: int | None = None) -> Session:
     """Windows of a capture (io/states.py) until `tokens` anchors: the labels are the target's greedy
-    next tokens when the capture recorded them, else the text's next tokens."""
+    next tokens when the capture recorded them, else the text's next tokens. Token ids and labels are
+    checked against `vocab` (the drafter's) as well as the capture's own."""
     import numpy as np
 
     from .io.states import compact_embedding
@@ -281,7 +282,7 @@ def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -
     no_table = states.embedding_source()
     fetch = wanted if no_table is not None or 0 in wanted else (0, *wanted)
     segments, got = [], 0
-    for req in states.requests(fetch):
+    for req in states.requests(fetch, vocab=vocab):
         labels = np.asarray(req.labels)
         T = min(len(labels) - steps, tokens - got)
         if T < 1:
@@ -298,7 +299,7 @@ def states_session(states: Any, boundaries: set[int], tokens: int, steps: int) -
         if got >= tokens:
             break
     if not segments:
-        raise IncompatibleDrafterError(f"{states.root}: no request is longer than {steps + 1} tokens")
+        raise InvalidStatesError(f"{states.root}: no request is longer than {steps + 1} tokens: too few states")
     label = "the target's greedy next tokens" if states.labels_are == "target" else "the text's next tokens"
     return Session(segments, steps, f"capture {states.root}: {got} tokens in {len(segments)} requests, "
                    f"labels {label}", None)
@@ -358,7 +359,8 @@ def measure(d: DrafterCheckpoint, model: HFModel | None = None, *, states: Any =
         aux = [c for c in aux if set(c.boundary_ids) <= set(states.layer_ids)]
         if not aux:
             states.require(tuple(sorted(wanted)))
-        session = states_session(states, {i for c in aux for i in c.boundary_ids}, tokens, steps)
+        session = states_session(states, {i for c in aux for i in c.boundary_ids}, tokens, steps,
+                                 vocab=loaded.args.vocab_size)
     prompts = heldout_prompts(model, loop_prompts, 64, seed) if loop_prompts and model is not None else []
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
     for c in wrap(aux, label="measuring aux readings", total=len(aux)):
@@ -423,6 +425,8 @@ def try_measure(d: DrafterCheckpoint, target: str | None, states: Any = None, **
 
         model = load_model(target)  # type: ignore[arg-type]
         return measure(d, model, **kw), model, None
+    except InvalidStatesError:
+        raise  # a capture the user gave is broken: that is the answer, not "not measured"
     except EaglectlError as e:
         return None, None, f"not measured: {e.message}"
 

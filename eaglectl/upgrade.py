@@ -168,6 +168,7 @@ def run(
                 moments = accumulate(W, n, Ht, eps, (progress or (lambda it, **kw: it))(
                     cal_part, label="calibration: requests"))
                 held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
+                held = held if held is not None and held.tokens else None  # held-out requests of one token each
                 source_note = {"target": captured.target, "states": str(captured.root), "text_source": where}
             else:
                 moments, text_how = _text_moments(model, calibration_text, ids, W, n, Ht, eps)
@@ -209,10 +210,12 @@ def run(
     if dry_run:
         return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, ConversionResult(plan, False, []), None,
                              notes, candidates, layers)
+    # the fidelity inputs are read before anything is written: a capture too short for them fails here, not
+    # after DEST exists
+    fid_inputs = _fidelity_inputs(src, model, captured, calibration_text, fidelity_tokens) if steps and fidelity \
+        else None
     result = execute(plan, src, target=tgt, force=force, supplied=supplied, progress=progress)
-    fid = None
-    if steps and fidelity:
-        fid = _fidelity(dest, src, model, captured, calibration_text, fidelity_tokens)
+    fid = _fidelity(dest, *fid_inputs) if fid_inputs is not None else None
     return UpgradeResult(source, dest, bool(steps), steps, chosen, stats, result, fid, notes, candidates, layers)
 
 
@@ -271,21 +274,36 @@ def _text_moments(model: Any, text: str | None, ids: tuple[int, ...], W: Any, n:
     return accumulate(W, n, Ht, eps, [aux]), how
 
 
-def _fidelity(dest: str, src: DrafterCheckpoint, model: Any, captured: Any, text: str | None, tokens: int) -> Any:
-    """DEST against SOURCE through the reference drafter, on the target's states when it ran or was captured."""
+FIDELITY_STEPS = 3
+
+
+def _fidelity_inputs(src: DrafterCheckpoint, model: Any, captured: Any, text: str | None, tokens: int
+                     ) -> tuple[Any, Any]:
+    """(the source's reference drafter, the inputs DEST and SOURCE are compared on): the target's states when it
+    runs or was captured (a capture's requests shorter than `tokens` give fewer anchors), else synthetic."""
     from .model.loader import load_reference
-    from .verify import compare, states_inputs, synthetic_inputs, target_inputs
+    from .verify import states_inputs, synthetic_inputs, target_inputs
 
     ref = load_reference(src)
-    cand = load_reference(open_drafter(dest))
-    steps = 3
+    steps = FIDELITY_STEPS
     if model is not None:
         inputs = target_inputs(model, ref.spec, ref.args, tokens, steps, 0, text)
     elif captured is not None:
-        inputs = states_inputs(captured, ref.spec, ref.args, tokens, steps, table_needed=not ref.has_embed)
+        inputs = states_inputs(captured, ref.spec, ref.args, tokens, steps, table_needed=not ref.has_embed,
+                               shrink=True)
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0)
-    return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), steps, tokens, 0)
+    return ref, inputs
+
+
+def _fidelity(dest: str, ref: Any, inputs: Any) -> Any:
+    """DEST against SOURCE through the reference drafter, on the inputs `_fidelity_inputs` prepared."""
+    from .model.loader import load_reference
+    from .verify import compare
+
+    cand = load_reference(open_drafter(dest))
+    tokens = int(inputs.aux.shape[1])
+    return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), FIDELITY_STEPS, tokens, 0)
 
 
 def _float_dtype(src: DrafterCheckpoint) -> str:

@@ -23,7 +23,13 @@ import torch
 
 from . import __version__
 from .drafter import open_drafter
-from .errors import IncompatibleDrafterError, MissingDependencyError, ParityMismatchError, UsageError
+from .errors import (
+    IncompatibleDrafterError,
+    InvalidStatesError,
+    MissingDependencyError,
+    ParityMismatchError,
+    UsageError,
+)
 from .model.loader import DTYPES, LoadedDrafter, load_reference
 from .model.reference import DrafterArgs, StepOutput
 from .spec import DrafterSpec
@@ -108,9 +114,10 @@ def target_inputs(target: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int
 
 
 def states_inputs(captured: Any, spec: DrafterSpec, args: DrafterArgs, tokens: int, steps: int,
-                  table_needed: bool = True) -> Inputs:
+                  table_needed: bool = True, shrink: bool = False) -> Inputs:
     """Aux states of a capture (`--states`, io/states.py) at the drafter's layers: the first request long
-    enough. With `table_needed` (no drafter ships an embedding) the ids index the rows read off boundary 0."""
+    enough (with `shrink`, else the longest one, on fewer anchors). With `table_needed` (no drafter ships an
+    embedding) the ids index the rows read off boundary 0. Token ids are checked against the drafter's vocab."""
     import numpy as np
 
     from .io.states import compact_embedding
@@ -122,11 +129,18 @@ def states_inputs(captured: Any, spec: DrafterSpec, args: DrafterArgs, tokens: i
     if why is not None:
         raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
     fetch = ids + ((0,) if table_needed and 0 not in ids else ())
-    req = next((r for r in captured.requests(fetch) if len(r.token_ids) >= tokens + steps), None)
-    if req is None:
-        raise IncompatibleDrafterError(f"{captured.root}: no captured request has {tokens + steps} tokens",
-                                       hint=f"capture with --length {tokens + steps} or more, or pass a smaller "
-                                            "--tokens")
+    req = None
+    for r in captured.requests(fetch, vocab=args.vocab_size):
+        if len(r.token_ids) >= tokens + steps:
+            req = r
+            break
+        if shrink and len(r.token_ids) > steps and (req is None or len(r.token_ids) > len(req.token_ids)):
+            req = r
+    if req is None or (not shrink and len(req.token_ids) < tokens + steps):
+        need = steps + 1 if shrink else tokens + steps
+        raise InvalidStatesError(f"{captured.root}: no captured request has {need} tokens: too few states",
+                                 hint=f"capture with --length {tokens + steps} or more, or pass a smaller --tokens")
+    tokens = min(tokens, len(req.token_ids) - steps)
     hidden = np.ascontiguousarray(req.hidden, dtype=np.float32)
     aux = torch.from_numpy(hidden[:tokens, : len(ids)].reshape(1, tokens, -1).copy())
     tok, embed = req.token_ids[: tokens + steps], None
