@@ -166,6 +166,8 @@ def _once(method: str, url: str, body: bytes | None, end: float, budget: float, 
             chunks.append(chunk)
         if fired.is_set():
             raise TimeoutError
+        if resp.length:  # http.client's chunked reads do not raise on a body cut short
+            raise ServerReplyError(f"{url}: the reply ended {resp.length} bytes short of its Content-Length", url=url)
         return resp.status, resp.getheader("Location"), b"".join(chunks)
     except ServerReplyError:
         raise
