@@ -176,13 +176,13 @@ def _once(method: str, url: str, body: bytes | None, end: float, budget: float, 
             from None
     except TimeoutError:
         if stage == "connect" and not fired.is_set():
-            raise ServerReplyError(f"{url}: no connection within {connect:g} s", url=url,
+            raise ServerReplyError(f"{url}: no connection within {connect:.3g} s", url=url,
                                    hint="is the server running and reachable?") from None
-        raise ServerReplyError(f"{url}: no complete reply within {budget:g} s", url=url,
+        raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
                                hint="raise --timeout-s if the server is just slow") from None
     except (http.client.HTTPException, ValueError, OSError) as e:
         if fired.is_set():
-            raise ServerReplyError(f"{url}: no complete reply within {budget:g} s", url=url,
+            raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
                                    hint="raise --timeout-s if the server is just slow") from None
         reason = getattr(e, "strerror", None) or _shown(str(e).splitlines()[0] if str(e).strip() else "")
         what = "not a valid HTTP reply" if isinstance(e, (http.client.HTTPException, ValueError)) else \
