@@ -148,9 +148,13 @@ def errors_page() -> str:
     out.append(f"| {errors.EXIT_INTERNAL} | - | a bug in eaglectl (EX_SOFTWARE); set EAGLECTL_DEBUG=1 and report it |\n")
     out.append(f"| {errors.EXIT_INTERRUPTED} | - | interrupted (Ctrl-C); staged output is removed |\n")
     out.append(f"| {errors.EXIT_TERMINATED} | - | terminated (SIGTERM); staged output is removed |\n")
-    out.append("\n## Input limits\n\nEvery file eaglectl reads may be hostile. Beyond these bounds a header is "
-               "`corrupt-checkpoint` (exit 4), a manifest a usage error (exit 2), and a config value a "
-               "`config-field-invalid` finding — never a crash, a memory blow-up or minutes of work.\n\n"
+    out.append("\n## Input limits\n\nEvery input eaglectl reads may be hostile: checkpoint files, captures, prompt "
+               "files, manifests and the replies of a server. Beyond these bounds (or with a value of the wrong type, "
+               "out of range or non-finite) a header is `corrupt-checkpoint` (exit 4), a config value a "
+               "`config-field-invalid` finding, a capture `invalid-states` (19), a prompt file `prompt-file` (20), "
+               "a manifest `manifest` (21) and a server reply `server-reply` (22) — never a crash, a memory blow-up "
+               "or minutes of work. Seconds are wall-clock bounds; `--timeout-s` bounds a whole server-driving "
+               "command below `server_total_s`.\n\n"
                "| limit | value | applies to |\n|---|---|---|\n")
     for name, lim in LIMITS.items():
         out.append(f"| `{name}` | {lim.value:,} | {_cell(lim.applies_to)} |\n")

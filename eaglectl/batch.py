@@ -3,6 +3,11 @@
 A failing item does not stop the others unless `fail_fast`. Manifest lines are JSON objects with
 `source` (and `dest` for convert / upgrade) plus per-item options named like the command's flags
 (`to`, `target`, `dtype`, `init`, ...); an unknown key is an error, never silently ignored.
+
+A manifest is untrusted input: at most `json_bytes` bytes and `manifest_entries` items, strict
+UTF-8, every line through the bounded JSON parser, every string free of NUL and lone surrogates
+(no path may carry them). Any problem is a ManifestError naming the line (exit 21), found before
+any item runs.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_INTERNAL, EaglectlError, UsageError, filesystem_error
+from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
 from .io.jsonio import loads
 from .limits import limit
 
@@ -39,37 +44,73 @@ def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tupl
     accepts (besides source/dest)."""
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > limit("json_bytes"):
+            raise ManifestError(f"{path}: {size} bytes exceeds the {limit('json_bytes')}-byte limit", path=path)
         raw = p.read_bytes()
     except OSError as e:
         raise filesystem_error(e, "read the manifest", path) from None
-    if len(raw) > limit("json_bytes"):
-        raise UsageError(f"{path}: {len(raw)} bytes exceeds the {limit('json_bytes')}-byte limit")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UsageError(f"{path}: not UTF-8 (byte {e.start})") from None
+        raise ManifestError(f"{path}: not UTF-8 (byte {e.start})", path=path) from None
     allowed = keys | {"source"} | ({"dest"} if need_dest else set())
     items = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        try:
-            obj = loads(line.encode(), f"{path}:{lineno}")
-        except EaglectlError as e:
-            raise UsageError(e.message) from None
         where = f"{path}:{lineno}"
+        try:
+            obj = loads(line.encode(), where)
+        except EaglectlError as e:
+            raise ManifestError(e.message, path=path) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("source"), str) or (
                 need_dest and not isinstance(obj.get("dest"), str)):
             keys_needed = "'source' and 'dest'" if need_dest else "'source'"
-            raise UsageError(f"{where}: needs {keys_needed} (strings)")
+            raise ManifestError(f"{where}: needs {keys_needed} (strings)", path=path)
         unknown = sorted(set(obj) - allowed)
         if unknown:
             close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
             guess = f"did you mean '{close[0]}'? " if close else ""
-            raise UsageError(f"{where}: unknown key '{unknown[0]}' ({guess}this command takes: "
-                             f"{', '.join(sorted(allowed))})")
+            raise ManifestError(f"{where}: unknown key '{_shown(unknown[0])}' ({guess}this command takes: "
+                                f"{', '.join(sorted(allowed))})", path=path)
+        for key, value in obj.items():
+            bad = _bad_string(value)
+            if bad is not None:
+                raise ManifestError(f"{where}: '{key}' holds {bad} (not a usable path or value)", path=path)
+            if key in ("source", "dest") and not value.strip():
+                raise ManifestError(f"{where}: '{key}' is empty", path=path)
         items.append((lineno, obj))
+        if len(items) > limit("manifest_entries"):
+            raise ManifestError(f"{path}: more than {limit('manifest_entries')} items (the limit)", path=path)
     return items
+
+
+def _shown(key: str) -> str:
+    """A key as a message may show it: printable, bounded."""
+    text = key.encode("utf-8", errors="backslashreplace").decode("utf-8")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _bad_string(value: Any) -> str | None:
+    """Why a manifest value cannot be used (a NUL, a lone surrogate), searched through lists and objects."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                return "a NUL character"
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a lone surrogate"
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+    return None
 
 
 def run_batch(items: list[dict[str, Any]], fn: Callable[[dict[str, Any]], tuple[int, str, Any]],

@@ -13,6 +13,11 @@ From them: `harmonic` (γ_j = harmonic mean of r_j), `calibrated` ((M ⊙ U) γ 
 the 3.0 one, ‖g' − g‖² = tr(A U Aᵀ) − 2 tr(A Cᵀ W_fcᵀ) + ‖g‖² with A the new FC map on u.
 
 Position 0 of every sequence (the sink token, whose norm is an outlier) is left out.
+
+Degenerate numbers are refused, never averaged into weights: a non-finite feature, no token left after
+the sink, or an aux chunk that is zero on every token (nothing to normalise) is an InvalidStatesError
+naming the reason. A singular or ill-conditioned system is solved with a larger ridge, then by least
+squares, and the statistics say which (`solver`); a solution that is still not finite is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConversionError
+from .errors import ConversionError, InvalidStatesError
 
 BLOCK = 4096  # tokens per float64 update: bounds the working set, not the result
 
@@ -55,6 +60,10 @@ class Moments:
             raise ConversionError(f"aux features {list(aux.shape)} do not fit {self.n} chunks of {self.width}")
         for start in range(1, aux.shape[0], BLOCK):
             c = np.asarray(aux[start:start + BLOCK], dtype=np.float64)
+            if not np.isfinite(c).all():
+                t = start + int(np.argwhere(~np.isfinite(c))[0][0])
+                raise InvalidStatesError(f"the target states hold a non-finite value at token {t}: refused for "
+                                         "calibration (nothing written)")
             chunks = c.reshape(c.shape[0], self.n, self.width)
             rms = np.sqrt((chunks ** 2).mean(-1) + self.eps)  # (T, n)
             u = (chunks / rms[..., None]).reshape(c.shape[0], -1)
@@ -69,7 +78,12 @@ class Moments:
 
     def summary(self) -> dict[str, Any]:
         if not self.tokens:
-            raise ConversionError("no calibration tokens (every sequence was a single token)")
+            raise InvalidStatesError("no calibration tokens (every sequence was a single token, and position 0 is "
+                                     "left out): too few states to calibrate, nothing written")
+        flat = [j for j in range(self.n) if self.rms_max[j] ** 2 <= self.eps * (1 + 1e-9)]
+        if flat:
+            raise InvalidStatesError(f"aux chunk {flat[0]} is zero on all {self.tokens} calibration tokens (zero "
+                                     "variance): too degenerate to calibrate, nothing written")
         return {"tokens": self.tokens, "sink_excluded": True,
                 "rms_mean": [float(x) for x in self.rms_sum / self.tokens],
                 "rms_harmonic_mean": [float(x) for x in self.tokens / self.inv_rms_sum],
@@ -108,11 +122,12 @@ def fit(init: str, n: int, Ht: int, m: Moments | None = None) -> Fit:
         return _split(gamma, n), None, stats
     if init == "calibrated":
         M = W.T @ W
-        gamma = _ridge_solve(M * m.U, (M * m.C).sum(0))  # (M ⊙ U) γ = (M ⊙ C) 1; U, M symmetric
+        gamma, stats["solver"] = _ridge_solve(M * m.U, (M * m.C).sum(0))  # (M ⊙ U) γ = (M ⊙ C) 1; U, M symmetric
         stats["fc_output_relative_error"] = m.fc_error(W * gamma)
         return _split(gamma, n), None, stats
     if init == "refit":  # γ = 1, W' the ridge regression of g = W c on u: W' = (W C) (U + λI)⁻¹
-        Wn = _ridge_solve(m.U, (W @ m.C).T).T
+        Wn, stats["solver"] = _ridge_solve(m.U, (W @ m.C).T)
+        Wn = Wn.T
         stats["fc_output_relative_error"] = m.fc_error(Wn)
         return _split(ones, n), Wn.astype(np.float32), stats
     raise ConversionError(f"--init {init}: unknown")
@@ -129,6 +144,31 @@ def _split(gamma: np.ndarray, n: int) -> list[np.ndarray]:
     return [part.astype(np.float32) for part in np.split(gamma, n)]
 
 
-def _ridge_solve(A: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lam = 1e-6 * float(np.trace(A)) / A.shape[0]
-    return np.linalg.solve(A + lam * np.eye(A.shape[0]), b)
+RIDGES = (1e-6, 1e-3, 1e-1)  # λ relative to the mean diagonal: the stated ridge, then two larger ones
+RESIDUAL = 1e-6  # a solve whose relative residual ‖(A + λI)x − b‖ / ‖b‖ exceeds this is not trusted
+
+
+def _ridge_solve(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, str]:
+    """x with (A + λI) x = b, and how it was found: the ridge λ = 1e-6·tr(A)/D; on a singular or
+    ill-conditioned system (the solve fails, or its residual or result is not sound) λ = 1e-3 and 1e-1
+    of tr(A)/D; then the least-squares solution of A x = b. A result that is still not finite (or a
+    system with no scale at all) is refused."""
+    D = A.shape[0]
+    scale = float(np.trace(A)) / D
+    if not np.isfinite(A).all() or not np.isfinite(b).all() or not scale > 0:
+        raise InvalidStatesError("the calibration system is degenerate (no variance in the states, or non-finite "
+                                 "statistics): nothing written")
+    bnorm = float(np.linalg.norm(b)) or 1.0
+    for rel in RIDGES:
+        K = A + rel * scale * np.eye(D)
+        try:
+            x = np.linalg.solve(K, b)
+        except np.linalg.LinAlgError:
+            continue
+        if np.isfinite(x).all() and float(np.linalg.norm(K @ x - b)) <= RESIDUAL * bnorm:
+            return x, f"ridge {rel:g}" if rel == RIDGES[0] else f"ridge {rel:g} (the {RIDGES[0]:g} solve was singular)"
+    x = np.linalg.lstsq(A, b, rcond=None)[0]
+    if not np.isfinite(x).all():
+        raise InvalidStatesError("the calibration system is singular and has no finite least-squares solution: "
+                                 "nothing written")
+    return x, "lstsq (every ridge solve was singular)"

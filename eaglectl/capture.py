@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import CaptureFailedError, UsageError
+from .errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
 from .io.atomic import staged_output
 from .io.safetensors import LocalFile, read_header
 from .io.states import CAPTURE_JSON, SCHEMA
@@ -90,7 +90,8 @@ def prompt_set(t: TargetCheckpoint, prompts: str, count: int, length: int, seed:
     tok = tokenizer_of(t.source, chat=needs_chat(prompts))
     if tok is None:
         raise UsageError(f"{t.source}: the target has no tokenizer; give --prompts as JSONL with prompt_token_ids")
-    ps = load_prompts(prompts, tok, count=count, max_tokens=1, max_model_len=length + 3, k=0, seed=seed)
+    ps = load_prompts(prompts, tok, count=count, max_tokens=1, max_model_len=length + 3, k=0, seed=seed,
+                      vocab=t.vocab_size)
     return ps.prompts, ps.description
 
 
@@ -113,7 +114,8 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
                                              max_model_len,
                                   vllm_args or {}, vllm_python, timeout_s, progress)
         elif engine == "server":
-            (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress), None
+            (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress,
+                                               t.hidden_size, t.vocab_size), None
         else:
             (versions, timings), log = _hf(target, stage, ids, token_lists, dtype, progress), None
         stored = read_header(LocalFile(stage / "00000.safetensors")).tensors["hidden_states"].dtype
@@ -184,71 +186,119 @@ def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int
     return (result.get("versions", {}), result.get("timings_s", {})), log
 
 
-def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], timeout_s: float, progress: Any
-            ) -> tuple[dict[str, Any], dict[str, float]]:
+def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], timeout_s: float, progress: Any,
+            hidden_size: int | None = None, vocab: int | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Through a running `vllm serve` with hidden-state extraction (the --print-recipe flags): each prompt
     as token ids with max_tokens=1 and prompt_logprobs=1; the server writes the dump into its storage
     folder (same filesystem as here), which is read, completed with the target's greedy next tokens
-    and written into OUT."""
+    and written into OUT. The replies are untrusted (http_json.py, the whole capture within `timeout_s`);
+    a dump is used, and removed, only when it is a regular file holding exactly the prompt sent."""
     import numpy as np
 
+    from .http_json import Deadline, check_url, post_json
     from .io.safetensors import ByteRange, TensorEntry, entry_from_bytes, read_tensor, write_safetensors
+    from .server_smoke import server_model
 
     started = time.perf_counter()
-    base = url.rstrip("/")
-    models = _http(f"{base}/v1/models", None, timeout_s).get("data") or []
-    if not models:
-        raise CaptureFailedError(f"{base}: the server lists no model")
-    model = models[0]["id"]
+    deadline = Deadline(timeout_s)
+    base = check_url(url)
+    model = server_model(base, timeout_s, deadline, CaptureFailedError)
     wrap = progress or (lambda it, **kw: it)
+    endpoint = f"{base}/v1/completions"
     for i, p in enumerate(wrap(prompts, label="capturing (server)", total=len(prompts))):
-        r = _http(f"{base}/v1/completions", {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
-                                             "prompt_logprobs": 1, "return_token_ids": True}, timeout_s)
-        path = (r.get("kv_transfer_params") or {}).get("hidden_states_path")
+        r = post_json(endpoint, {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
+                                 "prompt_logprobs": 1, "return_token_ids": True},
+                      timeout_s=timeout_s, deadline=deadline)
+        kv = r.get("kv_transfer_params") if isinstance(r, dict) else None
+        path = kv.get("hidden_states_path") if isinstance(kv, dict) else None
         if not path:
             raise CaptureFailedError(f"{base}: no hidden_states_path in the response (is the server started with "
                                      "the extract_hidden_states method and the hidden-states connector?)")
-        _wait_for_unlocked(Path(path), timeout_s)
-        src = LocalFile(Path(path))
-        header = read_header(src)
-        info = header.tensors.get("hidden_states")
-        if info is None or "token_ids" not in header.tensors:
+        if not isinstance(path, str) or "\x00" in path or not Path(path).is_absolute() \
+                or not path.endswith(".safetensors"):
+            raise ServerReplyError(f"{endpoint}: hidden_states_path {str(path)[:200]!r} is not an absolute "
+                                   "*.safetensors path", url=endpoint)
+        argmax = _greedy_next(r, endpoint, len(p), vocab)
+        dump = Path(path)
+        _wait_for_unlocked(dump, max(0.0, deadline.left()))
+        if not _regular(dump):
+            raise CaptureFailedError(f"{path}: the dump the server names is not a regular file")
+        src = LocalFile(dump)
+        try:
+            header = read_header(src)
+        except CorruptCheckpointError as e:
+            raise CaptureFailedError(f"{path}: not a hidden-states dump ({e.message})") from None
+        info, tok = header.tensors.get("hidden_states"), header.tensors.get("token_ids")
+        if info is None or tok is None:
             raise CaptureFailedError(f"{path}: not a hidden-states dump (no hidden_states / token_ids)")
-        tokens = read_tensor(src, header, "token_ids").astype(np.int64)
-        if len(info.shape) != 3 or info.shape[1] != len(ids):
-            raise CaptureFailedError(f"{path}: the server captures hidden_states {list(info.shape)}, not {len(ids)} "
-                                     f"layers {list(ids)}; start it with the --print-recipe flags for these --layers")
-        choice = r["choices"][0]
-        argmax = [int(next(t for t, lp in e.items() if lp.get("rank") == 1)) for e in choice["prompt_logprobs"][1:]]
-        argmax = np.asarray(argmax + choice["token_ids"][:1], dtype="<i8")
+        if tok.dtype not in ("I64", "I32") or len(tok.shape) != 1 or info.dtype not in ("F32", "BF16", "F16"):
+            raise CaptureFailedError(f"{path}: token_ids {tok.dtype} / hidden_states {info.dtype}: not a dump of "
+                                     "integer ids and float states")
+        try:
+            tokens = read_tensor(src, header, "token_ids").astype(np.int64)
+        except CorruptCheckpointError as e:
+            raise CaptureFailedError(f"{path}: not a hidden-states dump ({e.message})") from None
+        if tokens.tolist() != list(p):
+            raise CaptureFailedError(f"{path}: the dump holds other tokens than the prompt sent (another request's "
+                                     "dump?)")
+        if len(info.shape) != 3 or info.shape[0] != len(p) or info.shape[1] != len(ids) or (
+                hidden_size is not None and info.shape[2] != hidden_size):
+            raise CaptureFailedError(f"{path}: the server captures hidden_states {list(info.shape)}, not {len(p)} "
+                                     f"tokens x {len(ids)} layers {list(ids)}; start it with the --print-recipe "
+                                     "flags for these --layers")
         write_safetensors(stage / f"{i:05d}.safetensors", [
             TensorEntry("hidden_states", info.dtype, info.shape,
-                        copy=ByteRange(Path(path), header.data_start + info.begin, info.nbytes)),
+                        copy=ByteRange(dump, header.data_start + info.begin, info.nbytes)),
             entry_from_bytes("target_argmax", "I64", (len(p),), argmax.tobytes()),
             entry_from_bytes("token_ids", "I64", tokens.shape, tokens.tobytes())], {"format": "pt"})
-        Path(path).unlink(missing_ok=True)
-        Path(path + ".lock").unlink(missing_ok=True)
+        dump.unlink(missing_ok=True)
+        lock = Path(path + ".lock")
+        if _regular(lock):
+            lock.unlink(missing_ok=True)
     return {"server": base, "model": model}, {"capture": round(time.perf_counter() - started, 3)}
 
 
-def _http(url: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
-    import urllib.error
-    import urllib.request
+def _regular(path: Path) -> bool:
+    """A regular file itself (not a link, a FIFO or a device): the only kind a dump may be, or be removed as."""
+    import stat
 
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        raise CaptureFailedError(f"{url}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise CaptureFailedError(f"{url}: {getattr(e, 'reason', e)}") from None
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _greedy_next(reply: Any, url: str, n: int, vocab: int | None) -> Any:
+    """The target's greedy next token after each of the `n` prompt positions: the rank-1 entry of each
+    prompt position's logprobs (positions 1..n-1), then the generated token."""
+    import numpy as np
+
+    bound = vocab or 2**40
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    plp = choice.get("prompt_logprobs") if choice is not None else None
+    gen = choice.get("token_ids") if choice is not None else None
+    if not isinstance(plp, list) or len(plp) != n or not isinstance(gen, list) or not gen:
+        raise ServerReplyError(f"{url}: the reply has no prompt_logprobs for the {n} prompt positions and generated "
+                               "token_ids (a vLLM server with prompt_logprobs and return_token_ids)", url=url)
+    out = []
+    for j, entry in enumerate(plp[1:], 1):
+        top = next((t for t, lp in entry.items() if isinstance(lp, dict) and lp.get("rank") == 1), None) \
+            if isinstance(entry, dict) else None
+        if not (isinstance(top, str) and top.isdigit() and len(top) <= 12 and int(top) < bound):
+            raise ServerReplyError(f"{url}: prompt_logprobs[{j}] has no rank-1 token id within the vocabulary",
+                                   url=url)
+        out.append(int(top))
+    first = gen[0]
+    if not (isinstance(first, int) and not isinstance(first, bool) and 0 <= first < bound):
+        raise ServerReplyError(f"{url}: choices[0].token_ids[0] is not a token id within the vocabulary", url=url)
+    return np.asarray(out + [first], dtype="<i8")
 
 
 def _wait_for_unlocked(path: Path, timeout_s: float) -> None:
     """The server publishes the dump's path before writing it, holding `PATH.lock` while it writes."""
     import fcntl
+    import os
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -256,12 +306,16 @@ def _wait_for_unlocked(path: Path, timeout_s: float) -> None:
         if path.exists():
             if not lock.exists():
                 return
-            with lock.open() as f:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    return
-                except BlockingIOError:
-                    pass
+            if not _regular(lock):
+                raise CaptureFailedError(f"{lock}: the dump's lock is not a regular file")
+            fd = os.open(lock, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
         time.sleep(0.02)
     raise CaptureFailedError(f"{path}: the server did not write the dump within {timeout_s:.0f} s (is its storage "
                              "folder on this machine's filesystem?)")

@@ -26,6 +26,7 @@ from .errors import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EaglectlError,
+    ManifestError,
     UsageError,
     filesystem_error,
 )
@@ -357,7 +358,7 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     """Inspect, convert, upgrade, verify and smoke-test EAGLE-3 / EAGLE-3.1 drafters.
 
     Exit codes: 0 ok, 1 findings at error level (warnings too with --strict), 2 usage,
-    3-18 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
+    3-22 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
     """
     if quiet and verbose:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
@@ -386,11 +387,38 @@ def _item_options(ctx: click.Context, item: dict[str, Any], where: str) -> dict[
             out[key] = value
             continue
         p = params[key]
+        expected = _manifest_kind(p)
+        values = value if p.multiple and isinstance(value, list) else [value]
+        if not all(_manifest_fits(p, v) for v in values):
+            raise ManifestError(f"{where}: '{key}' must be {expected}" + (" (or a list of them)" if p.multiple else ""))
         try:
             out[p.name] = p.type_cast_value(ctx, value)  # type: ignore[index]
         except click.BadParameter as e:
-            raise UsageError(f"{where}: '{key}': {e.message}") from None
+            raise ManifestError(f"{where}: '{key}': {e.message}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ManifestError(f"{where}: '{key}': {e}") from None
     return out
+
+
+def _manifest_numeric(p: click.Parameter) -> bool:
+    return isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, Number))
+
+
+def _manifest_kind(p: click.Parameter) -> str:
+    if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
+        return "true or false"
+    return "a number (or a string)" if _manifest_numeric(p) else "a string"
+
+
+def _manifest_fits(p: click.Parameter, value: Any) -> bool:
+    """A manifest value of the kind the command line would give this option (text, or the JSON equivalent)."""
+    if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return _manifest_numeric(p)
+    return isinstance(value, str)
 
 
 def _single_or_batch(command: str, source: str | None, dest: str | None, manifest: str | None, fail_fast: bool,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import CheckpointNotFoundError, IncompatibleDrafterError, UsageError
+from .errors import IncompatibleDrafterError, InvalidStatesError, UsageError
 from .progress import passthrough
 from .target import Target
 
@@ -380,7 +380,7 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     note = None
     if target is not None:
         conditions = _conditions(t.model().tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
-                                 templates, system_prompt)
+                                 templates, system_prompt, t.model().vocab_size)
         t.need({i for d in loaded for i in d.spec.capture_ids(t.num_layers)})  # type: ignore[arg-type]
         for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
                                                           label="drift"):
@@ -405,56 +405,46 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
 
 def _conditions(tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int, k: int, seed: int,
                 context_lengths: tuple[int, ...], templates: tuple[str, ...],
-                system_prompt: str) -> list[tuple[int | None, str | None, list[list[int]]]]:
+                system_prompt: str, vocab: int | None = None) -> list[tuple[int | None, str | None, list[list[int]]]]:
     from .workload import load_prompts
 
     def load(length: int | None) -> list[list[int]]:
         room = (length or 0) + max_tokens + k + 2
         return load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
-                            max_model_len=max(1024, room), k=k, seed=seed, length=length).prompts
+                            max_model_len=max(1024, room), k=k, seed=seed, length=length, vocab=vocab).prompts
 
     if context_lengths:
         return [(n, None, load(n)) for n in context_lengths]
     if templates:
-        return [(None, t, template_prompts(prompts, tokenizer, t, system_prompt, num_prompts)) for t in templates]
+        return [(None, t, template_prompts(prompts, tokenizer, t, system_prompt, num_prompts, vocab))
+                for t in templates]
     return [(None, None, load(None))]
 
 
-def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: str, count: int) -> list[list[int]]:
+def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: str, count: int,
+                     vocab: int | None = None) -> list[list[int]]:
     """The chat prompts of a JSONL `messages` file under the training template (as written), a changed
-    system prompt, or none."""
-    import json
-    from pathlib import Path
-
-    from .workload import chat_ids
+    system prompt, or none. Read by the workload's prompt reader (the same checks as every prompt file)."""
+    from .errors import PromptFileError
+    from .workload import chat_ids, check_ids, messages_of, prompt_lines
 
     if template not in TEMPLATES:
         raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template")
-    file = Path(path)
-    if not file.is_file():
-        raise CheckpointNotFoundError(f"{path}: --templates needs a JSONL file of chat 'messages'", path=path)
     out = []
-    for lineno, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            messages = json.loads(line).get("messages")
-        except (ValueError, AttributeError):
-            messages = None
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise CheckpointNotFoundError(f"{path}:{lineno}: --templates needs chat 'messages'", path=path)
-        rest = [m for m in messages if m.get("role") != "system"]
+    for where, obj in prompt_lines(path, count):
+        if "messages" not in obj:
+            raise PromptFileError(f"{where}: --templates needs chat 'messages'", path=path)
+        messages = messages_of(where, obj["messages"])
+        rest = [m for m in messages if m["role"] != "system"]
         if template == "changed":
             messages = [{"role": "system", "content": system_prompt}, *rest]
         elif template == "none":
             messages = rest
-        out.append(chat_ids(tokenizer, messages))
-        if len(out) == count:
-            break
+        out.append(check_ids(where, chat_ids(tokenizer, messages, where), vocab))
     if not out:
-        raise CheckpointNotFoundError(f"{path}: no prompts", path=path)
+        raise PromptFileError(f"{path}: no prompts", path=path)
     return out
 
 
@@ -501,7 +491,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
         if why is not None:
             raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
         found: dict[int, np.ndarray] = {}
-        for r in captured.requests(fetch, slice(0, count)):
+        for r in captured.requests(fetch, slice(0, count), vocab=d.args.vocab_size):
             for t, tok in enumerate(r.token_ids.tolist()):
                 if tok not in found:
                     found[tok] = np.asarray(r.hidden[t, fetch.index(0)], dtype=np.float32)
@@ -515,7 +505,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
                      "never saw (chains_cut)")
 
     def sequences() -> Any:
-        for r in captured.requests(fetch, slice(0, count)):
+        for r in captured.requests(fetch, slice(0, count), vocab=d.args.vocab_size):
             T = len(r.token_ids)
             aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
             anchors = anchor_positions(T - 1 - max_tokens, T - 2, proto.anchor_every)
@@ -524,7 +514,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
 
     run = _measure(d, model, sequences(), proto, depth, reps, seed, embed, token_rows, None, None, None, notes)
     if not run.prompts:
-        raise IncompatibleDrafterError(f"{captured.root}: no captured request has 2 tokens or more")
+        raise InvalidStatesError(f"{captured.root}: no captured request has 2 tokens or more: too few states")
     return run
 
 

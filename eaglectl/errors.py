@@ -17,7 +17,11 @@
     ├── FilesystemError           15   the operating system refused a read or write of a named path
     ├── SourceChangedError        16   a source file changed while eaglectl was reading it
     ├── BehaviourChangedError     17   a written drafter drafts differently from its source
-    └── CaptureFailedError        18   the engine capturing target states crashed or timed out
+    ├── CaptureFailedError        18   the engine capturing target states crashed or timed out
+    ├── InvalidStatesError        19   a capture (--states) or computed target states are malformed or unusable
+    ├── PromptFileError           20   a prompt file (JSONL) or SPEED-Bench folder is missing or bad
+    ├── ManifestError             21   a batch manifest (--manifest) is bad
+    └── ServerReplyError          22   a running server refused, timed out, redirected or replied badly
 
 Exit code 1 means "findings at error level" (or warnings under --strict), 2 is Click's usage
 error, 130 an interrupt (Ctrl-C), 143 SIGTERM, 70 (EX_SOFTWARE) a bug in eaglectl. Library code
@@ -163,6 +167,34 @@ class CaptureFailedError(EaglectlError):
     summary = "The engine capturing target hidden states crashed, timed out or wrote no dumps (log named)."
 
 
+class InvalidStatesError(EaglectlError):
+    exit_code = 19
+    reference = "invalid-states"
+    summary = ("A capture folder (--states) or the target states computed for calibration are malformed, out of "
+               "range, inconsistent or non-finite, or too few / too degenerate to use; nothing was written.")
+
+
+class PromptFileError(EaglectlError):
+    exit_code = 20
+    reference = "prompt-file"
+    summary = ("A --prompts value is missing or bad: a JSONL line that is not a prompt object, wrong types, token "
+               "ids outside the target's vocabulary, invalid UTF-8, over a size limit, or a SPEED-Bench folder with "
+               "the wrong schema.")
+
+
+class ManifestError(EaglectlError):
+    exit_code = 21
+    reference = "manifest"
+    summary = "A batch manifest (--manifest) line is not a valid item: bad JSON, wrong types, an unknown key or value."
+
+
+class ServerReplyError(EaglectlError):
+    exit_code = 22
+    reference = "server-reply"
+    summary = ("A running server (smoke --server, capture --engine server) refused, timed out, redirected to "
+               "another host, replied non-JSON, oversized, malformed or 5xx, or its /metrics counters went backwards.")
+
+
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
     """One line for an OSError: what was attempted, on which path, and the system's reason."""
     where = path if path is not None else (e.filename or "?")
@@ -187,4 +219,8 @@ ERROR_TYPES: tuple[type[EaglectlError], ...] = (
     SourceChangedError,
     BehaviourChangedError,
     CaptureFailedError,
+    InvalidStatesError,
+    PromptFileError,
+    ManifestError,
+    ServerReplyError,
 )

@@ -1,9 +1,11 @@
 """Bounds eaglectl enforces on untrusted input, declared once as data.
 
 Every file eaglectl reads may be hostile: a header of nested arrays, a config asking for 10⁸
-layers, a 100,000-element aux list. A value beyond a bound is an input problem with a one-line
-message naming where it is (a corrupt header, or a `config-field-invalid` finding) — never a
-crash, a memory blow-up or a minute of work. `docs/errors.md` renders this table.
+layers, a 100,000-element aux list, a capture with a token id of 10¹², a prompt file of one 2 GB
+line, a server that never answers. A value beyond a bound is an input problem with a one-line
+message naming where it is (a corrupt header, a `config-field-invalid` finding, or the error of
+that input surface: invalid-states, prompt-file, manifest, server-reply) — never a crash, a
+memory blow-up or a minute of work. `docs/errors.md` renders this table.
 """
 
 from __future__ import annotations
@@ -32,6 +34,25 @@ LIMITS: dict[str, Limit] = {
     "config_string_chars": Limit(4096, "characters in a config string field"),
     "folder_entries": Limit(10_000, "files directly inside a checkpoint folder"),
     "weight_files": Limit(10_000, "weight files listed by one shard index"),
+    # captures (--states): capture.json + one safetensors per request
+    "capture_requests": Limit(1_000_000, "request files (*.safetensors) in one capture folder"),
+    "capture_tokens": Limit(1 << 20, "tokens of one captured request"),
+    "capture_layers": Limit(4097, "boundaries in one capture (0..L of the deepest target)"),
+    "state_abs": Limit(10**9, "largest |value| of a captured hidden state (real states stay far below it; beyond it is a broken capture)"),
+    # prompt files (--prompts FILE.jsonl or a SPEED-Bench folder)
+    "prompt_file_bytes": Limit(1 << 30, "bytes of one JSONL prompt file or SPEED-Bench parquet file"),
+    "prompt_line_bytes": Limit(16 << 20, "bytes of one JSONL prompt line"),
+    "prompts_per_file": Limit(1_000_000, "prompts (lines, rows) read from one prompt file or folder"),
+    "prompt_tokens": Limit(1 << 20, "tokens of one prompt (prompt_token_ids, or the tokenized text)"),
+    "prompt_messages": Limit(1024, "chat messages in one prompt line"),
+    # batch manifests (--manifest)
+    "manifest_entries": Limit(10_000, "items in one batch manifest"),
+    # a running server (smoke --server, capture --engine server)
+    "server_reply_bytes": Limit(256 << 20, "bytes of one HTTP reply (JSON or /metrics text)"),
+    "http_connect_timeout_s": Limit(10, "seconds to connect to a server"),
+    "http_read_timeout_s": Limit(3600, "seconds one reply may take (the command's --timeout-s may be shorter)"),
+    "http_redirects": Limit(3, "redirects followed per request (same host only; another host is refused)"),
+    "server_total_s": Limit(7 * 86400, "seconds a whole server-driving command may take (--timeout-s is lower)"),
 }
 
 

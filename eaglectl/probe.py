@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .drafter import DrafterCheckpoint
-from .errors import IncompatibleDrafterError
+from .errors import IncompatibleDrafterError, InvalidStatesError
 from .io.states import States
 from .model.loader import LoadedDrafter
 from .model.replay import Continuation, replay
@@ -243,10 +243,11 @@ class Session:
 
 
 def states_session(states: States, boundaries: set[int], tokens: int, steps: int,
-                   table: torch.Tensor | None = None) -> Session:
+                   table: torch.Tensor | None = None, vocab: int | None = None) -> Session:
     """Windows of captured states (io/states.py, or the target's run) until `tokens` anchors: the labels are
     the target's greedy next tokens when recorded, else the text's next tokens. Without the target's
-    embedding `table`, the rows of the tokens seen are read off boundary 0."""
+    embedding `table`, the rows of the tokens seen are read off boundary 0. Token ids and labels are checked
+    against `vocab` (the drafter's) as well as the capture's own."""
     import numpy as np
 
     from .io.states import compact_embedding
@@ -256,7 +257,7 @@ def states_session(states: States, boundaries: set[int], tokens: int, steps: int
     no_table = None if table is not None else states.embedding_source()
     fetch = wanted if table is not None or no_table is not None or 0 in wanted else (0, *wanted)
     segments, got = [], 0
-    for req in states.requests(fetch):
+    for req in states.requests(fetch, vocab=vocab):
         labels = np.asarray(req.labels)
         T = min(len(labels) - steps, tokens - got)
         if T < 1:
@@ -276,7 +277,7 @@ def states_session(states: States, boundaries: set[int], tokens: int, steps: int
         if got >= tokens:
             break
     if not segments:
-        raise IncompatibleDrafterError(f"{states.root}: no request is longer than {steps + 1} tokens")
+        raise InvalidStatesError(f"{states.root}: no request is longer than {steps + 1} tokens: too few states")
     label = "the target's greedy next tokens" if states.labels_are == "target" else "the text's next tokens"
     where = getattr(states, "description", f"capture {states.root}")
     return Session(segments, steps, f"{where}: {got} tokens in {len(segments)} requests, labels {label}")
@@ -337,7 +338,8 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     wanted = {i for c in aux for i in c.boundary_ids}
     target.need(wanted, tokens + steps)
     table = target.model().embedding().float() if target.states is None else None
-    session = states_session(target.text_states(wanted, tokens + steps), wanted, tokens, steps, table)
+    session = states_session(target.text_states(wanted, tokens + steps), wanted, tokens, steps, table,
+                             vocab=loaded.args.vocab_size)
     if target.states is None and loop_prompts:
         prompts = probe_prompts(target.model().tokenizer, loop_prompts)
         session.continuations = target.continuations(prompts, max_tokens=loop_tokens, k=steps, boundaries=wanted)
@@ -400,6 +402,8 @@ def try_measure(d: DrafterCheckpoint, target: Target | None, **kw: Any) -> tuple
             return None, why
     try:
         return measure(d, target, **kw), None
+    except InvalidStatesError:
+        raise  # a capture the user gave is broken: that is the answer, not "not measured"
     except EaglectlError as e:
         return None, f"not measured: {e.message}"
 

@@ -639,8 +639,8 @@ def render_drift(rep: Any) -> None:
                         *(safe(names[r["drafter"]]) for r in group)], rows))
         als = [(safe(names[r["drafter"]]), _num(r["mean_acceptance_length"], ".3f"),
                 _num(r["mean_acceptance_length_per_request"], ".3f"),
-                " / ".join(f"{p:.2f}" for p in r["per_position_acceptance"] or []) or "-",
-                " ".join(f"{x:.2f}" for x in r["aux_chunk_rms"])) for r in group]
+                " / ".join(_num(p, ".2f") for p in r["per_position_acceptance"] or []) or "-",
+                " ".join(_num(x, ".2f") for x in r["aux_chunk_rms"])) for r in group]
         out.print(table(None, ["drafter", "AL pooled", "AL per request", "per position", "aux RMS"], als))
     if doc["acceptance_note"]:
         out.print(f"[dim]{safe(doc['acceptance_note'])}[/]")

@@ -1,48 +1,33 @@
 """`smoke --server URL`: the prompts through a running vLLM server's OpenAI-compatible completions API,
 acceptance from its Prometheus `/metrics` (spec-decode counters read before and after: deltas, so
-earlier traffic does not count; traffic from others during the run would, so run it on a quiet server)."""
+earlier traffic does not count; traffic from others during the run would, so run it on a quiet server).
+
+The server's replies are untrusted (http_json.py): each call is bounded in time and bytes, the whole
+run by --timeout-s, every reply is checked for the shape vLLM gives, and counters that go backwards
+(a restarted server) are an error, never a negative acceptance."""
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import time
 from typing import Any
 
-from .errors import SmokeFailedError
+from .errors import ServerReplyError, SmokeFailedError
+from .http_json import Deadline, check_url, get_json, get_text, post_json
 
 METRICS = {"num_drafts": "vllm:spec_decode_num_drafts", "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
            "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_POSITION = re.compile(r'position="(\d+)"')
+_POSITION = re.compile(r'position="(\d{1,6})"')
+VERSION_TIMEOUT_S = 5.0  # /version is optional: a server that does not answer it does not spend the run
 
 
-def _http(url: str, body: dict[str, Any] | None, timeout_s: float, raw: bool = False) -> Any:
-    import urllib.error
-    import urllib.request
-
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            payload = resp.read()
-    except urllib.error.HTTPError as e:
-        raise SmokeFailedError(f"{url}: HTTP {e.code}: {e.read()[:300].decode(errors='replace')}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise SmokeFailedError(f"{url}: {getattr(e, 'reason', e)}", hint="is the server running and reachable?") \
-            from None
-    if raw:
-        return payload.decode("utf-8", errors="replace")
-    try:
-        return json.loads(payload)
-    except ValueError:
-        raise SmokeFailedError(f"{url}: the answer is not JSON") from None
-
-
-def parse_metrics(text: str) -> dict[str, Any] | None:
+def parse_metrics(text: str, where: str = "/metrics") -> dict[str, Any] | None:
     """The spec-decode counters in Prometheus text (summed over label sets: engines, models); None when
-    the server exposes none (it was started without a speculative config)."""
+    the server exposes none (it was started without a speculative config). A counter that is not a finite
+    number is a ServerReplyError."""
     out: dict[str, Any] = {k: 0.0 for k in METRICS}
     per_pos: dict[int, float] = {}
     seen = False
@@ -50,7 +35,15 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
         m = _LINE.match(line)
         if m is None:
             continue
-        name, labels, value = m.group(1).removesuffix("_total"), m.group(2) or "", float(m.group(3))
+        name, labels = m.group(1).removesuffix("_total"), m.group(2) or ""
+        if name not in METRICS.values() and name != PER_POS:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise ServerReplyError(f"{where}: counter {name} has the value {m.group(3)[:40]!r}, not a finite count")
         for key, metric in METRICS.items():
             if name == metric:
                 out[key] += value
@@ -63,39 +56,79 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     return out
 
 
-def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def _delta(before: dict[str, Any], after: dict[str, Any], where: str = "/metrics") -> dict[str, Any]:
+    """after - before for every counter; a counter that went backwards (a restarted server, a reset) is an error."""
+    pos_b, pos_a = before["accepted_per_pos"], after["accepted_per_pos"]
+    pairs = [(k, before[k], after[k]) for k in METRICS]
+    pairs += [(f"accepted_per_pos[{i}]", b, a) for i, (b, a) in enumerate(
+        zip(pos_b + [0.0] * max(0, len(pos_a) - len(pos_b)), pos_a + [0.0] * max(0, len(pos_b) - len(pos_a)),
+            strict=True))]
+    back = next(((k, b, a) for k, b, a in pairs if a < b), None)
+    if back is not None:
+        raise ServerReplyError(f"{where}: counter {back[0]} went backwards ({back[1]:g} -> {back[2]:g}) during the "
+                               "run: the server restarted or its counters were reset; nothing can be measured",
+                               hint="run again on a server that stays up for the whole run")
     out = {k: int(round(after[k] - before[k])) for k in METRICS}
-    b = before["accepted_per_pos"] + [0.0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
-    out["accepted_per_pos"] = [int(round(a - x)) for a, x in zip(after["accepted_per_pos"], b, strict=True)]
+    out["accepted_per_pos"] = [int(round(a - b)) for _, b, a in pairs[len(METRICS):]]
     return out
 
 
+def server_model(base: str, timeout_s: float, deadline: Deadline, empty: type[Exception] = SmokeFailedError) -> str:
+    """The first model a server lists (`/v1/models`); a server that lists none is an `empty` error."""
+    doc = get_json(f"{base}/v1/models", timeout_s=timeout_s, deadline=deadline)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ServerReplyError(f"{base}/v1/models: the reply has no 'data' list (not an OpenAI-compatible server?)")
+    if not data:
+        raise empty(f"{base}/v1/models: the server lists no model")
+    model = data[0].get("id") if isinstance(data[0], dict) else None
+    if not isinstance(model, str) or not model or len(model) > 4096:
+        raise ServerReplyError(f"{base}/v1/models: the first model has no 'id' string")
+    return model
+
+
+def token_ids_of(doc: Any, url: str, most: int) -> list[int]:
+    """The generated token ids of a completions reply (`choices[0].token_ids`; absent: none)."""
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServerReplyError(f"{url}: the reply has no 'choices' list of objects")
+    ids = choices[0].get("token_ids")
+    if ids is None:
+        return []
+    if not (isinstance(ids, list) and len(ids) <= most
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**40 for t in ids)):
+        raise ServerReplyError(f"{url}: 'choices[0].token_ids' is not a list of at most {most} token ids")
+    return ids
+
+
 def run(url: str, prompts: list[list[int]], *, max_tokens: int, timeout_s: float) -> dict[str, Any]:
-    """Send every prompt (token ids, greedy, EOS ignored) one at a time; the counters' deltas and outputs."""
-    base = url.rstrip("/")
-    models = _http(f"{base}/v1/models", None, timeout_s).get("data") or []
-    if not models:
-        raise SmokeFailedError(f"{base}/v1/models: the server lists no model")
-    model = models[0]["id"]
+    """Send every prompt (token ids, greedy, EOS ignored) one at a time; the counters' deltas and outputs.
+    The whole run ends within `timeout_s`."""
+    deadline = Deadline(timeout_s)
+    base = check_url(url)
+    model = server_model(base, timeout_s, deadline)
     version = None
     try:
-        version = _http(f"{base}/version", None, timeout_s).get("version")
-    except SmokeFailedError:
+        got = get_json(f"{base}/version", timeout_s=min(timeout_s, VERSION_TIMEOUT_S), deadline=deadline)
+        v = got.get("version") if isinstance(got, dict) else None
+        version = v if isinstance(v, str) and len(v) <= 100 else None
+    except ServerReplyError:
         pass
-    before = parse_metrics(_http(f"{base}/metrics", None, timeout_s, raw=True))
+    before = parse_metrics(get_text(f"{base}/metrics", timeout_s=timeout_s, deadline=deadline), f"{base}/metrics")
     if before is None:
         raise SmokeFailedError(f"{base}/metrics: no vllm:spec_decode_* counters: the server runs no drafter",
                                hint="start it with --speculative-config (eaglectl inspect DRAFTER prints the line)")
     outputs: list[list[int]] = []
     t0 = time.perf_counter()
     for p in prompts:
-        doc = _http(f"{base}/v1/completions", {"model": model, "prompt": p, "max_tokens": max_tokens,
-                                               "temperature": 0.0, "ignore_eos": True, "return_token_ids": True},
-                    timeout_s)
-        choice = (doc.get("choices") or [{}])[0]
-        outputs.append(list(choice.get("token_ids") or []))
+        doc = post_json(f"{base}/v1/completions", {"model": model, "prompt": p, "max_tokens": max_tokens,
+                                                   "temperature": 0.0, "ignore_eos": True, "return_token_ids": True},
+                        timeout_s=timeout_s, deadline=deadline)
+        outputs.append(token_ids_of(doc, f"{base}/v1/completions", max_tokens))
     seconds = time.perf_counter() - t0
-    after = parse_metrics(_http(f"{base}/metrics", None, timeout_s, raw=True))
-    assert after is not None
-    return {"counters": _delta(before, after), "outputs": outputs, "model": model, "vllm_version": version,
-            "generate_seconds": seconds}
+    after = parse_metrics(get_text(f"{base}/metrics", timeout_s=timeout_s, deadline=deadline), f"{base}/metrics")
+    if after is None:
+        raise ServerReplyError(f"{base}/metrics: the spec-decode counters disappeared during the run (the server "
+                               "restarted?)")
+    return {"counters": _delta(before, after, f"{base}/metrics"), "outputs": outputs, "model": model,
+            "vllm_version": version, "generate_seconds": seconds}

@@ -405,13 +405,14 @@ def measure(
                                    "--context-lengths (each would need its own server)")
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
+    vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
-                              max_model_len=max_model_len, k=k, seed=seed)
+                              max_model_len=max_model_len, k=k, seed=seed, vocab=vocab)
     groups = [{"label": {"context_length": n}, "prompts": load_prompts(
         prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
-        length=n).prompts} for n in context_lengths]
+        length=n, vocab=vocab).prompts} for n in context_lengths]
     configs = [Baseline("drafter", "eagle3", drafter, d), *baselines]
     if server is not None:
         from . import server_smoke

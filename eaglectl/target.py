@@ -135,8 +135,9 @@ class MemoryStates(States):
     """States computed in this process (the target's run over the measurement text), read like a capture."""
 
     def __init__(self, description: str, layer_ids: tuple[int, ...], requests: list[Request],
-                 target_config: dict[str, Any] | None) -> None:
-        super().__init__(Path(description), {"target_config": target_config}, layer_ids, [])
+                 target: TargetCheckpoint, num_layers: int, hidden_size: int, vocab_size: int) -> None:
+        super().__init__(Path(description), {"target_config": target.config.data}, layer_ids, [], num_layers,
+                         hidden_size, vocab_size)
         self.held = requests
         self.description = description
 
@@ -144,7 +145,9 @@ class MemoryStates(States):
     def count(self) -> int:
         return len(self.held)
 
-    def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None)) -> Any:
+    def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
+                 vocab: int | None = None) -> Any:
+        """The held requests (computed here, from the target's own run: nothing to check)."""
         if ids is not None:
             self.require(ids)
         index = [self.layer_ids.index(i) for i in ids] if ids is not None else None
@@ -260,7 +263,8 @@ class Target:
         calibration = len(text_token_ids(model.tokenizer, model.vocab_size, head))
         desc = f"target {self.source}: {len(ids)} tokens of {how}" + (
             "" if model.tokenizer is not None else " (its bytes as token ids: the target has no tokenizer)")
-        out = MemoryStates(desc, wanted, [request], self.checkpoint.config.data)
+        out = MemoryStates(desc, wanted, [request], self.checkpoint, model.num_layers, model.hidden_size,
+                           model.vocab_size)
         out.meta["calibration_tokens"] = calibration
         return out
 

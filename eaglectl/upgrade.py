@@ -250,6 +250,7 @@ def _calibrate(src: DrafterCheckpoint, tgt: Target, ids: tuple[int, ...], inits:
         cal_part, held_part, where = _split_requests(captured, ids, rank=len(inits) > 1 and not tgt.runnable)
         moments = accumulate(W, n, Ht, eps, progress(cal_part, label="calibration: requests"))
         held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
+        held = held if held is not None and held.tokens else None  # held-out requests of one token each
         note = {"target": captured.target, "states": str(captured.root), "text_source": where}
     else:
         text = tgt.text_states(ids, CALIBRATION_TOKENS)
@@ -296,19 +297,23 @@ def _split_requests(captured: States, ids: tuple[int, ...], rank: bool) -> tuple
     return seqs(slice(0, count - held)), seqs(slice(count - held, count)) if held else None, how
 
 
+FIDELITY_STEPS = 3
+
+
 def _fidelity(out: DrafterCheckpoint, src: DrafterCheckpoint, tgt: Target | None, tokens: int,
               ids: tuple[int, ...] | None) -> ParityReport:
     """DEST against SOURCE through the reference drafter, on the target's states (at the measured layers)
-    when it ran or was captured, else synthetic states."""
+    when it ran or was captured (a capture's requests shorter than `tokens` give fewer anchors), else
+    synthetic states."""
     from .verify import compare, real_inputs, synthetic_inputs
 
     ref, cand = src.reference(), out.reference()
-    steps = 3
     if tgt is not None and tgt.has_states:
-        inputs = real_inputs(tgt, ref, tokens, steps, boundaries=ids)
+        inputs = real_inputs(tgt, ref, tokens, FIDELITY_STEPS, boundaries=ids, shrink=True)
     else:
-        inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, 0)
-    return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), steps, tokens, 0)
+        inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, FIDELITY_STEPS, 0)
+    tokens = int(inputs.aux.shape[1])
+    return compare(cand, ref, inputs, "fidelity", ("float32", "cpu"), ("float32", "cpu"), FIDELITY_STEPS, tokens, 0)
 
 
 def _float_dtype(src: DrafterCheckpoint) -> str:

@@ -23,7 +23,13 @@ import torch
 
 from . import __version__
 from .drafter import open_drafter
-from .errors import IncompatibleDrafterError, MissingDependencyError, ParityMismatchError, UsageError
+from .errors import (
+    IncompatibleDrafterError,
+    InvalidStatesError,
+    MissingDependencyError,
+    ParityMismatchError,
+    UsageError,
+)
 from .io.states import States
 from .model.loader import DTYPES, LoadedDrafter
 from .model.reference import DrafterArgs, StepOutput
@@ -82,7 +88,8 @@ def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens:
 
 
 def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
-                boundaries: tuple[int, ...] | None = None, table_needed: bool | None = None) -> Inputs:
+                boundaries: tuple[int, ...] | None = None, table_needed: bool | None = None,
+                shrink: bool = False) -> Inputs:
     """Real aux states at the drafter's layers (`boundaries`, default: as the files say): the target's run over
     the measurement text (once per command, `Target.text_states`), else its capture (`--states`)."""
     import numpy as np
@@ -92,7 +99,8 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
         raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {loaded.args.num_aux} states")
     if target.states is not None:
         needed = not loaded.has_embed if table_needed is None else table_needed
-        return states_inputs(target.states, ids, tokens, steps, table_needed=needed)
+        return states_inputs(target.states, ids, tokens, steps, table_needed=needed, shrink=shrink,
+                             vocab=loaded.args.vocab_size)
     target.need(ids, tokens + steps)
     states = target.text_states(ids, tokens + steps)
     req = next(states.requests(tuple(ids)))
@@ -102,10 +110,11 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
     return Inputs(aux, tok, target.model().embedding().float().cpu(), f"{states.description}: aux ids {list(ids)}")
 
 
-def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: int, table_needed: bool = True
-                  ) -> Inputs:
-    """Aux states of a capture (`--states`, io/states.py) at boundaries `ids`: the first request long enough.
-    With `table_needed` (no drafter ships an embedding) the ids index the rows read off boundary 0."""
+def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: int, table_needed: bool = True,
+                  shrink: bool = False, vocab: int | None = None) -> Inputs:
+    """Aux states of a capture (`--states`, io/states.py) at boundaries `ids`: the first request long enough
+    (with `shrink`, else the longest one, on fewer anchors). With `table_needed` (no drafter ships an
+    embedding) the ids index the rows read off boundary 0. Token ids are checked against `vocab` (the drafter's)."""
     import numpy as np
 
     from .io.states import compact_embedding
@@ -114,11 +123,18 @@ def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: in
     if why is not None:
         raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
     fetch = ids + ((0,) if table_needed and 0 not in ids else ())
-    req = next((r for r in captured.requests(fetch) if len(r.token_ids) >= tokens + steps), None)
-    if req is None:
-        raise IncompatibleDrafterError(f"{captured.root}: no captured request has {tokens + steps} tokens",
-                                       hint=f"capture with --length {tokens + steps} or more, or pass a smaller "
-                                            "--tokens")
+    req = None
+    for r in captured.requests(fetch, vocab=vocab):
+        if len(r.token_ids) >= tokens + steps:
+            req = r
+            break
+        if shrink and len(r.token_ids) > steps and (req is None or len(r.token_ids) > len(req.token_ids)):
+            req = r
+    if req is None or (not shrink and len(req.token_ids) < tokens + steps):
+        need = steps + 1 if shrink else tokens + steps
+        raise InvalidStatesError(f"{captured.root}: no captured request has {need} tokens: too few states",
+                                 hint=f"capture with --length {tokens + steps} or more, or pass a smaller --tokens")
+    tokens = min(tokens, len(req.token_ids) - steps)
     hidden = np.ascontiguousarray(req.hidden, dtype=np.float32)
     aux = torch.from_numpy(hidden[:tokens, : len(ids)].reshape(1, tokens, -1).copy())
     tok, embed = req.token_ids[: tokens + steps], None

@@ -3,18 +3,34 @@
 Built-in sets (bundled text), a JSONL file, or a local SPEED-Bench folder (parquet with `category` and
 `turns`, prepared by the user: its prompts are licensed for evaluation and never shipped or downloaded
 here). `at_length` makes prompts of an exact length for the context-length axes.
+
+A prompt file is untrusted input, read by one bounded reader (`prompt_lines`, also behind drift's
+`--templates`): the file and each line within their size limits, strict UTF-8, every line a JSON
+object through the bounded JSON parser, fields of the right types (`prompt` a string,
+`prompt_token_ids` integer ids, `messages` role/content objects), token ids within the target's
+vocabulary, 1 to `prompt_tokens` tokens per prompt. Any problem is a PromptFileError naming the
+file and line (exit 20), never a crash.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointNotFoundError, MissingDependencyError, UsageError
+from .errors import (
+    CorruptCheckpointError,
+    MissingDependencyError,
+    PromptFileError,
+    UsageError,
+    filesystem_error,
+)
+from .io.jsonio import loads
+from .limits import limit
 
 DATA = Path(__file__).with_name("data")
 HELDOUT = DATA / "heldout-code.txt"
@@ -40,71 +56,183 @@ def _calibration_windows(tokenizer: Any, count: int, length: int) -> PromptSet:
     step = length - len(bos)
     prompts = [bos + ids[i * step:(i + 1) * step] for i in range(count) if (i + 1) * step <= len(ids)]
     if not prompts:
-        raise CheckpointNotFoundError(f"builtin:calibration: the bundled text has {len(ids)} tokens, "
-                                      f"fewer than one window of {length}")
+        raise PromptFileError(f"builtin:calibration: the bundled text has {len(ids)} tokens, "
+                              f"fewer than one window of {length}")
     return PromptSet("builtin:calibration", prompts, f"{len(prompts)} consecutive windows of {length} tokens of "
                      "the bundled calibration text, then held-out code")
 
 
 def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_model_len: int, k: int,
-                 seed: int, length: int | None = None) -> PromptSet:
+                 seed: int, length: int | None = None, vocab: int | None = None) -> PromptSet:
     """`builtin:short`, `builtin:long` (held-out code), `builtin:calibration` (consecutive windows of the
     bundled calibration text, then held-out code: what calibration and the probe read), or a JSONL
     file of {"prompt"} / {"messages"} / {"prompt_token_ids"}. With `length`, every prompt has exactly
-    that many tokens (`at_length`)."""
+    that many tokens (`at_length`). `vocab` (the target's) bounds every token id."""
     if length is not None and length + max_tokens + k + 2 > max_model_len:
         raise UsageError(f"a context of {length} tokens leaves no room for {max_tokens} new tokens in "
                          f"max_model_len {max_model_len}")
     if Path(spec).is_dir():
-        return _speed_bench(Path(spec), tokenizer, count, max_tokens, max_model_len, k, length)
+        return _speed_bench(Path(spec), tokenizer, count, max_tokens, max_model_len, k, length, vocab)
     if spec.startswith("builtin:"):
         kind = spec.split(":", 1)[1]
         if kind not in BUILTIN_PROMPTS:
-            raise CheckpointNotFoundError(f"{spec}: built-in prompt sets are "
-                                          + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
+            raise PromptFileError(f"{spec}: built-in prompt sets are "
+                                  + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
         if tokenizer is None:
             raise MissingDependencyError("built-in prompts need the target's tokenizer (tokenizer.json)")
         if kind == "calibration":
-            return _calibration_windows(tokenizer, count, length or max_model_len - max_tokens - k - 2)
+            ps = _calibration_windows(tokenizer, count, length or max_model_len - max_tokens - k - 2)
+            for i, p in enumerate(ps.prompts):
+                check_ids(f"{spec} (window {i})", p, vocab)
+            return ps
         text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
         n = count if kind == "short" or length else max(1, count // 4)
         length = length or (64 if kind == "short" else max(64, max_model_len - max_tokens - k - 2))
         rng = random.Random(seed)
         prompts = []
-        for _ in range(n):
+        for i in range(n):
             start = rng.randrange(0, max(1, len(text) - 8 * length))
             ids = tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length]
-            prompts.append(ids)
+            prompts.append(check_ids(f"{spec} (prompt {i})", ids, vocab))
         return PromptSet(spec, prompts, f"{n} held-out code windows of {length} tokens (seed {seed})")
     path = Path(spec)
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"{spec}: prompt file not found", path=spec)
-    prompts = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise CheckpointNotFoundError(f"{spec}:{lineno}: not a JSON object", path=spec) from None
-        if isinstance(obj.get("prompt_token_ids"), list):
-            prompts.append([int(t) for t in obj["prompt_token_ids"]])
-        elif isinstance(obj.get("prompt"), str) and tokenizer is not None:
-            prompts.append(tokenizer(obj["prompt"], add_special_tokens=True).input_ids)
-        elif isinstance(obj.get("messages"), list) and tokenizer is not None and tokenizer.chat_template:
-            prompts.append(chat_ids(tokenizer, obj["messages"]))
-        else:
-            raise CheckpointNotFoundError(
-                f"{spec}:{lineno}: needs a 'prompt' text, chat 'messages' (target with a chat template) or "
-                "'prompt_token_ids'", path=spec)
+    prompts = [prompt_ids(where, obj, tokenizer, vocab) for where, obj in prompt_lines(spec, count)]
     if not prompts:
-        raise CheckpointNotFoundError(f"{spec}: no prompts", path=spec)
-    prompts = prompts[:count] if count else prompts
+        raise PromptFileError(f"{spec}: no prompts (every line is blank)", path=spec)
     if length is not None:
         return PromptSet(str(path), at_length(prompts, length), f"{len(prompts)} prompts from {path.name}, each "
                          f"truncated or continued with the following prompts to {length} tokens")
     _fits(spec, prompts, max_tokens, max_model_len, k)
     return PromptSet(str(path), prompts, f"{len(prompts)} prompts from {path.name}")
+
+
+_KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+         bool: "true or false", type(None): "null"}
+
+
+def _opened(spec: str) -> Any:
+    """The prompt file, opened for binary reads after its kind and size are checked."""
+    path = Path(spec)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise PromptFileError(f"{spec}: prompt file not found", path=spec) from None
+    except OSError as e:
+        raise filesystem_error(e, "read the prompt file", spec) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise PromptFileError(f"{spec}: not a regular file (a JSONL prompt file, a SPEED-Bench folder or builtin:...)",
+                              path=spec)
+    if st.st_size > limit("prompt_file_bytes"):
+        raise PromptFileError(f"{spec}: {st.st_size} bytes exceeds the {limit('prompt_file_bytes')}-byte limit "
+                              "for a prompt file", path=spec)
+    if st.st_size == 0:
+        raise PromptFileError(f"{spec}: the prompt file is empty", path=spec)
+    try:
+        return path.open("rb")
+    except OSError as e:
+        raise filesystem_error(e, "read the prompt file", spec) from None
+
+
+def _raw_lines(spec: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes without the newline) of each line, each within the line limit."""
+    cap = limit("prompt_line_bytes")
+    with _opened(spec) as f:
+        lineno = 0
+        while True:
+            try:
+                raw = f.readline(cap + 2)
+            except OSError as e:
+                raise filesystem_error(e, "read the prompt file", spec) from None
+            if not raw:
+                return
+            lineno += 1
+            line = raw.rstrip(b"\r\n")
+            if len(line) > cap:
+                raise PromptFileError(f"{spec}:{lineno}: a line of more than {cap} bytes (the limit for one prompt "
+                                      "line)", path=spec)
+            yield lineno, line
+
+
+def prompt_lines(spec: str, count: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("FILE:LINE", object) for each non-blank line of a JSONL prompt file, up to `count` (0: all, within
+    the `prompts_per_file` limit); any line that is not a JSON object is a PromptFileError naming it."""
+    n = 0
+    for lineno, line in _raw_lines(spec):
+        if not line.strip():
+            continue
+        where = f"{spec}:{lineno}"
+        try:
+            obj = loads(line, where, max_bytes=limit("prompt_line_bytes"))
+        except CorruptCheckpointError as e:
+            raise PromptFileError(e.message, path=spec) from None
+        if not isinstance(obj, dict):
+            raise PromptFileError(f"{where}: a prompt line must be a JSON object ({{\"prompt\": ...}}, "
+                                  f"{{\"messages\": ...}} or {{\"prompt_token_ids\": ...}}), not "
+                                  f"{_KIND.get(type(obj), type(obj).__name__)}", path=spec)
+        n += 1
+        if n > limit("prompts_per_file"):
+            raise PromptFileError(f"{spec}: more than {limit('prompts_per_file')} prompts (the limit)", path=spec)
+        yield where, obj
+        if count and n >= count:
+            return
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise PromptFileError(f"{where}: '{key}' must be a string, not {_KIND.get(type(value), type(value).__name__)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PromptFileError(f"{where}: '{key}' holds a lone surrogate (not encodable text)") from None
+    return value
+
+
+def messages_of(where: str, value: Any) -> list[dict[str, str]]:
+    """Chat messages: 1 to `prompt_messages` objects with a string `role` and a string `content`."""
+    cap = limit("prompt_messages")
+    if not isinstance(value, list) or not 1 <= len(value) <= cap:
+        raise PromptFileError(f"{where}: 'messages' must be a list of 1 to {cap} {{\"role\", \"content\"}} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise PromptFileError(f"{where}: messages[{i}] must be an object with 'role' and 'content'")
+        out.append({"role": _text(where, f"messages[{i}].role", m["role"]),
+                    "content": _text(where, f"messages[{i}].content", m["content"])})
+    return out
+
+
+def prompt_ids(where: str, obj: dict[str, Any], tokenizer: Any, vocab: int | None) -> list[int]:
+    """The token ids of one prompt line, checked."""
+    if "prompt_token_ids" in obj:
+        ids = obj["prompt_token_ids"]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise PromptFileError(f"{where}: 'prompt_token_ids' must be a list of integer token ids")
+    elif "prompt" in obj:
+        text = _text(where, "prompt", obj["prompt"])
+        if tokenizer is None:
+            raise PromptFileError(f"{where}: a 'prompt' text needs the target's tokenizer; give 'prompt_token_ids'")
+        ids = tokenizer(text, add_special_tokens=True).input_ids
+    elif "messages" in obj:
+        msgs = messages_of(where, obj["messages"])
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise PromptFileError(f"{where}: chat 'messages' need a target tokenizer with a chat template; give "
+                                  "'prompt' or 'prompt_token_ids'")
+        ids = chat_ids(tokenizer, msgs, where)
+    else:
+        raise PromptFileError(f"{where}: needs a 'prompt' text, chat 'messages' (target with a chat template) or "
+                              "'prompt_token_ids'")
+    return check_ids(where, list(ids), vocab)
+
+
+def check_ids(where: str, ids: list[int], vocab: int | None) -> list[int]:
+    cap = limit("prompt_tokens")
+    if not 1 <= len(ids) <= cap:
+        raise PromptFileError(f"{where}: a prompt of {len(ids)} tokens (1 to {cap})")
+    bound = vocab or limit("config_int")
+    bad = next((t for t in ids if not 0 <= t < bound), None)
+    if bad is not None:
+        raise PromptFileError(f"{where}: token id {bad} is outside the target's vocabulary [0, {bound})")
+    return ids
 
 
 def at_length(prompts: list[list[int]], length: int) -> list[list[int]]:
@@ -154,59 +282,69 @@ def tokenizer_of(target: str, chat: bool = False) -> Any:
 def _fits(name: str, prompts: list[list[int]], max_tokens: int, max_model_len: int, k: int) -> None:
     too_long = [len(p) for p in prompts if len(p) + max_tokens + k + 2 > max_model_len]
     if too_long:
-        raise CheckpointNotFoundError(f"{name}: a prompt of {too_long[0]} tokens leaves no room for {max_tokens} "
-                                      f"new tokens in max_model_len {max_model_len}", path=name,
-                                      hint=f"pass --max-model-len {max(too_long) + max_tokens + k + 2} or more")
+        raise PromptFileError(f"{name}: a prompt of {too_long[0]} tokens leaves no room for {max_tokens} "
+                              f"new tokens in max_model_len {max_model_len}", path=name,
+                              hint=f"pass --max-model-len {max(too_long) + max_tokens + k + 2} or more")
 
 
-def chat_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+def chat_ids(tokenizer: Any, messages: list[dict[str, Any]], where: str = "prompt") -> list[int]:
     """Token ids of `messages` under the tokenizer's chat template, with the generation prompt (transformers 5
-    returns an encoding, 4 a list)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = out["input_ids"] if hasattr(out, "keys") else out
-    return [int(t) for t in ids]
+    returns an encoding, 4 a list). A template that refuses the messages (it may raise) is a PromptFileError."""
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+        return [int(t) for t in ids]
+    except Exception as e:  # noqa: BLE001 - a chat template is code from the target (jinja raise_exception, ...)
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise PromptFileError(f"{where}: the target's chat template refused these messages ({text})") from None
 
 
 def needs_chat(spec: str) -> bool:
-    """Whether the prompts go through the tokenizer's chat template (JSONL messages, SPEED-Bench turns)."""
+    """Whether the prompts go through the tokenizer's chat template (JSONL messages, SPEED-Bench turns).
+    Streams the lines (a bad file is reported by the reader, not here)."""
     path = Path(spec)
-    return path.is_dir() or (path.is_file() and '"messages"' in path.read_text(errors="replace"))
+    if path.is_dir():
+        return True
+    try:
+        return any(b'"messages"' in line for _, line in _raw_lines(spec)) if path.is_file() else False
+    except PromptFileError:
+        return False
 
 
 def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_model_len: int, k: int,
-                 length: int | None) -> PromptSet:
+                 length: int | None, vocab: int | None = None) -> PromptSet:
     """A user-prepared SPEED-Bench folder: every parquet file under it; the first turn of each row, as a
     user message (chat template when the target has one), balanced round-robin over categories (and
     throughput buckets, named by `throughput_<N>k` in the path) up to `count` prompts."""
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet  # noqa: F401 - read by _parquet
     except ImportError:
         raise MissingDependencyError("reading a SPEED-Bench folder needs pyarrow",
                                      hint="pip install 'eaglectl-cli[speedbench]'") from None
     files = sorted(folder.rglob("*.parquet"))
     if not files:
-        raise CheckpointNotFoundError(f"{folder}: no parquet files (a SPEED-Bench folder holds its splits' parquet)",
-                                      path=str(folder))
+        raise PromptFileError(f"{folder}: no parquet files (a SPEED-Bench folder holds its splits' parquet)",
+                              path=str(folder))
     pools: dict[tuple[str | None, str], list[tuple[str, str]]] = {}
+    rows_read = 0
     for file in files:
-        try:
-            table = pq.read_table(file)
-        except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
-            raise CheckpointNotFoundError(f"{file}: not a readable parquet file ({type(e).__name__})",
-                                          path=str(file)) from None
-        missing = [c for c in ("category", "turns") if c not in table.column_names]
-        if missing:
-            raise CheckpointNotFoundError(f"{file}: no '{missing[0]}' column (SPEED-Bench rows have category and "
-                                          "turns)", path=str(file))
+        table = _parquet(file)
         bucket = re.search(r"throughput_(\d+k)", str(file.relative_to(folder)))
         ids = table.column("question_id").to_pylist() if "question_id" in table.column_names else None
+        rows_read += table.num_rows
+        if rows_read > limit("prompts_per_file"):
+            raise PromptFileError(f"{folder}: more than {limit('prompts_per_file')} rows (the limit)", path=str(folder))
         for i, (cat, turns) in enumerate(zip(table.column("category").to_pylist(), table.column("turns").to_pylist(),
                                              strict=True)):
             qid = ids[i] if ids else f"row {i}"
             if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
-                raise CheckpointNotFoundError(f"{file}: {qid}: 'turns' is not a list of texts", path=str(file))
+                raise PromptFileError(f"{file}: {qid}: 'turns' is not a list of texts", path=str(file))
+            _text(f"{file}: {qid}", "turns[0]", turns[0])
+            if len(turns[0].encode("utf-8")) > limit("prompt_line_bytes"):
+                raise PromptFileError(f"{file}: {qid}: a first turn of more than {limit('prompt_line_bytes')} bytes",
+                                      path=str(file))
             if SPEED_PLACEHOLDER in turns[0]:
-                raise CheckpointNotFoundError(
+                raise PromptFileError(
                     f"{file}: {qid}: a placeholder, not a prompt (the public repo withholds restricted sources)",
                     path=str(file), hint="rebuild the prompts with ModelOpt's specdec_bench prepare_data.py "
                                          "--dataset speed, then point --prompts at that folder")
@@ -217,9 +355,15 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
         for (bucket_name, cat), rows in queues.items():
             if rows and len(picked) < count:
                 picked.append((bucket_name, cat, rows.pop(0)[1]))
-    chat = tokenizer is not None and getattr(tokenizer, "chat_template", None)
-    prompts = [chat_ids(tokenizer, [{"role": "user", "content": text}]) if chat
-               else tokenizer(text, add_special_tokens=True).input_ids for _, _, text in picked]
+    if not picked:
+        raise PromptFileError(f"{folder}: no prompts (the parquet files hold no rows)", path=str(folder))
+    if tokenizer is None:
+        raise PromptFileError(f"{folder}: SPEED-Bench turns are text: the target needs a tokenizer")
+    chat = getattr(tokenizer, "chat_template", None)
+    prompts = [check_ids(f"{folder}: {cat} prompt {i}", chat_ids(tokenizer, [{"role": "user", "content": text}],
+                                                                   f"{folder}: {cat}") if chat
+                          else tokenizer(text, add_special_tokens=True).input_ids, vocab)
+               for i, (_, cat, text) in enumerate(picked)]
     if length is not None:
         prompts = at_length(prompts, length)
     _fits(str(folder), prompts, max_tokens, max_model_len, k)
@@ -227,6 +371,43 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
     return PromptSet(str(folder), prompts, f"{len(prompts)} SPEED-Bench prompts over {len(cats)} categories "
                      f"({'chat template' if chat else 'plain text'}, first turn)",
                      [{"category": c, "bucket": b} for b, c, _ in picked])
+
+
+def _parquet(file: Path) -> Any:
+    """One SPEED-Bench parquet file: within the size limit, `category` and `turns` columns of the right
+    kinds (strings; a list of strings), read with only the columns used."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        size = file.stat().st_size
+    except OSError as e:
+        raise filesystem_error(e, "read", file) from None
+    if size > limit("prompt_file_bytes"):
+        raise PromptFileError(f"{file}: {size} bytes exceeds the {limit('prompt_file_bytes')}-byte limit",
+                              path=str(file))
+    try:
+        schema = pq.read_schema(file)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise PromptFileError(f"{file}: not a readable parquet file ({type(e).__name__})", path=str(file)) from None
+    missing = [c for c in ("category", "turns") if c not in schema.names]
+    if missing:
+        raise PromptFileError(f"{file}: no '{missing[0]}' column (SPEED-Bench rows have category and turns)",
+                              path=str(file))
+    turns = schema.field("turns").type
+    if not (pa.types.is_list(turns) or pa.types.is_large_list(turns)) or not (
+            pa.types.is_string(turns.value_type) or pa.types.is_large_string(turns.value_type)):
+        raise PromptFileError(f"{file}: 'turns' is {turns}, not a list of strings (SPEED-Bench schema)",
+                              path=str(file))
+    if not (pa.types.is_string(schema.field("category").type) or pa.types.is_large_string(
+            schema.field("category").type)):
+        raise PromptFileError(f"{file}: 'category' is {schema.field('category').type}, not a string (SPEED-Bench "
+                              "schema)", path=str(file))
+    columns = ["category", "turns"] + (["question_id"] if "question_id" in schema.names else [])
+    try:
+        return pq.read_table(file, columns=columns)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
+        raise PromptFileError(f"{file}: not a readable parquet file ({type(e).__name__})", path=str(file)) from None
 
 
 # ------------------------------------------------------------------------------------ text for measurement

@@ -225,3 +225,966 @@ def fuzz(work: Path, *, headers: int, configs: int, seed: int = 0, render_every:
     rep.seconds = time.perf_counter() - t0
     rep.rss_growth_mb = _rss_mb() - rss0
     return rep
+
+
+# =============================================================================== second round (issue 18)
+# Captures (--states), prompt files, manifests and server replies: seeded, in process, structural and value
+# mutations of valid inputs made from the trained fixtures. Every case ends in a result or an EaglectlError.
+
+TRAINED = DRAFTERS.parent / "trained"
+TRAINED_TARGET = TRAINED / "target"
+VOCAB = 320  # the trained fixture target's vocabulary
+NP_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+             "U8": "u1", "U64": "<u8", "BOOL": "?"}
+
+
+def write_dump(path: Path, tensors: dict[str, tuple[str, Any]]) -> None:
+    """A safetensors file of (dtype, numpy array) tensors, written by hand (any dtype / shape the test wants)."""
+    import numpy as np
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, (dtype, arr) in tensors.items():
+        arr = np.asarray(arr)
+        if dtype == "BF16":
+            raw = (np.ascontiguousarray(arr, dtype="<f4").view("<u4") >> 16).astype("<u2").tobytes()
+        else:
+            raw = np.ascontiguousarray(arr).astype(NP_DTYPES[dtype]).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    rebuild_header(path, json.dumps(header).encode(), b"".join(blobs))
+
+
+def read_dump(path: Path) -> dict[str, tuple[str, Any]]:
+    import numpy as np
+
+    header, data = split_safetensors(path)
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = (e["dtype"], np.frombuffer(data[b:end], dtype=NP_DTYPES[e["dtype"]]).reshape(e["shape"]).copy())
+    return out
+
+
+def make_capture(out: Path, num_prompts: int = 2, length: int = 32) -> Path:
+    """A small valid capture of the trained fixture target (HF engine, boundaries 0..8): what the fuzzer mutates."""
+    from eaglectl import capture
+
+    capture.run(str(TRAINED_TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=num_prompts,
+                length=length)
+    return out
+
+
+def hostile_id(rng: random.Random) -> int:
+    return rng.choice([VOCAB, VOCAB + 1, 10**6, 2**31, 2**40, 2**62, -1, -(2**62)])
+
+
+def mutate_dump(t: dict[str, tuple[str, Any]], rng: random.Random) -> str:
+    """One structural or value mutation of a request's tensors, in place; returns its name."""
+    import numpy as np
+
+    seq, layers, width = t["hidden_states"][1].shape
+    hid = t["hidden_states"][1].astype(np.float64)
+    kind = rng.choice(["oov-token", "oov-argmax", "bad-value", "all-nan", "zeros", "zero-layer", "constant",
+                       "duplicate", "scale", "truncate", "length-mismatch", "drop", "extra", "dtype", "rank",
+                       "layers", "width", "empty-width", "negative-zero"])
+    if kind == "oov-token":
+        t["token_ids"] = ("I64", t["token_ids"][1].copy())
+        t["token_ids"][1][rng.randrange(seq)] = hostile_id(rng)
+    elif kind == "oov-argmax":
+        t["target_argmax"] = ("I64", t["target_argmax"][1].copy())
+        t["target_argmax"][1][rng.randrange(seq)] = hostile_id(rng)
+    elif kind == "bad-value":
+        hid[rng.randrange(seq), rng.randrange(layers), rng.randrange(width)] = rng.choice(
+            [np.nan, np.inf, -np.inf, 1e30, -3e38, 2e9, -1e12])
+        t["hidden_states"] = ("F32", hid)
+    elif kind == "all-nan":
+        t["hidden_states"] = (t["hidden_states"][0], np.full_like(hid, np.nan))
+    elif kind == "zeros":
+        t["hidden_states"] = ("F32", np.zeros_like(hid))
+    elif kind == "zero-layer":
+        hid[:, rng.randrange(layers)] = 0.0
+        t["hidden_states"] = ("F32", hid)
+    elif kind == "constant":
+        t["hidden_states"] = ("F32", np.full_like(hid, rng.choice([1.0, -3.5, 1e-30])))
+    elif kind == "duplicate":
+        t["hidden_states"] = ("F32", np.repeat(hid[:1], seq, axis=0))
+    elif kind == "scale":
+        t["hidden_states"] = ("F32", hid * rng.choice([1e-30, 1e-8, 1e4, 1e8]))
+    elif kind == "truncate":
+        n = rng.choice([0, 1, 2, 3, 5])
+        for name in list(t):
+            t[name] = (t[name][0], t[name][1][:n])
+    elif kind == "length-mismatch":
+        name = rng.choice(list(t))
+        t[name] = (t[name][0], t[name][1][:-1])
+    elif kind == "drop":
+        del t[rng.choice(list(t))]
+    elif kind == "extra":
+        t["junk"] = ("F32", np.zeros((3, 3)))
+    elif kind == "dtype":
+        name = rng.choice(list(t))
+        dtype = rng.choice(["I32", "U8", "I8", "U64", "F32", "F16", "BF16", "F64", "BOOL", "I16"])
+        arr = t[name][1]
+        if dtype in ("U8", "U64"):
+            arr = np.abs(arr)
+        t[name] = (dtype, arr)
+    elif kind == "rank":
+        name = rng.choice(list(t))
+        arr = t[name][1]
+        t[name] = (t[name][0], arr.reshape(arr.shape[0], -1) if arr.ndim > 2 else arr.reshape(-1, 1))
+    elif kind == "layers":
+        t["hidden_states"] = ("F32", hid[:, :-1] if rng.random() < 0.5 else np.concatenate([hid, hid[:, :1]], 1))
+    elif kind == "width":
+        t["hidden_states"] = ("F32", hid[..., :64] if rng.random() < 0.5 else np.pad(hid, ((0, 0), (0, 0), (0, 1))))
+    elif kind == "empty-width":
+        t["hidden_states"] = ("F32", hid[..., :0])
+    else:
+        t["hidden_states"] = ("F32", -0.0 * hid)
+    return kind
+
+
+def _clear(path: Path) -> Path:
+    """Remove whatever an earlier mutation left at `path` (a file, a folder, a link, a FIFO)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    return path
+
+
+CAPTURE_KEYS = ["layer_ids", "target_config", "convention", "target", "schema", "files", "dtype", "x"]
+TARGET_KEYS = ["num_hidden_layers", "hidden_size", "vocab_size", "model_type", "text_config", "rms_norm_eps"]
+
+
+def mutate_capture(case: Path, rng: random.Random, meta: dict[str, Any]) -> str:
+    """One mutation of a capture folder (capture.json, a request's header or tensors, the folder itself)."""
+    import os
+
+    dumps = [p for p in sorted(case.glob("0000[01].safetensors")) if p.is_file() and not p.is_symlink()]
+    r = rng.random()
+    if r < 0.38 and dumps:
+        file = rng.choice(dumps)
+        try:
+            tensors = read_dump(file)
+        except Exception:  # noqa: BLE001 - an earlier mutation of this case broke the file: mutate its bytes
+            file.write_bytes(mutate_bytes(file.read_bytes(), rng))
+            return f"dump {file.name} bytes"
+        try:
+            kind = mutate_dump(tensors, rng)
+        except Exception:  # noqa: BLE001 - an earlier mutation left tensors this one cannot apply to
+            file.write_bytes(mutate_bytes(file.read_bytes(), rng))
+            return f"dump {file.name} bytes"
+        write_dump(file, tensors)
+        return f"dump {file.name} {kind}"
+    if r < 0.5 and dumps:
+        file = rng.choice(dumps)
+        try:
+            header, data = split_safetensors(file)
+        except Exception:  # noqa: BLE001 - as above
+            file.write_bytes(mutate_bytes(file.read_bytes(), rng))
+            return f"dump {file.name} bytes"
+        raw = json.dumps(mutate_tree(header, rng, rng.randrange(1, 3))).encode() if rng.random() < 0.6 else \
+            mutate_bytes(json.dumps(header).encode(), rng)
+        rebuild_header(file, raw, data)
+        return f"header {file.name}"
+    if r < 0.62:
+        m = json.loads(json.dumps(meta))
+        key = rng.choice(TARGET_KEYS)
+        m["target_config"][key] = rng.choice([hostile_value(rng), hostile_value(rng), 0, 10**12, "8", None])
+        _clear(case / "capture.json").write_text(json.dumps(m))
+        return f"capture.json target_config.{key}"
+    if r < 0.72:
+        m = json.loads(json.dumps(meta))
+        key = rng.choice(CAPTURE_KEYS)
+        m[key] = rng.choice([hostile_value(rng), [8, 0], [0, 1, 2, 99], [-1, 0], list(range(5000)), [], "boundary",
+                             "output", [0, 0, 1], None])
+        _clear(case / "capture.json").write_text(json.dumps(m))
+        return f"capture.json {key}"
+    if r < 0.8:
+        _clear(case / "capture.json").write_text(json.dumps(mutate_tree(meta, rng, rng.randrange(1, 4))))
+        return "capture.json tree"
+    if r < 0.86:
+        _clear(case / "capture.json").write_bytes(mutate_bytes(json.dumps(meta).encode(), rng))
+        return "capture.json bytes"
+    kind = rng.choice(["delete-one", "delete-all", "empty-file", "garbage-file", "dir-named-dump", "fifo",
+                       "dev-zero", "json-dir", "json-missing", "json-loop", "json-empty"])
+    if kind == "delete-one" and dumps:
+        rng.choice(dumps).unlink()
+    elif kind == "delete-all":
+        for f in dumps:
+            f.unlink()
+    elif kind == "empty-file":
+        _clear(case / "00009.safetensors").write_bytes(b"")
+    elif kind == "garbage-file":
+        _clear(case / "00009.safetensors").write_bytes(bytes(rng.randrange(256) for _ in range(rng.choice([7, 8, 64]))))
+    elif kind == "dir-named-dump":
+        _clear(case / "00009.safetensors").mkdir()
+    elif kind == "fifo":
+        os.mkfifo(_clear(case / "00009.safetensors"))
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", _clear(case / "00009.safetensors"))
+    elif kind == "json-dir":
+        _clear(case / "capture.json").mkdir()
+    elif kind == "json-missing":
+        _clear(case / "capture.json")
+    elif kind == "json-loop":
+        os.symlink("capture.json", _clear(case / "capture.json"))
+    else:
+        _clear(case / "capture.json").write_bytes(b"")
+    return f"folder {kind}"
+
+
+CONSUMERS = ("verify", "drift", "upgrade-dry", "inspect", "upgrade")
+CONSUMER_WEIGHTS = (4, 3, 3, 2, 1)
+
+
+def consume(name: str, case: Path, work: Path) -> Any:
+    """Run one --states consumer on a capture, as the CLI would (its library entry point)."""
+    from eaglectl import drift, inspect, upgrade, verify
+
+    drafter = str(TRAINED / "eagle3")
+    if name == "verify":
+        return verify.run(drafter, states=str(case), tokens=16)
+    if name == "drift":
+        return drift.run([drafter], states=str(case), max_tokens=8, num_prompts=2, bootstrap_reps=100, depth=3)
+    if name == "inspect":
+        return inspect.run(drafter, states=str(case))
+    dest = work / "dest"
+    shutil.rmtree(dest, ignore_errors=True)
+    try:
+        return upgrade.run(drafter, str(dest), states=str(case), init="auto", to="speculators",
+                           dry_run=name == "upgrade-dry", fidelity_tokens=16)
+    except EaglectlError:
+        if dest.exists():  # nothing may be written when the capture is refused
+            raise AssertionError(f"{dest} was written by a refused upgrade") from None
+        raise
+
+
+RENDER = {"verify": "render_verify", "drift": "render_drift", "upgrade-dry": "render_upgrade",
+          "upgrade": "render_upgrade", "inspect": "render_inspect"}
+
+
+def render_with(result: Any, renderer: str) -> None:
+    """Both output forms of any command, strictly encoded as a pipe would."""
+    import io
+
+    from rich.console import Console
+
+    from eaglectl import report
+
+    json.dumps(result.to_json(), default=str).encode("utf-8")
+    saved = report.stdout
+    report.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
+    try:
+        getattr(report, renderer)(result)
+        report.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
+    finally:
+        report.stdout = saved
+
+
+def read_capture(case: Path) -> Any:
+    """The reader alone: open, every request checked against the fixture drafter's vocab, the labels' kind."""
+    from eaglectl.io.states import open_states
+
+    st = open_states(str(case))
+    for _ in st.requests(vocab=VOCAB):
+        pass
+    st.embedding_source()
+    _ = st.labels_are
+    return st
+
+
+def _timed(rep: FuzzReport, label: str, fn: Any) -> tuple[int, Any]:
+    """(exit code, result): an EaglectlError is its code, anything else an internal error (70)."""
+    t = time.perf_counter()
+    result = None
+    try:
+        result = fn()
+        code = getattr(result, "exit_code", 0)
+    except EaglectlError as e:
+        code = e.exit_code
+    except Exception:  # noqa: BLE001 - exactly what the fuzzer hunts
+        rep.internal.append(f"{label}: {traceback.format_exc(limit=4).splitlines()[-1]}")
+        code = 70
+    dt = time.perf_counter() - t
+    if dt > rep.slowest:
+        rep.slowest, rep.slowest_case = dt, label
+    return code, result
+
+
+def _count(rep: FuzzReport, code: int) -> None:
+    rep.cases += 1
+    rep.codes[code] = rep.codes.get(code, 0) + 1
+
+
+class Parts:
+    """The --states consumers' own steps on a capture, with the drafters loaded once (cheap enough for every case):
+    the probe's session, calibration (split, stream, every init, the held-out error), verify's inputs and drift's
+    run. The full commands (`consume`) run on a share of the cases."""
+
+    def __init__(self) -> None:
+        from eaglectl.drift import PROTOCOLS
+        from eaglectl.verify import load_drafter
+
+        self.eagle3 = load_drafter(str(TRAINED / "eagle3"))
+        self.no_table = load_drafter(str(TRAINED / "eagle3.1"))  # ships no embedding: reads boundary 0
+        self.proto = PROTOCOLS["paper-v1"]
+
+    def run(self, name: str, case: Path) -> Any:
+        import numpy as np
+
+        from eaglectl import calibration, drift, probe, upgrade, verify
+        from eaglectl.io.states import open_states
+
+        st = open_states(str(case))
+        d = self.eagle3
+        if name == "session":
+            return probe.states_session(st, {0, 2, 4, 5}, 64, 3, vocab=VOCAB)
+        if name == "calibrate":
+            W = d.tensors["fc.weight"].double().numpy()
+            n, width = d.args.num_aux, d.args.target_hidden_size
+            cal, held, _ = upgrade._split_requests(st, (2, 4, 5), rank=True)
+            m = calibration.accumulate(W, n, width, 1e-6, cal)
+            h = calibration.accumulate(W, n, width, 1e-6, held) if held is not None else None
+            for init in ("harmonic", "calibrated", "refit"):
+                fitted = calibration.fit(init, n, width, m)
+                assert all(np.isfinite(g).all() for g in fitted[0]), "a non-finite fc_norm weight"
+                if h is not None and h.tokens:
+                    calibration.held_out_error(fitted, h)
+            return None
+        if name == "inputs":
+            d = self.no_table
+            ids = d.spec.capture_ids(st.num_layers) if isinstance(st.num_layers, int) else (2, 4, 5)
+            return verify.states_inputs(st, ids, 16, 3, shrink=True, vocab=d.args.vocab_size)
+        return drift._states_run(self.no_table, st, self.proto, 3, 8, 2, 100, 0)
+
+
+PARTS = ("session", "calibrate", "inputs", "drift-run")
+
+
+def fuzz_captures(work: Path, base: Path, *, cases: int, seed: int = 0, full_share: float = 0.3) -> FuzzReport:
+    """Mutate a valid capture `cases` times. Each goes through the reader; one the reader accepts then goes through
+    one consumer step (`Parts`) or, for `full_share` of them, one whole command (verify, drift, upgrade, inspect)
+    and its renderer; a refused one does too, now and then (the commands read subsets: they must refuse or cope)."""
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    meta = json.loads((base / "capture.json").read_text())
+    case = work / "case"
+    parts = Parts()
+    for name in CONSUMERS + PARTS:  # warm-up: first-call imports are not what the per-case bound measures
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(base, case)
+        consume(name, case, work) if name in CONSUMERS else parts.run(name, case)
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    for i in range(cases):
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(base, case)
+        label = f"#{i} " + mutate_capture(case, rng, meta)
+        if rng.random() < 0.15:
+            label += " + " + mutate_capture(case, rng, meta)
+        t = time.perf_counter()
+        code, _ = _timed(rep, label + " [reader]", lambda: read_capture(case))
+        r = rng.random()
+        if code == 70 or (code != 0 and r > 0.3):
+            _count(rep, code)
+            continue
+        if r < full_share * (1 if code == 0 else 0.3):
+            name = rng.choices(CONSUMERS, CONSUMER_WEIGHTS)[0]
+            code2, result = _timed(rep, f"{label} [{name}]", lambda name=name: consume(name, case, work))
+            if result is not None and code2 != 70:
+                code2, _ = _timed(rep, f"{label} [{name} render]",
+                                  lambda result=result, name=name: render_with(result, RENDER[name]))
+                code2 = code2 if code2 == 70 else getattr(result, "exit_code", 0)
+        else:
+            name = rng.choice(PARTS)
+            code2, _ = _timed(rep, f"{label} [{name}]", lambda name=name: parts.run(name, case))
+        dt = time.perf_counter() - t
+        if dt > rep.slowest:
+            rep.slowest, rep.slowest_case = dt, f"{label} [reader + {name}]"
+        _count(rep, code2)
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep
+
+
+# ------------------------------------------------------------------------------------------ prompt files
+
+GOOD_LINES: list[dict[str, Any]] = [
+    {"prompt": "def main():\n    return 1"}, {"prompt_token_ids": [5, 6, 7, 8, 9]},
+    {"messages": [{"role": "user", "content": "hi there"}]},
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x = "}]},
+]
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'bad' %}{{ raise_exception('no such role') }}{% endif %}"
+                 "<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def chat_target(work: Path) -> Path:
+    """The trained fixture target's tokenizer and config with a chat template (its own has none)."""
+    folder = work / "chat-target"
+    folder.mkdir(exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TRAINED_TARGET / name, folder / name)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def hostile_prompt_line(rng: random.Random) -> bytes:
+    good = rng.choice(GOOD_LINES)
+    kind = rng.randrange(14)
+    if kind == 0:
+        return rng.choice([b"[1, 2]", b"3", b"null", b'"text"', b"true", b"{}", b'{"x": 1}', b"[]", b"-0.5"])
+    if kind == 1:
+        return json.dumps({"prompt": hostile_value(rng)}).encode()
+    if kind == 2:
+        return json.dumps({"prompt_token_ids": rng.choice([
+            [], [VOCAB], [-1], [2**63], [10**30], [1.5], [True], ["1"], [[1]], "abc", None, {"a": 1},
+            list(range(2000)), [hostile_id(rng)], [rng.randrange(VOCAB) for _ in range(rng.choice([1, 50, 900]))],
+            hostile_value(rng)])}).encode()
+    if kind == 3:
+        return json.dumps({"messages": rng.choice([
+            "x", [], [{}], [{"role": "user"}], [{"role": 1, "content": "x"}], [{"role": "user", "content": ["x"]}],
+            [{"role": "bad", "content": "x"}], [{"role": "user", "content": None}], [1, 2],
+            [{"role": "user", "content": "x"}] * 2000, hostile_value(rng)])}).encode()
+    if kind == 4:
+        return json.dumps(mutate_tree(good, rng, rng.randrange(1, 3))).encode()
+    if kind == 5:
+        return mutate_bytes(json.dumps(good).encode(), rng).replace(b"\n", b" ")
+    if kind == 6:
+        return rng.choice([b"\xff\xfe{}", b"\xef\xbb\xbf" + json.dumps(good).encode(), b'{"prompt": "\\ud800x"}',
+                           b'{"prompt": "a\xc3"}', b'{"prompt_token_ids": [' + b"9" * 5000 + b"]}",
+                           b'{"prompt_token_ids": [NaN]}', b'{"prompt": "x", "prompt": "y"}'])
+    if kind == 7:
+        return b"[" * rng.choice([70, 5000]) + b"]" * rng.choice([0, 70, 5000])
+    if kind == 8:
+        return json.dumps({"prompt": rng.choice(["", " ", "x" * 20_000, "\x00", "\u202e\x1b[31m"])}).encode()
+    if kind == 9:
+        return json.dumps({**good, "prompt_token_ids": rng.choice([[1, 2], "x", None])}).encode()
+    return json.dumps(good).encode()
+
+
+def write_speed_bench(folder: Path, rng: random.Random) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    kind = rng.choice(["ok", "no-turns", "no-category", "turns-int", "turns-list-int", "turns-empty", "turns-null",
+                       "category-int", "placeholder", "garbage", "empty-table", "nested", "none"])
+    sub = folder / "throughput_1k" if kind == "nested" else folder
+    sub.mkdir(exist_ok=True)
+    if kind == "none":
+        return kind
+    if kind == "garbage":
+        (sub / "x.parquet").write_bytes(b"PAR1" + bytes(rng.randrange(256) for _ in range(64)))
+        return kind
+    n = 0 if kind == "empty-table" else 3
+    cols: dict[str, Any] = {"question_id": pa.array([f"q{i}" for i in range(n)], pa.string()),
+                            "category": pa.array(["code", "chat", "math"][:n], pa.string()),
+                            "turns": pa.array([["write a loop"], ["hello"], ["2 + 2 ="]][:n], pa.list_(pa.string()))}
+    if kind == "no-turns":
+        del cols["turns"]
+    elif kind == "no-category":
+        del cols["category"]
+    elif kind == "turns-int":
+        cols["turns"] = pa.array([1, 2, 3], pa.int64())
+    elif kind == "turns-list-int":
+        cols["turns"] = pa.array([[1], [2], [3]], pa.list_(pa.int64()))
+    elif kind == "turns-empty":
+        cols["turns"] = pa.array([[], ["a"], ["b"]], pa.list_(pa.string()))
+    elif kind == "turns-null":
+        cols["turns"] = pa.array([None, ["a"], [None]], pa.list_(pa.string()))
+    elif kind == "category-int":
+        cols["category"] = pa.array([1, 2, 3], pa.int64())
+    elif kind == "placeholder":
+        cols["turns"] = pa.array([["FULL BENCHMARK DATA SHOULD BE FETCHED"], ["a"], ["b"]], pa.list_(pa.string()))
+    pq.write_table(pa.table(cols), sub / "part.parquet")
+    return kind
+
+
+def write_prompt_case(path: Path, rng: random.Random) -> str:
+    """A hostile --prompts value at `path` (a file, a folder, or nothing); returns its label."""
+    import os
+
+    r = rng.random()
+    if r < 0.06:
+        return "speed-bench " + write_speed_bench(path, rng)
+    if r < 0.1:
+        kind = rng.choice(["empty", "blank", "missing", "dir", "fifo", "huge-line", "crlf", "no-newline"])
+        if kind == "empty":
+            path.write_bytes(b"")
+        elif kind == "blank":
+            path.write_bytes(b"\n  \n\t\n")
+        elif kind == "dir":
+            path.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "huge-line":  # one line over the prompt_line_bytes limit
+            from eaglectl.limits import limit
+
+            with path.open("wb") as f:
+                f.write(b'{"prompt": "' + b"a" * (limit("prompt_line_bytes") + 10) + b'"}\n')
+        elif kind == "crlf":
+            path.write_bytes(b"\r\n".join(json.dumps(g).encode() for g in GOOD_LINES) + b"\r\n")
+        elif kind == "no-newline":
+            path.write_bytes(json.dumps(GOOD_LINES[1]).encode())
+        return f"file {kind}"
+    lines = []
+    for _ in range(rng.randrange(1, 6)):
+        lines.append(hostile_prompt_line(rng) if rng.random() < 0.6 else json.dumps(rng.choice(GOOD_LINES)).encode())
+        if rng.random() < 0.2:
+            lines.append(b"")
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return "lines"
+
+
+def fuzz_prompt_files(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
+    """`cases` hostile prompt files through the workload reader (smoke's, capture's and drift's), with a plain
+    tokenizer, a chat one (template that may raise) or none."""
+    from eaglectl import drift, workload
+
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    plain = workload.tokenizer_of(str(TRAINED_TARGET))
+    chat = workload.tokenizer_of(str(chat_target(work)), chat=True)
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    for i in range(cases):
+        path = work / f"prompts-{i}.jsonl"
+        label = f"#{i} " + write_prompt_case(path, rng)
+        tok = rng.choice([plain, chat, chat, None])
+        if rng.random() < 0.15:
+            template = rng.choice(drift.TEMPLATES)
+            code, _ = _timed(rep, label + f" [templates {template}]",
+                             lambda path=path, template=template: drift.template_prompts(
+                                 str(path), chat, template, "Be brief.", 3, VOCAB))
+        else:
+            count, length = rng.choice([0, 1, 3, 16]), rng.choice([None, None, 40])
+
+            def load(tok: Any = tok, count: int = count, length: int | None = length, path: Path = path) -> Any:
+                workload.needs_chat(str(path))
+                return workload.load_prompts(str(path), tok, count=count, max_tokens=8, max_model_len=1024, k=3,
+                                             seed=0, length=length, vocab=VOCAB)
+
+            code, got = _timed(rep, label + f" [load count={count} length={length}]", load)
+            if got is not None and not all(p and all(0 <= t < VOCAB for t in p) for p in got.prompts):
+                rep.internal.append(f"{label}: accepted a prompt that is empty or outside the vocabulary")
+        _count(rep, code)
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+
+MANIFEST_COMMANDS = {  # command line, and the items' good shape
+    "convert": (["convert", "--to", "modelopt", "--dry-run"], True),
+    "upgrade": (["upgrade", "--dry-run", "--no-fidelity"], True),
+    "check": (["check", "--no-card", "--no-measure"], False),
+}
+MANIFEST_KEYS = ["source", "dest", "to", "target", "dtype", "aux_layer_ids", "max_shard_size", "measure", "from",
+                 "allow_pickle", "init", "fidelity", "states", "base_model", "strict", "taget", "sourse", ""]
+
+
+def hostile_manifest_line(rng: random.Random, good: dict[str, Any]) -> bytes:
+    kind = rng.randrange(10)
+    if kind == 0:
+        return rng.choice([b"[1, 2]", b"3", b"null", b'"x"', b"{}", b'{"dest": "x"}', b"[]"])
+    if kind == 1:
+        return json.dumps({**good, rng.choice(MANIFEST_KEYS): hostile_value(rng)}).encode()
+    if kind == 2:
+        return json.dumps({**good, rng.choice(["source", "dest", "target", "to"]): rng.choice(
+            ["a\x00b", "\ud800", "", " ", "x" * 5000, "/dev/null", "-", "../../x", "hf://", "org/name@"])}).encode()
+    if kind == 3:
+        return json.dumps(mutate_tree(good, rng, rng.randrange(1, 3))).encode()
+    if kind == 4:
+        return mutate_bytes(json.dumps(good).encode(), rng).replace(b"\n", b" ")
+    if kind == 5:
+        return rng.choice([b"\xff\xfe{}", b"\xef\xbb\xbf" + json.dumps(good).encode(), b"# a comment",
+                           b'{"source": "a", "source": "b"}', b"[" * 5000, b'{"source": "\\ud800"}'])
+    if kind == 6:
+        key = rng.choice(["aux_layer_ids", "max_shard_size", "dtype", "measure", "init"])
+        return json.dumps({**good, key: rng.choice(["1,,2", "0", "-5GB", "float8", "yes", [1, 2], {"a": 1}, 1e308, -1,
+                                                    "nan", "2,16,99999999"])}).encode()
+    return json.dumps(good).encode()
+
+
+def fuzz_manifests(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
+    """`cases` hostile manifests through the CLI (convert / upgrade --dry-run, check): exit 70 is an internal error."""
+    import os
+
+    from click.testing import CliRunner
+
+    from eaglectl.cli import cli
+
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    runner = CliRunner()
+    sources = []
+    for n in ("speculators-3", "specforge-3", "eagle-3", "speculators-3.1"):  # copies: a `card` item writes README
+        shutil.copytree(DRAFTERS / n, work / f"src-{n}")
+        sources.append(str(work / f"src-{n}"))
+    for args, need_dest in MANIFEST_COMMANDS.values():  # warm-up: first-call imports are not what is measured
+        warm = work / "warm.jsonl"
+        warm.write_text(json.dumps({"source": sources[0], **({"dest": str(work / "warm")} if need_dest else {})}))
+        runner.invoke(cli, [*args, "--manifest", str(warm)])
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    for i in range(cases):
+        command = rng.choice(list(MANIFEST_COMMANDS))
+        args, need_dest = MANIFEST_COMMANDS[command]
+        path = work / f"m-{i}.jsonl"
+        r = rng.random()
+        if r < 0.03:
+            with path.open("wb") as f:  # sparse: over the byte limit without writing it
+                f.truncate(65 * 2**20)
+            label = "sparse huge"
+        elif r < 0.05:
+            path.write_bytes(b'{"source": "x"}\n' * 10_001)
+            label = "too many items"
+        elif r < 0.07:
+            path.write_bytes(rng.choice([b"", b"\n\n", b"# only a comment\n"]))
+            label = "empty"
+        else:
+            lines = []
+            for j in range(rng.randrange(1, 4)):
+                good: dict[str, Any] = {"source": rng.choice(sources)}
+                if need_dest:
+                    good["dest"] = str(work / f"dest-{i}-{j}")
+                lines.append(hostile_manifest_line(rng, good) if rng.random() < 0.7 else json.dumps(good).encode())
+            path.write_bytes(b"\n".join(lines) + b"\n")
+            label = "lines"
+        label = f"#{i} {command} {label}"
+        t = time.perf_counter()
+        result = runner.invoke(cli, [*args, "--manifest", str(path)], catch_exceptions=True)
+        dt = time.perf_counter() - t
+        code = result.exit_code
+        if code == 70 or (result.exception is not None and not isinstance(result.exception, SystemExit)):
+            rep.internal.append(f"{label}: exit {code} {result.exception!r} {result.output[-300:]!r}")
+            code = 70
+        elif '"exit_code": 70' in result.output or "internal error" in result.output:
+            rep.internal.append(f"{label}: an item ended in an internal error: {result.output[-300:]!r}")
+        if dt > rep.slowest:
+            rep.slowest, rep.slowest_case = dt, label
+        _count(rep, code)
+        written = [p for p in work.glob(f"dest-{i}-*")]
+        if written:
+            rep.internal.append(f"{label}: a dry run wrote {written[0]}")
+        os.unlink(path)
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep
+
+
+# -------------------------------------------------------------------------------------------- server replies
+
+SERVER_FAULTS = ["never", "slow", "drip", "status", "nonjson", "huge-claim", "huge-stream", "chunked-huge",
+                 "bad-chunk", "redirect-off", "redirect-same", "redirect-loop", "garbage", "close", "short",
+                 "header-flood", "shape", "shape", "shape", "ok"]
+ENDPOINTS = ["/v1/models", "/version", "/metrics", "/v1/completions"]
+
+
+class HostileServer:
+    """A real `http.server` on 127.0.0.1 answering as vLLM does, except for one planned fault per case."""
+
+    def __init__(self, work: Path) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.work = work
+        self.release = threading.Event()
+        self.plan: dict[str, Any] = {}
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                server.answer(self, None)
+
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                server.answer(self, json.loads(self.rfile.read(n)))
+
+        class Quiet(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                pass  # a client that gave up (broken pipe) is what these faults provoke
+
+        self.srv = Quiet(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.srv.shutdown()
+        self.srv.server_close()
+
+    def start(self, plan: dict[str, Any]) -> None:
+        self.plan = {**plan, "metrics_calls": 0, "drafts": 10.0, "seq": 0}
+
+    # -- the normal replies ------------------------------------------------------------------------------
+
+    def normal(self, path: str, body: Any) -> tuple[str, Any]:
+        plan = self.plan
+        if path == "/v1/models":
+            return "json", {"data": [{"id": "served-target"}]}
+        if path == "/version":
+            return "json", {"version": "0.32.0"}
+        if path == "/metrics":
+            plan["metrics_calls"] += 1
+            d = plan["drafts"]
+            lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {d}',
+                     f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {3 * d}',
+                     f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {d}',
+                     f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="0"}} {d}']
+            return "text", "\n".join(lines) + "\n"
+        plan["drafts"] += 1
+        prompt = body.get("prompt") if isinstance(body, dict) else []
+        reply: dict[str, Any] = {"choices": [{"text": "x", "token_ids": list(range(int(body.get("max_tokens", 1))))}]}
+        if plan["mode"] == "capture":
+            plan["seq"] += 1
+            dump = self.work / "storage" / f"req-{plan['seq']}.safetensors"
+            dump.parent.mkdir(exist_ok=True)
+            import numpy as np
+
+            write_dump(dump, {"hidden_states": ("F32", np.ones((len(prompt), 3, 128), dtype=np.float32)),
+                              "token_ids": ("I64", np.asarray(prompt, dtype=np.int64))})
+            reply["kv_transfer_params"] = {"hidden_states_path": str(dump)}
+            reply["choices"][0]["prompt_logprobs"] = [None] + [
+                {str(t): {"logprob": -0.1, "rank": 1, "decoded_token": "x"}} for t in prompt[1:]]
+            reply["choices"][0]["token_ids"] = [7]
+        return "json", reply
+
+    def shape_fault(self, path: str, body: Any, rng: random.Random) -> tuple[str, Any]:
+        kind, doc = self.normal(path, body)
+        if path == "/v1/models":
+            return "json", rng.choice([[], {"data": {}}, {"data": []}, {"data": [{}]}, {"data": [{"id": 5}]},
+                                       {"data": [{"id": "x" * 5000}]}, {"data": None}])
+        if path == "/version":
+            return "json", rng.choice([[], {"version": 5}, {"version": "x" * 500}, None])
+        if path == "/metrics":
+            calls = self.plan["metrics_calls"]
+            d = self.plan["drafts"]
+            return "text", rng.choice([
+                f"vllm:spec_decode_num_drafts_total {d - 100 if calls > 1 else d}\n",  # backwards after the run
+                "vllm:spec_decode_num_drafts_total NaN\n", "vllm:spec_decode_num_drafts_total -5\n",
+                "vllm:spec_decode_num_drafts_total abc\n", "vllm:spec_decode_num_drafts_total 1e400\n",
+                "vllm:num_requests_running 0\n" if calls > 1 else doc,  # counters gone after the run
+                doc + (f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="1"}} {d}\n' if calls == 1
+                       else ""),  # a position disappears
+                doc + 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="99999999999"} 1\n',
+                "\x00\xff garbage\n", "", doc * 3])
+        choice = doc["choices"][0]
+        if self.plan["mode"] == "capture" and rng.random() < 0.6:
+            target = rng.choice(["plp-missing", "plp-short", "plp-rank", "plp-key", "plp-oov", "gen-missing",
+                                 "path-missing", "path-relative", "path-nul", "path-dir", "path-link", "path-keep",
+                                 "dump-tokens", "dump-layers", "path-type"])
+            kv = doc["kv_transfer_params"]
+            if target == "plp-missing":
+                del choice["prompt_logprobs"]
+            elif target == "plp-short":
+                choice["prompt_logprobs"] = choice["prompt_logprobs"][:-1]
+            elif target == "plp-rank":
+                choice["prompt_logprobs"] = [None] + [{"5": {"rank": 2}}] * (len(choice["prompt_logprobs"]) - 1)
+            elif target == "plp-key":
+                choice["prompt_logprobs"] = [None] + [{"x1": {"rank": 1}}] * (len(choice["prompt_logprobs"]) - 1)
+            elif target == "plp-oov":
+                choice["prompt_logprobs"] = [None] + [{str(10**9): {"rank": 1}}] * (len(choice["prompt_logprobs"]) - 1)
+            elif target == "gen-missing":
+                choice["token_ids"] = rng.choice([[], None, ["7"], [10**12]])
+            elif target == "path-missing":
+                del doc["kv_transfer_params"]
+            elif target == "path-relative":
+                kv["hidden_states_path"] = "req.safetensors"
+            elif target == "path-nul":
+                kv["hidden_states_path"] = "/tmp/a\x00b.safetensors"
+            elif target == "path-dir":
+                (self.work / "storage" / "d.safetensors").mkdir(exist_ok=True)
+                kv["hidden_states_path"] = str(self.work / "storage" / "d.safetensors")
+            elif target == "path-link":
+                link = self.work / "storage" / "link.safetensors"
+                if not link.is_symlink():
+                    link.symlink_to(kv["hidden_states_path"])
+                kv["hidden_states_path"] = str(link)
+            elif target == "path-keep":  # a file of the user's that is no dump: must be refused and kept
+                kv["hidden_states_path"] = str(self.work / "keep.safetensors")
+            elif target == "dump-tokens":
+                import numpy as np
+
+                write_dump(Path(kv["hidden_states_path"]), {"hidden_states": ("F32", np.ones((4, 3, 128))),
+                                                            "token_ids": ("I64", np.asarray([9, 9, 9, 9]))})
+            elif target == "dump-layers":
+                import numpy as np
+
+                n = len(body["prompt"])
+                write_dump(Path(kv["hidden_states_path"]), {"hidden_states": ("F32", np.ones((n, 2, 128))),
+                                                            "token_ids": ("I64", np.asarray(body["prompt"]))})
+            else:
+                kv["hidden_states_path"] = rng.choice([5, ["x"], {"a": 1}])
+            return "json", doc
+        return "json", rng.choice([{}, {"choices": []}, {"choices": [5]}, {"choices": [{"token_ids": "x"}]},
+                                   {"choices": [{"token_ids": [1.5]}]}, {"choices": [{"token_ids": list(range(99))}]},
+                                   {"choices": [{"token_ids": [-1]}]}, [], None])
+
+    # -- answering -----------------------------------------------------------------------------------
+
+    def answer(self, h: Any, body: Any) -> None:
+        plan = self.plan
+        path = h.path[2:] if h.path.startswith("/r/") else h.path
+        fault = plan["fault"] if path == plan["where"] and not plan.get("done") else "ok"
+        if fault not in ("ok", "redirect-loop") and path != "/metrics":
+            plan["done"] = True  # one faulty reply per case (a /metrics fault may hit the second read)
+        rng = plan["rng"]
+        wait = plan["timeout"]
+        try:
+            if fault == "never":
+                self.release.wait(4 * wait + 1)
+                return
+            if fault == "slow":
+                time.sleep(3 * wait)
+                fault = "ok"
+            if fault in ("redirect-off", "redirect-same", "redirect-loop"):
+                h.send_response(rng.choice([301, 302, 307, 308]))
+                h.send_header("Location", {"redirect-off": f"http://192.0.2.1:9{path}",
+                                           "redirect-same": f"/r{path}", "redirect-loop": h.path}[fault])
+                h.send_header("Content-Length", "0")
+                h.end_headers()
+                return
+            if fault == "garbage":
+                h.wfile.write(rng.choice([b"HELLO WORLD\r\n\r\n", b"HTTP/1.1 999 x\r\n\r\n", b"\x00\xff" * 10,
+                                          b"HTTP/1.1 200\r\nContent-Length: x\r\n\r\n{}"]))
+                return
+            if fault == "close":
+                return
+            if fault == "header-flood":
+                h.send_response(200)
+                for i in range(rng.choice([150, 1])):
+                    h.send_header(f"X-{i}", "y" * rng.choice([10, 70_000]))
+                h.end_headers()
+                return
+            if fault == "status":
+                code = rng.choice([500, 502, 503, 404, 400, 429, 418, 204, 302])
+                h.send_response(code)
+                data = b"<html><body>\x1b[31mInternal Server Error\x00</body></html>"
+                h.send_header("Content-Length", str(len(data)))
+                h.end_headers()
+                h.wfile.write(data)
+                return
+            if fault == "nonjson":
+                data = rng.choice([b"<html>", b"", b"nan", b'{"data": [', b"\xff\xfe", b"[" * 5000,
+                                   b"9" * 5000, b"\xef\xbb\xbf{}", b"\x00"])
+                kind, doc = "raw", data
+            elif fault == "shape":
+                kind, doc = self.shape_fault(path, body, rng)
+            else:
+                kind, doc = self.normal(path, body)
+            data = doc if kind == "raw" else (doc.encode("utf-8", errors="surrogateescape") if kind == "text"
+                                              else json.dumps(doc).encode())
+            from eaglectl.limits import limit
+
+            cap = limit("server_reply_bytes")
+            if fault == "huge-claim":
+                h.send_response(200)
+                h.send_header("Content-Length", str(10**12))
+                h.end_headers()
+                h.wfile.write(data[:10])
+                return
+            if fault in ("huge-stream", "chunked-huge", "bad-chunk"):
+                h.send_response(200)
+                if fault == "huge-stream":
+                    h.end_headers()
+                    h.wfile.write(b" " * (cap + 10))
+                    return
+                h.send_header("Transfer-Encoding", "chunked")
+                h.end_headers()
+                if fault == "bad-chunk":
+                    h.wfile.write(b"zz\r\nxx\r\n")
+                    return
+                block = b" " * 65536
+                for _ in range(cap // len(block) + 2):
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+                h.wfile.write(b"0\r\n\r\n")
+                return
+            h.send_response(200)
+            h.send_header("Content-Type", "text/plain" if kind == "text" else "application/json")
+            h.send_header("Content-Length", str(len(data) + (90 if fault == "short" else 0)))
+            h.end_headers()
+            if fault == "drip":
+                for b in data:
+                    if self.release.wait(wait / 4):
+                        return
+                    h.wfile.write(bytes([b]))
+                    h.wfile.flush()
+                return
+            h.wfile.write(data)
+        except OSError:
+            pass  # the client gave up first
+
+
+def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2) -> FuzzReport:
+    """`cases` runs of smoke --server and capture --engine server against a local server with one hostile reply
+    each (or a bad URL); the reply cap is lowered to 1 MiB here so oversized replies are quick to send."""
+    from eaglectl import capture, server_smoke
+    from eaglectl.limits import LIMITS, Limit
+
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    saved = LIMITS["server_reply_bytes"]
+    LIMITS["server_reply_bytes"] = Limit(1 << 20, saved.applies_to)
+    keep = work / "keep.safetensors"
+    keep.write_bytes(b"the user's file, not a dump")
+    srv = HostileServer(work)
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    try:
+        for i in range(cases):
+            mode = "capture" if rng.random() < 0.35 else "smoke"
+            fault, where = rng.choice(SERVER_FAULTS), rng.choice(ENDPOINTS if mode == "smoke" else
+                                                                 ["/v1/models", "/v1/completions"])
+            url = srv.url
+            if rng.random() < 0.04:
+                from .conftest import free_port
+
+                url = rng.choice([f"http://127.0.0.1:{free_port()}", "ftp://127.0.0.1/", "http://", "http://:99999",
+                                  "127.0.0.1:8000", "http://127.0.0.1:99999/", "http://[::1"])
+                fault = "url"
+            srv.start({"mode": mode, "fault": fault, "where": where, "rng": rng, "timeout": timeout_s})
+            label = f"#{i} {mode} {fault} at {where} ({url})"
+            if mode == "smoke":
+                def go(url: str = url) -> Any:
+                    return server_smoke.run(url, [[1, 2, 3], [4, 5]], max_tokens=4, timeout_s=timeout_s)
+            else:
+                stage = work / f"stage-{i}"
+                stage.mkdir()
+
+                def go(url: str = url, stage: Path = stage) -> Any:
+                    return capture._server(url, stage, (2, 4, 5), [[1, 2, 3, 4], [5, 6, 7]], timeout_s, None,
+                                           hidden_size=128, vocab=VOCAB)
+            t = time.perf_counter()
+            code, _ = _timed(rep, label, go)
+            if time.perf_counter() - t > 4 * timeout_s + 0.5:
+                rep.internal.append(f"{label}: took {time.perf_counter() - t:.2f} s (timeout {timeout_s} s)")
+            if not keep.exists():
+                rep.internal.append(f"{label}: removed a file the server named that is not a dump")
+                keep.write_bytes(b"the user's file, not a dump")
+            _count(rep, code)
+            shutil.rmtree(work / f"stage-{i}", ignore_errors=True)
+    finally:
+        srv.close()
+        LIMITS["server_reply_bytes"] = saved
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep

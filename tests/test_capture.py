@@ -167,16 +167,16 @@ def test_bad_states_folders_are_one_line_errors(hf_states, tmp_path, invoke):
     meta["layer_ids"] = [0, 1, 2, 4, 5, 8]
     (few / "capture.json").write_text(json.dumps(meta))
     r = invoke("verify", TRAINED / "eagle3", "--states", few)
-    assert r.exit_code == 4 and "does not fit" in r.stderr  # the dumps hold 9 layers, capture.json says 6
+    assert r.exit_code == 19 and "does not fit" in r.stderr  # the dumps hold 9 layers, capture.json says 6
     meta["layer_ids"] = [5, 1]
     (few / "capture.json").write_text(json.dumps(meta))
     r = invoke("inspect", TRAINED / "eagle3", "--states", few)
-    assert r.exit_code == 4 and "ascending" in r.stderr
+    assert r.exit_code == 19 and "ascending" in r.stderr
     (few / "00000.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     meta["layer_ids"] = list(range(9))
     (few / "capture.json").write_text(json.dumps(meta))
     r = invoke("verify", TRAINED / "eagle3", "--states", few)
-    assert r.exit_code == 4 and "not a hidden-states dump" in r.stderr
+    assert r.exit_code == 19 and "not a hidden-states dump" in r.stderr
 
 
 def test_capture_refuses_bad_options_before_any_work(tmp_path, invoke):

@@ -131,7 +131,7 @@ def test_batch_usage_errors(invoke, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"dest": "x"}\n')
     r = invoke("convert", "--manifest", bad, "--to", "modelopt")
-    assert r.exit_code == 2 and "needs 'source' and 'dest'" in r.stderr
+    assert r.exit_code == 21 and "needs 'source' and 'dest'" in r.stderr
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
@@ -184,9 +184,9 @@ def test_manifest_keys_take_effect_and_unknown_keys_say_which(invoke, tmp_path):
     bad.write_text(json.dumps({"source": "x", "dest": str(tmp_path / "c")}) + "\n"
                    + json.dumps({"source": "x", "dest": str(tmp_path / "d"), "taget": "t"}) + "\n")
     r = invoke("convert", "--manifest", bad, "--to", "modelopt")
-    assert r.exit_code == 2 and f"{bad}:2: unknown key 'taget' (did you mean 'target'?" in r.stderr, r.stderr
+    assert r.exit_code == 21 and f"{bad}:2: unknown key 'taget' (did you mean 'target'?" in r.stderr, r.stderr
     assert not (tmp_path / "c").exists()
     check_m = tmp_path / "c.jsonl"
     check_m.write_text(json.dumps({"source": str(DRAFTERS / "eagle-3"), "dest": "x"}) + "\n")
     r = invoke("check", "--manifest", check_m)
-    assert r.exit_code == 2 and "unknown key 'dest'" in r.stderr
+    assert r.exit_code == 21 and "unknown key 'dest'" in r.stderr

@@ -250,11 +250,11 @@ def test_empty_calibration_text_is_a_usage_error(invoke, tmp_path):
 @pytest.mark.parametrize("content", [b"\xff\xfe{}\n", b"[" * 5000 + b"]" * 5000 + b"\n",
                                      b'{"source": "a", "dest": "b", "to": "nope"}\n',
                                      b'{"source": "a", "dest": "b", "taget": "t"}\n'])
-def test_bad_manifests_are_usage_errors(invoke, tmp_path, content):
+def test_bad_manifests_are_manifest_errors(invoke, tmp_path, content):
     m = tmp_path / "m.jsonl"
     m.write_bytes(content)
     r = invoke("convert", "--manifest", m, "--to", "modelopt")
-    assert r.exit_code == 2 and r.stderr.startswith(("error[usage]", "Usage:")), r.stderr
+    assert r.exit_code == 21 and r.stderr.startswith("error[manifest]"), r.stderr
 
 
 # ------------------------------------------------------------------------------------ hostile files

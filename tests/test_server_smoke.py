@@ -98,7 +98,7 @@ def test_a_server_without_a_drafter_is_a_one_line_failure(invoke, fake_server):
 def test_an_unreachable_server_names_the_url(invoke):
     url = f"http://127.0.0.1:{free_port()}"
     r = invoke("smoke", TRAINED / "eagle3.1", "--target", TARGET, "--server", url, "--num-prompts", "2")
-    assert r.exit_code == 9 and url in r.output
+    assert r.exit_code == 22 and url in r.output and "connection refused" in r.output
 
 
 def test_parse_metrics_sums_label_sets_and_orders_positions():

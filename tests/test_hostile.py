@@ -1,0 +1,298 @@
+"""Issue 18: hostile input, second round. Captures (--states), prompt files, manifests and server replies go
+through bounded readers: each surface has its own error and exit code (19 invalid-states, 20 prompt-file,
+21 manifest, 22 server-reply), degenerate numbers are refused, and seeded fuzzing finds no internal error."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from eaglectl import calibration
+from eaglectl.errors import InvalidStatesError
+
+from .conftest import ROOT
+from .fuzzing import (
+    VOCAB,
+    fuzz_captures,
+    fuzz_manifests,
+    fuzz_prompt_files,
+    fuzz_server,
+    make_capture,
+    read_dump,
+    write_dump,
+)
+
+TRAINED = ROOT / "fixtures" / "trained"
+TARGET = TRAINED / "target"
+DRAFTER = TRAINED / "eagle3"
+
+
+@pytest.fixture(scope="module")
+def small_capture(tmp_path_factory):
+    """A valid capture of the trained target: 2 requests of 32 tokens, boundaries 0..8."""
+    return make_capture(tmp_path_factory.mktemp("hostile") / "cap")
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0]
+
+
+# ------------------------------------------------------------------------------------------ captures
+
+def test_an_all_nan_capture_is_refused_by_upgrade_and_nothing_is_written(small_capture, tmp_path, invoke):
+    cap = _copy(small_capture, tmp_path / "nan")
+    for f in sorted(cap.glob("*.safetensors")):
+        t = read_dump(f)
+        t["hidden_states"] = ("F32", np.full_like(t["hidden_states"][1], np.nan))
+        write_dump(f, t)
+    dest = tmp_path / "up"
+    r = invoke("upgrade", DRAFTER, dest, "--states", cap, "--to", "speculators")
+    assert r.exit_code == 19, r.output
+    assert first_line(r.stderr) == (f"error[invalid-states]: {cap}/00000.safetensors: hidden_states holds a "
+                                    "non-finite value (nan) at token 0, boundary 0: a broken capture, refused")
+    assert not dest.exists() and "fidelity" not in r.stdout
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify"])
+def test_a_capture_with_an_out_of_vocabulary_token_is_refused(small_capture, tmp_path, invoke, command):
+    cap = _copy(small_capture, tmp_path / "oov")
+    f = cap / "00000.safetensors"
+    t = read_dump(f)
+    t["token_ids"][1][5] = VOCAB
+    write_dump(f, t)
+    r = invoke(command, DRAFTER, "--states", cap)
+    assert r.exit_code == 19, r.output
+    assert first_line(r.stderr) == (f"error[invalid-states]: {f}: token_ids[5] = 320 is outside the vocabulary "
+                                    "[0, 320)")
+
+
+def test_capture_json_fields_are_typed(small_capture, tmp_path, invoke):
+    cap = _copy(small_capture, tmp_path / "meta")
+    meta = json.loads((cap / "capture.json").read_text())
+    for change, expected in (
+            ({"target_config": [1]}, "'target_config' must be an object"),
+            ({"target_config": {**meta["target_config"], "num_hidden_layers": "8"}},
+             "config 'target_config.num_hidden_layers' should be an integer in [1, 4096], got \"8\""),
+            ({"target_config": {**meta["target_config"], "num_hidden_layers": 4}}, "go beyond boundary 4"),
+            ({"layer_ids": [0, 1, 2, 99999]}, "'layer_ids' must be ascending")):
+        (cap / "capture.json").write_text(json.dumps({**meta, **change}))
+        r = invoke("verify", DRAFTER, "--states", cap, "--tokens", "16")
+        assert r.exit_code == 19 and expected in r.stderr, (change, r.stderr)
+
+
+def test_a_huge_token_id_never_sizes_an_array(small_capture, tmp_path):
+    """drift --states once sized a lookup table by the largest token id (numpy.full of 2**62 entries)."""
+    from eaglectl import drift
+
+    cap = _copy(small_capture, tmp_path / "huge")
+    meta = json.loads((cap / "capture.json").read_text())
+    del meta["target_config"]["vocab_size"]  # the drafter's vocab still bounds the ids
+    (cap / "capture.json").write_text(json.dumps(meta))
+    f = cap / "00001.safetensors"
+    t = read_dump(f)
+    t["token_ids"][1][0] = 2**62
+    write_dump(f, t)
+    with pytest.raises(InvalidStatesError, match=r"token_ids\[0\] = 4611686018427387904 is outside the vocabulary"):
+        drift.run([str(TRAINED / "eagle3.1")], states=str(cap), max_tokens=8, num_prompts=2, bootstrap_reps=100)
+
+
+def test_requests_too_short_for_the_fidelity_check_are_refused_before_writing(small_capture, tmp_path, invoke):
+    cap = _copy(small_capture, tmp_path / "short")
+    for f in cap.glob("*.safetensors"):
+        t = read_dump(f)
+        write_dump(f, {k: (d, a[:3]) for k, (d, a) in t.items()})
+    r = invoke("upgrade", DRAFTER, tmp_path / "up", "--states", cap, "--to", "speculators", "--init", "ones")
+    assert r.exit_code == 19 and "longer than 4 tokens: too few states" in r.stderr, r.output
+    assert not (tmp_path / "up").exists()
+
+
+def test_a_capture_shorter_than_the_fidelity_window_is_measured_on_fewer_anchors(small_capture, tmp_path, invoke):
+    r = invoke("upgrade", DRAFTER, tmp_path / "up", "--states", small_capture, "--to", "speculators", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["statistics"]["solver"] == "ridge 1e-06" and "29 tokens" not in doc["fidelity"]["inputs"]
+    assert doc["fidelity"]["per_step"][0]["top1_agreement"] is not None
+
+
+# --------------------------------------------------------------------------------------- calibration
+
+def _moments(aux: np.ndarray) -> calibration.Moments:
+    W = np.random.default_rng(0).standard_normal((8, 12))
+    return calibration.accumulate(W, 3, 4, 1e-6, [aux])
+
+
+def test_degenerate_states_are_refused_with_a_reason():
+    rng = np.random.default_rng(1)
+    aux = rng.standard_normal((40, 12))
+    aux[:, 4:8] = 0.0  # chunk 1 is zero on every token
+    with pytest.raises(InvalidStatesError, match="aux chunk 1 is zero on all 39 calibration tokens"):
+        calibration.fit("calibrated", 3, 4, _moments(aux))
+    with pytest.raises(InvalidStatesError, match="no calibration tokens"):
+        calibration.fit("harmonic", 3, 4, _moments(aux[:1]))
+    aux[7, 2] = np.nan
+    with pytest.raises(InvalidStatesError, match="non-finite value at token 7"):
+        _moments(aux)
+
+
+def test_duplicated_states_calibrate_with_the_stated_ridge():
+    aux = np.repeat(np.random.default_rng(2).standard_normal((1, 12)), 50, axis=0)  # U has rank 1
+    for init in ("calibrated", "refit"):
+        gammas, fc, stats = calibration.fit(init, 3, 4, _moments(aux))
+        assert stats["solver"] == "ridge 1e-06" and all(np.isfinite(g).all() for g in gammas)
+        assert fc is None or np.isfinite(fc).all()
+
+
+def test_a_singular_system_falls_back_to_a_larger_ridge_and_says_so():
+    y = -1e-6
+    for _ in range(100):  # the fixed point where A + 1e-6·tr(A)/D·I is exactly singular
+        y = -(1e-6 * (2.0 + y) / 2)
+    A = np.diag([2.0, y])
+    assert (A + 1e-6 * float(np.trace(A)) / 2 * np.eye(2))[1, 1] == 0.0
+    x, how = calibration._ridge_solve(A, np.array([1.0, 1.0]))
+    assert how == "ridge 0.001 (the 1e-06 solve was singular)" and np.isfinite(x).all()
+    with pytest.raises(InvalidStatesError, match="degenerate"):
+        calibration._ridge_solve(np.zeros((3, 3)), np.ones(3))
+
+
+# ------------------------------------------------------------------------------------------ prompt files
+
+def test_a_prompt_line_that_is_not_an_object_is_a_prompt_file_error(tmp_path, invoke):
+    p = tmp_path / "p.jsonl"
+    p.write_text('{"prompt_token_ids": [5, 6, 7]}\n[1, 2]\n')
+    expected = (f"error[prompt-file]: {p}:2: a prompt line must be a JSON object ({{\"prompt\": ...}}, "
+                "{\"messages\": ...} or {\"prompt_token_ids\": ...}), not an array")
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", p, "--max-tokens", "4")
+    assert r.exit_code == 20 and first_line(r.stderr) == expected, r.output
+    out = tmp_path / "cap"
+    r = invoke("capture", TARGET, "--prompts", p, "--out", out, "--layers", "2,4,5")
+    assert r.exit_code == 20 and first_line(r.stderr) == expected, r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"", "the prompt file is empty"),
+    (b'{"prompt_token_ids": [5, 320]}\n', "token id 320 is outside the target's vocabulary [0, 320)"),
+    (b'{"prompt": 5}\n', "'prompt' must be a string, not a number"),
+    (b'{"prompt": "ok\xff"}\n', "not UTF-8"),
+    (b'{"messages": [{"role": "user", "content": "hi"}]}\n', "chat 'messages' need a target tokenizer with a chat "
+                                                             "template"),
+    (b'{"messages": [{"role": "user"}]}\n', "messages[0] must be an object with 'role' and 'content'"),
+    (b'{"prompt_token_ids": []}\n', "a prompt of 0 tokens"),
+])
+def test_bad_prompt_files_name_the_file_and_line(tmp_path, invoke, content, expected):
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(content)
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", p, "--max-tokens", "4")
+    assert r.exit_code == 20 and r.stderr.startswith(f"error[prompt-file]: {p}") and expected in r.stderr, r.stderr
+
+
+def test_a_missing_prompt_file_is_a_prompt_file_error(tmp_path, invoke):
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", tmp_path / "none.jsonl")
+    assert r.exit_code == 20 and "prompt file not found" in r.stderr
+
+
+def test_a_speed_bench_folder_of_the_wrong_schema(tmp_path, invoke):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "speed"
+    folder.mkdir()
+    pq.write_table(pa.table({"category": ["code"], "turns": pa.array([[1]], pa.list_(pa.int64()))}),
+                   folder / "x.parquet")
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
+    assert r.exit_code == 20 and f"{folder}/x.parquet: 'turns' is list<" in r.stderr, r.stderr
+    assert "int64>, not a list of strings (SPEED-Bench schema)" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------- manifests
+
+def test_manifest_values_that_no_path_can_hold(tmp_path, invoke):
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"source": "a\u0000b", "dest": str(tmp_path / "d")}) + "\n")
+    r = invoke("convert", "--manifest", m, "--to", "modelopt")
+    assert r.exit_code == 21 and first_line(r.stderr) == (f"error[manifest]: {m}:1: 'source' holds a NUL character "
+                                                          "(not a usable path or value)")
+    m.write_text(json.dumps({"source": "x", "dest": "y", "aux_layer_ids": {"a": 1}}) + "\n")
+    r = invoke("convert", "--manifest", m, "--to", "modelopt")
+    assert r.exit_code == 21 and "'aux_layer_ids' must be a string" in r.stderr
+    m.write_text(json.dumps({"source": "x", "dest": "y", "measure": 1.5}) + "\n")
+    r = invoke("convert", "--manifest", m, "--to", "modelopt")
+    assert r.exit_code == 21 and "'measure' must be true or false" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ server replies
+
+def test_a_server_that_never_answers_is_cut_off_at_the_timeout(invoke):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections (the kernel's backlog) and never answers
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        t = time.perf_counter()
+        r = invoke("smoke", DRAFTER, "--target", TARGET, "--server", url, "--timeout-s", "1", "--num-prompts", "2")
+        elapsed = time.perf_counter() - t
+    finally:
+        listener.close()
+    assert r.exit_code == 22, r.output
+    assert first_line(r.stderr) == f"error[server-reply]: {url}/v1/models: no complete reply within 1 s"
+    assert elapsed < 10  # the inspect pre-flight plus one bounded wait
+
+
+# ------------------------------------------------------------------------------------------------ fuzzing
+
+def test_fuzzing_captures(small_capture, tmp_path):
+    """Seeded, in process: 1,000 mutated captures through the reader and the --states consumers."""
+    rep = fuzz_captures(tmp_path, small_capture, cases=1000, seed=0)
+    print(f"captures: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}, "
+          f"rss +{rep.rss_growth_mb:.0f} MB")
+    assert rep.cases == 1000 and not rep.internal, rep.internal[:5]
+    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.rss_growth_mb < 300
+    assert rep.codes.get(0) and rep.codes.get(19), rep.codes  # both kinds of outcome happen
+
+
+def test_fuzzing_prompt_files(tmp_path):
+    rep = fuzz_prompt_files(tmp_path, cases=500, seed=0)
+    print(f"prompt files: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
+    assert rep.cases == 500 and not rep.internal, rep.internal[:5]
+    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.rss_growth_mb < 300
+    assert rep.codes.get(0) and rep.codes.get(20), rep.codes
+
+
+def test_fuzzing_manifests(tmp_path):
+    rep = fuzz_manifests(tmp_path, cases=300, seed=0)
+    print(f"manifests: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
+    assert rep.cases == 300 and not rep.internal, rep.internal[:5]
+    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.rss_growth_mb < 300
+    assert rep.codes.get(21), rep.codes
+
+
+def test_fuzzing_server_replies(tmp_path):
+    rep = fuzz_server(tmp_path, cases=240, seed=0)
+    print(f"server replies: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
+    assert rep.cases == 240 and not rep.internal, rep.internal[:5]
+    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.rss_growth_mb < 300
+    assert rep.codes.get(0) and rep.codes.get(22), rep.codes
+
+
+@pytest.mark.slow
+def test_fuzzing_captures_at_scale(small_capture, tmp_path):
+    rep = fuzz_captures(tmp_path, small_capture, cases=20_000, seed=1, full_share=0.15)
+    print(f"captures (slow): {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
+    assert rep.cases == 20_000 and not rep.internal, rep.internal[:5]
+    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.rss_growth_mb < 300
