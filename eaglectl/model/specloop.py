@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
-from .hf import HFModel, croppable, crop_cache, forward, new_cache
+from .hf import HFModel, crop_cache, croppable, forward, new_cache
 from .reference import ChainCache, Drafter, chain_step, prefill
+
+PREFILL_ROWS = 1024  # drafter context entries written per call (a long prompt's first prefill)
 
 
 def _all(items: Any, **_: Any) -> Any:
@@ -91,6 +93,20 @@ class TargetRun:
             crop_cache(self.cache, length)
 
 
+def _context(drafter: Drafter, aux: torch.Tensor, next_tokens: list[int], start: int, cache: ChainCache,
+             embed: torch.Tensor | None) -> Any:
+    """Write the drafter's context entries of positions start.. (features of p with token p+1) and return
+    the last one's step-0 output. A long prompt is written in blocks of PREFILL_ROWS positions, each
+    attending to the blocks before it: the same entries, with attention scores of PREFILL_ROWS rows at
+    a time instead of a T x T matrix per head."""
+    device = drafter.fc.weight.device
+    for lo in range(0, len(next_tokens), PREFILL_ROWS):
+        hi = min(len(next_tokens), lo + PREFILL_ROWS)
+        out = prefill(drafter, aux[:, lo:hi].to(device), torch.tensor([next_tokens[lo:hi]], device=device),
+                      torch.arange(start + lo, start + hi, device=device)[None], cache, embed)
+    return out
+
+
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
                          aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Any = None,
@@ -109,8 +125,7 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
         while produced < max_tokens:
             L = len(seq)  # the target holds positions 0..L-2; `aux` covers written..L-2
             cache.truncate(written)  # drop the last chain; context entries stay
-            out = prefill(drafter, aux.to(device), torch.tensor([seq[written + 1: L]], device=device),
-                          torch.arange(written, L - 1, device=device)[None], cache, embed)
+            out = _context(drafter, aux, seq[written + 1: L], written, cache, embed)
             written = L - 1
             drafts = [int(out.target_ids[0, -1])]
             feedback = out.feedback[:, -1:]
