@@ -2,16 +2,17 @@
 
 `configure()` runs once when the CLI starts, before any torch work (torch is imported lazily, so it
 usually is not loaded yet: the count then goes into `OMP_NUM_THREADS`, which torch and its OpenMP
-read when they load; if torch is loaded already, `torch.set_num_threads` is called). An
-`OMP_NUM_THREADS` the user set is respected as it is.
+read when they load, with `OMP_WAIT_POLICY=PASSIVE`; if torch is loaded already,
+`torch.set_num_threads` is called). An `OMP_NUM_THREADS` or `OMP_WAIT_POLICY` the user set is
+respected as it is.
 
 The cores a process may use are its scheduler affinity mask (`taskset`, cpusets, Slurm, Kubernetes
 CPU pinning), narrowed by a CPU quota (`docker --cpus`, a cgroup `cpu.max`): more OpenMP threads
 than cores makes them spin against each other, which on a loaded 2-core machine cost minutes.
 
-A vLLM worker (`smoke`, `capture`) runs in its own interpreter and sizes its own threads; the
-`OMP_NUM_THREADS` eaglectl chose for itself is not passed to it (`worker_env`), and when eaglectl
-computes while the worker runs, the worker gets the cores eaglectl leaves free.
+A vLLM worker (`smoke`, `capture`) runs in its own interpreter and sizes its own threads (vLLM keeps
+one core for itself); the variables eaglectl set for itself are not passed to it (`worker_env`), and
+when eaglectl computes while the worker runs, the worker gets the cores eaglectl leaves free.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-VAR = "OMP_NUM_THREADS"
-_state: dict[str, object] = {}  # "user": the user's OMP_NUM_THREADS (None: unset); "threads": eaglectl's count
+VAR, WAIT = "OMP_NUM_THREADS", "OMP_WAIT_POLICY"
+_state: dict[str, object] = {}  # "threads": the count; "ours": the variables configure() set (not the user's)
 
 
 def cores() -> int:
@@ -66,39 +67,44 @@ def user_threads(environ: dict[str, str] | os._Environ[str] | None = None) -> in
 
 
 def configure() -> int:
-    """Set torch's intra-op threads once per process; returns the count. Idempotent."""
+    """Set torch's intra-op threads once per process; returns the count. Idempotent.
+
+    Before torch loads, the count goes into OMP_NUM_THREADS and, unless the user chose a wait policy,
+    OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a core another process
+    keeps busy costs the threads little (README.md, "Set up and run", has the measurement)."""
     if "threads" in _state:
         return int(_state["threads"])  # type: ignore[call-overload]
     user = user_threads()
-    _state["user"] = os.environ.get(VAR)
     n = user if user is not None else cores()
-    _state["threads"] = n
+    ours: list[str] = []
+    _state.update(threads=n, ours=ours)
     torch = sys.modules.get("torch")
     if torch is not None:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
-    elif user is None:
-        os.environ[VAR] = str(n)  # read by torch's OpenMP when it loads
+        return n
+    for var, value in ((VAR, str(n)), (WAIT, "PASSIVE")):  # read by torch's OpenMP when it loads
+        if var not in os.environ:
+            os.environ[var] = value
+            ours.append(var)
     return n
 
 
 def worker_env(env: dict[str, str], busy: int = 0) -> dict[str, str]:
-    """The environment for a worker process (vLLM): the user's OMP_NUM_THREADS if they set one, else none
-    (the worker sizes its own threads) — or, when eaglectl keeps `busy` threads computing beside it,
-    the cores left over (at least 1)."""
+    """The environment for a worker process (vLLM): what the user set passes through; what eaglectl set for
+    itself does not (the worker sizes its own threads) — except that, when eaglectl keeps `busy` threads
+    computing beside the worker, the worker gets OMP_NUM_THREADS = the cores left over (at least 1)."""
     out = dict(env)
-    user = _state["user"] if "threads" in _state else os.environ.get(VAR)  # not ours to change
-    if user is not None:
-        out[VAR] = str(user)
-        return out
-    out.pop(VAR, None)
-    if busy:
+    ours = list(_state.get("ours", []))  # type: ignore[call-overload]
+    for var in ours:
+        out.pop(var, None)
+    if busy and VAR not in out:
         out[VAR] = str(max(1, cores() - busy))
     return out
 
 
 def reset() -> None:
-    """Forget the configured count (tests)."""
-    if "threads" in _state and _state.get("user") is None and os.environ.get(VAR) == str(_state["threads"]):
-        os.environ.pop(VAR, None)
+    """Undo `configure` (tests): the variables it set are removed, and it runs again when next called."""
+    for var in _state.get("ours", []):  # type: ignore[union-attr]
+        os.environ.pop(var, None)
     _state.clear()

@@ -100,8 +100,9 @@ def test_greedy_generate_is_the_targets_own_greedy_decoding():
         gen = tgt.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24,
                                  do_sample=False, pad_token_id=0, eos_token_id=None)
         assert out == gen[0, len(prompt):].tolist()
-    _, model, ids, _ = _fixture("eagle3.1", "target")
-    assert speculative_generate(tgt, model, prompts, k=3, max_tokens=24, aux_ids=ids).outputs == ours  # lossless
+    _, model, ids, embed = _fixture("eagle3.1", "target")
+    spec = speculative_generate(tgt, model, prompts, k=3, max_tokens=24, aux_ids=ids, embed=embed)
+    assert spec.outputs == ours  # speculation is lossless
 
 
 def _sliding_target() -> HFModel:

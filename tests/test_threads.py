@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,15 +29,20 @@ assert "torch" not in sys.modules
 r = CliRunner().invoke(cli, ["rules", "fc-norm-weights-without-flag"])
 assert r.exit_code == 0, r.output
 import torch
+from eaglectl.threads import worker_env
+worker = {k: v for k, v in worker_env(dict(os.environ)).items() if k.startswith("OMP_")}
 print(json.dumps({"torch": torch.get_num_threads(), "env": os.environ.get("OMP_NUM_THREADS"),
-                  "cores": len(os.sched_getaffinity(0))}))
+                  "cores": len(os.sched_getaffinity(0)), "wait": os.environ.get("OMP_WAIT_POLICY"),
+                  "worker": worker}))
 """
 
 
-def _probe(cpu: str, omp: str | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(ROOT)}
-    if omp is not None:
-        env["OMP_NUM_THREADS"] = omp
+def _probe(cpu: str, omp: str | None, wait: str | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env["PYTHONPATH"] = str(ROOT)
+    for var, value in (("OMP_NUM_THREADS", omp), ("OMP_WAIT_POLICY", wait)):
+        if value is not None:
+            env[var] = value
     r = subprocess.run([sys.executable, "-c", PROBE, cpu], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -46,12 +52,14 @@ def _probe(cpu: str, omp: str | None) -> dict:
 def test_the_cli_sizes_torch_to_the_affinity_mask_and_respects_omp_num_threads():
     cpu = str(min(os.sched_getaffinity(0)))
     pinned = _probe(cpu, None)  # one core allowed: one thread, whatever the machine has
-    assert pinned == {"torch": 1, "env": "1", "cores": 1}
+    # eaglectl's own choices do not reach a vLLM worker (it sizes its own threads)
+    assert pinned == {"torch": 1, "env": "1", "cores": 1, "wait": "PASSIVE", "worker": {}}
     free = _probe("all", None)
     assert free["torch"] == free["cores"] == threads.cores() and free["env"] == str(free["cores"])
     want = min(2, os.cpu_count() or 1)  # torch caps OMP_NUM_THREADS at the machine's CPUs
-    user = _probe(cpu, str(want))  # the user's value wins, even beyond the mask
-    assert user == {"torch": want, "env": str(want), "cores": 1}
+    user = _probe(cpu, str(want), "ACTIVE")  # the user's values win, even beyond the mask
+    assert user == {"torch": want, "env": str(want), "cores": 1, "wait": "ACTIVE",
+                    "worker": {"OMP_NUM_THREADS": str(want), "OMP_WAIT_POLICY": "ACTIVE"}}
 
 
 def test_a_cpu_quota_caps_the_cores(tmp_path):
@@ -73,7 +81,7 @@ def test_omp_num_threads_is_read_as_openmp_reads_it(value, count):
     assert threads.user_threads({"OMP_NUM_THREADS": value}) == count
 
 
-def test_a_worker_gets_the_users_omp_num_threads_or_sizes_its_own(monkeypatch):
+def test_a_worker_beside_eaglectls_own_work_gets_the_cores_left(monkeypatch):
     import torch
 
     before = torch.get_num_threads()
@@ -81,8 +89,7 @@ def test_a_worker_gets_the_users_omp_num_threads_or_sizes_its_own(monkeypatch):
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         assert threads.configure() == threads.cores() == torch.get_num_threads()  # torch is loaded: set directly
-        env = threads.worker_env(dict(os.environ))
-        assert "OMP_NUM_THREADS" not in env  # ours, not the user's: vLLM sizes its own threads
+        assert "OMP_NUM_THREADS" not in threads.worker_env(dict(os.environ))
         assert threads.worker_env(dict(os.environ), busy=1)["OMP_NUM_THREADS"] == str(max(1, threads.cores() - 1))
         threads.reset()
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -167,7 +174,7 @@ def test_a_timeout_while_vllm_loads_leaves_no_engine_behind():
     def engine_started() -> int:  # once vLLM's EngineCore runs (loading the model), time out at the next tick
         for pid in group_members(run.proc.pid):
             try:
-                title = open(f"/proc/{pid}/cmdline", "rb").read()
+                title = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
             if b"EngineCore" in title and pid not in engines:
