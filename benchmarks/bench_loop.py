@@ -36,8 +36,8 @@ CODE = """
 import sys, time, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from eaglectl.model.hf import HFModel, forward
-from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step, prefill
-from eaglectl.model.specloop import LoopCounts, speculative_generate
+from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step
+from eaglectl.model.specloop import LoopCounts, _context, speculative_generate
 
 T, mode, short, long = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 H, L, V, K, IDS = 512, 4, 4096, 3, (1, 2, 3)
@@ -56,6 +56,7 @@ prompt = torch.randint(0, V, (T,)).tolist()
 @torch.no_grad()
 def old_loop(target, drafter, prompts, *, k, max_tokens, aux_ids, embed=None):
     # the loop before the target's KV cache: the whole sequence through the target at every verification
+    # (the drafter's prompt prefill in blocks, as now: a one-time cost either way, and bounded memory)
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     for prompt in prompts:
         seq = list(prompt)
@@ -66,8 +67,7 @@ def old_loop(target, drafter, prompts, *, k, max_tokens, aux_ids, embed=None):
         while produced < max_tokens:
             n = len(seq)
             cache.truncate(written)
-            out = prefill(drafter, aux[:, written: n - 1], torch.tensor([seq[written + 1: n]]),
-                          torch.arange(written, n - 1)[None], cache, embed)
+            out = _context(drafter, aux[:, written: n - 1], seq[written + 1: n], written, cache, embed)
             written = n - 1
             drafts = [int(out.target_ids[0, -1])]
             feedback = out.feedback[:, -1:]

@@ -14,7 +14,14 @@ import torch
 
 from eaglectl.model.hf import HFModel, croppable, forward, load_model, new_cache
 from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step, prefill
-from eaglectl.model.specloop import PREFILL_ROWS, LoopCounts, RequestCounts, greedy_generate, speculative_generate
+from eaglectl.model.specloop import (
+    PREFILL_ROWS,
+    LoopCounts,
+    RequestCounts,
+    TargetRun,
+    greedy_generate,
+    speculative_generate,
+)
 from eaglectl.verify import load_drafter
 from eaglectl.workload import load_prompts, tokenizer_of
 
@@ -89,6 +96,10 @@ def test_cached_loop_counts_equal_full_recomputation(drafter, target, length, k)
     _same(cached, full_recompute(tgt, model, prompts, k=k, max_tokens=40, aux_ids=ids, embed=embed))
     assert cached.num_accepted_tokens > 0  # drafts were accepted, so crops kept accepted drafts' entries
     assert all(len(o) == 40 for o in cached.outputs)
+    run = TargetRun(tgt, ids)  # and the cache was used (not the recomputing fallback)
+    run.extend(prompts[0], last_only=True)
+    run.keep(len(prompts[0]) - 3)
+    assert run.cache is not None and run.cache.get_seq_length() == len(prompts[0]) - 3
 
 
 def test_greedy_generate_is_the_targets_own_greedy_decoding():
@@ -128,10 +139,8 @@ def test_a_cache_that_cannot_be_cropped_is_recomputed_with_the_same_counts():
     prompts = [torch.randint(0, 96, (48,)).tolist(), torch.randint(0, 96, (30,)).tolist()]
     cached = speculative_generate(tgt, drafter, prompts, k=3, max_tokens=24, aux_ids=(1, 2))
     _same(cached, full_recompute(tgt, drafter, prompts, k=3, max_tokens=24, aux_ids=(1, 2)))
-    assert croppable(_filled(load_model(str(TRAINED / "target"))))
-
-
-def _filled(target: HFModel) -> object:
-    cache = new_cache(target)
-    forward(target, torch.tensor([[1, 2, 3]]), (1,), cache=cache, positions=torch.arange(3)[None])
-    return cache
+    for name in ("target", "target-mla"):  # full attention (GQA, MLA's latent cache): cropped, not recomputed
+        full = load_model(str(TRAINED / name))
+        cache = new_cache(full)
+        forward(full, torch.tensor([[1, 2, 3]]), (1,), cache=cache, positions=torch.arange(3)[None])
+        assert croppable(cache)
