@@ -108,10 +108,10 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
         hooks.append(layers[k - 1].register_forward_hook(hook))
     extra: dict[str, Any] = {}
     if cache is not None:
-        extra = {_cache_kwarg(target.model): cache, "use_cache": True}
+        extra = {"cache" if _takes(target.model, "cache") else "past_key_values": cache, "use_cache": True}
         if positions is not None:
             extra["position_ids"] = positions.to(target.model.device)
-    if logits_to_keep:
+    if logits_to_keep and _takes(target.model, "logits_to_keep"):  # else all logits (the last ones are the same)
         extra["logits_to_keep"] = logits_to_keep
     try:
         out = target.model(input_ids=input_ids.to(target.model.device), output_hidden_states=0 in layer_ids, **extra)
@@ -158,9 +158,9 @@ def crop_cache(cache: Any, length: int) -> None:
         cache.crop(-drop)
 
 
-def _cache_kwarg(model: Any) -> str:
-    """transformers 5.x names the cache argument `cache` (`past_key_values` is deprecated); 4.x only knows
-    `past_key_values`."""
+def _takes(model: Any, name: str) -> bool:
+    """Whether the model's forward takes `name`: transformers 5.x calls the cache `cache` (`past_key_values`
+    is deprecated), 4.x only knows `past_key_values`."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return name in inspect.signature(model.forward).parameters
