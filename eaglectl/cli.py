@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from . import __version__, formats, report
+from . import __version__, formats, report, threads
 from .drift import DEFAULT_SYSTEM, PROTOCOLS, TEMPLATES
 from .errors import (
     EXIT_INTERNAL,
@@ -363,6 +363,7 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     if quiet and verbose:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
     report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")), verbosity=verbose - quiet)
+    threads.configure()  # torch's threads: OMP_NUM_THREADS, else the cores this process may use
 
 
 # ------------------------------------------------------------------------------------- single/batch

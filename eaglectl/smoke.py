@@ -288,22 +288,28 @@ class WorkerRun:
     """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
 
     `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
-    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer."""
+    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer. The worker
+    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`).
+    `busy_threads`: threads eaglectl keeps computing while the worker runs (the worker gets the other cores)."""
 
     def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = WORKER,
-                 error: type[EaglectlError] = SmokeFailedError) -> None:
+                 error: type[EaglectlError] = SmokeFailedError, busy_threads: int = 0) -> None:
+        from .threads import worker_env
+
         self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
         self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
         req_path = self.tmp / "request.json"
         req_path.write_text(json.dumps(request))
         self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               "TOKENIZERS_PARALLELISM": "false"}
+        self.grace_s = 5.0  # after SIGTERM, before SIGKILL
+        env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                          "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
         with self.log_path.open("w") as log:
             # run_path from `-c` in the scratch folder: running the file directly would put its folder first
             # on sys.path, where any name next to it shadows the standard library (an `inspect.py` did)
             self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp)
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
+                                         start_new_session=True)
 
     def ticks(self, poll: Any = None, every_s: float = 0.5) -> Any:
         seen = 0
@@ -322,10 +328,10 @@ class WorkerRun:
                     if now > seen:
                         yield now - seen
                         seen = now
-        finally:
-            if self.proc.poll() is None:  # a timeout, Ctrl-C or an error in the caller: no orphan engine
-                self.proc.kill()
-                self.proc.wait()
+        finally:  # a timeout, Ctrl-C, an error in the caller, or the end: no orphan engine either way
+            from .processes import stop_group
+
+            stop_group(self.proc, self.grace_s)
 
     def result(self) -> tuple[dict[str, Any], str]:
         for _ in self.ticks():

@@ -84,8 +84,13 @@ def capture_aux(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, 
 
 
 @torch.no_grad()
-def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits (B, T, V) and the aux states of `layer_ids` from one forward pass."""
+def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...], *, cache: Any = None,
+            positions: torch.Tensor | None = None, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (B, T, V) and the aux states of `layer_ids` (B, T, len(ids)·H_t) from one forward pass.
+
+    With `cache` (from `new_cache`), `input_ids` are the tokens after the ones the cache holds, at
+    `positions` (B, T): the cache grows by T, and the logits and states are those of the new tokens.
+    `logits_to_keep` > 0 computes only the last that many logits (a prefill needs one)."""
     L = target.num_layers
     bad = [i for i in layer_ids if not 0 <= i <= L]
     if bad:
@@ -101,11 +106,61 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
             captured[k] = output[0] if isinstance(output, tuple) else output
 
         hooks.append(layers[k - 1].register_forward_hook(hook))
+    extra: dict[str, Any] = {}
+    if cache is not None:
+        extra = {"cache" if _takes(target.model, "cache") else "past_key_values": cache, "use_cache": True}
+        if positions is not None:
+            extra["position_ids"] = positions.to(target.model.device)
+    if logits_to_keep and _takes(target.model, "logits_to_keep"):  # else all logits (the last ones are the same)
+        extra["logits_to_keep"] = logits_to_keep
     try:
-        out = target.model(input_ids=input_ids.to(target.model.device), output_hidden_states=0 in layer_ids)
+        out = target.model(input_ids=input_ids.to(target.model.device), output_hidden_states=0 in layer_ids, **extra)
     finally:
         for h in hooks:
             h.remove()
     if 0 in layer_ids:
         captured[0] = out.hidden_states[0]
+    if not layer_ids:
+        return out.logits, out.logits.new_zeros(*input_ids.shape, 0, dtype=torch.float32)
     return out.logits, torch.cat([captured[k].float() for k in layer_ids], dim=-1)
+
+
+# ------------------------------------------------------------------------------------ the KV cache
+
+def new_cache(target: HFModel) -> Any:
+    """An empty transformers `DynamicCache` for one sequence of `target` (pass it to `forward`)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=target.model.config)
+    except TypeError:  # an older transformers: layers are made on first use
+        return DynamicCache()
+
+
+def croppable(cache: Any) -> bool:
+    """True when every layer of a filled cache holds each past position (full attention), so cropping it
+    to a prefix gives exactly the cache of that prefix. Sliding-window and linear-attention layers
+    (recurrent states) cannot be rolled back: callers recompute instead."""
+    from transformers import cache_utils
+
+    layers = getattr(cache, "layers", None)
+    full = getattr(cache_utils, "DynamicLayer", None)
+    if layers is None or full is None:  # an older cache: per-layer key/value lists of every position
+        return True
+    return bool(layers) and all(type(layer) is full for layer in layers)
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Keep the first `length` positions. `crop(-n)` removes n positions in every transformers version
+    (a positive argument is an absolute length before 5.x and an error after)."""
+    drop = cache.get_seq_length() - length
+    if drop > 0:
+        cache.crop(-drop)
+
+
+def _takes(model: Any, name: str) -> bool:
+    """Whether the model's forward takes `name`: transformers 5.x calls the cache `cache` (`past_key_values`
+    is deprecated), 4.x only knows `past_key_values`."""
+    import inspect
+
+    return name in inspect.signature(model.forward).parameters

@@ -6,6 +6,10 @@ target's greedy tokens, per-position counts, and drafts keep being proposed (and
 request has `max_tokens` output tokens, so the last step may accept past `max_tokens`
 (docs/math.md#acceptance). Context entries of the drafter's KV cache are rebuilt from fresh target
 features after each verification; the previous chain's entries are dropped (docs/math.md#chain).
+
+The target keeps a KV cache too: each verification runs only `[x_{L-1}, d_1..d_k]` at positions
+L-1..L-1+k, and the cache is then cropped to the accepted prefix, so a request costs work linear in
+its length (docs/math.md#reference-loop-cache).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from typing import Any
 
 import torch
 
-from .hf import HFModel, forward
+from .hf import HFModel, crop_cache, croppable, forward, new_cache
 from .reference import ChainCache, Drafter, chain_step, prefill
+
+PREFILL_ROWS = 1024  # drafter context entries written per call (a long prompt's first prefill)
 
 
 def _all(items: Any, **_: Any) -> Any:
@@ -55,6 +61,52 @@ class LoopCounts:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
 
 
+class TargetRun:
+    """One request on the target: the tokens it has processed and their KV cache.
+
+    `extend(tokens)` runs only the new tokens, at the positions after the processed ones, and returns
+    their logits and aux states; `keep(n)` crops the cache back to the first n positions (the accepted
+    prefix). A target whose cache cannot be cropped (sliding-window or linear-attention layers) is
+    recomputed over the whole sequence at each step instead, with the same results."""
+
+    def __init__(self, target: HFModel, aux_ids: tuple[int, ...]) -> None:
+        self.target, self.aux_ids = target, aux_ids
+        self.cache: Any = new_cache(target)
+        self.tokens: list[int] = []
+
+    def extend(self, tokens: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        start = len(self.tokens)
+        self.tokens += tokens
+        if self.cache is None:
+            logits, aux = forward(self.target, torch.tensor([self.tokens]), self.aux_ids)
+            return logits[:, -1:] if last_only else logits[:, start:], aux[:, start:]
+        positions = torch.arange(start, len(self.tokens))[None]
+        logits, aux = forward(self.target, torch.tensor([tokens]), self.aux_ids, cache=self.cache, positions=positions,
+                              logits_to_keep=1 if last_only else 0)
+        if not croppable(self.cache):
+            self.cache = None
+        return logits, aux
+
+    def keep(self, length: int) -> None:
+        del self.tokens[length:]
+        if self.cache is not None:
+            crop_cache(self.cache, length)
+
+
+def _context(drafter: Drafter, aux: torch.Tensor, next_tokens: list[int], start: int, cache: ChainCache,
+             embed: torch.Tensor | None) -> Any:
+    """Write the drafter's context entries of positions start.. (features of p with token p+1) and return
+    the last one's step-0 output. A long prompt is written in blocks of PREFILL_ROWS positions, each
+    attending to the blocks before it: the same entries, with attention scores of PREFILL_ROWS rows at
+    a time instead of a T x T matrix per head."""
+    device = drafter.fc.weight.device
+    for lo in range(0, len(next_tokens), PREFILL_ROWS):
+        hi = min(len(next_tokens), lo + PREFILL_ROWS)
+        out = prefill(drafter, aux[:, lo:hi].to(device), torch.tensor([next_tokens[lo:hi]], device=device),
+                      torch.arange(start + lo, start + hi, device=device)[None], cache, embed)
+    return out
+
+
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
                          aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Any = None,
@@ -63,17 +115,17 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
     device = drafter.fc.weight.device
     for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
         seq = list(prompt)
-        logits, aux = forward(target, torch.tensor([seq]), aux_ids)
+        run = TargetRun(target, aux_ids)
+        logits, aux = run.extend(seq, last_only=True)  # aux: the prompt's positions 0..P-1
         seq.append(int(logits[0, -1].argmax()))  # the prefill samples the first output token
         produced, written = 1, 0  # output tokens; drafter context entries (positions 0..written-1)
         cache = ChainCache()
         mine = RequestCounts(k, accepted_per_pos=[0] * k)
         counts.per_request.append(mine)
         while produced < max_tokens:
-            L = len(seq)
+            L = len(seq)  # the target holds positions 0..L-2; `aux` covers written..L-2
             cache.truncate(written)  # drop the last chain; context entries stay
-            out = prefill(drafter, aux[:, written: L - 1].to(device), torch.tensor([seq[written + 1: L]], device=device),
-                          torch.arange(written, L - 1, device=device)[None], cache, embed)
+            out = _context(drafter, aux, seq[written + 1: L], written, cache, embed)
             written = L - 1
             drafts = [int(out.target_ids[0, -1])]
             feedback = out.feedback[:, -1:]
@@ -82,11 +134,13 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
                                  torch.tensor([[L - 2 + j]], device=device), cache, embed)
                 drafts.append(int(out.target_ids[0, -1]))
                 feedback = out.feedback
-            logits, aux = forward(target, torch.tensor([seq + drafts]), aux_ids)
-            greedy = logits[0, L - 1:].argmax(-1).tolist()  # target's token after x_{L-1}, d_1, ..., d_k
+            logits, aux = run.extend([seq[L - 1], *drafts])  # positions L-1 .. L-1+k
+            greedy = logits[0].argmax(-1).tolist()  # target's token after x_{L-1}, d_1, ..., d_k
             accepted = 0
             while accepted < k and drafts[accepted] == greedy[accepted]:
                 accepted += 1
+            run.keep(L + accepted)  # x_{L-1}, d_1..d_accepted are the sequence now; the rest is cropped
+            aux = aux[:, :accepted + 1]
             counts.num_drafts += 1
             counts.num_draft_tokens += k
             counts.num_accepted_tokens += accepted
@@ -104,11 +158,15 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
 @torch.no_grad()
 def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Any = None,
                     label: str = "prompts") -> list[list[int]]:
-    """Plain greedy decoding with the target (the no-speculation reference output)."""
+    """Plain greedy decoding with the target (the no-speculation reference output): the same cached
+    forward as the speculative loop, one token per step."""
     outs = []
     for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
-        seq = torch.tensor([prompt])
-        gen = target.model.generate(input_ids=seq, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens,
-                                    pad_token_id=0, eos_token_id=None)
-        outs.append(gen[0, len(prompt):].tolist())
+        run = TargetRun(target, ())
+        logits, _ = run.extend(list(prompt), last_only=True)
+        out = [int(logits[0, -1].argmax())]
+        while len(out) < max_tokens:
+            logits, _ = run.extend(out[-1:])
+            out.append(int(logits[0, -1].argmax()))
+        outs.append(out)
     return outs
