@@ -85,7 +85,8 @@ class RunnerTable:
     versions: str
     where: str
     lookups: tuple[AuxLookup, ...]
-    default: str = "the target model's default (2, L//2, L-3): SupportsEagle3.get_eagle3_default_aux_hidden_state_layers"
+    default: str = ("the target model's default (2, L//2, L-3): "
+                    "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers")
     after: str = "the chosen ids are sorted and de-duplicated (EagleModelMixin._set_aux_hidden_state_layers)"
 
 
@@ -137,7 +138,8 @@ MODEL_READS: tuple[tuple[str, str], ...] = (
     ("fc_norm", "fc_norm only (no alias: enable_fc_norm / use_aux_norm are not read)"),
     ("norm_output", "norm_output"),
     ("norm_before_residual", "norm_before_residual, per decoder layer"),
-    ("num_aux (sizes fc)", "Llama, MLA: num_aux_hidden_states, else len(eagle_config.eagle_aux_hidden_state_layer_ids), "
+    ("num_aux (sizes fc)", "Llama, MLA: num_aux_hidden_states, else "
+     "len(eagle_config.eagle_aux_hidden_state_layer_ids), "
      "else 3; Qwen3: num_aux_layers, num_aux_hidden_states, the top-level ids, the eagle_config ids, else 3"),
 )
 # How vLLM's speculators reader fills an eagle3 config (transformers_utils/configs/speculators/algos.py): these

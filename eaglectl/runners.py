@@ -268,7 +268,7 @@ def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | Non
         return None, f"$EAGLECTL_VLLM_PYTHON names no interpreter ({env})"
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable, None
-    return None, "no vLLM interpreter (pass --vllm-python or set EAGLECTL_VLLM_PYTHON)"
+    return None, "no vLLM interpreter here (--vllm-python, $EAGLECTL_VLLM_PYTHON)"
 
 
 _VERSIONS: dict[str, str | None] = {}
@@ -326,8 +326,9 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     if config is None:
         return None
     h = hashlib.sha256()
-    for part in (config, _config_bytes(target_dir) or b"-", str(target_layers).encode(), os.path.abspath(python).encode(),
-                 str(version).encode(), _worker_hash().encode()):
+    parts = (config, _config_bytes(target_dir) or b"-", str(target_layers).encode(),
+             os.path.abspath(python).encode(), str(version).encode(), _worker_hash().encode())
+    for part in parts:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
 
@@ -494,9 +495,11 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
 
 def readings_for(drafter: Any, target: Any = None, *, vllm_python: str | None = None, ask: bool = True,
                  cache: bool = True) -> Readings:
-    """The readings of an opened drafter (drafter.DrafterCheckpoint) on an opened target (or none)."""
+    """The readings of an opened drafter (drafter.DrafterCheckpoint) on an opened target (target.Target or
+    TargetCheckpoint; or none)."""
     L = target.num_layers if target is not None else None
-    target_dir = _config_folder(target.ckpt.config_name) if target is not None else None
+    checkpoint = getattr(target, "checkpoint", target)
+    target_dir = _config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = _config_folder(drafter.ckpt.config_name)
     got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
                       vllm_python=vllm_python, ask=ask and folder is not None, cache=cache)[0]
@@ -509,3 +512,63 @@ def _config_folder(config_name: str | None) -> str | None:
     if not config_name or os.path.basename(config_name) != "config.json" or not os.path.isfile(config_name):
         return None
     return os.path.dirname(os.path.abspath(config_name))
+
+
+# ------------------------------------------------------------------------------------------ display
+
+TABLE_RELEASES = ("0.32", "0.33")
+
+
+def scope_note(r: Readings, engine_version: str | None, *, with_note: bool = True) -> str | None:
+    """Why vLLM was not asked, and how far the readings hold for --engine-version."""
+    parts = [r.note] if r.note and with_note else []
+    if engine_version:
+        asked = r.runners[0].version if r.asked and r.runners else None
+        if engine_version not in TABLE_RELEASES:
+            parts.append(f"--engine-version {engine_version}: read from vLLM {asked or TABLE_VERSION}; whether "
+                         f"{engine_version} selects the same layers is unconfirmed")
+        elif asked and not asked.startswith(engine_version + "."):
+            parts.append(f"--engine-version {engine_version}: asked vLLM {asked}; the runners' selection code is "
+                         f"the same in {TABLE_VERSION}")
+    return "; ".join(parts) or None
+
+
+def _flags_text(r: RunnerReading) -> str:
+    if r.flags is None:
+        return ""
+    on = [f for f in FLAG_NAMES if r.flags.get(f)]
+    text = ", ".join(on) + " applied" if on else "no norm flags applied"
+    return text + (f"; fc takes {r.num_aux} aux states" if r.num_aux is not None else "")
+
+
+def _where(r: RunnerReading) -> str:
+    if r.error:
+        return f"refused: {r.error}"
+    if r.default:
+        return "the target's default" if r.boundary_ids is not None else ""
+    return f"from {r.source}" + (f" (+{r.shift})" if r.shift else "")
+
+
+def describe(r: Readings) -> list[str]:
+    """Human lines (inspect): one when the runners agree, one per runner otherwise, then flags and basis."""
+    if not r.runners:
+        return [f"not read ({r.note})" if r.note else "not read"]
+    v1, v2 = r.get("v1"), r.get("v2")
+    lines = []
+    same = v1 is not None and v2 is not None and (v1.boundary_ids, v1.source, v1.error) == (
+        v2.boundary_ids, v2.source, v2.error)
+    if same and v1 is not None:
+        lines.append(f"v1 = v2: {v1.ids_text()} {_where(v1)}".rstrip())
+    else:
+        for x in r.runners:
+            lines.append(f"{x.runner}: {x.ids_text()} {_where(x)}".rstrip())
+    first = next((x for x in r.runners if x.flags is not None), None)
+    if first is not None:
+        lines.append(_flags_text(first))
+    if r.note and r.note.startswith("no vLLM interpreter") and r.basis.endswith(")"):
+        lines.append(r.basis[:-1] + "; no vLLM here)")
+    else:
+        lines.append(r.basis)
+        if r.note:
+            lines.append(r.note)
+    return lines

@@ -125,6 +125,7 @@ class Context:
     target: TargetCheckpoint | None = None
     scan: bool = False
     measured: Any = None  # a probe.Measurement when --target could be run
+    readings: Any = None  # runners.Readings: each vLLM runner's reading (None: not computed; runner rules skip)
     progress: Callable[..., Any] = lambda it, **kw: it
     findings: list[Finding] = field(default_factory=list)
     _arrays: dict[str, Any] = field(default_factory=dict)
@@ -194,5 +195,5 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 
 # Check modules, in report order; importing them registers their rules and checks.
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
-from . import engine  # noqa: E402, F401
+from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)
