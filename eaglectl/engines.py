@@ -97,7 +97,7 @@ RUNNERS: tuple[RunnerTable, ...] = (
                     AuxLookup("eagle_config.eagle_aux_hidden_state_layer_ids", 0,
                               note="read whenever eagle_config is a non-empty dict"),
                     AuxLookup("dflash_config.target_layer_ids", 1, unless="eagle_config",
-                              note="a non-empty eagle_config replaces these, even when it holds no ids"),
+                              note="even one without ids"),
                 )),
     RunnerTable("v2", "Model Runner V2", "0.32, 0.33",
                 "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config", (

@@ -392,17 +392,10 @@ def ask_vllm(requests: list[dict[str, Any]], python: str, timeout_s: float = 600
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
-    raw, _log = WorkerRun(python, payload, timeout_s, worker=WORKER, error=VllmReadingError).result()
+    raw, _log = WorkerRun(python, payload, timeout_s, worker=WORKER, error=MissingDependencyError).result()
     if not raw.get("ok"):
-        raise VllmReadingError(f"the vLLM reading worker failed: {raw.get('error')}")
+        raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
     return raw
-
-
-class VllmReadingError(EaglectlError):
-    """Raised inside this module only; callers fall back to the table (readings never fail a command)."""
-
-    exit_code = MissingDependencyError.exit_code
-    reference = MissingDependencyError.reference
 
 
 def _from_worker(result: dict[str, Any], version: str, target_layers: int | None) -> list[RunnerReading]:
