@@ -44,7 +44,8 @@ ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
                     "convert": "eaglectl convert SOURCE DEST --to DIALECT",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
-                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
+                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                    "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,21 @@ def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
     return {"source": source, "target": tgt, "pickle": pickle,
             "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
             "convert_t": f"{convert} --target {tgt}{pickle}",
-            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}"}
+            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}",
+            # a dialect that writes the ids at the top level: the drafter's own when it does (then the
+            # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
+            "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
+                          f"{tgt}{pickle}"}
+
+
+def _top_level_dialect(drafter: Any, own: str) -> str:
+    from .. import formats
+
+    writer = formats.get(own).writer if own in formats.writable() else None
+    if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
+            drafter.spec.arch in writer.architectures):
+        return own
+    return "modelopt" if drafter.spec.arch == "mla" else "speculators"
 
 
 RULES: dict[str, Rule] = {}

@@ -9,12 +9,13 @@ from . import ERROR, Context, check, rule
 AUX_IDS_RUNNER_SPLIT = rule("aux-ids-runner-split", ERROR,
                             "vLLM's two model runners capture different target layers (V1 on CPU, V2 on GPU): "
                             "one of them serves the drafter on the wrong layers",
-                            "for vLLM: {to_vllm} (writes the ids at the top level, which both runners read)",
+                            "{to_runners} (writes the ids at the top level, which both runners read; modelopt for "
+                            "MLA)",
                             repaired_by_convert=True)
 AUX_IDS_RUNNER_COUNT = rule("aux-ids-runner-count", ERROR,
                             "A vLLM runner captures another number of layers than fc is built for (V2 captures "
                             "the target's 3 default layers when the ids are only in eagle_config): it fails on "
-                            "GPU only", "for vLLM: {to_vllm} (writes the ids at the top level)",
+                            "GPU only", "{to_runners} (writes the ids at the top level; modelopt for MLA)",
                             repaired_by_convert=True)
 
 _ROLE = {"v1": "V1 (CPU)", "v2": "V2 (GPU default)"}
