@@ -37,7 +37,6 @@ from .errors import EaglectlError, MissingDependencyError
 WORKER = Path(__file__).with_name("workers") / "vllm_reading.py"
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were read from
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
-RUNNER_NAMES = {"v1": "V1", "v2": "V2"}
 FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
 _STAND_IN_LAYERS = 64  # the stand-in target's depth when none is given (only the model default depends on it)
 
@@ -55,9 +54,10 @@ class RunnerReading:
     flags: dict[str, bool] | None  # what the draft model class applies
     num_aux: int | None  # aux states fc is built for
     basis: str  # "asked vLLM X (its own code)" | "assumed (eaglectl's table ...)"
-    error: str | None = None  # vLLM refuses the config (asked) or cannot build the model
+    error: str | None = None  # vLLM refuses the config, or the runner's code raised: no reading
     build: str | None = None  # how the config was built
     model_class: str | None = None
+    model_error: str | None = None  # vLLM could not build the draft model class: flags and num_aux unknown
 
     @property
     def asked(self) -> bool:
@@ -76,7 +76,8 @@ class RunnerReading:
         return {"engine": self.engine, "runner": self.runner, "version": self.version,
                 "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None,
                 "source": self.source, "shift": self.shift, "flags": self.flags, "num_aux": self.num_aux,
-                "basis": self.basis, "error": self.error, "build": self.build, "model_class": self.model_class}
+                "basis": self.basis, "error": self.error, "build": self.build, "model_class": self.model_class,
+                "model_error": self.model_error}
 
 
 @dataclass
@@ -416,9 +417,9 @@ def _from_worker(result: dict[str, Any], version: str, target_layers: int | None
         ids = tuple(r["boundary_ids"]) if r.get("boundary_ids") is not None else None
         if r.get("source") == "model default" and target_layers is None:
             ids = None  # read on a stand-in depth: the real target's default is unknown
-        error = _clean(r.get("error")) or (f"model: {_clean(model.get('error'))}" if model.get("error") else None)
         out.append(RunnerReading("vllm", runner, version, ids, r.get("source"), int(r.get("shift") or 0), flags,
-                                 num_aux, basis, error=error, build=build, model_class=model.get("class")))
+                                 num_aux if flags is not None else None, basis, error=_clean(r.get("error")),
+                                 build=build, model_class=model.get("class"), model_error=_clean(model.get("error"))))
     return out
 
 
@@ -558,6 +559,8 @@ def describe(r: Readings) -> list[str]:
     first = next((x for x in r.runners if x.flags is not None), None)
     if first is not None:
         lines.append(_flags_text(first))
+    elif r.runners[0].model_error:
+        lines.append(f"vLLM cannot build the draft model: {r.runners[0].model_error}")
     if r.note and r.note.startswith("no vLLM interpreter") and r.basis.endswith(")"):
         lines.append(r.basis[:-1] + "; no vLLM here)")
     else:

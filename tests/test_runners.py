@@ -196,7 +196,7 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch):
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     cases = _fixtures() + _published(tmp_path)
-    asked = read_batch([r for _, r in cases], vllm_python=python, cache=False)  # one worker run
+    asked = read_batch([r for _, r in cases], vllm_python=python)  # one worker run (the cache starts empty)
     lines = ["| drafter | vLLM V1 | vLLM V2 | table V1 / V2 |", "|---|---|---|---|"]
     mismatches = []
     for (name, req), got in zip(cases, asked, strict=True):
@@ -205,11 +205,11 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch):
         assert got.asked, (name, got.note)
         for runner in ("v1", "v2"):
             a, t = got.get(runner), table.get(runner)
-            if a.error and not a.error.startswith("model:"):
+            if a.error:
                 continue  # vLLM refuses the config: nothing to compare (the table cannot know every refusal)
             if (_ids(a), a.source, a.shift) != (_ids(t), t.source, t.shift):
                 mismatches.append((name, runner, "ids", _ids(a), a.source, _ids(t), t.source))
-            if not a.error and (a.flags, a.num_aux) != (t.flags, t.num_aux):
+            if not a.model_error and (a.flags, a.num_aux) != (t.flags, t.num_aux):
                 mismatches.append((name, runner, "model", a.flags, a.num_aux, t.flags, t.num_aux))
     report = os.environ.get("EAGLECTL_READINGS_TABLE")
     if report:
@@ -226,3 +226,35 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch):
                                    "norm_before_fc": False} and mla.get("v1").num_aux == 3
     assert "target's ModelConfig" in mla.get("v1").build and "meta device" in mla.get("v1").build
     assert by_name["drafters/nemo-3.1"].get("v1").error  # an unregistered architecture: vLLM's own refusal
+    # asked once: the same requests again come from the cache, without a worker run
+    assert len(list((tmp_path / "cache").glob("*.json"))) == len(cases)
+    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    runners._MEMO.clear()
+    again = read_batch([r for _, r in cases[:3]], vllm_python=python)
+    assert [g.to_json() for g in again] == [g.to_json() for g in asked[:3]] and all(g.asked for g in again)
+
+
+# ------------------------------------------------------------------------------------ fc_norm aliases
+
+@pytest.mark.parametrize("alias", ["enable_fc_norm", "use_aux_norm"])
+def test_fc_norm_aliases_are_read_on_input_and_vllm_reads_only_fc_norm(invoke, tmp_path, alias):
+    src = tmp_path / "alias"
+    import shutil
+
+    shutil.copytree(DEFECTS / "fc-norm-alias", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg[alias] = cfg.pop("enable_fc_norm")
+    (src / "config.json").write_text(json.dumps(cfg))
+    doc = json.loads(invoke("inspect", src, "--json").stdout)
+    assert doc["spec"]["fc_norm"] is True and doc["spec"]["eagle_version"] == "3.1"  # what it was trained with
+    assert doc["spec_sources"]["fc_norm"] == f"config: {alias} (an alias vLLM does not read)"
+    assert all(r["flags"]["fc_norm"] is False for r in doc["engine_readings"])  # what vLLM's class builds
+    found = {f["rule_id"]: f for f in doc["findings"]}
+    assert found["fc-norm-alias"]["severity"] == "error" and alias in found["fc-norm-alias"]["message"]
+    assert "fc-norm-weights-without-flag" not in found  # one finding, the one that names the alias
+    out = tmp_path / "fixed"
+    assert invoke("convert", src, out, "--to", "speculators").exit_code == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["fc_norm"] is True  # the plain key vLLM reads
+    after = json.loads(invoke("inspect", out, "--json").stdout)
+    assert after["exit_code"] == 0 and all(r["flags"]["fc_norm"] for r in after["engine_readings"])
