@@ -256,11 +256,14 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 
 def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:
     """(interpreter, why not): `explicit`, else $EAGLECTL_VLLM_PYTHON, else this interpreter when it can import
-    vllm (a cheap find_spec). An explicit interpreter that has no vLLM raises MissingDependencyError."""
+    vllm (a cheap find_spec). Never raises: without vLLM the readings come from the table, and say why."""
     if explicit:
         from .smoke import find_vllm_python
 
-        return find_vllm_python(explicit), None
+        try:
+            return find_vllm_python(explicit), None
+        except MissingDependencyError as e:
+            return None, e.message
     env = os.environ.get("EAGLECTL_VLLM_PYTHON")
     if env:
         path = os.path.abspath(env) if os.sep in env else (shutil.which(env) or env)

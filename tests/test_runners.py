@@ -157,6 +157,8 @@ def test_no_vllm_interpreter_means_assumed_readings(monkeypatch):
     monkeypatch.setenv("EAGLECTL_VLLM_PYTHON", "/nonexistent/python")
     got = read_batch([Request(str(TRAINED / "eagle3-output"), cfg, 8)])[0]
     assert not got.asked and "names no interpreter" in got.note
+    got = read_batch([Request(str(TRAINED / "eagle3-output"), cfg, 8)], vllm_python="/bin/false")[0]
+    assert not got.asked and "no vLLM in this interpreter" in got.note  # readings never fail a command
 
 
 def test_the_cache_is_keyed_by_config_target_interpreter_version_and_worker(tmp_path, monkeypatch):
