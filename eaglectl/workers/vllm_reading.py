@@ -128,8 +128,9 @@ def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-unt
     out = {}
     for runner in ("v1", "v2"):
         reads: list = []
-        draft = types.SimpleNamespace(**{k: getattr(spec_config.draft_model_config, k) for k in ("hf_config",)})
-        draft.hf_config = _Recorder(spec_config.draft_model_config.hf_config, reads)
+        # the runners read only speculative_config.draft_model_config.hf_config; a recording view of the built
+        # config names the key their choice came from
+        draft = types.SimpleNamespace(hf_config=_Recorder(spec_config.draft_model_config.hf_config, reads))
         spec = types.SimpleNamespace(draft_model_config=draft, method=spec_config.method)
         target = _stand_in_target(n_layers)
         try:
