@@ -192,7 +192,7 @@ def _row(name, got, table):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch):
+def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke):
     python = vllm_python()
     if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
@@ -236,6 +236,12 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch):
     runners._MEMO.clear()
     again = read_batch([r for _, r in cases[:3]], vllm_python=python)
     assert [g.to_json() for g in again] == [g.to_json() for g in asked[:3]] and all(g.asked for g in again)
+    # inspect shows the split vLLM itself reports (from the same cache: no second vLLM import)
+    r = invoke("inspect", DRAFTERS / "specforge-3.1", "--target", TARGET, "--vllm-python", python, "--no-measure")
+    for part in ("vLLM     v1: [0, 3, 6] from eagle_config.eagle_aux_hidden_state_layer_ids",
+                 "         v2: [2, 4, 5] the target's default", f"asked vLLM {python_version} (its own code)",
+                 "aux-ids-runner-split"):
+        assert part in r.stdout, (part, r.stdout)
 
 
 # ------------------------------------------------------------------------------------ fc_norm aliases
