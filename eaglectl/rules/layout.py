@@ -20,8 +20,14 @@ ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architec
 ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
                               "fix architectures / model_type")
 VERIFIER_LOCAL_PATH = rule("verifier-local-path", WARNING, "The speculators verifier is a local path, no identity",
-                           "eaglectl convert --to speculators --base-model ORG/NAME (vllm serve DRAFTER alone cannot "
-                           "find the target)")
+                           "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} (names the "
+                           "target's Hub repo; vllm serve DRAFTER alone cannot find a local target)",
+                           repaired_by_convert=True)
+VERIFIER_LOCAL_PATH_REJECTED = rule("verifier-local-path-rejected", ERROR,
+                                    "The speculators verifier is a local path: vLLM >= 0.33 refuses to serve the "
+                                    "drafter alone (--engine-version)",
+                                    "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} "
+                                    "(or serve the target with --speculative-config)", repaired_by_convert=True)
 VERIFIER_UNNAMED = rule("verifier-unnamed", INFO, "The speculators verifier has no Hub id (null)",
                         "serve the target with --speculative-config (the line inspect prints), or name it: "
                         "eaglectl convert --to speculators --base-model ORG/NAME")
@@ -121,7 +127,13 @@ def _speculators_config(ctx: Context) -> None:
         ctx.emit(VERIFIER_UNNAMED, "verifier name_or_path is null: vllm serve DRAFTER alone cannot find the target",
                  where)
     elif isinstance(name, str) and (name.startswith(("/", ".", "~")) or ("/" in name and not is_hub_id(name))):
-        ctx.emit(VERIFIER_LOCAL_PATH, f"verifier name_or_path '{name}' is a local path", where)
+        if _from_0_33(ctx):
+            ctx.emit(VERIFIER_LOCAL_PATH_REJECTED, f"verifier name_or_path '{name}' is a local path: vLLM "
+                     f"{ctx.engine_version} raises 'Speculators verifier must name a remote model repository'",
+                     where)
+        else:
+            ctx.emit(VERIFIER_LOCAL_PATH, f"verifier name_or_path '{name}' is a local path (from vLLM 0.33 on "
+                     "`vllm serve DRAFTER` refuses it: --engine-version 0.33 makes this an error)", where)
     methods = cfg.raw("speculators_config.proposal_methods")
     if isinstance(methods, list) and methods and isinstance(methods[0], dict) and "speculative_tokens" not in methods[0]:
         ctx.emit(SPECULATORS_CONFIG, "proposal_methods[0] lacks 'speculative_tokens'",
@@ -133,6 +145,13 @@ def _speculators_config(ctx: Context) -> None:
     elif (mt == "qwen3") != (ctx.spec.arch == "qwen3"):
         ctx.emit(ARCHITECTURES_MISMATCH, f"transformer_layer_config.model_type is {mt or 'absent (llama)'} "
                  f"but the weights are {ctx.spec.arch}-style", ctx.at("transformer_layer_config.model_type"))
+
+
+def _from_0_33(ctx: Context) -> bool:
+    from ..engines import version_key
+
+    version = getattr(ctx, "engine_version", None)
+    return version is not None and version_key(version) >= (0, 33)
 
 
 @check

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import re
 
+from ..drafter import FLAG_ALIASES
 from . import ERROR, INFO, RULES, WARNING, Context, check, rule
 
 FC_NORM_WEIGHTS_WITHOUT_FLAG = rule("fc-norm-weights-without-flag", ERROR,
                                     "fc_norm.N weights present but fc_norm is false (vLLM load error)", "set fc_norm: true")
+FC_NORM_ALIAS = rule("fc-norm-alias", ERROR, "fc_norm is set only under an alias (enable_fc_norm, use_aux_norm); "
+                     "vLLM reads only fc_norm, builds no fc_norm and fails on the fc_norm.N weights",
+                     "{convert} (writes fc_norm)", repaired_by_convert=True)
 FC_NORM_FLAG_WITHOUT_WEIGHTS = rule("fc-norm-flag-without-weights", ERROR,
                                     "fc_norm true but no fc_norm.N weights (vLLM runs with ones)",
                                     "export the trained fc_norm weights, or set fc_norm: false (then `upgrade` adds "
@@ -60,6 +64,10 @@ ENGINE_DEFAULTS: dict[str, tuple[tuple[str, str, bool], ...]] = {
 def norms(ctx: Context) -> None:
     spec, view, cfg = ctx.spec, ctx.view, ctx.config
     fc_norms = sorted(int(c.split(".")[1]) for c in view.names() if re.match(r"fc_norm\.[0-9]{1,6}\.weight$", c))
+    alias = spec.sources.get("fc_norm", "").removeprefix("config: ").split(" ")[0]
+    if alias in FLAG_ALIASES and spec.fc_norm and fc_norms:
+        ctx.emit(FC_NORM_ALIAS, f"{alias} is true ({FLAG_ALIASES[alias]}) and there are {len(fc_norms)} fc_norm "
+                 "weights, but no fc_norm key: vLLM reads only fc_norm", ctx.at(alias))
     if fc_norms and not spec.fc_norm:
         ctx.emit(FC_NORM_WEIGHTS_WITHOUT_FLAG, f"{len(fc_norms)} fc_norm weights, fc_norm is false",
                  view.locate(f"fc_norm.{fc_norms[0]}.weight"))

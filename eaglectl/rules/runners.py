@@ -1,0 +1,62 @@
+"""vLLM's two model runners (`Context.readings`, runners.py): V1 (every CPU build) and Model Runner V2 (the GPU
+default) pick the target layers with different code (docs/engines.md#runners). The rules run only where the
+readings were computed (`inspect`, `check`)."""
+
+from __future__ import annotations
+
+from . import ERROR, Context, check, rule
+
+AUX_IDS_RUNNER_SPLIT = rule("aux-ids-runner-split", ERROR,
+                            "vLLM's two model runners capture different target layers (V1 on CPU, V2 on GPU): "
+                            "one of them serves the drafter on the wrong layers",
+                            "{to_runners} (writes the ids at the top level, which both runners read; modelopt for "
+                            "MLA)",
+                            repaired_by_convert=True)
+AUX_IDS_RUNNER_COUNT = rule("aux-ids-runner-count", ERROR,
+                            "A vLLM runner captures another number of layers than fc is built for (V2 captures "
+                            "the target's 3 default layers when the ids are only in eagle_config): it fails on "
+                            "GPU only", "{to_runners} (writes the ids at the top level; modelopt for MLA)",
+                            repaired_by_convert=True)
+
+_ROLE = {"v1": "V1 (CPU)", "v2": "V2 (GPU default)"}
+
+
+def _names(r) -> str:  # type: ignore[no-untyped-def]
+    ids = r.ids_text() if r.boundary_ids is not None or not r.default else "(2, L//2, L-3)"
+    where = "the target's default" if r.default else f"from {r.source}" + (f" +{r.shift}" if r.shift else "")
+    return f"{_ROLE.get(r.runner, r.runner)} {ids} ({where})"
+
+
+@check
+def runners(ctx: Context) -> None:
+    r = ctx.readings
+    if r is None or not r.runners:
+        return
+    v1, v2 = r.get("v1"), r.get("v2")
+    if v1 is None or v2 is None or v1.error or v2.error:
+        return
+    basis = f"asked of vLLM {v1.version}" if r.asked else "assumed: eaglectl's table of vLLM"
+    if r.split:
+        message = f"{_names(v1)}; {_names(v2)}; {basis}"
+        trained = ctx.measured.boundary_ids if ctx.measured is not None else None
+        if trained is not None:
+            right = [x.runner.upper() for x in (v1, v2) if x.boundary_ids == tuple(trained)]
+            message += f"; measured: trained on {list(trained)}, " + (
+                f"{' and '.join(right)} right" if right else "neither runner captures them")
+        ctx.emit(AUX_IDS_RUNNER_SPLIT, message, ctx.where)
+    fc = ctx.spec.num_aux_hidden_states or v1.num_aux
+    if fc is None:
+        return
+    for x, other in ((v2, v1), (v1, v2)):
+        if x.boundary_ids is not None and len(x.boundary_ids) != fc and (
+                other.boundary_ids is None or len(other.boundary_ids) == fc):
+            ctx.emit(AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures {len(x.boundary_ids)} layers "
+                     f"{list(x.boundary_ids)} ({_where(x)}) but fc takes {fc} aux states", ctx.where)
+        elif x.boundary_ids is None and x.default and fc != 3 and (
+                other.boundary_ids is None or len(other.boundary_ids) == fc):
+            ctx.emit(AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures the target's 3 default layers but fc "
+                     f"takes {fc} aux states", ctx.where)
+
+
+def _where(r) -> str:  # type: ignore[no-untyped-def]
+    return "the target's default" if r.default else r.source

@@ -1,0 +1,284 @@
+"""Runs inside the vLLM interpreter: asks vLLM's own code which target layers each model runner captures
+for a drafter, and which flags vLLM's draft model class applies. No weights are read, nothing runs on
+a device.
+
+    python vllm_reading.py REQUEST.json RESULT.json
+
+Standalone on purpose (stdlib at the top, vllm imported inside `main`), like `workers/vllm_smoke.py`.
+One vLLM import serves the whole batch.
+
+REQUEST.json::
+
+    {"method": "eagle3",
+     "requests": [{"drafter_dir": "/abs/drafter", "target_dir": "/abs/target" or null, "target_layers": 8}]}
+
+For each request the drafter's config is built as vLLM builds it: a real `SpeculativeConfig` (which makes the
+draft `ModelConfig` through vLLM's config loader, converts speculators-format configs and wraps the result in
+`EAGLEConfig`) on the target's `ModelConfig`. Without `target_dir` the target is a stand-in config folder with
+`target_layers` layers (only its depth, hidden size and vocabulary are used). Then:
+
+- V1: `GPUModelRunner._setup_eagle3_aux_hidden_state_outputs`, run on a stand-in runner that holds the built
+  speculative config and a stand-in target with `target_layers` layers (vLLM's `SupportsEagle3` default and
+  `EagleModelMixin` sorting apply as they do in the server);
+- V2: `eagle3_utils.set_eagle3_aux_hidden_state_layers` on the same stand-in target;
+- the flags: the draft model class vLLM's registry resolves, built on the meta device inside a `VllmConfig`,
+  then its modules read (`input_norm`, `fc_norm`, `norm_output`, the decoder layer's residual norm, `fc`).
+
+RESULT.json: {"ok", "vllm_version", "torch_version", "python", "results": [one per request, in order]}; a
+result is {"drafter_dir", "target_layers", "build", "error", "runners": {"v1": {...}, "v2": {...}},
+"model": {...}}. A config vLLM refuses is a result (`error` holds vLLM's exception), not a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import traceback
+
+# The config keys the runners read aux ids from (for naming where a runner's choice came from; the choice
+# itself is always vLLM's own code). Nested keys are "parent.key".
+_WATCHED = ("eagle_aux_hidden_state_layer_ids", "dflash_config", "eagle_config", "dspark_target_layer_ids",
+            "target_layer_ids", "model_type")
+
+
+class _Recorder:
+    """A read-only view of a config that records which aux-id keys were read, and what they held."""
+
+    def __init__(self, inner, reads: list, prefix: str = "") -> None:  # type: ignore[no-untyped-def]
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "_reads", reads)
+        object.__setattr__(self, "_prefix", prefix)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        value = getattr(self._inner, name)
+        if name in _WATCHED:
+            if isinstance(value, dict):
+                return _RecDict(value, self._reads, name)
+            self._reads.append((name, value))
+        return value
+
+
+class _RecDict(dict):
+    def __init__(self, data: dict, reads: list, prefix: str) -> None:
+        super().__init__(data)
+        self._reads, self._prefix = reads, prefix
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        value = super().get(key, default)
+        self._reads.append((f"{self._prefix}.{key}", value))
+        return value
+
+
+def _source(reads: list, chosen) -> tuple[str, int]:  # type: ignore[no-untyped-def]
+    """The last key read whose list is the runner's choice as is (shift 0) or one less (+1)."""
+    if chosen is None:
+        return "model default", 0
+    for key, value in reversed(reads):
+        if isinstance(value, (list, tuple)) and value:
+            try:
+                if tuple(value) == tuple(chosen):
+                    return key, 0
+                if tuple(i + 1 for i in value) == tuple(chosen):
+                    return key, 1
+            except TypeError:
+                continue
+    return "config (key not identified)", 0
+
+
+def _stand_in_target(n_layers: int):  # type: ignore[no-untyped-def]
+    """A target model with `n_layers` layers, implementing vLLM's own SupportsEagle3 / EagleModelMixin."""
+    from vllm.model_executor.models.interfaces import EagleModelMixin, SupportsEagle3
+
+    class _Decoder(EagleModelMixin):
+        def __init__(self) -> None:
+            self.layers = [None] * n_layers
+            self.start_layer = 0
+
+    class _Target(SupportsEagle3):
+        def __init__(self) -> None:
+            self.model = _Decoder()
+
+    return _Target()
+
+
+def _stand_in_target_dir(cfg, n_layers: int, tmp: str) -> str:  # type: ignore[no-untyped-def]
+    """A target config folder of `n_layers` layers, as wide as the drafter's aux states."""
+    hidden = getattr(cfg, "target_hidden_size", None) or getattr(cfg, "hidden_size", None) or 64
+    vocab = getattr(cfg, "vocab_size", None) or 128
+    mpe = getattr(cfg, "max_position_embeddings", None) or 4096
+    folder = os.path.join(tmp, f"target-{n_layers}-{hidden}-{vocab}-{mpe}")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": n_layers,
+                   "hidden_size": hidden, "intermediate_size": hidden, "num_attention_heads": 1,
+                   "num_key_value_heads": 1, "head_dim": hidden, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+                   "max_position_embeddings": mpe, "tie_word_embeddings": False}, f)
+    return folder
+
+
+def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-untyped-def]
+    import types
+
+    from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    out = {}
+    for runner in ("v1", "v2"):
+        reads: list = []
+        # the runners read only speculative_config.draft_model_config.hf_config; a recording view of the built
+        # config names the key their choice came from
+        draft = types.SimpleNamespace(hf_config=_Recorder(spec_config.draft_model_config.hf_config, reads))
+        spec = types.SimpleNamespace(draft_model_config=draft, method=spec_config.method)
+        target = _stand_in_target(n_layers)
+        try:
+            if runner == "v1":
+                fake = types.SimpleNamespace(speculative_config=spec, use_aux_hidden_state_outputs=True, model=target,
+                                             get_model=lambda t=target: t)
+                fake._get_eagle3_aux_layers_from_config = types.MethodType(
+                    GPUModelRunner._get_eagle3_aux_layers_from_config, fake)
+                chosen = fake._get_eagle3_aux_layers_from_config()
+                GPUModelRunner._setup_eagle3_aux_hidden_state_outputs(fake)
+            else:
+                chosen = eagle3_utils.get_eagle3_aux_layers_from_config(spec)
+                eagle3_utils.set_eagle3_aux_hidden_state_layers(target, spec)
+            key, shift = _source(reads, chosen)
+            out[runner] = {"selected": list(chosen) if chosen else None,
+                           "boundary_ids": list(target.model.aux_hidden_state_layers),
+                           "source": key, "shift": shift, "error": None}
+        except Exception as e:  # noqa: BLE001 - a config the runner refuses is a reading
+            out[runner] = {"selected": None, "boundary_ids": None, "source": None, "shift": 0,
+                           "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def _model_reading(vllm_config, spec_config) -> dict:  # type: ignore[no-untyped-def]
+    """Build vLLM's draft model class on the meta device and read what it applies."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import get_model_architecture, initialize_model
+
+    draft = spec_config.draft_model_config
+    try:
+        cls, arch = get_model_architecture(draft)
+    except Exception as e:  # noqa: BLE001
+        return {"class": None, "basis": "registry", "error": f"{type(e).__name__}: {e}"}
+    try:
+        with set_current_vllm_config(vllm_config), torch.device("meta"):
+            model = initialize_model(vllm_config, model_config=draft, prefix="draft")
+    except Exception as e:  # noqa: BLE001 - vLLM cannot build it: a result
+        return {"class": cls.__name__, "architecture": arch, "basis": "built on the meta device",
+                "error": f"{type(e).__name__}: {e}"}
+    inner = model.model
+    layer = inner.layers[0] if len(inner.layers) else None
+    residual = getattr(getattr(layer, "_residual_norm", None), "__name__", None)
+    fc = getattr(inner, "fc", None)
+    flags = {"norm_before_fc": getattr(inner, "input_norm", None) is not None,
+             "fc_norm": getattr(inner, "fc_norm", None) is not None,
+             "norm_output": bool(getattr(inner, "norm_output", False)),
+             "norm_before_residual": residual == "_norm_before_residual"}
+    return {"class": cls.__name__, "architecture": arch, "basis": "built on the meta device", "error": None,
+            "flags": flags, "num_aux": _first(getattr(inner, "num_aux_hidden_states", None),
+                                              getattr(inner, "num_aux_layers", None)),
+            "fc_input_size": getattr(fc, "input_size", None), "num_layers": len(inner.layers),
+            "use_aux_hidden_state": bool(getattr(inner, "use_aux_hidden_state", True))}
+
+
+def _first(*values):  # type: ignore[no-untyped-def]
+    return next((v for v in values if v is not None), None)
+
+
+_DIST = {"up": False}
+
+
+def _init_distributed(vllm_config) -> None:  # type: ignore[no-untyped-def]
+    """The single-process set-up vLLM's own CPU unit tests use (gloo, world size 1), once per process."""
+    if _DIST["up"]:
+        return
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vllm_config):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="gloo")
+        initialize_model_parallel(1, 1)
+    _DIST["up"] = True
+
+
+def read_one(req: dict, method: str, tmp: str) -> dict:
+    from vllm.config import (DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig,
+                             VllmConfig)
+
+    drafter, n_layers = req["drafter_dir"], int(req["target_layers"])
+    out: dict = {"drafter_dir": drafter, "target_dir": req.get("target_dir"), "target_layers": n_layers,
+                 "build": None, "error": None, "runners": None, "model": None}
+    target, tm = req.get("target_dir"), None
+    try:
+        if target is not None:
+            try:
+                tm = ModelConfig(model=target, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+                                 max_model_len=req.get("max_model_len"))
+                out["build"] = "SpeculativeConfig on the target's ModelConfig"
+            except Exception as e:  # noqa: BLE001 - the target's config, not the drafter's: use a stand-in
+                out["target_error"] = f"{type(e).__name__}: {e}"
+        if tm is None:
+            from vllm.transformers_utils.config import get_config
+
+            stand_in = _stand_in_target_dir(get_config(drafter, trust_remote_code=False), n_layers, tmp)
+            tm = ModelConfig(model=stand_in, skip_tokenizer_init=True, dtype="float32", enforce_eager=True)
+            out["build"] = f"SpeculativeConfig on a stand-in {n_layers}-layer target config"
+        sc = SpeculativeConfig(method=method, model=drafter, num_speculative_tokens=3, target_model_config=tm,
+                               target_parallel_config=ParallelConfig())
+    except Exception as e:  # noqa: BLE001 - vLLM refuses the config: that is the reading
+        out["error"] = f"{type(e).__name__}: {e}"
+        return out
+    hf = sc.draft_model_config.hf_config
+    out["config_class"] = type(hf).__name__
+    out["architectures"] = list(getattr(hf, "architectures", None) or [])
+    out["runners"] = _runner_readings(sc, n_layers)
+    try:
+        vc = VllmConfig(model_config=tm, speculative_config=sc, device_config=DeviceConfig("cpu"),
+                        load_config=LoadConfig(load_format="dummy"))
+        unsupported = getattr(vc, "_get_v2_model_runner_unsupported_features", None)
+        out["v2_unsupported"] = list(unsupported()) if unsupported is not None else None
+        _init_distributed(vc)
+        out["model"] = _model_reading(vc, sc)
+    except Exception as e:  # noqa: BLE001
+        out["model"] = {"class": None, "basis": "VllmConfig", "error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    req_path, res_path = argv[1], argv[2]
+    try:
+        with open(req_path) as f:
+            req = json.load(f)
+        import torch
+        import vllm
+
+        result: dict = {"ok": True, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
+                        "python": sys.version.split()[0], "results": []}
+        with tempfile.TemporaryDirectory(prefix="eaglectl-reading-") as tmp:
+            for one in req["requests"]:
+                result["results"].append(read_one(one, req.get("method", "eagle3"), tmp))
+        rc = 0
+    except BaseException as e:  # noqa: BLE001 - always leave a RESULT.json
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        rc = 1
+    tmp_path = res_path + ".tmp"
+    with open(tmp_path, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp_path, res_path)
+    return rc
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown (vLLM's threads can abort it after a successful run)

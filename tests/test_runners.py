@@ -1,0 +1,270 @@
+"""vLLM's two model runners: the readings asked of vLLM's own code, and the table that stands in for it.
+
+The vLLM test asks vLLM (one worker run) for every fixture drafter, every planted defect whose config parses
+and the published layouts the field notes name, and checks that eaglectl's table gives exactly what vLLM's
+own V1 and V2 selection code and its draft model classes give, for every one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from eaglectl import runners
+from eaglectl.engines import RUNNERS
+from eaglectl.runners import Request, read_batch, select, table_readings, vllm_view
+
+from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
+from .test_smoke import vllm_python
+
+TRAINED = FIXTURES / "trained"
+
+_LLAMA = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
+          "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+          "num_hidden_layers": 1, "vocab_size": 256, "draft_vocab_size": 64, "target_hidden_size": 64,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096, "hidden_act": "silu",
+          "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+_MLA = json.loads((TRAINED / "eagle3.1-mla" / "config.json").read_text())
+for _k in ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc", "eagle_config"):
+    _MLA.pop(_k)
+
+
+def _llama(**extra):
+    return {**copy.deepcopy(_LLAMA), **extra}
+
+
+def _mla(**extra):
+    return {**copy.deepcopy(_MLA), **extra}
+
+
+# The published layouts the field notes name (their aux-id layout; small sizes), with the target depth their ids
+# imply, and what each runner captures there (V1, V2). The first six keep their ids only in eagle_config.
+PUBLISHED = {
+    "lmsys gpt-oss-120b EAGLE-3": (_llama(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 17, 33]}), 36,
+                                   (1, 17, 33), (2, 18, 33)),
+    "lmsys Qwen3-235B EAGLE-3": (_llama(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 46, 90]}), 94,
+                                 (1, 46, 90), (2, 47, 91)),
+    "TorchSpec Kimi-K2.5 template": (_mla(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 29, 57],
+                                                        "use_aux_hidden_state": True}), 61, (1, 29, 57), (2, 30, 58)),
+    "Step-3.5 SpecForge drafter": (_llama(eagle_config={"eagle_aux_hidden_state_layer_ids": [4, 20, 40]}), 45,
+                                   (4, 20, 40), (2, 22, 42)),
+    "k-l-lambda Kimi-K2.5-Eagle3": (_mla(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 58],
+                                                       "use_aux_hidden_state": True}), 61, (2, 30, 58), (2, 30, 58)),
+    "AQ-MedAI Kimi-K2.5 drafter": (_mla(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}), 61,
+                                   (2, 30, 58), (2, 30, 58)),
+    # ids at the top level: both runners read them
+    "NVIDIA gpt-oss-120b-Eagle3-v3": (_llama(eagle_aux_hidden_state_layer_ids=[24, 30, 36], norm_before_fc=True,
+                                             eagle_config={"eagle_aux_hidden_state_layer_ids": [24, 30, 36],
+                                                           "norm_before_fc": True}), 36, (24, 30, 36), (24, 30, 36)),
+    # the other keys the runners read (synthetic, one each)
+    "top-level target_layer_ids (DSpark style)": (_llama(target_layer_ids=[1, 17, 33]), 36, (2, 18, 33),
+                                                  (2, 18, 34)),
+    "eagle_config.layer_ids": (_llama(eagle_config={"layer_ids": [3, 10, 20]}), 36, (2, 18, 33), (3, 10, 20)),
+    "eagle_config with ids and norm_before_fc": (_llama(eagle_config={"eagle_aux_hidden_state_layer_ids": [5, 9, 30],
+                                                                      "norm_before_fc": True}), 36, (5, 9, 30),
+                                                 (2, 18, 33)),
+    "N = 4 ids only in eagle_config": (_llama(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 9, 17, 33]}), 36,
+                                       (1, 9, 17, 33), (2, 18, 33)),
+    "fc_norm alias only (enable_fc_norm)": (_llama(enable_fc_norm=True, eagle_aux_hidden_state_layer_ids=[2, 18, 33]),
+                                            36, (2, 18, 33), (2, 18, 33)),
+}
+
+
+def _published(tmp: Path) -> list[tuple[str, Request]]:
+    out = []
+    for name, (cfg, L, _v1, _v2) in PUBLISHED.items():
+        folder = tmp / name.replace(" ", "_").replace("(", "").replace(")", "").replace("=", "")
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        out.append((name, Request(str(folder), cfg, L)))
+    return out
+
+
+def _fixtures() -> list[tuple[str, Request]]:
+    out = []
+    trained = {"eagle3": "target", "eagle3-output": "target", "eagle3.1": "target", "eagle3.1-mla": "target-mla"}
+    for name, target in trained.items():
+        cfg = json.loads((TRAINED / name / "config.json").read_text())
+        L = json.loads((TRAINED / target / "config.json").read_text())["num_hidden_layers"]
+        out.append((f"trained/{name}", Request(str(TRAINED / name), cfg, L, str(TRAINED / target))))
+    for base in (DRAFTERS, DEFECTS):
+        for folder in sorted(p for p in base.iterdir() if (p / "config.json").is_file()):
+            try:
+                cfg = json.loads((folder / "config.json").read_text())
+            except ValueError:
+                continue
+            out.append((f"{base.name}/{folder.name}", Request(str(folder), cfg, 8, str(TARGET))))
+    return out
+
+
+def _ids(r):
+    return None if r is None or r.boundary_ids is None else tuple(r.boundary_ids)
+
+
+# ------------------------------------------------------------------------------------ the table alone
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_the_table_gives_the_published_layouts_readings(name):
+    cfg, L, v1, v2 = PUBLISHED[name]
+    got = table_readings(cfg, L)
+    assert (_ids(got.get("v1")), _ids(got.get("v2"))) == (v1, v2)
+    assert got.split == (v1 != v2) and got.basis.startswith("assumed")
+
+
+def test_the_four_split_published_layouts_are_the_ones_the_issue_names():
+    split = [n for n, (cfg, L, *_) in PUBLISHED.items() if table_readings(cfg, L).split]
+    assert split[:4] == ["lmsys gpt-oss-120b EAGLE-3", "lmsys Qwen3-235B EAGLE-3", "TorchSpec Kimi-K2.5 template",
+                         "Step-3.5 SpecForge drafter"]
+
+
+def test_without_a_target_depth_the_default_is_named_not_guessed():
+    cfg = PUBLISHED["Step-3.5 SpecForge drafter"][0]
+    got = table_readings(cfg, None)
+    assert got.get("v2").boundary_ids is None and got.get("v2").default and got.split
+    assert "the target's default" in got.get("v2").ids_text()
+    kimi = table_readings(PUBLISHED["k-l-lambda Kimi-K2.5-Eagle3"][0], None)
+    assert not kimi.split  # [2, 30, 58] is the default of a 61-layer target
+
+
+def test_speculators_configs_are_read_as_vllm_converts_them():
+    cfg = json.loads((DRAFTERS / "speculators-3.1" / "config.json").read_text())
+    view = vllm_view(cfg)
+    assert view["architectures"] == ["Eagle3LlamaForCausalLM"] and view["fc_norm"] is True
+    assert view["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
+    del cfg["norm_before_residual"]
+    assert vllm_view(cfg)["norm_before_residual"] is True  # vLLM's speculators reader defaults it to True
+    assert select(view, RUNNERS[1]) == ((1, 4, 7), "eagle_aux_hidden_state_layer_ids", 0)
+
+
+def test_v1_lets_a_non_empty_eagle_config_shadow_dflash_ids():
+    cfg = _llama(dflash_config={"target_layer_ids": [1, 2, 3]}, eagle_config={"use_aux_hidden_state": True})
+    v1, v2 = RUNNERS
+    assert select(cfg, v1)[0] is None  # eagle_config replaces dflash's ids even without ids of its own
+    assert select(cfg, v2)[0] == (2, 3, 4)
+
+
+def test_no_vllm_interpreter_means_assumed_readings(monkeypatch):
+    monkeypatch.delenv("EAGLECTL_VLLM_PYTHON", raising=False)
+    got = read_batch([Request(str(TRAINED / "eagle3-output"), None, 8)])[0]
+    assert got.note and not got.runners  # no config given: nothing to read
+    cfg = json.loads((TRAINED / "eagle3-output" / "config.json").read_text())
+    got = read_batch([Request(str(TRAINED / "eagle3-output"), cfg, 8)])[0]
+    assert not got.asked and got.basis.startswith("assumed") and "no vLLM interpreter" in got.note
+    monkeypatch.setenv("EAGLECTL_VLLM_PYTHON", "/nonexistent/python")
+    got = read_batch([Request(str(TRAINED / "eagle3-output"), cfg, 8)])[0]
+    assert not got.asked and "names no interpreter" in got.note
+    got = read_batch([Request(str(TRAINED / "eagle3-output"), cfg, 8)], vllm_python="/bin/false")[0]
+    assert not got.asked and "no vLLM in this interpreter" in got.note  # readings never fail a command
+
+
+def test_the_cache_is_keyed_by_config_target_interpreter_version_and_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "c"))
+    a = runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a == runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a != runners.cache_key(str(TRAINED / "eagle3.1"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a != runners.cache_key(str(TRAINED / "eagle3"), None, 8, "/usr/bin/python3", "0.32.0")
+    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 9, "/usr/bin/python3", "0.32.0")
+    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/other/python", "0.32.0")
+    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.33.0")
+    runners._to_cache(a, {"runners": {}, "x": 1})
+    runners._MEMO.clear()
+    assert runners._from_cache(a) == {"runners": {}, "x": 1}
+    assert [p.name for p in (tmp_path / "c").iterdir()] == [f"{a}.json"]  # no temporary file left
+
+
+# ------------------------------------------------------------------------------------- real vLLM (slow)
+
+def _row(name, got, table):
+    def cell(r):
+        if r is None:
+            return "-"
+        if r.error:
+            return "refused"
+        return str(list(r.boundary_ids)) if r.boundary_ids is not None else "default"
+
+    return (f"| {name} | {cell(got.get('v1'))} | {cell(got.get('v2'))} | {cell(table.get('v1'))} / "
+            f"{cell(table.get('v2'))} |")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke):
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    cases = _fixtures() + _published(tmp_path)
+    asked = read_batch([r for _, r in cases], vllm_python=python)  # one worker run (the cache starts empty)
+    lines = ["| drafter | vLLM V1 | vLLM V2 | table V1 / V2 |", "|---|---|---|---|"]
+    mismatches = []
+    for (name, req), got in zip(cases, asked, strict=True):
+        table = table_readings(req.config, req.target_layers)
+        lines.append(_row(name, got, table))
+        assert got.asked, (name, got.note)
+        for runner in ("v1", "v2"):
+            a, t = got.get(runner), table.get(runner)
+            if a.error:
+                continue  # vLLM refuses the config: nothing to compare (the table cannot know every refusal)
+            if (_ids(a), a.source, a.shift) != (_ids(t), t.source, t.shift):
+                mismatches.append((name, runner, "ids", _ids(a), a.source, _ids(t), t.source))
+            if not a.model_error and (a.flags, a.num_aux) != (t.flags, t.num_aux):
+                mismatches.append((name, runner, "model", a.flags, a.num_aux, t.flags, t.num_aux))
+    report = os.environ.get("EAGLECTL_READINGS_TABLE")
+    if report:
+        Path(report).write_text("\n".join(lines) + "\n")
+    assert not mismatches, mismatches
+    by_name = dict(zip((n for n, _ in cases), asked, strict=True))
+    for name, (_cfg, _L, v1, v2) in PUBLISHED.items():
+        got = by_name[name]
+        assert (_ids(got.get("v1")), _ids(got.get("v2"))) == (v1, v2), name
+        assert got.get("v1").basis == f"asked vLLM {got.get('v1').version} (its own code)"
+    mla = by_name["trained/eagle3.1-mla"]
+    assert _ids(mla.get("v1")) == (2, 3, 4) and _ids(mla.get("v2")) == (1, 2)  # V2: the 4-layer default, deduplicated
+    assert mla.get("v1").flags == {"fc_norm": True, "norm_output": True, "norm_before_residual": False,
+                                   "norm_before_fc": False} and mla.get("v1").num_aux == 3
+    assert "target's ModelConfig" in mla.get("v1").build and "meta device" in mla.get("v1").build
+    assert by_name["drafters/nemo-3.1"].get("v1").error  # an unregistered architecture: vLLM's own refusal
+    # asked once: the same requests again come from the cache, without a worker run
+    python_version = runners.vllm_version(python)
+    keys = {runners.cache_key(r.drafter_dir, r.target_dir, r.target_layers, python, python_version) for _, r in cases}
+    assert len(list((tmp_path / "cache").glob("*.json"))) == len(keys)  # same config bytes: asked once
+    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    runners._MEMO.clear()
+    again = read_batch([r for _, r in cases[:3]], vllm_python=python)
+    assert [g.to_json() for g in again] == [g.to_json() for g in asked[:3]] and all(g.asked for g in again)
+    # inspect shows the split vLLM itself reports (from the same cache: no second vLLM import)
+    r = invoke("inspect", DRAFTERS / "specforge-3.1", "--target", TARGET, "--vllm-python", python, "--no-measure")
+    for part in ("vLLM     v1: [0, 3, 6] from eagle_config.eagle_aux_hidden_state_layer_ids",
+                 "         v2: [2, 4, 5] the target's default", f"asked vLLM {python_version} (its own code)",
+                 "aux-ids-runner-split"):
+        assert part in r.stdout, (part, r.stdout)
+
+
+# ------------------------------------------------------------------------------------ fc_norm aliases
+
+@pytest.mark.parametrize("alias", ["enable_fc_norm", "use_aux_norm"])
+def test_fc_norm_aliases_are_read_on_input_and_vllm_reads_only_fc_norm(invoke, tmp_path, alias):
+    src = tmp_path / "alias"
+    import shutil
+
+    shutil.copytree(DEFECTS / "fc-norm-alias", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg[alias] = cfg.pop("enable_fc_norm")
+    (src / "config.json").write_text(json.dumps(cfg))
+    doc = json.loads(invoke("inspect", src, "--json").stdout)
+    assert doc["spec"]["fc_norm"] is True and doc["spec"]["eagle_version"] == "3.1"  # what it was trained with
+    assert doc["spec_sources"]["fc_norm"] == f"config: {alias} (an alias vLLM does not read)"
+    assert all(r["flags"]["fc_norm"] is False for r in doc["engine_readings"])  # what vLLM's class builds
+    found = {f["rule_id"]: f for f in doc["findings"]}
+    assert found["fc-norm-alias"]["severity"] == "error" and alias in found["fc-norm-alias"]["message"]
+    assert "fc-norm-weights-without-flag" not in found  # one finding, the one that names the alias
+    out = tmp_path / "fixed"
+    assert invoke("convert", src, out, "--to", "speculators").exit_code == 0
+    written = json.loads((out / "config.json").read_text())
+    assert written["fc_norm"] is True  # the plain key vLLM reads
+    after = json.loads(invoke("inspect", out, "--json").stdout)
+    assert after["exit_code"] == 0 and all(r["flags"]["fc_norm"] for r in after["engine_readings"])
