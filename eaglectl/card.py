@@ -91,6 +91,7 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
         if prov.bool("needs_fine_tuning"):
             lines.append(f"**Structurally upgraded (fc_norm init: {prov.str('fc_norm_init')}); it needs EAGLE-3.1 "
                          "fine-tuning before it is a true 3.1 drafter.**")
+            lines += _upgrade_acceptance(prov.dict("acceptance"))
     card = ModelCard.from_template(ModelCardData(**data), template_str="---\n{{ card_data }}\n---\n\n{{ body }}\n",
                                    body="\n".join(lines))
     return str(card)
@@ -109,6 +110,21 @@ def profile_section(p: dict[str, Any]) -> list[str]:
             + (f" ({per_request:.3f} averaged per request)" if isinstance(per_request, (int, float)) else "")
             + (f"; {said}" if said else "") + ".", "",
             "| draft position | conditional acceptance | marginal acceptance |", "|---|---|---|", *rows, ""]
+def _upgrade_acceptance(acc: dict[str, Any] | None) -> list[str]:
+    """The upgrade's measured acceptance lengths before and after, and on which prompts (provenance)."""
+    if not isinstance(acc, dict) or not isinstance(acc.get("prompts"), dict):
+        return ["", "Acceptance before and after the upgrade was not measured (no runnable target).", "",
+                "Warm start: fine-tune before publishing."]
+    p, i = acc["prompts"], acc.get("interval")
+    where = ("the user's prompts `" + str(p.get("source")) + "`") if p.get("given") else "prompts bundled with eaglectl"
+    line = (f"Acceptance length before -> after the upgrade: {acc.get('before')} -> {acc.get('after')} "
+            f"(k={p.get('k')}, greedy, {p.get('count')} prompts x {p.get('max_tokens')} tokens from {where}: "
+            f"{p.get('description')}; {acc.get('reading')} reading, eaglectl's reference loop, whose counts equal "
+            f"vLLM's; prompts {p.get('digest')})")
+    if isinstance(i, dict):
+        line += (f"; 95% bootstrap interval over the prompts: before {i['before'][0]}-{i['before'][1]}, after "
+                 f"{i['after'][0]}-{i['after'][1]}")
+    return ["", line + ".", "", "Warm start: fine-tune before publishing."]
 
 
 def _serve(rep: InspectReport, base: str | None) -> str:

@@ -555,18 +555,27 @@ Examples:
   eaglectl upgrade ./head ./head-31 --init calibrated --target ./target  # least-squares fc_norm
   eaglectl upgrade ./safeailab-head ./out --to speculators --target org/target
   eaglectl upgrade ./head ./head-31 --init calibrated --states ./states  # from eaglectl capture
+  eaglectl upgrade ./head ./head-31 --target ./target --prompts my.jsonl  # AL as vLLM prints it on yours
 """)
 @click.argument("source", required=False)
 @click.argument("dest", required=False)
 @click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
-@click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit"]), default="auto",
+@click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit", "fit"]), default="auto",
               show_default=True, help="How fc_norm starts; auto measures every init with --target (acceptance on "
-              "held-out prompts) or --states (FC-output error on held-out requests) and keeps the best; ones "
-              "without either.")
+              "held-out prompts, or --prompts) or --states (FC-output error on held-out requests) and keeps the "
+              "best; ones without either. fit: the best closed-form init tuned by the target's likelihood.")
+@click.option("--fit-fc", is_flag=True, help="With the fit init: tune fc.weight too (not only fc_norm).")
 @target_option("Target model (calibration, fidelity inputs, verifier name).")
 @base_model_option
 @states_option
+@click.option("--prompts", metavar="FILE|DIR", help="Rank the inits and report the acceptance lengths before and "
+              "after on these prompts (smoke's loaders: builtin:NAME, JSONL, SPEED-Bench folder); needs --target. "
+              "The figure is what vLLM prints on them (greedy, fp32).")
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True,
+              help="Prompts ranked on (as smoke's --num-prompts).")
+@click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True,
+              help="New tokens per prompt (as smoke's --max-tokens).")
 @click.option("--calibration-text", type=TextFile(), help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=DialectChoice(writable=True), help="Output dialect (default: the source's).")
 @from_option
@@ -587,7 +596,8 @@ def upgrade_cmd(source: str | None, dest: str | None, manifest: str | None, fail
 
     def one(o: dict[str, Any]) -> Any:
         return upgrade.run(o["source"], o["dest"], fc_norm=o["fc_norm"], norm_output=o["norm_output"],
-                           init=o["init"], target=o["target"], states=o["states"],
+                           init=o["init"], target=o["target"], states=o["states"], prompts=o["prompts"],
+                           num_prompts=o["num_prompts"], max_tokens=o["max_tokens"], fit_fc=o["fit_fc"],
                            calibration_text=o["calibration_text"], to=o["to"],
                            from_dialect=o["from_dialect"], allow_pickle=o["allow_pickle"], force=o["force"],
                            dry_run=o["dry_run"], fidelity=o["fidelity"], progress=report.progress,

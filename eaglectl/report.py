@@ -459,9 +459,16 @@ def render_upgrade(result: Any) -> None:
         if "fc_output_relative_error" in stats:
             out.print(f"  FC output relative error: {stats['fc_output_relative_error']:.4f} "
                       f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})")
+    if result.fit:
+        f = result.fit
+        out.print(f"fit: from {f['start']}, {f['parameters']:,} parameters ({'fc_norm and fc' if f['fit_fc'] else 'fc_norm'})"
+                  f", {f['steps']} steps (kept step {f['best_step']}), {f['tokens']:,} anchors (+{f['heldout_tokens']:,} "
+                  f"held out), held-out loss {f['heldout_loss_before']:.4f} -> {f['heldout_loss_after']:.4f} "
+                  f"(gain {f['heldout_gain']:.4f}), {f['seconds']:.1f} s")
     if result.init_candidates:
         by_loop = "acceptance_kept" in result.init_candidates[0]
-        out.print("fc_norm inits, ranked by " + ("the reference loop's acceptance kept on held-out prompts" if by_loop
+        where = safe(result.acceptance["prompts"]["description"]) if result.acceptance else "held-out prompts"
+        out.print("fc_norm inits, ranked by " + (f"the reference loop's acceptance kept on {where}" if by_loop
                                                   else "FC-output error on held-out requests of the capture") + ":")
         out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error"], [
             (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop else f"{c['heldout_fc_output_relative_error']:.4f}")
@@ -471,6 +478,39 @@ def render_upgrade(result: Any) -> None:
         out.print(table(None, ["step", "top-1 agreement", "near ties", "KL mean", "KL max"], [
             (str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties), f"{m.kl_mean:.3g}",
              f"{m.kl_max:.3g}") for m in result.fidelity.metrics]))
+    _upgrade_ending(result)
+
+
+def _upgrade_ending(result: Any) -> None:
+    """The last lines of every upgrade: AL before -> after and on which prompts, that it is a warm start, and
+    the command to run next."""
+    out = stdout
+    out.print()
+    acc = result.acceptance
+    if acc is not None:
+        p = acc["prompts"]
+        kept = f" ({100 * acc['kept']:.1f}% kept)" if acc.get("kept") is not None else ""
+        out.print(f"[bold]acceptance length[/] {acc['before']:.3f} -> {acc['after']:.3f}{kept}, k={p['k']}, "
+                  f"{p['count']} prompts x {p['max_tokens']} tokens: {safe(p['description'])}"
+                  + (f" ({safe(p['source'])})" if p["given"] else "") + f"; {safe(acc['reading_description'])}, "
+                  f"boundaries {acc['source_boundary_ids']} -> {acc['dest_boundary_ids']}")
+        if acc.get("interval"):
+            i = acc["interval"]
+            out.print(f"  95% bootstrap interval over these prompts: before {i['before'][0]:.3f}-{i['before'][1]:.3f}, "
+                      f"after {i['after'][0]:.3f}-{i['after'][1]:.3f}, kept {100 * i['kept'][0]:.1f}-"
+                      f"{100 * i['kept'][1]:.1f}%; pass --prompts FILE for the figure vLLM prints on yours")
+        else:
+            out.print("  this is the figure vLLM prints on these prompts (greedy, fp32; the reference loop's counts "
+                      "equal vLLM's)")
+    elif result.changed:
+        out.print("acceptance length: not measured (that needs a runnable --target: weights and a tokenizer)")
+    if result.changed:
+        out.print(f"[yellow]{safe(result.to_json()['warm_start'])}[/]")
+    if not result.conversion.written:
+        out.print("dry run: nothing written; run again without --dry-run")
+    elif result.next_command:
+        out.print("next:")
+        click.echo(f"  {result.next_command}")  # unwrapped: a command to copy
 
 
 def _bar(value: float, width: int = 30) -> str:

@@ -124,3 +124,152 @@ def test_human_output(invoke, tmp_path):
     assert r.exit_code == 0
     for part in ("add-fc-norm, set-norm-output", "fine-tune", "FC output relative error", "fidelity to the source"):
         assert part in r.stdout
+
+
+# ------------------------------------------------------------------ acceptance before / after, prompts, fit
+
+TRAINED = DRAFTERS.parent / "trained"
+TRAINED_TARGET = TRAINED / "target"
+
+
+def _prompt_file(tmp_path, count=6, length=48, seed=41):
+    """Prompts the tool never ranks, fits or calibrates on (held-out code windows at another seed)."""
+    from eaglectl.workload import heldout_prompts, tokenizer_of
+
+    path = tmp_path / "prompts.jsonl"
+    ps = heldout_prompts(tokenizer_of(str(TRAINED_TARGET)), count, length, seed=seed)
+    path.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in ps))
+    return path
+
+
+def test_with_prompts_the_reported_al_is_the_loop_on_those_prompts(invoke, tmp_path):
+    """`--prompts P`: the inits are ranked on P and the AL before / after is the reference loop's on P with each
+    checkpoint read as vLLM reads its files, which is what `smoke --prompts P` (the printed next command)
+    measures on the source and on DEST, count for count."""
+    prompts = _prompt_file(tmp_path)
+    dest = tmp_path / "up"
+    r = invoke("upgrade", TRAINED / "eagle3", dest, "--to", "speculators", "--target", TRAINED_TARGET, "--init",
+               "refit", "--prompts", prompts, "--num-prompts", "6", "--max-tokens", "40", "--no-fidelity", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    acc = doc["acceptance"]
+    assert acc["prompts"]["given"] and acc["prompts"]["count"] == 6 and acc["prompts"]["digest"].startswith("sha256:")
+    assert acc["interval"] is None  # the user's own prompts: the figure itself, not an estimate of it
+    assert doc["acceptance_length_before"] == acc["before"] and doc["acceptance_length_after"] == acc["after"]
+    assert acc["source_boundary_ids"] == acc["dest_boundary_ids"] == [2, 4, 5]
+    assert any("replay to AL" in c for c in doc["checked"])  # the written files, read back
+    assert doc["next_command"] == (f"eaglectl smoke {dest} --target {TRAINED_TARGET} --prompts {prompts} "
+                                   "--num-prompts 6 --max-tokens 40")
+    import shlex
+
+    after = invoke(*shlex.split(doc["next_command"])[1:], "--engine", "reference", "--json")
+    before = invoke("smoke", TRAINED / "eagle3", "--target", TRAINED_TARGET, "--prompts", prompts, "--num-prompts",
+                    "6", "--max-tokens", "40", "--engine", "reference", "--json")
+    assert after.exit_code == 0 and before.exit_code == 0, (after.stderr, before.stderr)
+    a, b = json.loads(after.stdout), json.loads(before.stdout)
+    assert (a["num_drafts"], a["num_accepted_tokens"]) == (acc["counts_after"]["num_drafts"],
+                                                           acc["counts_after"]["num_accepted_tokens"])
+    assert (b["num_drafts"], b["num_accepted_tokens"]) == (acc["counts_before"]["num_drafts"],
+                                                           acc["counts_before"]["num_accepted_tokens"])
+    assert round(a["mean_acceptance_length"], 4) == acc["after"]
+    assert round(b["mean_acceptance_length"], 4) == acc["before"]
+    prov = json.loads((dest / "config.json").read_text())["eaglectl_provenance"]
+    assert prov["needs_fine_tuning"] is True and prov["acceptance"]["after"] == acc["after"]
+    assert prov["acceptance"]["prompts"]["digest"] == acc["prompts"]["digest"]
+
+
+def test_default_upgrade_ends_with_al_interval_warm_start_and_a_next_command_that_runs(invoke, tmp_path):
+    """Without --prompts: the bundled prompts are named, with a bootstrap interval; the output ends with
+    AL before -> after, 'warm start' and the next command; `fit` is a measured candidate; the card that
+    `check --card` writes carries the same figures."""
+    dest = tmp_path / "up"
+    r = invoke("upgrade", TRAINED / "eagle3", dest, "--to", "speculators", "--target", TRAINED_TARGET,
+               "--no-norm-output", "--no-fidelity")
+    assert r.exit_code == 0, r.stderr
+    tail = r.stdout.strip().splitlines()
+    text = " ".join(" ".join(tail[-10:]).split())  # the human view wraps at the terminal width
+    assert "acceptance length" in text and "->" in text and "bundled held-out code" in text
+    assert "95% bootstrap interval" in text and "warm start: fine-tune before publishing" in text
+    assert tail[-2] == "next:" and tail[-1].strip() == f"eaglectl check {dest} --target {TRAINED_TARGET}"
+    prov = json.loads((dest / "config.json").read_text())["eaglectl_provenance"]
+    acc = prov["acceptance"]
+    lo, hi = acc["interval"]["after"]
+    assert lo <= acc["after"] <= hi and acc["interval"]["kept"][0] <= acc["kept"] <= acc["interval"]["kept"][1]
+    assert acc["prompts"]["given"] is False and acc["prompts"]["count"] == 16
+    r2 = invoke("upgrade", TRAINED / "eagle3", tmp_path / "again", "--to", "speculators", "--target", TRAINED_TARGET,
+                "--no-norm-output", "--no-fidelity", "--dry-run", "--json")
+    doc = json.loads(r2.stdout)
+    fit = next(c for c in doc["init_candidates"] if c["init"] == "fit")
+    assert fit["acceptance_kept"] > 0 and doc["fit"]["steps"] > 0 and doc["fit"]["tokens"] > 500
+    assert doc["fit"]["heldout_loss_after"] <= doc["fit"]["heldout_loss_before"]  # early stopping keeps the best
+    best_closed = max(c["acceptance_kept"] for c in doc["init_candidates"] if c["init"] != "fit")
+    assert (doc["init"] == "fit") == (fit["acceptance_kept"] > best_closed)  # fit only when it beats them
+    assert doc["acceptance_length_after"] == acc["after"]  # deterministic: the same run, the same figure
+    card = invoke("check", dest, "--card")
+    assert card.exit_code in (0, 1), card.stderr
+    readme = (dest / "README.md").read_text()
+    assert f"{acc['before']} -> {acc['after']}" in readme and "Warm start: fine-tune before publishing" in readme
+    assert "prompts bundled with eaglectl" in readme and "needs EAGLE-3.1" in readme
+
+
+def test_prompts_need_a_runnable_target(invoke, tmp_path):
+    r = invoke("upgrade", DRAFTERS / "speculators-3", tmp_path / "o", "--prompts", "builtin:short")
+    assert r.exit_code == 2 and "--prompts" in r.stderr and "--target" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_fit_is_deterministic_and_moves_only_fc_norm():
+    """Two fits on the same states give the same bytes; only the fc_norm weights change (fc.weight only with
+    fit_fc); the kept parameters never have a worse held-out loss than the start."""
+    import torch
+
+    from eaglectl import fitting
+    from eaglectl.drafter import open_drafter
+    from eaglectl.target import Target
+    from eaglectl.workload import heldout_prompts
+
+    t = Target.open(str(TRAINED_TARGET))
+    loaded = open_drafter(str(TRAINED / "eagle3")).reference()
+    conts = t.continuations(heldout_prompts(t.model().tokenizer, 4, 32, seed=77), max_tokens=32, k=3,
+                            boundaries=(2, 4, 5))
+    seqs = fitting.from_continuations(conts, (2, 4, 5))
+    assert seqs[0].soft is not None and seqs[0].labels.shape == (3, 32)
+    start = ([np.ones(128, dtype=np.float32)] * 3, None)
+    table = t.model().embedding().float()
+    runs = [fitting.fit_fc_norm(loaded, start, {"fc_norm": True, "norm_output": True}, seqs, embed=table,
+                                start_name="ones", data="test", max_steps=9) for _ in range(2)]
+    (g1, fc1, rep1), (g2, fc2, rep2) = runs
+    assert all(np.array_equal(a, b) for a, b in zip(g1, g2, strict=True)) and fc1 is None and fc2 is None
+    assert rep1.heldout_loss_after <= rep1.heldout_loss_before and rep1.parameters == 3 * 128
+    assert any(not np.array_equal(g, np.ones(128)) for g in g1) or rep1.best_step == 0
+    assert torch.equal(loaded.tensors["fc.weight"], open_drafter(str(TRAINED / "eagle3")).reference().tensors[
+        "fc.weight"])  # the loaded drafter is untouched
+    _, fc3, rep3 = fitting.fit_fc_norm(loaded, start, {"fc_norm": True, "norm_output": True}, seqs, embed=table,
+                                       start_name="ones", data="test", fit_fc=True, max_steps=3)
+    assert fc3 is not None and rep3.parameters == 3 * 128 + 128 * 384 and rep3.fc
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path):
+    """`upgrade --prompts P` then real vLLM on DEST with P: the AL after the upgrade that upgrade printed is
+    vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
+    import os
+
+    from eaglectl.smoke import run as smoke
+
+    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
+    if not python or not os.path.exists(python):
+        if os.environ.get("EAGLECTL_REQUIRE_VLLM"):
+            pytest.fail("EAGLECTL_REQUIRE_VLLM is set but EAGLECTL_VLLM_PYTHON names no interpreter")
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)
+    dest = tmp_path / "up"
+    res = upgrade(str(TRAINED / "eagle3"), str(dest), target=str(TRAINED_TARGET), to="speculators",
+                  prompts=str(prompts), num_prompts=8, max_tokens=48, fidelity=False).to_json()
+    rep = smoke(str(dest), str(TRAINED_TARGET), engine="vllm", k=3, prompts=str(prompts), num_prompts=8,
+                max_tokens=48, concurrency=(1,), vllm_python=python).to_json()
+    after = res["acceptance"]["counts_after"]
+    assert (rep["num_drafts"], rep["num_accepted_tokens"]) == (after["num_drafts"], after["num_accepted_tokens"])
+    assert round(rep["mean_acceptance_length"], 4) == res["acceptance_length_after"]
+    assert not rep["red_flags"]

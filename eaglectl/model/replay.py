@@ -26,6 +26,8 @@ from .hf import HFModel, forward
 from .reference import Drafter
 from .specloop import LoopCounts, RequestCounts
 
+TOP_K = 32  # the target's next-token candidates kept per position (Continuation.top)
+
 
 @dataclass
 class Continuation:
@@ -36,6 +38,9 @@ class Continuation:
     states: dict[int, torch.Tensor]  # boundary -> (T - k, H) fp32: positions every anchor's chain can need
     max_tokens: int
     k: int
+    # the target's TOP_K next-token candidates after each state position: ids (T - k, K) int64 and
+    # probabilities (T - k, K) fp32 (what upgrade's `fit` init matches; None until the states are taken)
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def output(self) -> list[int]:
@@ -50,8 +55,9 @@ class Continuation:
             return self
         assert max_tokens <= self.max_tokens and max_tokens + k <= self.max_tokens + self.k
         P = self.prompt_length
+        top = None if self.top is None else (self.top[0][: P + max_tokens], self.top[1][: P + max_tokens])
         return Continuation(P, self.tokens[: P + max_tokens + k], {b: s[: P + max_tokens] for b, s in self.states.items()},
-                            max_tokens, k)
+                            max_tokens, k, top)
 
 
 def _groups(items: list[Any], key: Any) -> list[list[int]]:
@@ -92,10 +98,13 @@ def with_states(target: HFModel, continuations: list[Continuation], boundaries: 
         for at in range(0, len(group), batch):
             rows = [continuations[i] for i in group[at: at + batch]]
             seqs = torch.stack([c.tokens for c in rows])
-            _, aux = forward(target, seqs[:, : seqs.shape[1] - rows[0].k], wanted)
+            logits, aux = forward(target, seqs[:, : seqs.shape[1] - rows[0].k], wanted)
             width = aux.shape[-1] // len(wanted)
+            top_logits, top_ids = logits.float().topk(min(TOP_K, logits.shape[-1]), dim=-1)
+            top_p = (top_logits - torch.logsumexp(logits.float(), -1, keepdim=True)).exp()
             for r, c in enumerate(rows):
                 c.states = {b: aux[r, :, j * width:(j + 1) * width] for j, b in enumerate(wanted)}
+                c.top = (top_ids[r].cpu(), top_p[r].cpu())
 
 
 def walk(correct: torch.Tensor, k: int, max_tokens: int) -> RequestCounts:
