@@ -164,9 +164,13 @@ class CaptureFailedError(EaglectlError):
 
 
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
-    """One line for an OSError: what was attempted, on which path, and the system's reason."""
+    """One line for an OSError: what was attempted, on which path, and the system's reason. A `doing`
+    that ends in a preposition ("create a staging folder in") is about the path: "PATH: cannot create a
+    staging folder in it (Read-only file system)"."""
     where = path if path is not None else (e.filename or "?")
     reason = e.strerror or str(e) or type(e).__name__
+    if doing.rsplit(" ", 1)[-1] in ("in", "into", "to", "from", "at", "under"):
+        doing += " it"
     return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
 
 
