@@ -191,3 +191,4 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 # Check modules, in report order; importing them registers their rules and checks.
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
 from . import engine  # noqa: E402, F401
+from . import publish  # noqa: E402, F401  (check / upload only: what publishing the folder does)
