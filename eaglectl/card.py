@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .errors import filesystem_error
+from .io.atomic import umask
 from .inspect import InspectReport
 from .target import is_hub_id
 
@@ -109,7 +110,7 @@ def write_card(folder: Path, text: str) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=".README.", dir=folder)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
         os.replace(tmp, path)
     except OSError as e:
         raise filesystem_error(e, "write the model card", path) from None

@@ -31,8 +31,8 @@ from .errors import (
 )
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
-COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "capture", "drift", "formats",
-                 "rules", "completion")
+COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "upload", "capture", "drift",
+                 "formats", "rules", "completion")
 
 
 class EaglectlGroup(click.Group):
@@ -841,8 +841,8 @@ Examples:
 @json_option
 def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
               **options: Any) -> None:
-    """The pre-publish gate for each of SOURCES: inspect, parity self-check, optional smoke, model card,
-    and the files that would be uploaded (no local path).
+    """The pre-publish gate for each drafter in SOURCE... (or each --manifest line): inspect, parity
+    self-check, optional smoke, model card, and the files that would be uploaded (no local path).
 
     A stage you asked for (--smoke, --engine, --min-acceptance, --card) that cannot run is a failure,
     never "skipped". Exit 0 when every stage that ran passed, 1 when one failed on the drafter, 10
@@ -869,6 +869,44 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
                 Path(sarif_path).write_text(_json.dumps(check.sarif(reports), indent=1) + "\n")
             except OSError as e:
                 raise filesystem_error(e, "write the SARIF file", sarif_path) from None
+
+
+# ----------------------------------------------------------------------------------------- upload
+
+@cli.command("upload", short_help="After a PASS: the gate, then the folder to the Hub.", epilog="""\b
+Examples:
+  eaglectl upload ./head-31 my-org/head-31 --target ./target --dry-run   # the gate and the planned commit
+  eaglectl upload ./head-31 my-org/head-31 --target ./target --card --base-model org/target
+  eaglectl upload ./head-31 my-org/head-31 --revision v2 --create-pr     # a pull request against branch v2
+""")
+@click.argument("folder", metavar="DEST")
+@click.argument("repo_id", metavar="ORG/NAME", type=HubId())
+@click.option("--revision", metavar="BRANCH", help="Commit to this branch (created when missing; the PR's base with "
+              "--create-pr); default: the repo's main branch.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
+@click.option("--private", is_flag=True, help="Create the repo private when it does not exist (an existing repo's "
+              "visibility is not changed).")
+@click.option("--commit-message", metavar="TEXT", help="The commit's title (default: made from the gate's report; "
+              "the description always lists the stages).")
+@click.option("--dry-run", is_flag=True, help="Run the gate and list the commit's operations; send nothing.")
+@gate_options
+@json_option
+def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool, private: bool,
+               commit_message: str | None, dry_run: bool, **options: Any) -> None:
+    """Run the pre-publish gate on DEST (as `eaglectl check`, same options), then upload DEST to the
+    Hub repo ORG/NAME in one commit.
+
+    Refuses, uploading nothing, when the gate fails, cannot finish here (exit 10), or finds a local
+    path in any file that would be uploaded. The files are those check lists (all but dot-files);
+    the commit message and description are made from the gate's report. The token is HF_TOKEN (or
+    the one `hf auth login` stored); the network is touched only after the gate passed.
+    """
+    from . import upload
+
+    upload.require_folder(folder)
+    gate = run_gate({**options, "source": folder})
+    report.finish("upload", upload.run(folder, repo_id, gate=gate, revision=revision, create_pr=create_pr,
+                                       private=private, dry_run=dry_run, commit_message=commit_message))
 
 
 # ---------------------------------------------------------------------------------------- capture
@@ -1066,7 +1104,7 @@ def completion_cmd(shell: str) -> None:
 # Parameters that take a local path (or a Hub id, which completion cannot know): the shell
 # completes file names. click.Path without exists= converts any string unchanged.
 PATH_PARAMS = frozenset({"source", "dest", "sources", "candidate", "drafter", "drafters", "target", "against", "out",
-                         "prompts", "vllm_python", "card_path", "smoke_prompts"})
+                         "prompts", "vllm_python", "card_path", "smoke_prompts", "folder"})
 
 
 def _complete_paths(group: click.Group) -> None:

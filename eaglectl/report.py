@@ -652,6 +652,25 @@ def render_check(rep: Any) -> None:
     out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
 
 
+def render_upload(rep: Any) -> None:
+    """The gate's report, then the commit: its operations, where it goes, and what happened."""
+    render_check(rep.gate)
+    rows = rep.operation_rows()
+    where = rep.repo_id + (f" (branch {rep.revision})" if rep.revision else "") + (
+        ", as a pull request" if rep.create_pr else "") + (", private if created" if rep.private else "")
+    stdout.print()
+    say("[bold]upload[/]  ", f"{len(rows)} file(s) to {where}")
+    stdout.print(table(None, ["operation", "path_in_repo", "size", "sha256"],
+                       ((r["operation"], r["path_in_repo"], human_size(r["size"]), r["sha256"][:12]) for r in rows)))
+    say("commit: ", rep.commit_message, indent=2)
+    if rep.refused:
+        say("[bold red]not uploaded:[/] ", rep.refused, indent=2)
+    elif rep.dry_run:
+        stdout.print("[yellow]dry run: nothing was sent[/]")
+    else:
+        say("[bold green]uploaded:[/] ", rep.pr_url or rep.commit_url, indent=2)
+
+
 def render_batch(command: str, result: Any) -> None:
     out = stdout
     from .layout import short_path
@@ -781,5 +800,5 @@ def render_diff(rep: Any) -> None:
 RENDERERS: dict[str, Callable[[Any], None]] = {
     "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
     "smoke": render_smoke, "check": render_check, "capture": render_capture, "drift": render_drift,
-    "diff": render_diff,
+    "diff": render_diff, "upload": render_upload,
 }
