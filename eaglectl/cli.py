@@ -88,8 +88,10 @@ class EaglectlGroup(click.Group):
 
 
 def _own_style(exc: click.ClickException) -> None:
-    """Click's usage errors print as eaglectl's own: `error[usage]: ...` and a hint (Click calls `show`)."""
-    exc.show = lambda file=None: report.usage_error(exc)  # type: ignore[method-assign]
+    """Click's usage errors print as eaglectl's own: `error[usage]: ...` and a hint (Click calls `show`).
+    `eaglectl` alone still prints the help."""
+    if not report.is_help(exc):
+        exc.show = lambda file=None: report.usage_error(exc)  # type: ignore[method-assign]
 
 
 def _usage_json(exc: click.ClickException, argv: list[str]) -> None:

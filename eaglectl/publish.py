@@ -25,10 +25,14 @@ TEXT_BYTES = 8 << 20  # larger non-weight files are not read for paths (a tokeni
 
 
 def is_local_path(value: str) -> bool:
-    """`value` spells a path on some machine (absolute, ~, ./ or ../, a drive, file:), never a Hub id."""
+    """`value` spells a path on some machine (absolute with two components or one that exists, ~, ./ or ../, a
+    drive, file:), never a Hub id, a URL or a lone "/"."""
     v = value.strip()
-    return bool(v) and (v.startswith(("/", "~/", "./", "../", "file:")) or v in ("~", ".", "..")
-                        or bool(_WINDOWS.match(v))) and not v.startswith("//")
+    if not v or v.startswith("//"):
+        return False
+    if v.startswith("/"):
+        return len(v) > 1 and not v[1].isspace() and (v.rstrip("/").count("/") >= 2 or _exists(v))
+    return v.startswith(("~/", "./", "../", "file:")) or v in ("~", ".", "..") or bool(_WINDOWS.match(v))
 
 
 def public_name(value: str) -> str:

@@ -204,8 +204,16 @@ def usage_hint(exc: click.ClickException, command: str | None) -> str:
     return getattr(exc, "eaglectl_hint", None) or f"eaglectl {command + ' ' if command else ''}--help"
 
 
+def is_help(exc: click.ClickException) -> bool:
+    """Click's "no arguments: here is the help" (exit 2), which is shown as the help, not as an error."""
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
+
 def usage_error(exc: click.ClickException) -> None:
     """A usage error Click found, in eaglectl's one error style: `error[usage]: ...` and a hint."""
+    if is_help(exc):
+        type(exc).show(exc)
+        return
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
     stderr.print(f"[bold red]{escape('error[usage]:')}[/] {safe(message)}")
     stderr.print(f"[dim]hint:[/] {safe(usage_hint(exc, SETTINGS.command))}")

@@ -43,6 +43,10 @@ class UploadReport:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def findings(self) -> list[Any]:
+        return self.gate.findings  # -q names the failing rules
+
+    @property
     def uploaded(self) -> bool:
         return self.commit_url is not None
 

@@ -82,7 +82,8 @@ def test_check_flags_a_local_path_in_any_file_that_would_be_uploaded(invoke, tmp
         save_file(load_file(d / "model.safetensors"), d / "model.safetensors",
                   metadata={"format": "pt", "eaglectl": json.dumps({"source": secret})})
     elif where == "card":
-        (d / "README.md").write_text(f"---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nTrained in {secret}.\n")
+        (d / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\n"
+                                     f"Trained in {secret}.\n")
     else:
         (d / "notes.txt").write_text(f"run dir: {secret}\n")
     (d / ".eaglectl-lock").write_text(secret)  # a dot-file is not uploaded, so not flagged
