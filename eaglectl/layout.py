@@ -26,8 +26,10 @@ from rich.markup import escape
 GAP = 2
 MIN_PROSE = 36  # narrower prose columns (a message squeezed beside long locators) read worse than records
 _GLUE = "\ue000"  # stands for a space inside an unbreakable unit while text is wrapped
-# A command in prose runs from its program name to the next "(", ";" or the end (rules/__init__.py): one unit.
-COMMAND = re.compile(r"(?<![\w/.-])(?:eaglectl|vllm serve|hf|huggingface-cli) [^(;]*[^(;\s]")
+# A command in prose — `eaglectl SUBCOMMAND ...` — runs to the next "(", ";", ", " or the end (the convention of
+# rules/__init__.py): one unit. (The serve line and recipes print on lines of their own.)
+_SUBCOMMANDS = "inspect|convert|upgrade|verify|diff|smoke|check|upload|capture|drift|formats|rules|completion"
+COMMAND = re.compile(rf"(?<![\w/.-])eaglectl (?:{_SUBCOMMANDS})\b(?:(?!, )[^(;])*[^(;\s,]")
 _HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+(?:/(.*))?$")
 SHORT_PATH = 40  # longer paths outside the working directory become …/last/two
 
