@@ -74,7 +74,9 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
     ]
     if smoke is not None and smoke.get("mean_acceptance_length") is not None:
         lines += ["## Acceptance", "",
-                  f"Measured with `eaglectl smoke` ({smoke['engine']}, vLLM {smoke['versions'].get('vllm_version', '-')}, "
+                  "Measured with `eaglectl smoke` ("
+                  + (f"vLLM {smoke['versions'].get('vllm_version', '-')}" if smoke["engine"] == "vllm" else
+                     "eaglectl's reference loop, which counts as vLLM does") + ", "
                   f"k={smoke['num_speculative_tokens']}, {smoke['dtype']}, greedy, {smoke['prompts']['description']}, "
                   f"{smoke['max_tokens']} new tokens):", "",
                   "| k | mean acceptance length | per-position acceptance |", "|---|---|---|",

@@ -38,14 +38,19 @@ def test_a_smoke_stage_this_machine_cannot_run_exits_10_not_1(invoke, tmp_path):
 
 
 def test_the_smoke_options_pass_through_and_a_cpu_runner_gates_on_the_reference_loop(invoke, tmp_path):
-    args = ["check", TRAINED / "eagle3.1", "--target", TRAINED / "target", "--engine", "reference", "-k", "2",
-            "--num-prompts", "2", "--prompts", "builtin:short", "--timeout-s", "60", "--no-card", "--json"]
+    import shutil
+
+    d = tmp_path / "eagle3.1"
+    shutil.copytree(TRAINED / "eagle3.1", d)
+    args = ["check", d, "--target", TRAINED / "target", "--engine", "reference", "-k", "2", "--num-prompts", "2",
+            "--prompts", "builtin:short", "--timeout-s", "60", "--card", "--json"]
     r = invoke(*args)
     doc = json.loads(r.stdout)
     smoke = doc["stages"][2]
     assert r.exit_code == 0 and smoke["status"] == "pass" and smoke["requested"], doc["stages"]
     assert smoke["data"]["engine"] == "reference" and smoke["data"]["num_speculative_tokens"] == 2
     assert smoke["data"]["prompts"]["count"] == 2 and "reference loop" in smoke["detail"]
+    assert "eaglectl's reference loop, which counts as vLLM does, k=2" in (d / "README.md").read_text()
     r = invoke("check", TRAINED / "eagle3.1", "--target", TRAINED / "target", "--engine", "reference",
                "--num-prompts", "1", "--min-acceptance", "64", "--no-card", "--json")
     assert r.exit_code == 1 and json.loads(r.stdout)["stages"][2]["status"] == "fail"  # a red flag is the drafter's
