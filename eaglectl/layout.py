@@ -115,10 +115,12 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
                  for i in prose_ix}
         extra = spare - sum(least.values())
         if extra < 0:
-            return out + _records(columns, body, prose_ix, width, style)
+            return out + _records(columns, body, _below(widths, prose_ix, width), width, style)
         want = {i: widths[i] - least[i] for i in prose_ix}
         for i in prose_ix:
             widths[i] = least[i] + extra * want[i] // max(1, sum(want.values()))
+    elif total > width and len(columns) > 1:  # identifiers only: the last ones go below each row, whole
+        return out + _records(columns, body, _below(widths, [], width), width, style, wrap=prose_ix)
     head = _line([c for c in columns], widths, {}, columns, bold=True)
     out.append(head)
     for r in body:
@@ -128,10 +130,23 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
     return out
 
 
+def _below(widths: list[int], prose_ix: list[int], width: int) -> list[int]:
+    """The columns a record prints below its first line: the prose, then trailing identifier columns until
+    the rest fit the width side by side (at least one column stays on top)."""
+    below = list(prose_ix)
+    top = [i for i in range(len(widths)) if i not in below]
+    while len(top) > 1 and sum(widths[i] for i in top) + GAP * (len(top) - 1) > width:
+        below.insert(len(prose_ix), top.pop())
+    return sorted(below)
+
+
 def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int], width: int,
-             style: dict[str, Callable[[str], str | None]]) -> list[str]:
-    """Each row's identifiers on one line, its prose indented below; aligned under a header when the
-    identifiers alone fit the width (a numeric table stays readable), else one record per row."""
+             style: dict[str, Callable[[str], str | None]], wrap: Sequence[int] | None = None) -> list[str]:
+    """Each row's identifiers on one line, the columns in `prose_ix` indented below (wrapped at spaces
+    when they are prose: `wrap`, default all of them; whole when they are identifiers); aligned under a
+    header when the identifiers on top fit the width (a numeric table stays readable), else one record
+    per row, its identifiers stacked."""
+    wrap = prose_ix if wrap is None else wrap
     ids = [i for i in range(len(columns)) if i not in prose_ix]
     widths = {i: max([cell_len(columns[i])] + [cell_len(r[i]) for r in body]) for i in ids}
     aligned = sum(widths.values()) + GAP * (len(ids) - 1) <= width
@@ -146,7 +161,9 @@ def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int],
         else:
             out += _stacked([(r[i], style.get(columns[i])) for i in ids if r[i]], width)
         for i in prose_ix:
-            out += ["    " + escape(line) for line in wrap_words(r[i], width - 4) if r[i]]
+            if r[i]:
+                lines = wrap_words(r[i], width - 4) if i in wrap else [r[i]]
+                out += ["    " + _styled(line, style.get(columns[i])) for line in lines]
     return out
 
 

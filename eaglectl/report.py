@@ -76,7 +76,7 @@ def safe(text: Any) -> str:
 
 
 def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: int | None = None,
-        sep: str = ", ") -> None:
+        sep: str = ", ", style: str | None = None) -> None:
     """One logical line on stdout: `prefix` (markup, eaglectl's own) then `text` (plain, escaped here) or
     `items`, wrapped at the console width at spaces (`items`: only between items), never inside a word, a
     path or a command; continuation lines indented (default: under the text)."""
@@ -92,9 +92,12 @@ def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: 
     shown = [printable(x) for x in items] if items is not None else None
     lines = (wrap_items(shown, width - hang, first=width - lead, sep=sep) if shown is not None else
              wrap_words(printable(text), width - hang, first=width - lead))
-    stdout.print(prefix + escape(lines[0]))
+    def styled(line: str) -> str:
+        return f"[{style}]{escape(line)}[/]" if style and line else escape(line)
+
+    stdout.print(prefix + styled(lines[0]))
     for line in lines[1:]:
-        stdout.print(" " * hang + escape(line))
+        stdout.print(" " * hang + styled(line))
 
 
 ERROR_SCHEMA = "eaglectl.error/1"
@@ -358,7 +361,7 @@ def render_inspect(report: Any) -> None:
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})" + ("  [dim](--from)[/]" if d.forced else ""))
     if SETTINGS.verbose:
         for line in d.evidence:
-            out.print(f"  [dim]- {safe(line)}[/]")
+            say("  [dim]-[/] ", line, style="dim")
     mine = next((x.score for x in d.detections if x.dialect == d.dialect.name), 0) or 0
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
@@ -442,16 +445,16 @@ def render_verify(report: Any) -> None:
                                  f"{side['dtype']} on {side['device']})"], indent=11, sep=" ")
     say("inputs     ", f"{report.inputs}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
     if report.regime == "upgrade":
-        out.print(f"tensors    {len(report.differing_tensors)} added by the upgrade "
-                  f"({safe(', '.join(report.differing_tensors[:5]))}); every carried tensor identical")
+        say("tensors    ", f"{len(report.differing_tensors)} added by the upgrade "
+            f"({', '.join(report.differing_tensors[:5])}); every carried tensor identical")
         out.print("upgrade    not function-preserving by design: the outputs must stay a warm start")
     elif report.differing_tensors:
-        out.print(f"tensors    {len(report.differing_tensors)} differ: {safe(', '.join(report.differing_tensors[:5]))}")
+        say(f"tensors    {len(report.differing_tensors)} differ: ", items=[safe(t) for t in report.differing_tensors[:5]],
+            indent=11)
     else:
         out.print("tensors    identical")
     if report.regime:
-        tol = ", ".join(f"{k} {v:g}" for k, v in report.tolerances.items())
-        out.print(f"tolerance  {report.regime}: {tol}")
+        say(f"tolerance  {report.regime}: ", items=[f"{k} {v:g}" for k, v in report.tolerances.items()], indent=11)
     else:
         out.print("tolerance  none: fidelity is a measurement")
     rows = []
@@ -542,8 +545,8 @@ def render_upgrade(result: Any) -> None:
         say("[yellow]note:[/] ", note, indent=2)
     stats = result.statistics
     if stats:
-        out.print(f"calibration: {stats['tokens']} tokens of {safe(stats['text_source'])} through "
-                  f"{safe(str(stats['target']))}, aux ids {stats['aux_ids_vllm']} (sink excluded)")
+        say("calibration: ", f"{stats['tokens']} tokens of {stats['text_source']} through {stats['target']}, "
+            f"aux ids {stats['aux_ids_vllm']} (sink excluded)", indent=2)
         out.print("  chunk RMS mean " + ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
                   + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]))
         if "fc_output_relative_error" in stats:
@@ -557,7 +560,7 @@ def render_upgrade(result: Any) -> None:
             (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop else f"{c['heldout_fc_output_relative_error']:.4f}")
             for c in result.init_candidates]))
     if result.fidelity is not None:
-        out.print(f"fidelity to the source ({safe(result.fidelity.inputs)}):")
+        say("fidelity to the source ", f"({result.fidelity.inputs}):", indent=2)
         out.print(table(None, ["step", "top-1 agreement", "near ties", "KL mean", "KL max"], [
             (str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties), f"{m.kl_mean:.3g}",
              f"{m.kl_max:.3g}") for m in result.fidelity.metrics]))
@@ -702,8 +705,11 @@ def render_rules(payload: dict[str, Any]) -> None:
     rules = payload["rules"]
     if len(rules) == 1:
         r = rules[0]
-        stdout.print(f"[bold]{r['rule_id']}[/] ({r['severity']})\n{safe(r['title'])}\nfix: {safe(r['hint'] or '-')}"
-                     + ("\nrepaired by eaglectl convert" if r["repaired_by_convert"] else ""))
+        stdout.print(f"[bold]{r['rule_id']}[/] ({r['severity']})")
+        say("", r["title"])
+        say("fix: ", r["hint"] or "-", indent=2)
+        if r["repaired_by_convert"]:
+            stdout.print("repaired by eaglectl convert")
         return
     stdout.print(table(None, ["rule", "severity", "meaning", "fix"],
                        ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
@@ -715,15 +721,15 @@ def render_capture(result: Any) -> None:
         return
     meta = result.meta
     versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items() if v and k != "python")
-    stdout.print(f"[bold]capture[/]: {result.requests} requests, {result.tokens} tokens of "
-                 f"{safe(meta['prompts']['description'])}")
-    stdout.print(f"  boundaries {list(result.layer_ids)} (vLLM's numbering; 0 = embeddings, "
-                 f"{meta['target_config'].get('num_hidden_layers', 'L')} = last layer before the final norm)")
+    say("[bold]capture[/]: ", f"{result.requests} requests, {result.tokens} tokens of "
+        f"{meta['prompts']['description']}", indent=2)
+    say("  ", f"boundaries {list(result.layer_ids)} (vLLM's numbering; 0 = embeddings, "
+        f"{meta['target_config'].get('num_hidden_layers', 'L')} = last layer before the final norm)", indent=4)
     rate = f" ({result.tokens / result.seconds:,.0f} tokens/s)" if result.seconds else ""
-    stdout.print(f"  engine {result.engine}, states stored as {meta['dtype']} ({safe(versions)}): "
-                 f"{result.seconds:.1f} s{rate}")
-    stdout.print(f"  wrote {safe(result.out)} (one safetensors per request + capture.json); use it with "
-                 f"--states {safe(result.out)}")
+    say("  ", f"engine {result.engine}, states stored as {meta['dtype']} ({versions}): {result.seconds:.1f} s{rate}",
+        indent=4)
+    say("  ", f"wrote {result.out} (one safetensors per request + capture.json); use it with --states {result.out}",
+        indent=4)
     if result.log:
         stdout.print(f"  [dim]vLLM log: {safe(result.log)}[/]")
 
@@ -738,11 +744,11 @@ def _short_names(paths: list[str]) -> list[str]:
 def render_drift(rep: Any) -> None:
     out = stdout
     doc = rep.to_json()
-    source = f"target {safe(doc['target'])}" if doc["target"] else f"capture {safe(doc['states'])}"
-    out.print(f"[bold]drift[/] ({doc['protocol']})  {source}  depth {doc['depth']}, sink = first "
-              f"{doc['sink_tokens']} token(s), recent = last {doc['recent_window']} context positions, "
-              f"an anchor every {doc['anchor_every']} answer tokens")
-    out.print(f"[dim]{safe(doc['protocol_note'])}[/]")
+    source = f"target {doc['target']}" if doc["target"] else f"capture {doc['states']}"
+    say(f"[bold]drift[/] ({doc['protocol']})  ", items=[source, f"depth {doc['depth']}",
+        f"sink = first {doc['sink_tokens']} token(s)", f"recent = last {doc['recent_window']} context positions",
+        f"an anchor every {doc['anchor_every']} answer tokens"], indent=2)
+    say("", doc["protocol_note"], style="dim")
     runs = doc["runs"]
     names = dict(zip(dict.fromkeys(r["drafter"] for r in runs), _short_names(list(dict.fromkeys(
         r["drafter"] for r in runs))), strict=True))
@@ -767,10 +773,10 @@ def render_drift(rep: Any) -> None:
                 " ".join(f"{x:.2f}" for x in r["aux_chunk_rms"])) for r in group]
         out.print(table(None, ["drafter", "AL pooled", "AL per request", "per position", "aux RMS"], als))
     if doc["acceptance_note"]:
-        out.print(f"[dim]{safe(doc['acceptance_note'])}[/]")
+        say("", doc["acceptance_note"], style="dim")
     for r in runs:
         for note in r["notes"]:
-            out.print(f"[dim]{safe(names[r['drafter']])}: {safe(note)}[/]")
+            say("", f"{names[r['drafter']]}: {note}", style="dim", indent=2)
         if r["chains_cut"]:
             out.print(f"[yellow]{safe(names[r['drafter']])}: {r['chains_cut']} chains stopped at a token "
                       "without an embedding row[/]")
