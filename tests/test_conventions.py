@@ -62,6 +62,25 @@ def test_the_smoke_options_pass_through_and_a_cpu_runner_gates_on_the_reference_
     assert r.exit_code == 0 and item["result"]["stages"][2]["data"]["num_speculative_tokens"] == 2, item
 
 
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_gate_smokes_under_real_vllm_with_the_options_given(invoke):
+    """The same options under vLLM: its counts equal the reference loop's gate exactly."""
+    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
+    if not python:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    stage = {}
+    for engine in ("vllm", "reference"):
+        r = invoke("check", TRAINED / "eagle3.1", "--target", TRAINED / "target", "--engine", engine, "-k", "2",
+                   "--num-prompts", "4", "--timeout-s", "600", "--no-card", "--json")
+        assert r.exit_code == 0, r.stdout[-2000:]
+        stage[engine] = json.loads(r.stdout)["stages"][2]["data"]
+    assert stage["vllm"]["engine"] == "vllm" and stage["vllm"]["versions"]["vllm_version"]
+    for key in ("num_speculative_tokens", "num_drafts", "num_accepted_tokens", "per_position_acceptance"):
+        assert stage["vllm"][key] == stage["reference"][key], key
+    assert stage["vllm"]["prompts"]["count"] == 4
+
+
 @pytest.mark.parametrize("command", ["inspect", "check", "convert", "upgrade", "verify", "smoke", "diff"])
 def test_a_drafter_given_as_the_target_is_exit_5(invoke, tmp_path, command):
     extra = {"convert": [tmp_path / "o", "--to", "modelopt"], "upgrade": [tmp_path / "o"],
