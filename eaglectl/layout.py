@@ -2,11 +2,11 @@
 
 Identifiers — rule ids, dialect names, tensor names, paths, config labels — are never broken
 across lines: only the columns named as prose wrap, and only at spaces. A command in prose
-(`eaglectl convert X DEST --to speculators`, `vllm serve ...`) is one unbreakable unit, rendered
-as the serve line is: on one line, longer than the width if it must be, so that it pastes as one
+(`eaglectl convert X DEST --to speculators --target T`) is one unbreakable unit, rendered as the
+serve line is: on one line, longer than the width if it must be, so that it pastes as one
 command. A prose column gets at least MIN_PROSE cells; when that cannot fit the width, a table
-turns into records (the identifiers on one line, or stacked one per line when even they do not
-fit, the prose indented below). Nothing here is wrapped again by the console (it prints with
+turns into records (the identifiers on one line, or stacked when even they do not fit, the prose
+and the identifier columns that do not fit indented below, whole). Nothing here is wrapped again by the console (it prints with
 soft wrap): a line that must be longer than the width runs on. Long paths are shown short:
 relative to the working directory when under it, a Hub cache snapshot as its Hub id, anything
 else as `…/last/two`; JSON keeps them whole.
@@ -115,7 +115,7 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
                  for i in prose_ix}
         extra = spare - sum(least.values())
         if extra < 0:
-            return out + _records(columns, body, _below(widths, prose_ix, width), width, style)
+            return out + _records(columns, body, _below(widths, prose_ix, width), width, style, wrap=prose_ix)
         want = {i: widths[i] - least[i] for i in prose_ix}
         for i in prose_ix:
             widths[i] = least[i] + extra * want[i] // max(1, sum(want.values()))
