@@ -92,6 +92,7 @@ def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: 
     shown = [printable(x) for x in items] if items is not None else None
     lines = (wrap_items(shown, width - hang, first=width - lead, sep=sep) if shown is not None else
              wrap_words(printable(text), width - hang, first=width - lead))
+
     def styled(line: str) -> str:
         return f"[{style}]{escape(line)}[/]" if style and line else escape(line)
 
@@ -449,8 +450,7 @@ def render_verify(report: Any) -> None:
             f"({', '.join(report.differing_tensors[:5])}); every carried tensor identical")
         out.print("upgrade    not function-preserving by design: the outputs must stay a warm start")
     elif report.differing_tensors:
-        say(f"tensors    {len(report.differing_tensors)} differ: ", items=[safe(t) for t in report.differing_tensors[:5]],
-            indent=11)
+        say(f"tensors    {len(report.differing_tensors)} differ: ", items=list(report.differing_tensors[:5]), indent=11)
     else:
         out.print("tensors    identical")
     if report.regime:
