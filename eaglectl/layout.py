@@ -7,9 +7,9 @@ serve line is: on one line, longer than the width if it must be, so that it past
 command. A prose column gets at least MIN_PROSE cells; when that cannot fit the width, a table
 turns into records (the identifiers on one line, or stacked when even they do not fit, the prose
 and the identifier columns that do not fit indented below, whole). Nothing here is wrapped again by
-the console (it prints with soft wrap): a line that must be longer than the width runs on. Long paths are shown short:
-relative to the working directory when under it, a Hub cache snapshot as its Hub id, anything
-else as `…/last/two`; JSON keeps them whole.
+the console (it prints with soft wrap): a line that must be longer than the width runs on. Long
+paths are shown short: relative to the working directory when under it, a Hub cache snapshot as
+its Hub id, anything else as `…/last/two`; JSON keeps them whole.
 """
 
 from __future__ import annotations
