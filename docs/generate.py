@@ -1,11 +1,11 @@
 """Generate the reference pages from the code, so they cannot drift.
 
-    python docs/generate.py --update   # rewrite docs/{cli,formats,rules,errors}.md and docs/examples.md
+    python docs/generate.py --update   # rewrite docs/{cli,formats,rules,errors,engines}.md, examples.md, tour.md
     python docs/generate.py --check    # exit 1 if a page generated from code is stale (the suite runs this)
 
-`examples.md` holds real output (acceptance lengths, KL values, versions): numbers of this machine's
-kernels and installs, so it is written by `make docs` and never compared byte for byte; a slow test
-runs every example instead and checks its exit code and the page's headings.
+`examples.md` and `tour.md` hold real output (acceptance lengths, KL values, versions): numbers of this
+machine's kernels and installs, so they are written by `make docs` and never compared byte for byte; a
+slow test runs every example and tour step instead and checks its exit code and the page's headings.
 """
 
 from __future__ import annotations
@@ -214,17 +214,59 @@ EXAMPLES = [
      "--baseline none,fixtures/trained/eagle3", 0),
     ("check: the pre-publish gate", "check fixtures/drafters/speculators-3.1 --target fixtures/target-llama --no-card",
      0),
+    ("check: a CPU runner's gate, the smoke stage on the reference loop",
+     "check fixtures/trained/eagle3.1 --target fixtures/trained/target --engine reference --num-prompts 4 --no-card",
+     0),
+    ("upload --dry-run: the gate, then the commit it would make",
+     "upload fixtures/drafters/speculators-3.1 my-org/drafter --target fixtures/target-llama --no-card --dry-run", 0),
 ]  # (heading, command line run from the repository root with OUT a scratch folder, expected exit code)
 
+# The tour (docs/tour.md): each step's command, run on the bundled fixtures in order (OUT is one scratch folder
+# for the whole tour), and the one-line result it printed (-q). (heading, what it does, command line, exit code)
+TOUR = [
+    ("What is this checkpoint?",
+     "names the dialect with evidence, checks every rule ([rules.md](rules.md)), prints the verdict first and the "
+     "findings after (each fix one command to paste), and ends with a ready `vllm serve ... --speculative-config` "
+     "line; `-v` adds the dialect-free spec with where every value came from. Header-only: no weights are loaded.",
+     "inspect fixtures/trained/eagle3 --target fixtures/trained/target", 0),
+    ("Move it between tools.",
+     "plans every tensor and config key, streams the bytes, re-checks the output and only then renames it into "
+     "place ([convert.md](convert.md)); `--dry-run` shows the plan, `--for vllm` picks the dialect.",
+     "convert fixtures/trained/eagle3 OUT/eagle3-speculators --to speculators --target fixtures/trained/target", 0),
+    ("Is it numerically right?",
+     "runs both through the reference drafter: identical tensors must give identical outputs "
+     "([verify.md](verify.md)); `--dtype bfloat16 --device cuda` checks a precision against fp32.",
+     "verify OUT/eagle3-speculators --against fixtures/trained/eagle3", 0),
+    ("EAGLE-3 to 3.1.",
+     "adds `fc_norm` (initialised from the target's hidden states) and `norm_output`, records that the result is a "
+     "warm start that needs fine-tuning, and measures how far it moved ([upgrade.md](upgrade.md)).",
+     "upgrade fixtures/trained/eagle3 OUT/eagle3.1 --to speculators --init calibrated --target fixtures/trained/target",
+     0),
+    ("Does it accept?",
+     "measures acceptance length next to baselines: under real vLLM by default, here under eaglectl's reference "
+     "loop, which counts exactly as vLLM does ([smoke.md](smoke.md)).",
+     "smoke fixtures/trained/eagle3.1 --target fixtures/trained/target --engine reference --num-prompts 4 "
+     "--baseline none,fixtures/trained/eagle3", 0),
+    ("Gate it.",
+     "the pre-publish gate: inspect, parity, smoke, the model card and the files an upload would send (no local "
+     "path); one table, one exit code, SARIF for code scanning ([check.md](check.md), [ci.md](ci.md)).",
+     "check OUT/eagle3.1 --target fixtures/trained/target --engine reference --num-prompts 4 --card "
+     "--base-model eaglectl-fixtures/target", 0),
+    ("Ship it.",
+     "runs the same gate, then uploads the folder in one commit through huggingface_hub (`HF_TOKEN`); `--dry-run` "
+     "lists the commit's operations and sends nothing.",
+     "upload OUT/eagle3.1 my-org/eagle3.1-warm-start --target fixtures/trained/target --dry-run", 0),
+]
 
-def run_example(line: str, scratch: str) -> tuple[int, str]:
+
+def run_example(line: str, scratch: str, *, quiet: bool = False) -> tuple[int, str]:
     """Run one documented example in-process; (exit code, output with the scratch folder shown as OUT)."""
     import shlex
 
     from click.testing import CliRunner
 
     args = [a.replace("OUT", scratch) for a in shlex.split(line)]
-    r = CliRunner().invoke(cli, args)
+    r = CliRunner().invoke(cli, (["-q"] if quiet else []) + args)
     return r.exit_code, (r.stdout + r.stderr).replace(scratch, "OUT").replace(str(HERE.parent) + "/", "")
 
 
@@ -244,8 +286,31 @@ def examples_page() -> str:
                 code, text = run_example(line, tmp)
                 if code != expected:
                     raise SystemExit(f"example '{line}' exited {code}, documented {expected}:\n{text}")
-                text = re.sub(r"(?m)^(inspect|parity|smoke|card)( .*?)\d+\.\d$", r"\1\2…", text)
+                text = re.sub(r"(?m)^(inspect|parity|smoke|card|publish)( +\w+ +)\d+\.\d", r"\1\2…", text)
                 out.append(f"\n## {title}\n\n```text\n$ eaglectl {line}\n{text.rstrip()}\n(exit {code})\n```\n")
+    finally:
+        os.chdir(cwd)
+    return "".join(out)
+
+
+def tour_page() -> str:
+    """docs/tour.md: every step's command run in order on the fixtures, with the one line it printed."""
+    import tempfile
+
+    out = [BANNER, "# A 60-second tour\n\nEach step below ran on the bundled fixtures when this page was written "
+           "(`make docs`), in this order, with `OUT` one scratch folder; the line under each command is what it "
+           "printed with `-q` (the one-line result; numbers differ by machine). The full output of these and "
+           "more is in [examples.md](examples.md); a test runs every step and checks its exit code.\n"]
+    cwd = Path.cwd()
+    os.chdir(HERE.parent)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for n, (title, what, line, expected) in enumerate(TOUR, 1):
+                code, text = run_example(line, tmp, quiet=True)
+                if code != expected:
+                    raise SystemExit(f"tour step '{line}' exited {code}, documented {expected}:\n{text}")
+                out.append(f"\n{n}. **{title}** `eaglectl {line.split()[0]}` {what}\n\n   ```text\n"
+                           f"   $ eaglectl {line}\n   {text.strip()}\n   ```\n")
     finally:
         os.chdir(cwd)
     return "".join(out)
@@ -253,7 +318,8 @@ def examples_page() -> str:
 
 PAGES = {"cli.md": cli_page, "formats.md": formats_page, "rules.md": rules_page, "errors.md": errors_page,
          "engines.md": engines_page}
-WRITTEN_ONLY = {"examples.md": examples_page}  # real output: regenerated by `make docs`, never compared
+# real output: regenerated by `make docs` (--update), never compared byte for byte; tests run their commands
+WRITTEN_ONLY = {"examples.md": examples_page, "tour.md": tour_page}
 
 
 def main() -> int:

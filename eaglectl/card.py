@@ -15,6 +15,7 @@ from typing import Any
 
 from . import __version__
 from .errors import filesystem_error
+from .io.atomic import umask
 from .inspect import InspectReport
 from .target import is_hub_id
 
@@ -74,7 +75,9 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
     ]
     if smoke is not None and smoke.get("mean_acceptance_length") is not None:
         lines += ["## Acceptance", "",
-                  f"Measured with `eaglectl smoke` ({smoke['engine']}, vLLM {smoke['versions'].get('vllm_version', '-')}, "
+                  "Measured with `eaglectl smoke` ("
+                  + (f"vLLM {smoke['versions'].get('vllm_version', '-')}" if smoke["engine"] == "vllm" else
+                     "eaglectl's reference loop, which counts as vLLM does") + ", "
                   f"k={smoke['num_speculative_tokens']}, {smoke['dtype']}, greedy, {smoke['prompts']['description']}, "
                   f"{smoke['max_tokens']} new tokens):", "",
                   "| k | mean acceptance length | per-position acceptance |", "|---|---|---|",
@@ -143,7 +146,7 @@ def write_card(folder: Path, text: str) -> Path:
         fd, tmp = tempfile.mkstemp(prefix=".README.", dir=folder)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
         os.replace(tmp, path)
     except OSError as e:
         raise filesystem_error(e, "write the model card", path) from None

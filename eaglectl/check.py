@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EaglectlError
+from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
 from .progress import Progress, passthrough
 from .rules import RULES, Finding
 
@@ -29,6 +29,7 @@ class Stage:
     seconds: float = 0.0
     data: dict[str, Any] | None = None
     requested: bool = False  # the user asked for it (a requested stage is never "skipped")
+    environment: bool = False  # failed because this machine cannot run it (no vLLM, no device): exit 10
 
 
 @dataclass
@@ -38,10 +39,16 @@ class CheckReport:
     findings: list[Finding] = field(default_factory=list)
     card_written: str | None = None
     root: str = ""
+    config_written: str | None = None  # --card --base-model named the speculators verifier in config.json
 
     @property
     def exit_code(self) -> int:
-        return EXIT_FINDINGS if any(s.status == "fail" for s in self.stages) else 0
+        """1 when a stage failed on the drafter; else 10 when a requested stage could not run on this machine
+        (the gate is undecided, not failed: rerun where vLLM is); else 0."""
+        failed = [s for s in self.stages if s.status == "fail"]
+        if any(not s.environment for s in failed):
+            return EXIT_FINDINGS
+        return MissingDependencyError.exit_code if failed else 0
 
     def summary_line(self) -> str:
         return ", ".join(f"{s.name} {s.status}" for s in self.stages)
@@ -49,8 +56,10 @@ class CheckReport:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "tool_version": __version__, "command": "check", "source": self.source,
                 "stages": [{"name": s.name, "status": s.status, "detail": s.detail, "seconds": round(s.seconds, 3),
-                            "requested": s.requested, "data": s.data} for s in self.stages],
+                            "requested": s.requested, "environment": s.environment, "data": s.data}
+                           for s in self.stages],
                 "findings": [f.to_json() for f in self.findings], "card_written": self.card_written,
+                "config_written": self.config_written,
                 "passed": self.exit_code == 0, "exit_code": self.exit_code}
 
 
@@ -61,12 +70,22 @@ def _timed(fn: Any) -> Stage:
     return stage
 
 
+# What the smoke stage passes to `smoke.measure` when the user gave nothing (the CLI's defaults).
+SMOKE_DEFAULTS: dict[str, Any] = {"engine": "vllm", "k": 3, "prompts": "builtin:short", "num_prompts": 16,
+                                  "timeout_s": 900.0}
+
+
 def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
         strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
         allow_pickle: bool = False, base_model: str | None = None, measure: bool = True,
-        states: str | None = None, engine_version: str | None = None, progress: Progress = passthrough
-        ) -> CheckReport:
-    """Run the gate on SOURCE. `min_acceptance` implies the smoke stage."""
+        states: str | None = None, engine_version: str | None = None, progress: Progress = passthrough,
+        smoke_options: dict[str, Any] | None = None) -> CheckReport:
+    """Run the gate on SOURCE. `min_acceptance`, or any of `smoke_options` (engine, k, prompts, num_prompts,
+    timeout_s: passed to `smoke.measure`), implies the smoke stage."""
+    given = {k: v for k, v in (smoke_options or {}).items() if v is not None}
+    unknown = set(given) - set(SMOKE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown smoke options {sorted(unknown)}")
     from .drafter import open_drafter
     from .inspect import inspect_opened
     from .target import Target
@@ -86,12 +105,40 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
     out.stages.append(_timed(lambda: _parity(rep)))
-    wants_smoke = run_smoke or min_acceptance is not None
-    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress))
+    wants_smoke = run_smoke or min_acceptance is not None or bool(given)
+    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress,
+                                        {**SMOKE_DEFAULTS, **given}))
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
     out.stages.append(_timed(lambda: _card(out, rep, card, smoke_doc, base_model)))
+    out.stages.append(_timed(lambda: _publish(out, rep)))
     return out
+
+
+def _publish(out: CheckReport, rep: Any) -> Stage:
+    """The files an upload would send (after the card stage wrote README.md): no local path, and a drafter
+    the loaders it meets on the Hub can load (rules/publish.py)."""
+    from .publish import upload_files
+    from .rules.publish import lint_publish
+
+    folder = Path(rep.drafter.root)
+    if rep.drafter.ckpt.hub_ref is not None and not folder.is_dir():
+        return Stage("publish", "skipped", "a Hub repo, read remotely: its files are published already")
+    drafter = rep.drafter
+    if out.config_written:  # the card stage named the verifier: lint the config as it is now
+        from .drafter import open_drafter
+
+        drafter = open_drafter(str(folder), from_dialect=drafter.dialect.name)
+    files = upload_files(folder)
+    found = lint_publish(drafter, folder)
+    out.findings.extend(found)
+    errors = [f for f in found if f.severity == "error"]
+    local = sum(f.rule_id == "local-path" for f in found)
+    return Stage("publish", "fail" if errors else "pass",
+                 f"{len(files)} file(s) an upload would send: " + (f"{local} local path(s)" if local else
+                                                                   "no local path")
+                 + (f", {len(found) - local} warning(s)" if len(found) > local else ""),
+                 data={"files": [rel for rel, _ in files]})
 
 
 def _parity(rep: Any) -> Stage:
@@ -120,9 +167,10 @@ def _parity(rep: Any) -> Stage:
 
 
 def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float | None,
-           vllm_python: str | None, progress: Progress) -> Stage:
+           vllm_python: str | None, progress: Progress, options: dict[str, Any]) -> Stage:
     if not requested:
-        return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM)")
+        return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM, --engine reference "
+                     "under eaglectl's reference loop)")
     why_not = ("needs --target" if target is None else
                "inspect found errors" if not rep.servable else None)
     if why_not:
@@ -131,12 +179,17 @@ def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float 
 
     try:
         sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
-                           concurrency=(1,), measured=rep.measured, progress=progress).to_json()
+                           concurrency=(1,), measured=rep.measured, progress=progress, **options).to_json()
+    except MissingDependencyError as e:  # this machine cannot run it: the gate is undecided here (exit 10)
+        return Stage("smoke", "fail", f"requested but cannot run here: [{e.reference}] {e.message}",
+                     requested=True, environment=True)
     except EaglectlError as e:
         return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
     al = sm["mean_acceptance_length"]
-    detail = (f"vLLM {sm['versions'].get('vllm_version')}: acceptance length {al:.3f} at k={sm['num_speculative_tokens']}"
-              if al is not None else "no drafts")
+    engine = (f"vLLM {sm['versions'].get('vllm_version')}" if sm["engine"] == "vllm" else
+              "the reference loop" if sm["engine"] == "reference" else str(sm["engine"]))
+    detail = (f"{engine}: acceptance length {al:.3f} at k={sm['num_speculative_tokens']} on "
+              f"{sm['prompts']['description']}" if al is not None else f"{engine}: no drafts")
     if min_acceptance is not None:
         detail += f" (--min-acceptance {min_acceptance:g})"
     if sm["red_flags"]:
@@ -161,6 +214,8 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
     out.findings.extend(profile_findings)  # speculation_profile.json: validated; its figures go on the card
     try:
         existing = load_card(folder) if folder.is_dir() else None
+        if card and explicit_base:
+            out.config_written = name_verifier(rep.drafter, explicit_base)
         if card:
             path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile))
             out.card_written = str(path)
@@ -171,7 +226,9 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
         bad = [f for f in profile_findings if f.severity == "error"]
         if bad:
             return Stage("card", "fail", f"[{bad[0].rule_id}] {bad[0].message}")
-        return Stage("card", "skipped", "no README.md (--card writes one)")
+        return Stage("card", "skipped", "no README.md (--card writes one)" + (
+            "; the config's verifier stays null (--card --base-model writes it)"
+            if explicit_base and _unnamed_verifier(rep.drafter) else ""))
     from .inspect import speculative_config
 
     found = lint_card(existing, rep.drafter, base, speculative_config(rep.drafter)["num_speculative_tokens"])
@@ -179,9 +236,50 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
     found = profile_findings + found
     errors = [f for f in found if f.severity == "error"]
     note = "" if base else "; base_model unknown (pass --base-model ORG/NAME)"
+    if out.config_written:
+        note += f"; config.json names the verifier {explicit_base}"
+    elif explicit_base and not card and _unnamed_verifier(rep.drafter):
+        note += "; the config's verifier stays null (--card --base-model writes it)"
     return Stage("card", "fail" if errors else "pass",
                  ("written and " if card else "") + f"linted: {len(errors)} error(s), {len(found) - len(errors)} "
                  "warning(s)" + note, requested=bool(card))
+
+
+def _unnamed_verifier(d: Any) -> bool:
+    """A speculators config whose verifier is null or a local path (vllm serve DRAFTER cannot find the target)."""
+    from .publish import is_local_path
+
+    verifier = None if d.dialect.hf_style else d.config.dict("speculators_config.verifier")
+    if verifier is None:
+        return False
+    name = verifier.get("name_or_path")
+    return name is None or (isinstance(name, str) and is_local_path(name))
+
+
+def name_verifier(d: Any, base: str) -> str | None:
+    """Write `base` (a Hub id) as the speculators verifier into the drafter's config.json when it is null or a
+    local path; the file is replaced atomically, its other keys untouched. The path written, or None."""
+    import json
+    import os
+    import tempfile
+
+    from .errors import filesystem_error
+
+    if not _unnamed_verifier(d) or d.ckpt.config_name is None:
+        return None
+    path = Path(d.ckpt.config_name)
+    config = json.loads(path.read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = base
+    try:
+        mode = path.stat().st_mode & 0o777
+        fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(config, indent=2) + "\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise filesystem_error(e, "write the verifier into", path) from None
+    return str(path)
 
 
 # ------------------------------------------------------------------------------------------ SARIF

@@ -32,8 +32,8 @@ from .errors import (
 )
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
-COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "capture", "drift", "formats",
-                 "rules", "completion")
+COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "upload", "capture", "drift",
+                 "formats", "rules", "completion")
 
 
 class EaglectlGroup(click.Group):
@@ -45,10 +45,12 @@ class EaglectlGroup(click.Group):
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         argv = list(args)
+        report.SETTINGS.command = next((a for a in argv if a in self.commands), None)
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)
         except click.ClickException as e:
             _usage_json(e, argv)
+            _own_style(e)
             raise
         ctx.meta["eaglectl.argv"] = argv
         return ctx
@@ -60,14 +62,19 @@ class EaglectlGroup(click.Group):
             return super().invoke(ctx)
         except click.ClickException as e:
             _usage_json(e, argv)
+            _own_style(e)
             raise
         except EaglectlError as e:
             report.error(e)
             ctx.exit(e.exit_code)
         except KeyboardInterrupt:
-            report.interrupted("interrupted (Ctrl-C); no output was left behind")
+            report.interrupted("interrupted (Ctrl-C); no output was left behind", EXIT_INTERRUPTED)
             ctx.exit(EXIT_INTERRUPTED)
-        except (click.exceptions.Exit, click.Abort, SystemExit):
+        except SystemExit as e:
+            if e.code == EXIT_TERMINATED:  # SIGTERM inside a write (io/atomic.py) or from main's handler
+                report.interrupted("terminated (SIGTERM); no output was left behind", EXIT_TERMINATED)
+            raise
+        except (click.exceptions.Exit, click.Abort):
             raise
         except OSError as e:
             if e.filename is None or report.SETTINGS.debug:
@@ -81,6 +88,13 @@ class EaglectlGroup(click.Group):
             ctx.exit(EXIT_INTERNAL)
 
 
+def _own_style(exc: click.ClickException) -> None:
+    """Click's usage errors print as eaglectl's own: `error[usage]: ...` and a hint (Click calls `show`).
+    `eaglectl` alone still prints the help."""
+    if not report.is_help(exc):
+        exc.show = lambda file=None: report.usage_error(exc)  # type: ignore[method-assign]
+
+
 def _usage_json(exc: click.ClickException, argv: list[str]) -> None:
     """With --json anywhere on the line, a usage error is also the JSON error document on stdout."""
     if "--json" in argv and not getattr(exc, "eaglectl_reported", False):
@@ -89,6 +103,9 @@ def _usage_json(exc: click.ClickException, argv: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------ parameter types
+
+ENGINE_NAMES = ("vllm", "sglang", "trt-llm", "trtllm", "tensorrt-llm")  # engines, often typed where a dialect goes
+
 
 class DialectChoice(click.Choice):
     """The registry's dialects (or the writable ones), read when used: a dialect registered at run
@@ -105,6 +122,20 @@ class DialectChoice(click.Choice):
     @choices.setter
     def choices(self, value: Any) -> None:
         pass
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and value not in self.choices and value.lower() in ENGINE_NAMES:
+            name = param.opts[0] if param is not None and param.opts else "--to"
+            command = ctx.info_name if ctx is not None else None
+            e = click.BadParameter(f"{value!r} is an engine, not a dialect (dialects: {', '.join(self.choices)})",
+                                   ctx, param)
+            e.eaglectl_hint = (  # type: ignore[attr-defined]
+                "eaglectl convert SOURCE DEST --for vllm (the dialect vLLM serves best)"
+                if command == "convert" and name == "--to" and value.lower() == "vllm" else
+                f"{name} names the layout of the files; vLLM serves speculators, modelopt and eagle, "
+                "sglang serves specforge")
+            raise e
+        return super().convert(value, param, ctx)
 
 
 class Number(click.ParamType):
@@ -232,7 +263,19 @@ class OutputFile(click.ParamType):
         return str(value)
 
 
-SEED = click.IntRange(0, 2**63 - 1)
+class Seed(click.IntRange):
+    """A seed: any integer from 0 to 2**63-1 (shown as such in --help, not as its 19 digits)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 2**63 - 1)
+
+    def _describe_range(self) -> str:
+        return "0 to 2**63-1"
+
+
+SEED = Seed()
+DTYPES = ("float32", "bfloat16", "float16")
+TP_SIZES = click.IntRange(1, 1024)  # one range for every command that takes --tensor-parallel-size
 
 
 # ---------------------------------------------------------------------------------- shared options
@@ -246,8 +289,41 @@ def json_option(fn: Any) -> Any:
         report.SETTINGS.json = value
         return value
 
-    return click.option("--json", is_flag=True, is_eager=True, callback=set_mode, expose_value=False,
-                        help="Print one JSON document on stdout (schema id in 'schema'); no progress, no colour.")(fn)
+    fn = click.option("--json", is_flag=True, is_eager=True, callback=set_mode, expose_value=False,
+                      help="Print one JSON document on stdout (schema id in 'schema'); no progress, no colour.")(fn)
+    return verbosity_options(fn)
+
+
+def _set_verbosity(level: int) -> None:
+    if report.SETTINGS.verbosity == -level:
+        raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
+    report.SETTINGS.verbosity = level
+
+
+def verbosity_options(fn: Any) -> Any:
+    """-q / -v after the subcommand too (`eaglectl inspect X -q`), as before it."""
+    def quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            _set_verbosity(-1)
+
+    def verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            _set_verbosity(1)
+
+    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=verbose,
+                      help="As `eaglectl -v`: print more (evidence, the spec table, info findings, timings).")(fn)
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=quiet,
+                        help="As `eaglectl -q`: only errors and the one-line result.")(fn)
+
+
+def dtype_option(default: str | None, help: str, shown: str | None = None) -> Callable[[Any], Any]:
+    """--dtype: one definition (choices, how the default is shown) for every command."""
+    return click.option("--dtype", type=click.Choice(DTYPES), default=default,
+                        show_default=shown if shown is not None else default is not None, help=help)
+
+
+def tensor_parallel_option(help: str) -> Callable[[Any], Any]:
+    return click.option("--tensor-parallel-size", type=TP_SIZES, default=1, show_default=True, help=help)
 
 
 def target_option(help: str, required: bool = False) -> Callable[[Any], Any]:
@@ -502,14 +578,14 @@ Examples:
   eaglectl convert ./head ./head-fp16 --to specforge --dtype float16 --max-shard-size 2GB
   eaglectl convert ./head ./served --for vllm --target ./target  # picks the dialect, prints vllm serve
 """)
-@click.argument("source", required=False)
-@click.argument("dest", required=False)
-@click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect.")
+@click.argument("source", required=False, metavar="SOURCE")
+@click.argument("dest", required=False, metavar="DEST")
+@click.option("--to", "to", type=DialectChoice(writable=True), help="Destination dialect. [required unless --for]")
 @click.option("--for", "for_engine", type=click.Choice(["vllm"]),
               help="Instead of --to: the dialect this engine serves the drafter from best (by the release its "
                    "features need, docs/engines.md); prints the serve line for DEST.")
 @from_option
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Cast float tensors (default: keep).")
+@dtype_option(None, "Cast float tensors to this precision.", shown="keep")
 @target_option("Target model: verifier name, default aux ids, missing tables (folder or Hub id).")
 @click.option("--aux-layer-ids", type=IntList(0, 1 << 16, "2,16,29"), metavar="IDS",
               help="Aux ids in vLLM's (boundary) convention, e.g. 2,16,29.")
@@ -557,8 +633,8 @@ Examples:
   eaglectl upgrade ./head ./head-31 --init calibrated --states ./states  # from eaglectl capture
   eaglectl upgrade ./head ./head-31 --target ./target --prompts my.jsonl  # AL as vLLM prints it on yours
 """)
-@click.argument("source", required=False)
-@click.argument("dest", required=False)
+@click.argument("source", required=False, metavar="SOURCE")
+@click.argument("dest", required=False, metavar="DEST")
 @click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
 @click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
 @click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit", "fit"]), default="auto",
@@ -620,8 +696,8 @@ Examples:
 @states_option
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              help="Precision CANDIDATE runs at (default: float32 with --against, else bfloat16 against fp32).")
+@dtype_option(None, "Precision CANDIDATE runs at (a precision check compares it with fp32).",
+              shown="float32 with --against, else bfloat16")
 @click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
 @click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the synthetic inputs.")
@@ -711,10 +787,8 @@ Examples:
               help="Concurrency levels for throughput and speedup (vLLM engine).")
 @click.option("--baseline", "baselines", type=Baselines(), default="none", show_default=True,
               help="Comma list: none, ngram, draft_model:PATH, eagle3:PATH (or a drafter path).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
-              help="Precision of target and drafter.")
-@click.option("--tensor-parallel-size", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="vLLM tensor parallelism.")
+@dtype_option("float32", "Precision the target (and the drafter) runs at.")
+@tensor_parallel_option("vLLM tensor parallelism of the target.")
 @click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
 @click.option("--server", metavar="URL", help="Measure an already running vLLM server serving TARGET with DRAFTER: "
               "prompts via its completions API, acceptance from its /metrics counters (deltas around the run).")
@@ -754,35 +828,73 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
 
 # ------------------------------------------------------------------------------------------ check
 
+def gate_options(fn: Any) -> Any:
+    """The options of the pre-publish gate (`check`, and `upload`, which runs it first): one definition."""
+    for decorate in reversed([
+        target_option("Target model (inspect against it; parity inputs; smoke)."),
+        click.option("--smoke", "run_smoke", is_flag=True,
+                     help="Also run the drafter under vLLM (needs --target; --engine reference: eaglectl's loop)."),
+        click.option("--engine", "smoke_engine", type=click.Choice(["vllm", "reference"]), show_default="vllm",
+                     help="The smoke stage's engine: real vLLM, or eaglectl's reference loop (same counts, runs on "
+                          "any CPU runner); implies the smoke stage."),
+        click.option("-k", "--num-speculative-tokens", "smoke_k", type=click.IntRange(1, 16), show_default="3",
+                     help="k of the smoke stage (implies it)."),
+        click.option("--prompts", "smoke_prompts", show_default="builtin:short",
+                     help="The smoke stage's prompts, as `smoke --prompts` (implies it)."),
+        click.option("--num-prompts", "smoke_num_prompts", type=click.IntRange(1, 10000), show_default="16",
+                     help="How many prompts the smoke stage runs (implies it)."),
+        click.option("--timeout-s", "smoke_timeout_s", type=Number(0.0, 86400.0, lo_open=True), show_default="900",
+                     help="Give up on vLLM after this many seconds (implies the smoke stage)."),
+        click.option("--min-acceptance", type=Number(1.0, 65.0), help="Run the smoke stage and fail below this mean "
+                     "acceptance length."),
+        click.option("--card/--no-card", default=None,
+                     help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if "
+                          "present."),
+        base_model_option,
+        click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too."),
+        engine_version_option,
+        measure_option,
+        states_option,
+        click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON)."),
+        allow_pickle_option,
+    ]):
+        fn = decorate(fn)
+    return fn
+
+
+def run_gate(o: dict[str, Any]) -> Any:
+    """`check.run` with the gate options as the CLI parsed them (a manifest line's, or the command line's)."""
+    from . import check
+
+    smoke = {"engine": o["smoke_engine"], "k": o["smoke_k"], "prompts": o["smoke_prompts"],
+             "num_prompts": o["smoke_num_prompts"], "timeout_s": o["smoke_timeout_s"]}
+    return check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
+                     strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
+                     allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
+                     states=o["states"], engine_version=o["engine_version"], progress=report.progress,
+                     smoke_options=smoke)
+
+
 @cli.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b
 Examples:
   eaglectl check ./drafter --target ./target                 # inspect + parity + card lint
   eaglectl check ./drafter --target ./target --smoke --card  # + vLLM smoke, write README.md
+  eaglectl check ./drafter --target ./target --engine reference --num-prompts 8   # a CPU runner's smoke
   eaglectl check --manifest drafters.jsonl --sarif eaglectl.sarif --json
 """)
-@click.argument("sources", nargs=-1)
-@target_option("Target model (inspect against it; parity inputs; smoke).")
-@click.option("--smoke", "run_smoke", is_flag=True, help="Also run the drafter under vLLM (needs --target).")
-@click.option("--min-acceptance", type=Number(1.0, 65.0), help="Run the smoke stage and fail below this mean "
-              "acceptance length.")
-@click.option("--card/--no-card", default=None,
-              help="Write/update README.md (--card) or skip the card (--no-card); default: lint it if present.")
-@base_model_option
-@click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too.")
-@engine_version_option
-@measure_option
-@states_option
+@click.argument("sources", nargs=-1, metavar="SOURCE...")
+@gate_options
 @click.option("--sarif", "sarif_path", type=OutputFile(), help="Also write the findings as SARIF 2.1.0.")
-@click.option("--vllm-python", metavar="PATH", help="Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON).")
-@allow_pickle_option
 @manifest_options(dest=False)
 @json_option
 def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | None, fail_fast: bool,
               **options: Any) -> None:
-    """The pre-publish gate for each of SOURCES: inspect, parity self-check, optional smoke, model card.
+    """The pre-publish gate for each drafter in SOURCE... (or each --manifest line): inspect, parity
+    self-check, optional smoke, model card, and the files that would be uploaded (no local path).
 
-    A stage you asked for (--smoke, --min-acceptance, --card) that cannot run is a failure, never
-    "skipped". Exit 0 when every stage that ran passed, 1 otherwise (a batch: the worst item's code).
+    A stage you asked for (--smoke, --engine, --min-acceptance, --card) that cannot run is a failure,
+    never "skipped". Exit 0 when every stage that ran passed, 1 when one failed on the drafter, 10
+    when a requested stage cannot run on this machine (no vLLM); a batch: the worst item's code.
     """
     import json as _json
 
@@ -791,10 +903,7 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
     reports: list[Any] = []
 
     def one(o: dict[str, Any]) -> Any:
-        rep = check.run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"],
-                        strict=o["strict"], min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"],
-                        allow_pickle=o["allow_pickle"], base_model=o["base_model"], measure=o["measure"],
-                        states=o["states"], engine_version=o["engine_version"], progress=report.progress)
+        rep = run_gate(o)
         reports.append(rep)
         return rep
 
@@ -808,6 +917,44 @@ def check_cmd(sources: tuple[str, ...], sarif_path: str | None, manifest: str | 
                 Path(sarif_path).write_text(_json.dumps(check.sarif(reports), indent=1) + "\n")
             except OSError as e:
                 raise filesystem_error(e, "write the SARIF file", sarif_path) from None
+
+
+# ----------------------------------------------------------------------------------------- upload
+
+@cli.command("upload", short_help="After a PASS: the gate, then the folder to the Hub.", epilog="""\b
+Examples:
+  eaglectl upload ./head-31 my-org/head-31 --target ./target --dry-run   # the gate and the planned commit
+  eaglectl upload ./head-31 my-org/head-31 --target ./target --card --base-model org/target
+  eaglectl upload ./head-31 my-org/head-31 --revision v2 --create-pr     # a pull request against branch v2
+""")
+@click.argument("folder", metavar="DEST")
+@click.argument("repo_id", metavar="ORG/NAME", type=HubId())
+@click.option("--revision", metavar="BRANCH", help="Commit to this branch (created when missing; the PR's base with "
+              "--create-pr); default: the repo's main branch.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing to the branch.")
+@click.option("--private", is_flag=True, help="Create the repo private when it does not exist (an existing repo's "
+              "visibility is not changed).")
+@click.option("--commit-message", metavar="TEXT", help="The commit's title (default: made from the gate's report; "
+              "the description always lists the stages).")
+@click.option("--dry-run", is_flag=True, help="Run the gate and list the commit's operations; send nothing.")
+@gate_options
+@json_option
+def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool, private: bool,
+               commit_message: str | None, dry_run: bool, **options: Any) -> None:
+    """Run the pre-publish gate on DEST (as `eaglectl check`, same options), then upload DEST to the
+    Hub repo ORG/NAME in one commit.
+
+    Refuses, uploading nothing, when the gate fails, cannot finish here (exit 10), or finds a local
+    path in any file that would be uploaded. The files are those check lists (all but dot-files);
+    the commit message and description are made from the gate's report. The token is HF_TOKEN (or
+    the one `hf auth login` stored); the network is touched only after the gate passed.
+    """
+    from . import upload
+
+    upload.require_folder(folder)
+    gate = run_gate({**options, "source": folder})
+    report.finish("upload", upload.run(folder, repo_id, gate=gate, revision=revision, create_pr=create_pr,
+                                       private=private, dry_run=dry_run, commit_message=commit_message))
 
 
 # ---------------------------------------------------------------------------------------- capture
@@ -858,10 +1005,8 @@ Examples:
               help="Requests to capture.")
 @click.option("--length", type=click.IntRange(8, 1 << 20), default=256, show_default=True,
               help="Tokens per request of the built-in prompt sets.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
-              help="Precision the target runs and the states are stored at.")
-@click.option("--tensor-parallel-size", type=click.IntRange(1, 1024), default=1, show_default=True,
-              help="vLLM tensor parallelism (--engine vllm, --print-recipe).")
+@dtype_option("float32", "Precision the target runs at (the states are stored at it).")
+@tensor_parallel_option("vLLM tensor parallelism of the target (--engine vllm, --print-recipe).")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM context window (default: fits the "
               "longest prompt).")
 @click.option("--vllm-arg", "vllm_args", type=EngineArg(), multiple=True, metavar="KEY=VALUE",
@@ -1007,7 +1152,7 @@ def completion_cmd(shell: str) -> None:
 # Parameters that take a local path (or a Hub id, which completion cannot know): the shell
 # completes file names. click.Path without exists= converts any string unchanged.
 PATH_PARAMS = frozenset({"source", "dest", "sources", "candidate", "drafter", "drafters", "target", "against", "out",
-                         "prompts", "vllm_python", "card_path"})
+                         "prompts", "vllm_python", "card_path", "smoke_prompts", "folder"})
 
 
 def _complete_paths(group: click.Group) -> None:
@@ -1021,7 +1166,7 @@ _complete_paths(cli)
 
 
 def _terminated(signum: int, frame: object) -> None:
-    report.interrupted("terminated (SIGTERM); no output was left behind")
+    report.interrupted("terminated (SIGTERM); no output was left behind", EXIT_TERMINATED)
     raise SystemExit(EXIT_TERMINATED)
 
 
@@ -1035,6 +1180,6 @@ def main() -> None:
         report.usage_error(e)
         sys.exit(e.exit_code)
     except (click.Abort, KeyboardInterrupt):
-        report.interrupted("interrupted (Ctrl-C); no output was left behind")
+        report.interrupted("interrupted (Ctrl-C); no output was left behind", EXIT_INTERRUPTED)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)

@@ -382,7 +382,8 @@ def plan_conversion(
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
+    notes: list[str] = []
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
@@ -392,7 +393,7 @@ def plan_conversion(
     return ConversionPlan(
         source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
-        shards=_shard(actions, shard_limit), metadata=metadata,
+        shards=_shard(actions, shard_limit), metadata=metadata, notes=notes,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {},
     )
 
@@ -468,9 +469,10 @@ def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
 
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
                  float_dtype: str, target: TargetCheckpoint | None, fail: Any,
-                 base_model: str | None = None) -> dict[str, Any]:
+                 base_model: str | None = None, notes: list[str] | None = None) -> dict[str, Any]:
     w = dialect.writer
     assert w is not None
+    notes = notes if notes is not None else []
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
     if not is_hub_id(layer.get("_name_or_path")):
         layer.pop("_name_or_path", None)  # a training machine's path is no identity
@@ -488,6 +490,11 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         verifier = _verifier(src, target, base_model)
         if verifier is None:
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
+        assert verifier is not None
+        if verifier["name_or_path"] is None:
+            notes.append("the speculators verifier is null (no Hub id of the target is known): vllm serve needs "
+                         "--speculative-config and the target, and the speculators library cannot load it without "
+                         "embed_tokens; pass --base-model ORG/NAME to name it")
         methods = src.config.raw("speculators_config.proposal_methods")
         tokens = 3
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
@@ -545,7 +552,9 @@ def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_mode
     published). None: nothing at all is known of the target."""
     existing = src.config.dict("speculators_config.verifier") or {}
     named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
-    if target is None and base_model is None and named is None:
+    own_null = "name_or_path" in existing and existing["name_or_path"] is None \
+        and src.config.dict("eaglectl_provenance") is not None  # eaglectl wrote it null (a local target)
+    if target is None and base_model is None and named is None and not own_null:
         return None
     name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
     archs = list(target.architectures) if target is not None else existing.get("architectures") or []
@@ -558,29 +567,76 @@ DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
 
 
 def provenance(src: DrafterCheckpoint, operation: str, to: str, **extra: Any) -> dict[str, Any]:
+    """Where the output came from, as it may be published: a Hub source by its id, a local one by its
+    basename (the digest identifies its bytes); never a path of this machine (eaglectl/publish.py)."""
+    from .publish import public_name, public_value
+
     ref = src.ckpt.hub_ref
     out = {
         "tool": f"eaglectl {__version__}",
         "operation": operation,
-        "source": ref.display if ref else src.ckpt.source,
+        "source": ref.display if ref else public_name(src.ckpt.source),
         "source_dialect": src.dialect.name,
         "source_digest": DIGEST_PLACEHOLDER,
         "dialect": to,
     }
-    out.update(extra)
+    out.update(public_value(extra))
+    return out
+
+
+def _public_provenance(plan: ConversionPlan) -> None:
+    """What a caller added to the plan's provenance (upgrade's calibration record names its target and
+    capture) is made public before it is written: Hub ids and basenames only."""
+    from .publish import public_value
+
+    prov = plan.config.get("eaglectl_provenance")
+    if isinstance(prov, dict):
+        plan.config["eaglectl_provenance"] = prov = public_value(prov)
+        if "eaglectl" in plan.metadata:
+            plan.metadata["eaglectl"] = json.dumps(prov, sort_keys=True)
+
+
+def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config as {dotted key path: value}: objects are opened (an empty one is a value), lists are values."""
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, path + "."))
+        else:
+            out[path] = v
     return out
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    keys = sorted(set(old) | set(new))
+    """Key-level config changes: each changed leaf by its dotted path (`speculators_config.verifier.
+    name_or_path`), never a whole nested object; a key that only changed place (into or out of
+    `transformer_layer_config`, `eagle_config`) is one "moved" change naming both paths."""
+    a, b = _flat(old), _flat(new)
+    removed = [k for k in a if k not in b]
+    added = [k for k in b if k not in a]
+    moved: dict[str, str] = {}  # new path -> old path
+    for k in added:
+        leaf = k.rsplit(".", 1)[-1]
+        # the same key under another parent: the value may also have changed
+        frm = next((r for r in removed if r not in moved.values() and r.rsplit(".", 1)[-1] == leaf
+                    and (r.endswith("." + k) or k.endswith("." + r) or r.count(".") != k.count("."))), None)
+        if frm is not None:
+            moved[k] = frm
     out = []
-    for k in keys:
-        a, b = old.get(k, MISSING), new.get(k, MISSING)
-        if a == b:
+    for k in sorted(set(a) | set(b)):
+        if k in moved.values():
             continue
-        kind = "added" if a is MISSING else "removed" if b is MISSING else "changed"
-        out.append({"key": k, "change": kind, **({"old": a} if a is not MISSING else {}),
-                    **({"new": b} if b is not MISSING else {})})
+        x, y = a.get(k, MISSING), b.get(k, MISSING)
+        if k in moved:
+            x = a[moved[k]]
+            out.append({"key": k, "change": "moved", "from": moved[k], **({"old": x} if x != y else {}), "new": y})
+            continue
+        if x == y:
+            continue
+        kind = "added" if x is MISSING else "removed" if y is MISSING else "changed"
+        out.append({"key": k, "change": kind, **({"old": x} if x is not MISSING else {}),
+                    **({"new": y} if y is not MISSING else {})})
     return out
 
 
@@ -747,6 +803,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
     before the rename and returns more lines for `checked`; `inputs` are further paths DEST may not overlap.
     """
     supplied = supplied or {}
+    _public_provenance(plan)
     by_name = {a.dest: a for a in plan.tensors}
     wrap = progress
     names = plan.file_names()

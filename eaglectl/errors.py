@@ -9,7 +9,7 @@
     ├── ConversionError            7   a conversion cannot be done faithfully
     ├── ParityMismatchError        8   outputs exceed tolerance
     ├── SmokeFailedError           9   vLLM failed or acceptance red flags
-    ├── MissingDependencyError    10   vLLM interpreter, CUDA or an extra is unavailable
+    ├── MissingDependencyError    10   vLLM interpreter, CUDA, an extra, a Hub token or connection is unavailable
     ├── PickleNotAllowedError     11   a pickle (.bin) input without --allow-pickle
     ├── OutputExistsError         12   destination exists (and --force was not given or may not replace it)
     ├── IncompatibleDrafterError  13   the reference drafter cannot run this checkpoint
@@ -115,7 +115,8 @@ class SmokeFailedError(EaglectlError):
 class MissingDependencyError(EaglectlError):
     exit_code = 10
     reference = "missing-dependency"
-    summary = "A vLLM interpreter, CUDA device or optional package is unavailable."
+    summary = ("This machine lacks what a requested step needs: a vLLM interpreter, a CUDA device, an optional "
+               "package, a Hub token or connection (`check` with a smoke stage that cannot run here; `upload`).")
 
 
 class PickleNotAllowedError(EaglectlError):
@@ -196,9 +197,13 @@ class ServerReplyError(EaglectlError):
 
 
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
-    """One line for an OSError: what was attempted, on which path, and the system's reason."""
+    """One line for an OSError: what was attempted, on which path, and the system's reason. A `doing`
+    that ends in a preposition ("create a staging folder in") is about the path: "PATH: cannot create a
+    staging folder in it (Read-only file system)"."""
     where = path if path is not None else (e.filename or "?")
     reason = e.strerror or str(e) or type(e).__name__
+    if doing.rsplit(" ", 1)[-1] in ("in", "into", "to", "from", "at", "under"):
+        doing += " it"
     return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
 
 

@@ -1,10 +1,15 @@
 """Plain-text layout that survives a pipe and an 80-column terminal (CI logs).
 
 Identifiers — rule ids, dialect names, tensor names, paths, config labels — are never broken
-across lines: only the columns named as prose wrap, and only at spaces. When even that cannot
-fit the width, a table turns into records (the identifiers on one line, the prose indented
-below). Long paths are shown short: relative to the working directory when under it, a Hub
-cache snapshot as its Hub id, anything else as `…/last/two`; JSON keeps them whole.
+across lines: only the columns named as prose wrap, and only at spaces. A command in prose
+(`eaglectl convert X DEST --to speculators --target T`) is one unbreakable unit, rendered as the
+serve line is: on one line, longer than the width if it must be, so that it pastes as one
+command. A prose column gets at least MIN_PROSE cells; when that cannot fit the width, a table
+turns into records (the identifiers on one line, or stacked when even they do not fit, the prose
+and the identifier columns that do not fit indented below, whole). Nothing here is wrapped again by
+the console (it prints with soft wrap): a line that must be longer than the width runs on. Long
+paths are shown short: relative to the working directory when under it, a Hub cache snapshot as
+its Hub id, anything else as `…/last/two`; JSON keeps them whole.
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ from rich.cells import cell_len
 from rich.markup import escape
 
 GAP = 2
-MIN_PROSE = 16  # narrower prose columns read worse than records
+MIN_PROSE = 36  # narrower prose columns (a message squeezed beside long locators) read worse than records
+_GLUE = "\ue000"  # stands for a space inside an unbreakable unit while text is wrapped
+# A command in prose — `eaglectl SUBCOMMAND ...` — runs to the next "(", ";", ", " or the end (the convention of
+# rules/__init__.py): one unit. (The serve line and recipes print on lines of their own.)
+_SUBCOMMANDS = "inspect|convert|upgrade|verify|diff|smoke|check|upload|capture|drift|formats|rules|completion"
+COMMAND = re.compile(rf"(?<![\w/.-])eaglectl (?:{_SUBCOMMANDS})\b(?:(?!, )[^(;])*[^(;\s,]")
 _HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+(?:/(.*))?$")
 SHORT_PATH = 40  # longer paths outside the working directory become …/last/two
 
@@ -45,12 +55,44 @@ def short_path(path: Any) -> str:
     return "…/" + "/".join(parts[-2:])
 
 
-def wrap_words(text: str, width: int) -> list[str]:
-    """`text` in lines of at most `width` cells, split only at spaces (a longer word stays whole)."""
+def glue(text: str) -> str:
+    """`text` with every command in it made one unbreakable unit (for `wrap_words`)."""
+    return COMMAND.sub(lambda m: m.group().replace(" ", _GLUE), str(text))
+
+
+def units(text: str) -> list[str]:
+    """The pieces `wrap_words` never breaks: words, and whole commands."""
+    return [u.replace(_GLUE, " ") for u in glue(text).split()]
+
+
+def wrap_words(text: str, width: int, *, first: int | None = None) -> list[str]:
+    """`text` in lines of at most `width` cells (the first line `first`), split only at spaces and never
+    inside a command; a longer word or command stays whole on its own line."""
     lines: list[str] = []
-    for para in str(text).split("\n"):
-        lines += textwrap.wrap(para, max(width, 1), break_long_words=False, break_on_hyphens=False) or [""]
-    return lines
+    for para in glue(text).split("\n"):
+        lead = max(0, width - first) if first is not None and not lines else 0
+        got = textwrap.wrap(para, max(width, 1), initial_indent=_GLUE * lead, break_long_words=False,
+                            break_on_hyphens=False) or [""]
+        got[0] = got[0][lead:] if got[0].startswith(_GLUE * lead) else got[0]
+        lines += got
+    return [line.replace(_GLUE, " ") for line in lines]
+
+
+def wrap_items(items: Sequence[str], width: int, *, first: int | None = None, sep: str = ", ") -> list[str]:
+    """`items` joined by `sep`, broken only between items (`BF16×13, BOOL×1, I64×1` never splits inside
+    one), at most `width` cells a line (the first `first`)."""
+    lines: list[str] = []
+    line = ""
+    limit = first if first is not None else width
+    for n, item in enumerate(items):
+        piece = item + (sep.rstrip() if n < len(items) - 1 else "")
+        candidate = f"{line} {piece}" if line else piece
+        if line and cell_len(candidate) > limit:
+            lines.append(line)
+            line, limit = piece, width
+        else:
+            line = candidate
+    return lines + [line] if line or not lines else lines
 
 
 def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, prose: Iterable[str] = (),
@@ -68,15 +110,17 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
     total = sum(widths) + GAP * (len(widths) - 1)
     if total > width and prose_ix:
         spare = width - (total - sum(widths[i] for i in prose_ix))
-        # each prose column gets at least its longest word; the rest goes where the text is longest
-        least = {i: max([min(MIN_PROSE, widths[i])] + [cell_len(w) for r in body for w in r[i].split()])
+        # each prose column gets at least its longest word or command; the rest goes where the text is longest
+        least = {i: max([min(MIN_PROSE, widths[i])] + [cell_len(w) for r in body for w in units(r[i])])
                  for i in prose_ix}
         extra = spare - sum(least.values())
         if extra < 0:
-            return out + _records(columns, body, prose_ix, width, style)
+            return out + _records(columns, body, _below(widths, prose_ix, width), width, style, wrap=prose_ix)
         want = {i: widths[i] - least[i] for i in prose_ix}
         for i in prose_ix:
             widths[i] = least[i] + extra * want[i] // max(1, sum(want.values()))
+    elif total > width and len(columns) > 1:  # identifiers only: the last ones go below each row, whole
+        return out + _records(columns, body, _below(widths, [], width), width, style, wrap=prose_ix)
     head = _line([c for c in columns], widths, {}, columns, bold=True)
     out.append(head)
     for r in body:
@@ -86,15 +130,28 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
     return out
 
 
+def _below(widths: list[int], prose_ix: list[int], width: int) -> list[int]:
+    """The columns a record prints below its first line: the prose, then trailing identifier columns until
+    the rest fit the width side by side (at least one column stays on top)."""
+    below = list(prose_ix)
+    top = [i for i in range(len(widths)) if i not in below]
+    while len(top) > 1 and sum(widths[i] for i in top) + GAP * (len(top) - 1) > width:
+        below.insert(len(prose_ix), top.pop())
+    return sorted(below)
+
+
 def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int], width: int,
-             style: dict[str, Callable[[str], str | None]]) -> list[str]:
-    """Each row's identifiers on one line, its prose indented below; aligned under a header when the
-    identifiers alone fit the width (a numeric table stays readable), else one record per row."""
+             style: dict[str, Callable[[str], str | None]], wrap: Sequence[int] | None = None) -> list[str]:
+    """Each row's identifiers on one line, the columns in `prose_ix` indented below (wrapped at spaces
+    when they are prose: `wrap`, default all of them; whole when they are identifiers); aligned under a
+    header when the identifiers on top fit the width (a numeric table stays readable), else one record
+    per row, its identifiers stacked."""
+    wrap = prose_ix if wrap is None else wrap
     ids = [i for i in range(len(columns)) if i not in prose_ix]
     widths = {i: max([cell_len(columns[i])] + [cell_len(r[i]) for r in body]) for i in ids}
     aligned = sum(widths.values()) + GAP * (len(ids) - 1) <= width
     out = []
-    if aligned:
+    if aligned and len(ids) > 1:  # one identifier column needs no header: the prose sits under it
         out.append(_line([columns[i] for i in ids], [widths[i] for i in ids], {}, [columns[i] for i in ids],
                          bold=True))
         out.append("    [bold]" + escape(" / ".join(columns[i] for i in prose_ix)) + "[/]")
@@ -102,10 +159,27 @@ def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int],
         if aligned:
             out.append(_line([r[i] for i in ids], [widths[i] for i in ids], style, [columns[i] for i in ids]))
         else:
-            out.append("  ".join(_styled(r[i], style.get(columns[i])) for i in ids if r[i]))
+            out += _stacked([(r[i], style.get(columns[i])) for i in ids if r[i]], width)
         for i in prose_ix:
-            out += ["    " + escape(line) for line in wrap_words(r[i], width - 4) if r[i]]
+            if r[i]:
+                lines = wrap_words(r[i], width - 4) if i in wrap else [r[i]]
+                out += ["    " + _styled(line, style.get(columns[i])) for line in lines]
     return out
+
+
+def _stacked(cells: list[tuple[str, Callable[[str], str | None] | None]], width: int) -> list[str]:
+    """A record's identifiers on as few lines as fit the width, each whole; the lines after the first
+    indented by two (an identifier longer than the width has a line of its own)."""
+    lines: list[list[str]] = [[]]
+    used = 0
+    for text, pick in cells:
+        need = cell_len(text) + (GAP if lines[-1] else 0)
+        if lines[-1] and used + need > width:
+            lines.append([])
+            used, need = 2, cell_len(text)
+        lines[-1].append(_styled(text, pick))
+        used += need
+    return [("  " if n else "") + "  ".join(parts) for n, parts in enumerate(lines)]
 
 
 def _line(cells: list[str], widths: list[int], style: dict[str, Callable[[str], str | None]],

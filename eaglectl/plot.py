@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MissingDependencyError
+from .io.atomic import umask
 
 
 def require_matplotlib() -> Any:
@@ -28,6 +29,7 @@ def _save(fig: Any, path: str) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a plot is a file like any other the user writes
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

@@ -23,7 +23,9 @@ from rich.markup import escape
 
 from .errors import EaglectlError
 
-stdout = Console(highlight=False)  # wraps at spaces; the serve line and recipes opt out (soft_wrap)
+# Neither console wraps: eaglectl/layout.py lays lines out at the width (`say`, `table`) and a command or
+# identifier that cannot fit runs on, whole, rather than being folded where a paste would break it.
+stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 T = TypeVar("T")
@@ -38,11 +40,15 @@ class Settings:
     command: str | None = None  # the subcommand being run (the JSON envelope's `command`)
     verbosity: int = 0  # -1 quiet (errors and the result line), 0 normal, 1 verbose
     started: float = 0.0
+    emitted: bool = False  # a JSON document is on stdout (never two)
+    stopped: bool = False  # the interruption was reported (Ctrl-C, SIGTERM)
 
     def reset(self, *, debug: bool = False, verbosity: int = 0) -> None:
         import time
 
-        self.json, self.debug, self.verbosity = False, debug, verbosity  # `command` is set before this runs
+        # `command` is set before this runs; --json and -q/-v after the subcommand are parsed after it
+        self.json, self.debug, self.verbosity = False, debug, verbosity
+        self.emitted = self.stopped = False
         self.started = time.perf_counter()
 
     @property
@@ -69,6 +75,32 @@ def safe(text: Any) -> str:
     return escape(printable(text))
 
 
+def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: int | None = None,
+        sep: str = ", ", style: str | None = None) -> None:
+    """One logical line on stdout: `prefix` (markup, eaglectl's own) then `text` (plain, escaped here) or
+    `items`, wrapped at the console width at spaces (`items`: only between items), never inside a word, a
+    path or a command; continuation lines indented (default: under the text)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    from .layout import wrap_items, wrap_words
+
+    width = stdout.width
+    lead = cell_len(Text.from_markup(prefix).plain)
+    hang = lead if indent is None else indent
+    hang = hang if hang <= width // 2 else 4
+    shown = [printable(x) for x in items] if items is not None else None
+    lines = (wrap_items(shown, width - hang, first=width - lead, sep=sep) if shown is not None else
+             wrap_words(printable(text), width - hang, first=width - lead))
+
+    def styled(line: str) -> str:
+        return f"[{style}]{escape(line)}[/]" if style and line else escape(line)
+
+    stdout.print(prefix + styled(lines[0]))
+    for line in lines[1:]:
+        stdout.print(" " * hang + styled(line))
+
+
 ERROR_SCHEMA = "eaglectl.error/1"
 
 
@@ -80,6 +112,7 @@ def envelope(schema: str, command: str | None, exit_code: int, **result: Any) ->
 
 
 def emit_json(payload: dict[str, Any]) -> None:
+    SETTINGS.emitted = True
     sys.stdout.write(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
@@ -121,10 +154,19 @@ def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict
         render(payload)
 
 
+def failing_rules(result: Any) -> list[str]:
+    """The rule ids that make a result fail: its error findings (and warnings under --strict), once each."""
+    findings = getattr(result, "findings", None) or []
+    strict = getattr(result, "strict", False)
+    return list(dict.fromkeys(f.rule_id for f in findings
+                              if f.severity == "error" or (strict and f.severity == "warning")))
+
+
 def result_line(command: str, result: Any) -> str:
-    """The one line -q prints: the result's own summary line, else its verdict."""
+    """The one line -q prints: the result's own summary line (with the failing rule ids), else its verdict."""
     if hasattr(result, "summary_line"):
-        return f"{command}: {result.summary_line()}"
+        rules = failing_rules(result) if result.exit_code else []
+        return f"{command}: {result.summary_line()}" + (f" [{', '.join(rules)}]" if rules else "")
     verdict = {0: "ok"}.get(result.exit_code, f"exit {result.exit_code}")
     if command == "verify":
         verdict = {True: "PASS", False: "FAIL", None: "measured"}[result.passed]
@@ -161,20 +203,47 @@ def error(exc: EaglectlError) -> None:
         emit_json(envelope(ERROR_SCHEMA, SETTINGS.command, exc.exit_code, error=exc.to_json()))
 
 
+def usage_hint(exc: click.ClickException, command: str | None) -> str:
+    """What to do about a usage error: its own pointer (an engine given as a dialect), else the help."""
+    return getattr(exc, "eaglectl_hint", None) or f"eaglectl {command + ' ' if command else ''}--help"
+
+
+def is_help(exc: click.ClickException) -> bool:
+    """Click's "no arguments: here is the help" (exit 2), which is shown as the help, not as an error."""
+    return type(exc).__name__ == "NoArgsIsHelpError"
+
+
 def usage_error(exc: click.ClickException) -> None:
-    exc.show()
+    """A usage error Click found, in eaglectl's one error style: `error[usage]: ...` and a hint."""
+    if is_help(exc):
+        type(exc).show(exc)
+        return
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    stderr.print(f"[bold red]{escape('error[usage]:')}[/] {safe(message)}")
+    stderr.print(f"[dim]hint:[/] {safe(usage_hint(exc, SETTINGS.command))}")
 
 
 def usage_error_json(exc: click.ClickException, command: str | None) -> None:
     """A Click usage error (bad flag or value, exit 2) as the error document, for --json callers."""
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
     emit_json(envelope(ERROR_SCHEMA, command, exc.exit_code, error={
-        "reference": "usage", "message": printable(message), "context": {}, "hint": None,
+        "reference": "usage", "message": printable(message), "context": {}, "hint": usage_hint(exc, command),
         "exit_code": exc.exit_code}))
 
 
-def interrupted(message: str) -> None:
+INTERRUPTIONS = {130: "interrupted", 143: "terminated"}  # error.reference of the JSON document (docs/json.md)
+
+
+def interrupted(message: str, exit_code: int = 130) -> None:
+    """Ctrl-C or SIGTERM: one line on stderr and, with --json, the error document on stdout (once)."""
+    if SETTINGS.stopped:
+        return
+    SETTINGS.stopped = True
     stderr.print(f"[bold red]eaglectl:[/] {safe(message)}")
+    if SETTINGS.json and not SETTINGS.emitted:
+        emit_json(envelope(ERROR_SCHEMA, SETTINGS.command, exit_code, error={
+            "reference": INTERRUPTIONS.get(exit_code, "interrupted"), "message": printable(message), "context": {},
+            "hint": None, "exit_code": exit_code}))
 
 
 def internal_error(exc: BaseException) -> None:
@@ -293,7 +362,7 @@ def render_inspect(report: Any) -> None:
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})" + ("  [dim](--from)[/]" if d.forced else ""))
     if SETTINGS.verbose:
         for line in d.evidence:
-            out.print(f"  [dim]- {safe(line)}[/]")
+            say("  [dim]-[/] ", line, style="dim")
     mine = next((x.score for x in d.detections if x.dialect == d.dialect.name), 0) or 0
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
@@ -302,36 +371,30 @@ def render_inspect(report: Any) -> None:
     from .inspect import tensor_summary
 
     t = tensor_summary(d)
-    out.print(f"tensors  {t['count']} in {t['files']} file(s), {t['parameters']:,} parameters, "
-              f"{human_size(t['bytes'])}, dtypes " + ", ".join(f"{safe(k)}×{v}" for k, v in t["dtypes"].items()))
+    dtypes = [f"{k}×{v}" for k, v in t["dtypes"].items()]
+    say("tensors  ", items=[f"{t['count']} in {t['files']} file(s)", f"{t['parameters']:,} parameters",
+                            human_size(t["bytes"]), *(["dtypes " + ", ".join(dtypes)] if dtypes else [])])
     for f in report.findings:
         if f.rule_id == "scanned":  # --scan confirms what it read
-            out.print(f"scan     {safe(f.message)}")
+            say("scan     ", f.message)
     if report.target:
         tg = report.target.summary()
-        out.print(f"target   {safe(short_path(tg['source']))}: {tg.get('num_hidden_layers')} layers, hidden "
-                  f"{tg.get('hidden_size')}, vocab {tg.get('vocab_size')}")
+        say("target   ", items=[f"{short_path(tg['source'])}: {shown(tg.get('num_hidden_layers'))} layers",
+                                f"hidden {shown(tg.get('hidden_size'))}", f"vocab {shown(tg.get('vocab_size'))}"])
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
         from .runners import describe
 
-        for i, line in enumerate(describe(report.readings)):
-            out.print(("vLLM     " if i == 0 else "         ") + safe(line))
         from .runners import scope_note
 
+        for i, line in enumerate(describe(report.readings)):
+            say("vLLM     " if i == 0 else "         ", line)
         note = scope_note(report.readings, report.engine_version, with_note=False)
         if note:
-            out.print(f"         [dim]{safe(note)}[/]")
+            say("         ", note, style="dim")
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))
-    if report.findings:
-        out.print()
-        out.print(table("findings", ["severity", "rule", "where", "message"],
-                        ((f.severity, f.rule_id, f.locator or "", f.message) for f in report.findings),
-                        style={"severity": severity_style}))
-        hints = {f.rule_id: f.hint for f in report.findings if f.hint}  # commands filled in per finding
-        if hints:
-            out.print(table(None, ["rule", "fix"], hints.items()))
+    findings(report.findings)
     out.print()
     serve = report.serve_command()
     if serve is not None:
@@ -354,6 +417,29 @@ def render_inspect(report: Any) -> None:
     out.print(table("spec", ["field", "value", "source"], rows))
 
 
+def shown(value: Any) -> str:
+    """A value in human output: an absent one is "-", never "None"."""
+    return "-" if value is None else str(value)
+
+
+def findings(found: list[Any], *, hide_info: bool | None = None) -> None:
+    """The findings table (info findings only with -v: a line says how many were left out) and the fixes,
+    each command in them whole on one line (eaglectl/layout.py)."""
+    hide = (not SETTINGS.verbose) if hide_info is None else hide_info
+    shown_ = [f for f in found if not (hide and f.severity == "info")]
+    hidden = len(found) - len(shown_)
+    if shown_:
+        stdout.print()
+        stdout.print(table("findings", ["severity", "rule", "where", "message"],
+                           ((f.severity, f.rule_id, f.locator or "", f.message) for f in shown_),
+                           style={"severity": severity_style}))
+        hints = {f.rule_id: f.hint for f in shown_ if f.hint}  # commands filled in per finding
+        if hints:
+            stdout.print(table("fixes", ["rule", "fix"], hints.items()))
+    if hidden:
+        stdout.print(f"[dim]{hidden} info finding(s) not shown: -v shows them (or --json)[/]")
+
+
 def _num(x: float | None, fmt: str = ".2e") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -366,20 +452,19 @@ def render_verify(report: Any) -> None:
     from .layout import short_path
 
     for label, side in (("candidate", c), ("reference", r)):
-        out.print(f"{label}  {safe(short_path(side['source']))}  ({side['dialect']}, EAGLE {side['eagle_version']}, "
-                  f"{side['dtype']} on {side['device']})")
-    out.print(f"inputs     {safe(report.inputs)}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
+        say(f"{label}  ", items=[short_path(side["source"]), f"({side['dialect']}, EAGLE {side['eagle_version']},",
+                                 f"{side['dtype']} on {side['device']})"], indent=11, sep=" ")
+    say("inputs     ", f"{report.inputs}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
     if report.regime == "upgrade":
-        out.print(f"tensors    {len(report.differing_tensors)} added by the upgrade "
-                  f"({safe(', '.join(report.differing_tensors[:5]))}); every carried tensor identical")
+        say("tensors    ", f"{len(report.differing_tensors)} added by the upgrade "
+            f"({', '.join(report.differing_tensors[:5])}); every carried tensor identical")
         out.print("upgrade    not function-preserving by design: the outputs must stay a warm start")
     elif report.differing_tensors:
-        out.print(f"tensors    {len(report.differing_tensors)} differ: {safe(', '.join(report.differing_tensors[:5]))}")
+        say(f"tensors    {len(report.differing_tensors)} differ: ", items=list(report.differing_tensors[:5]), indent=11)
     else:
         out.print("tensors    identical")
     if report.regime:
-        tol = ", ".join(f"{k} {v:g}" for k, v in report.tolerances.items())
-        out.print(f"tolerance  {report.regime}: {tol}")
+        say(f"tolerance  {report.regime}: ", items=[f"{k} {v:g}" for k, v in report.tolerances.items()], indent=11)
     else:
         out.print("tolerance  none: fidelity is a measurement")
     rows = []
@@ -402,8 +487,8 @@ def render_conversion(result: Any) -> None:
 
     plan, out = result.plan, stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    out.print(f"[bold]{verb}[/]  {safe(short_path(plan.source))} ({plan.source_dialect}) -> "
-              f"{safe(short_path(plan.dest))} ({plan.dest_dialect})")
+    say(f"[bold]{verb}[/]  ", items=[f"{short_path(plan.source)} ({plan.source_dialect}) ->",
+                                     f"{short_path(plan.dest)} ({plan.dest_dialect})"], indent=2, sep=" ")
     rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
@@ -412,29 +497,47 @@ def render_conversion(result: Any) -> None:
     out.print(table(None, ["tensor", "action", "dtype", "shape", "reason" if any(
         a.source is None and a.note for a in plan.tensors) else "from"], rows))
     for name, why in plan.dropped:
-        out.print(f"  [yellow]drop[/] {safe(name)}: {safe(why)}")
-    out.print("config:")
-    for c in plan.config_changes:
-        if c["key"] == "eaglectl_provenance":
-            continue
-        new = json_short(c.get("new"))
-        old = json_short(c.get("old"))
-        line = {"added": f"+ {c['key']} = {new}", "removed": f"- {c['key']} (was {old})",
-                "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
-        out.print(f"  {safe(line)}")
+        say(f"  [yellow]drop[/] {safe(name)}: ", why, indent=4)
+    render_config_changes(plan.config_changes)
     out.print(f"files: {', '.join(plan.file_names())}")
     for note in plan.notes:
-        out.print(f"[yellow]note:[/] {safe(note)}")
+        say("[yellow]note:[/] ", note, indent=2)
     for check in result.checked:
-        out.print(f"[green]checked[/] {safe(check)}")
+        say("[green]checked[/] ", check, indent=2)
     serve = getattr(result, "serve", None)
     if serve:
-        out.print(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ({safe(serve['why'])})")
+        say(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ", f"({serve['why']})")
         for c in serve["candidates"]:
             if "refused" in c:
-                out.print(f"  not {c['dialect']}: {safe(c['refused'])}")
+                say(f"  not {c['dialect']}: ", c["refused"], indent=4)
         out.print(("serve it with:" if result.written else "once written, serve it with:"))
         click.echo(serve["command"])  # unwrapped: a command to copy
+
+
+def render_config_changes(changes: list[dict[str, Any]]) -> None:
+    """Key-level config changes (convert.py `_diff`): keys that only changed place are one line per move
+    ("moved into transformer_layer_config: hidden_size, ..."), every other change one line with its value."""
+    from collections import defaultdict
+
+    stdout.print("config:")
+    shown = [c for c in changes if not c["key"].startswith("eaglectl_provenance")]  # provenance: its own record
+    moves: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for c in shown:
+        if c["change"] == "moved" and "old" not in c:
+            leaf = c["key"].rsplit(".", 1)[-1]
+            moves[(c["from"][: -len(leaf)].rstrip("."), c["key"][: -len(leaf)].rstrip("."))].append(leaf)
+    for (frm, to), keys in moves.items():
+        where = f"into {to}" if to else f"out of {frm}"
+        say(f"  > moved {safe(where)}: ", items=keys, indent=4)
+    for c in shown:
+        new, old = json_short(c.get("new")), json_short(c.get("old"))
+        if c["change"] == "moved":
+            if "old" in c:
+                say("  > ", f"{c['from']} -> {c['key']}: {old} -> {new}", indent=4)
+            continue
+        line = {"added": f"+ {c['key']} = {new}", "removed": f"- {c['key']} (was {old})",
+                "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
+        say("  ", line, indent=4)
 
 
 def json_short(value: Any, limit: int = 80) -> str:
@@ -449,11 +552,11 @@ def render_upgrade(result: Any) -> None:
     if result.changed:
         out.print(f"[bold]upgrade[/]: {', '.join(result.steps)}" + (f" (fc_norm init: {result.init})" if result.init else ""))
     for note in result.notes:
-        out.print(f"[yellow]note:[/] {safe(note)}")
+        say("[yellow]note:[/] ", note, indent=2)
     stats = result.statistics
     if stats:
-        out.print(f"calibration: {stats['tokens']} tokens of {safe(stats['text_source'])} through "
-                  f"{safe(str(stats['target']))}, aux ids {stats['aux_ids_vllm']} (sink excluded)")
+        say("calibration: ", f"{stats['tokens']} tokens of {stats['text_source']} through {stats['target']}, "
+            f"aux ids {stats['aux_ids_vllm']} (sink excluded)", indent=2)
         out.print("  chunk RMS mean " + ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
                   + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]))
         if "fc_output_relative_error" in stats:
@@ -474,7 +577,7 @@ def render_upgrade(result: Any) -> None:
             (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop else f"{c['heldout_fc_output_relative_error']:.4f}")
             for c in result.init_candidates]))
     if result.fidelity is not None:
-        out.print(f"fidelity to the source ({safe(result.fidelity.inputs)}):")
+        say("fidelity to the source ", f"({result.fidelity.inputs}):", indent=2)
         out.print(table(None, ["step", "top-1 agreement", "near ties", "KL mean", "KL max"], [
             (str(m.step), f"{100 * m.top1_agreement:.1f}% of {m.top1_rows}", str(m.near_ties), f"{m.kl_mean:.3g}",
              f"{m.kl_max:.3g}") for m in result.fidelity.metrics]))
@@ -519,11 +622,12 @@ def _bar(value: float, width: int = 30) -> str:
 
 
 def _config_label(name: str) -> str:
-    """`eagle3:/long/path/drafter` → `eagle3:drafter` (the JSON keeps the full name)."""
+    """`eagle3:/work/x/fixtures/trained/eagle3.1` → `eagle3:fixtures/trained/eagle3.1`: a baseline is named
+    by its path as the user gave it (short_path), so two drafters of one name stay apart."""
     from .layout import short_path
 
     kind, sep, path = name.partition(":")
-    return f"{kind}:{short_path(_short_names([path])[0])}" if sep and path else name
+    return f"{kind}:{short_path(path)}" if sep and path else name
 
 
 def render_smoke(rep: Any) -> None:
@@ -531,10 +635,18 @@ def render_smoke(rep: Any) -> None:
 
     out = stdout
     doc = rep.to_json()
-    out.print(f"[bold]smoke[/] ({rep.engine})  {safe(short_path(rep.drafter))} on {safe(short_path(rep.target))}  k={rep.k}, {rep.dtype}, "
-              f"{doc['prompts']['description']}, {rep.max_tokens} new tokens, greedy")
+    say(f"[bold]smoke[/] ({rep.engine})  ", items=[f"{short_path(rep.drafter)} on {short_path(rep.target)}",
+                                                   f"k={rep.k}", rep.dtype, doc["prompts"]["description"],
+                                                   f"{rep.max_tokens} new tokens", "greedy"], indent=2)
     v = doc["versions"]
-    out.print("versions: " + ", ".join(f"{k} {v[k]}" for k in v))
+    say("versions: ", items=[f"{k} {v[k]}" for k in v if v[k] is not None], indent=2)
+    al = doc.get("mean_acceptance_length")
+    if al is not None:  # the one headline figure; the other conventions are named after it
+        per_request = doc.get("mean_acceptance_length_per_request")
+        say(f"[bold]AL {al:.3f}[/]  ", "mean acceptance length: tokens per target step, the bonus token included "
+            f"(vLLM's metric); without it (accepted draft length, SpecForge's) {al - 1:.3f}"
+            + (f"; averaged per request (SPEED-Bench's) {per_request:.3f}" if per_request is not None else ""),
+            indent=2)
     rows, skipped = [], []
     for r in [doc, *doc["baselines"]]:
         name = "drafter" if r is doc else _config_label(r["name"])
@@ -552,8 +664,6 @@ def render_smoke(rep: Any) -> None:
     out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
     if skipped:
         out.print(table(None, ["config", "reason"], skipped))
-    if doc.get("mean_acceptance_length_per_request") is not None:
-        out.print(f"AL as the mean over requests (SPEED-Bench's way): {doc['mean_acceptance_length_per_request']:.3f}")
     for key, label in (("by_context_length", "context tokens"), ("by_category", "category")):
         configs = [("drafter", doc)] + [(_config_label(b["name"]), b) for b in doc["baselines"] if b.get(key)]
         if doc.get(key):
@@ -577,7 +687,7 @@ def render_smoke(rep: Any) -> None:
                       for n in conc)) for c in configs]
         out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
     for flag in rep.red_flags:
-        out.print(f"[bold red]red flag:[/] {safe(flag)}")
+        say("[bold red]red flag:[/] ", flag, indent=2)
     if rep.log:
         out.print(f"[dim]vLLM log: {safe(rep.log)}[/]")
     if rep.plot:
@@ -595,14 +705,31 @@ def render_check(rep: Any) -> None:
     out.print(table(None, ["stage", "status", "s", "what was checked"],
                     ((s.name, s.status, f"{s.seconds:.1f}", s.detail) for s in rep.stages),
                     style={"status": status_style}))
-    shown = [f for f in rep.findings if f.severity != "info"]
-    if shown:
-        out.print(table("findings", ["severity", "rule", "where", "message"],
-                        ((f.severity, f.rule_id, f.locator or "", f.message) for f in shown),
-                        style={"severity": severity_style}))
+    findings(rep.findings)
     if rep.card_written:
-        out.print(f"card written: {safe(rep.card_written)}")
+        say("card written: ", short_path(rep.card_written))
+    if rep.config_written:
+        say("verifier named in: ", short_path(rep.config_written))
     out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
+
+
+def render_upload(rep: Any) -> None:
+    """The gate's report, then the commit: its operations, where it goes, and what happened."""
+    render_check(rep.gate)
+    rows = rep.operation_rows()
+    where = rep.repo_id + (f" (branch {rep.revision})" if rep.revision else "") + (
+        ", as a pull request" if rep.create_pr else "") + (", private if created" if rep.private else "")
+    stdout.print()
+    say("[bold]upload[/]  ", f"{len(rows)} file(s) to {where}")
+    stdout.print(table(None, ["operation", "path_in_repo", "size", "sha256"],
+                       ((r["operation"], r["path_in_repo"], human_size(r["size"]), r["sha256"][:12]) for r in rows)))
+    say("commit: ", rep.commit_message, indent=2)
+    if rep.refused:
+        say("[bold red]not uploaded:[/] ", rep.refused, indent=2)
+    elif rep.dry_run:
+        stdout.print("[yellow]dry run: nothing was sent[/]")
+    else:
+        say("[bold green]uploaded:[/] ", rep.pr_url or rep.commit_url, indent=2)
 
 
 def render_batch(command: str, result: Any) -> None:
@@ -628,8 +755,11 @@ def render_rules(payload: dict[str, Any]) -> None:
     rules = payload["rules"]
     if len(rules) == 1:
         r = rules[0]
-        stdout.print(f"[bold]{r['rule_id']}[/] ({r['severity']})\n{safe(r['title'])}\nfix: {safe(r['hint'] or '-')}"
-                     + ("\nrepaired by eaglectl convert" if r["repaired_by_convert"] else ""))
+        stdout.print(f"[bold]{r['rule_id']}[/] ({r['severity']})")
+        say("", r["title"])
+        say("fix: ", r["hint"] or "-", indent=2)
+        if r["repaired_by_convert"]:
+            stdout.print("repaired by eaglectl convert")
         return
     stdout.print(table(None, ["rule", "severity", "meaning", "fix"],
                        ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
@@ -641,15 +771,15 @@ def render_capture(result: Any) -> None:
         return
     meta = result.meta
     versions = ", ".join(f"{k} {v}" for k, v in (meta.get("versions") or {}).items() if v and k != "python")
-    stdout.print(f"[bold]capture[/]: {result.requests} requests, {result.tokens} tokens of "
-                 f"{safe(meta['prompts']['description'])}")
-    stdout.print(f"  boundaries {list(result.layer_ids)} (vLLM's numbering; 0 = embeddings, "
-                 f"{meta['target_config'].get('num_hidden_layers', 'L')} = last layer before the final norm)")
+    say("[bold]capture[/]: ", f"{result.requests} requests, {result.tokens} tokens of "
+        f"{meta['prompts']['description']}", indent=2)
+    say("  ", f"boundaries {list(result.layer_ids)} (vLLM's numbering; 0 = embeddings, "
+        f"{meta['target_config'].get('num_hidden_layers', 'L')} = last layer before the final norm)", indent=4)
     rate = f" ({result.tokens / result.seconds:,.0f} tokens/s)" if result.seconds else ""
-    stdout.print(f"  engine {result.engine}, states stored as {meta['dtype']} ({safe(versions)}): "
-                 f"{result.seconds:.1f} s{rate}")
-    stdout.print(f"  wrote {safe(result.out)} (one safetensors per request + capture.json); use it with "
-                 f"--states {safe(result.out)}")
+    say("  ", f"engine {result.engine}, states stored as {meta['dtype']} ({versions}): {result.seconds:.1f} s{rate}",
+        indent=4)
+    say("  ", f"wrote {result.out} (one safetensors per request + capture.json); use it with --states {result.out}",
+        indent=4)
     if result.log:
         stdout.print(f"  [dim]vLLM log: {safe(result.log)}[/]")
 
@@ -664,11 +794,11 @@ def _short_names(paths: list[str]) -> list[str]:
 def render_drift(rep: Any) -> None:
     out = stdout
     doc = rep.to_json()
-    source = f"target {safe(doc['target'])}" if doc["target"] else f"capture {safe(doc['states'])}"
-    out.print(f"[bold]drift[/] ({doc['protocol']})  {source}  depth {doc['depth']}, sink = first "
-              f"{doc['sink_tokens']} token(s), recent = last {doc['recent_window']} context positions, "
-              f"an anchor every {doc['anchor_every']} answer tokens")
-    out.print(f"[dim]{safe(doc['protocol_note'])}[/]")
+    source = f"target {doc['target']}" if doc["target"] else f"capture {doc['states']}"
+    say(f"[bold]drift[/] ({doc['protocol']})  ", items=[source, f"depth {doc['depth']}",
+        f"sink = first {doc['sink_tokens']} token(s)", f"recent = last {doc['recent_window']} context positions",
+        f"an anchor every {doc['anchor_every']} answer tokens"], indent=2)
+    say("", doc["protocol_note"], style="dim")
     runs = doc["runs"]
     names = dict(zip(dict.fromkeys(r["drafter"] for r in runs), _short_names(list(dict.fromkeys(
         r["drafter"] for r in runs))), strict=True))
@@ -693,10 +823,10 @@ def render_drift(rep: Any) -> None:
                 " ".join(_num(x, ".2f") for x in r["aux_chunk_rms"])) for r in group]
         out.print(table(None, ["drafter", "AL pooled", "AL per request", "per position", "aux RMS"], als))
     if doc["acceptance_note"]:
-        out.print(f"[dim]{safe(doc['acceptance_note'])}[/]")
+        say("", doc["acceptance_note"], style="dim")
     for r in runs:
         for note in r["notes"]:
-            out.print(f"[dim]{safe(names[r['drafter']])}: {safe(note)}[/]")
+            say("", f"{names[r['drafter']]}: {note}", style="dim", indent=2)
         if r["chains_cut"]:
             out.print(f"[yellow]{safe(names[r['drafter']])}: {r['chains_cut']} chains stopped at a token "
                       "without an embedding row[/]")
@@ -706,10 +836,11 @@ def render_drift(rep: Any) -> None:
 
 def render_diff(rep: Any) -> None:
     out, doc = stdout, rep.to_json()
-    out.print(f"[bold]A[/] {safe(doc['a']['source'])} ({doc['a']['dialect']}, EAGLE {doc['a']['eagle_version']})")
-    out.print(f"[bold]B[/] {safe(doc['b']['source'])} ({doc['b']['dialect']}, EAGLE {doc['b']['eagle_version']})")
+    for side in ("a", "b"):
+        say(f"[bold]{side.upper()}[/] ", items=[doc[side]["source"], f"({doc[side]['dialect']}, EAGLE "
+                                                f"{doc[side]['eagle_version']})"], indent=2, sep=" ")
     for f in doc["spec"]:
-        out.print(f"  spec {f['field']}: {safe(json_short(f['a']))} -> {safe(json_short(f['b']))}")
+        say(f"  spec {f['field']}: ", f"{json_short(f['a'])} -> {json_short(f['b'])}", indent=4)
     for side in ("a", "b"):
         for name in doc[f"only_in_{side}"]:
             out.print(f"  only in {side.upper()}: {safe(name)}")
@@ -733,5 +864,5 @@ def render_diff(rep: Any) -> None:
 RENDERERS: dict[str, Callable[[Any], None]] = {
     "inspect": render_inspect, "verify": render_verify, "convert": render_conversion, "upgrade": render_upgrade,
     "smoke": render_smoke, "check": render_check, "capture": render_capture, "drift": render_drift,
-    "diff": render_diff,
+    "diff": render_diff, "upload": render_upload,
 }

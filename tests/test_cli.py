@@ -61,6 +61,22 @@ def test_every_documented_example_runs_with_its_exit_code(tmp_path, monkeypatch)
         assert f"## {title}" in page and f"$ eaglectl {line}" in page
 
 
+@pytest.mark.slow
+def test_every_tour_step_runs_in_order_with_its_exit_code(tmp_path, monkeypatch):
+    """docs/tour.md is generated from real runs (not hand-kept): each step's command, in order, still works."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    import generate
+
+    monkeypatch.chdir(ROOT)
+    page = (ROOT / "docs" / "tour.md").read_text()
+    assert page.startswith(generate.BANNER)
+    for title, _, line, expected in generate.TOUR:
+        code, text = generate.run_example(line, str(tmp_path), quiet=True)
+        assert code == expected, (line, text)
+        assert len(text.strip().splitlines()) == 1, (line, text)  # -q: the one-line result
+        assert f"**{title}**" in page and f"$ eaglectl {line}" in page
+
+
 def test_json_keys_are_documented():
     page = (ROOT / "docs" / "inspect.md").read_text()
     doc = inspect_checkpoint(str(DRAFTERS / "speculators-3.1"), target=str(ROOT / "fixtures" / "target-llama")).to_json()

@@ -90,7 +90,8 @@ def test_not_cached_offline_is_one_line_exit_3(tmp_path):
     (tmp_path / "hub").mkdir()
     r = _run(tmp_path / "hub", "inspect", "acme/missing")
     assert r.returncode == 3
-    assert r.stderr.startswith("error[checkpoint-not-found]: acme/missing@main: not in the local Hugging Face cache")
+    assert r.stderr.startswith("error[checkpoint-not-found]: acme/missing: no such local file or folder, and as a Hub "
+                               "id: acme/missing@main: not in the local Hugging Face cache")
     assert "Traceback" not in r.stderr
 
 

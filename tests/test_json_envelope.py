@@ -30,6 +30,7 @@ def _cases(tmp):
           "--max-tokens", "4"], "eaglectl.smoke/1", 0),
         (["check", T / "eagle3"], "eaglectl.check/1", 0),
         (["check", T / "eagle3", D / "speculators-3"], "eaglectl.batch/1", 0),
+        (["upload", T / "eagle3", "acme/eagle3", "--dry-run", "--no-card"], "eaglectl.upload/1", 0),
         (["capture", T / "target", "--out", tmp / "cap", "--num-prompts", "1", "--length", "8"],
          "eaglectl.capture-result/1", 0),
         (["drift", T / "eagle3", "--target", T / "target", "--num-prompts", "1", "--max-tokens", "8", "--depth", "2",

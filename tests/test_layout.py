@@ -25,6 +25,14 @@ def width80(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
+@pytest.fixture(params=[80, 120], ids=["80-columns", "120-columns"])
+def width(request, monkeypatch):
+    """Human output piped at 80 and at 120 columns (Rich reads COLUMNS only on a terminal)."""
+    monkeypatch.setattr(report.stdout, "width", request.param)
+    monkeypatch.chdir(ROOT)
+    return request.param
+
+
 def _names(doc):
     """Identifiers a document mentions: rule ids, dialects, tensor names, locators, stage names."""
     out = set()
@@ -33,6 +41,8 @@ def _names(doc):
         if isinstance(v, dict):
             if "score" in v and v["score"] is None:
                 return  # a dialect that does not fit: not shown
+            if v.get("severity") == "info":
+                return  # info findings: shown with -v only
             for k, x in v.items():
                 walk(x, k)
         elif isinstance(v, list):
@@ -58,7 +68,7 @@ def _assert_whole(invoke, *args, pick=_names):
 
 
 @pytest.mark.parametrize("drafter", REAL, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_inspect_and_convert_keep_names_whole_at_80_columns(invoke, width80, tmp_path, drafter):
+def test_inspect_and_convert_keep_names_whole(invoke, width, tmp_path, drafter):
     r = _assert_whole(invoke, "inspect", drafter.relative_to(ROOT), "--allow-pickle")
     assert len(r.stdout.splitlines()) <= 45  # a summary and the findings; -v for the spec table
     to = "modelopt" if "mla" not in drafter.name else "speculators"
@@ -81,7 +91,7 @@ def test_every_other_command_keeps_names_whole_at_80_columns(invoke, width80, tm
     smoke = invoke("smoke", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--engine", "reference",
                    "--num-prompts", "1", "--max-tokens", "4", "--baseline", "none,eagle3:fixtures/trained/eagle3.1")
     assert smoke.exit_code == 0, smoke.stderr
-    assert any("eagle3:eagle3.1" in line for line in smoke.stdout.splitlines()), smoke.stdout
+    assert any("eagle3:fixtures/trained/eagle3.1" in line for line in smoke.stdout.splitlines()), smoke.stdout
     assert max(len(line) for line in smoke.stdout.splitlines() if "--" not in line) <= 80, smoke.stdout
 
 
@@ -92,7 +102,7 @@ def test_prose_wraps_at_spaces_and_records_when_names_cannot_fit():
     tensor = "model.layers.0.self_attn.q_proj.weight.very_long_name_indeed"
     lines = grid(["severity", "rule", "where", "message"], [("error", long_id, tensor, "a b c")], width=40,
                  prose=["message"])
-    assert any(tensor in line and long_id in line for line in lines)  # records: ids on one line
+    assert any(long_id in line for line in lines) and any(line.strip() == tensor for line in lines)  # stacked, whole
 
 
 def test_short_paths(tmp_path, monkeypatch):
@@ -114,3 +124,87 @@ def test_records_keep_a_header_when_the_identifiers_fit():
     assert lines[0].split() == ["config", "AL", "drafts"] and lines[1].strip() == "per position"
     assert lines[2].split() == rows[0][:3] and lines[3].strip() == rows[0][3]
     assert lines[2].index("3.207") == lines[4].index("3.087") == lines[0].index("AL")
+
+
+# --------------------------------------------------------------- commands and identifiers never wrap (issue 23)
+
+DEFECTS = FIXTURES / "defects"
+PAIRS = [(d, FIXTURES / "target-llama") for d in sorted(DEFECTS.iterdir())] + [
+    (d, FIXTURES / "target-llama") for d in sorted(D.iterdir())] + [
+    (T / "eagle3", T / "target"), (T / "eagle3-output", T / "target"), (T / "eagle3.1-mla", T / "target-mla")]
+
+
+def _one_line(command, lines):
+    return any(command in line for line in lines)
+
+
+def _printed(doc):
+    """Every command a JSON document holds (finding hints, the serve line, rule fixes)."""
+    from eaglectl.layout import COMMAND
+
+    texts = [f.get("hint") for f in doc.get("findings", [])] + [r.get("hint") for r in doc.get("rules", [])]
+    out = [m.group() for t in texts if t for m in COMMAND.finditer(t)]
+    return out + ([doc["serve_command"]] if doc.get("serve_command") else [])
+
+
+@pytest.mark.parametrize("source,target", PAIRS, ids=[f"{s.parent.name}/{s.name}" for s, _ in PAIRS])
+def test_every_printed_command_is_one_line(invoke, width, source, target):
+    """Piped at 80 or 120 columns, a fix pastes as one command: `eaglectl convert X DEST --to speculators
+    --target T` never loses `--target T` to the next line (where a shell would run it as a command)."""
+    pickle = ["--allow-pickle"] if source.name.endswith("-bin") else []
+    for command in ("inspect", "check"):
+        args = [command, source.relative_to(ROOT), "--target", target.relative_to(ROOT), "--no-measure", *pickle]
+        args += ["--no-card"] if command == "check" else []
+        human, machine = invoke(*args), invoke(*args, "--json")
+        if machine.exit_code not in (0, 1):
+            continue  # refused before a report (corrupt input): one line on stderr
+        lines = human.stdout.splitlines()
+        printed = _printed(json.loads(machine.stdout))
+        for command_line in printed:
+            assert _one_line(command_line, lines), (width, command_line, human.stdout)
+        for line in lines:  # longer than the width only for a command or an identifier that cannot break
+            assert len(line) <= width or any(p in line for p in printed) or "vllm serve" in line or any(
+                len(w) > width - 8 for w in line.split()), (width, line, human.stdout)
+
+
+def test_the_rule_catalogue_prints_each_fix_command_whole(invoke, width):
+    human, machine = invoke("rules"), invoke("rules", "--json")
+    lines = human.stdout.splitlines()
+    for printed in _printed(json.loads(machine.stdout)):
+        assert _one_line(printed, lines), (width, printed)
+
+
+def test_messages_keep_a_minimum_width_and_identifiers_stack():
+    from eaglectl.layout import MIN_PROSE
+
+    where = "fixtures/drafters/specforge-3.1/config.json:speculators_config.verifier.name_or_path"
+    rows = [("warning", "specforge-norm-output-window", where, "word " * 30)]
+    lines = [report.printable(x).replace("[bold]", "").replace("[/]", "") for x in
+             grid(["severity", "rule", "where", "message"], rows, width=120, prose=["message"])]
+    message = [x for x in lines if "word" in x]
+    assert all(len(x.strip()) >= MIN_PROSE for x in message[:-1]), lines  # never a 28-column sliver
+    assert any(where in x for x in lines)
+    narrow = grid(["severity", "rule", "where", "message"], rows, width=60, prose=["message"])
+    assert any(x.strip() == where for x in narrow) and any("specforge-norm-output-window" in x for x in narrow)
+    assert all("speculators_c" not in x or where in x for x in narrow), narrow  # no fold inside the path
+
+
+def test_a_command_in_prose_is_one_unit():
+    from eaglectl.layout import wrap_words
+
+    fix = ("for vLLM: eaglectl convert fixtures/drafters/specforge-3.1 DEST --to speculators --target "
+           "fixtures/target-llama (translates them)")
+    lines = wrap_words(fix, 40)
+    assert "eaglectl convert fixtures/drafters/specforge-3.1 DEST --to speculators --target fixtures/target-llama" \
+        in lines and lines[0] == "for vLLM:" and lines[-1] == "(translates them)"
+
+
+def test_the_tensors_line_breaks_between_items_only(invoke, width80):
+    r = invoke("inspect", "fixtures/drafters/specforge-3.1")
+    lines = r.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("tensors  "))
+    dtypes = next(x for x in lines[at:at + 3] if "dtypes" in x)
+    assert "BF16×16, BOOL×1, I64×1" in dtypes and all(len(x) <= 80 for x in lines[at:at + 2])
+    r = invoke("-q", "inspect", "fixtures/defects/aux-ids-range", "--target", "fixtures/trained/target-mla",
+               "--no-measure")
+    assert len(r.stdout.splitlines()) == 1  # the -q result line is one line, however long

@@ -190,6 +190,7 @@ def test_ci_workflow_scopes_the_token_and_uploads_what_passed():
     assert with_token == ["Upload only what passed"], with_token
     upload = next(s for s in steps if s.startswith("Upload only what passed"))
     assert "!cancelled()" in upload and "steps.gate.outcome" in upload
+    assert "eaglectl upload " in upload and "HfApi" not in text and "<<'PY'" not in text  # no inline Python
     assert "runs-on: ubuntu-latest\n    env:" not in text and "--states" in text
 
 

@@ -332,6 +332,9 @@ def _umask() -> int:
     return current
 
 
+umask = _umask  # the process umask, for the single files eaglectl writes besides a staged folder (plot, card)
+
+
 @contextlib.contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():

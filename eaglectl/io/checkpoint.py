@@ -18,6 +18,7 @@ from ..errors import (
     CorruptCheckpointError,
     PickleNotAllowedError,
     SourceChangedError,
+    UsageError,
     filesystem_error,
 )
 from ..limits import limit
@@ -150,12 +151,21 @@ def open_checkpoint(source: str, *, allow_pickle: bool = False, revision: str | 
             raise CheckpointNotFoundError(f"{source}: --revision applies to Hub repos, not local paths")
         return _open_local(source, path, allow_pickle, weights_required)
     ref = hub.parse_hub_id(source, revision)
+    near = near_path(source)
     if ref is None or looks_like_path(source):
         raise CheckpointNotFoundError(
             f"{source}: no such file or directory", path=source,
-            hint="give a local folder or file, or a Hub id such as org/name or hf://org/name@rev",
+            hint=f"did you mean {near}?" if near else
+            "give a local folder or file, or a Hub id such as org/name or hf://org/name@rev",
         )
-    resolved = hub.resolve(ref)
+    try:
+        resolved = hub.resolve(ref)
+    except CheckpointNotFoundError as e:
+        if source.startswith("hf://"):
+            raise
+        # an org/name that is no local folder either: say both, so a mistyped folder is not read as a Hub miss
+        raise CheckpointNotFoundError(f"{source}: no such local file or folder, and as a Hub id: {e.message}",
+                                      hint=f"did you mean {near}?" if near else e.hint, **e.context) from None
     if resolved.local_dir is not None:
         ckpt = _open_local(source, resolved.local_dir, allow_pickle, weights_required)
     else:
@@ -178,6 +188,41 @@ def local_path(source: str) -> Path | None:
     except ValueError:
         return None
     return path
+
+
+def near_path(source: str) -> str | None:
+    """An existing path one typo away from `source` (each missing component replaced by its closest
+    sibling), for "did you mean": `fixtures/drafters/speculator-3` -> `fixtures/drafters/speculators-3`."""
+    import difflib
+
+    if not source or source.startswith("hf://") or "\x00" in source:
+        return None
+    parts = source.rstrip("/").split("/")
+    base = Path("/") if source.startswith("/") else Path(".")
+    fixed: list[str] = []
+    try:
+        for part in parts:
+            if part in ("", "."):
+                if not fixed and source.startswith("/"):
+                    continue
+                fixed.append(part)
+                continue
+            here = base.joinpath(*[p for p in fixed if p])
+            if (here / part).exists():
+                fixed.append(part)
+                continue
+            if not here.is_dir():
+                return None
+            with os.scandir(here) as it:
+                siblings = [e.name for n, e in zip(range(limit("folder_entries")), it)]
+            close = difflib.get_close_matches(part, siblings, n=1, cutoff=0.8)
+            if not close:
+                return None
+            fixed.append(close[0])
+    except OSError:
+        return None
+    guess = ("/" if source.startswith("/") else "") + "/".join(fixed)
+    return guess if guess != source.rstrip("/") and Path(guess).exists() else None
 
 
 def looks_like_path(source: str) -> bool:
@@ -238,6 +283,9 @@ def _open_local(source: str, path: Path, allow_pickle: bool, weights_required: b
         entry = _pick_entry(root, names, weights_required)
     else:
         root = path.parent
+        if not path.name.endswith((".safetensors", ".index.json", *PICKLE_SUFFIXES)):
+            raise UsageError(f"{source}: {path.name} is not a weights file (.safetensors, *.index.json, .bin); "
+                             "pass its folder", path=source, hint=f"give the folder: {root}")
         names = _listing(root)
         entry = path.name
     identities: dict[str, tuple[int, int, int, int]] = {}

@@ -212,3 +212,4 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
 from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)
+from . import publish  # noqa: E402, F401  (check / upload only: what publishing the folder does)

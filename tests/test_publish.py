@@ -1,0 +1,248 @@
+"""Issue 23 §3 and §6: nothing local reaches the Hub, and `eaglectl upload` after a PASS."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+
+import pytest
+
+from eaglectl.publish import is_local_path, local_paths, public_name, public_value, upload_files
+
+from .conftest import DRAFTERS, FIXTURES, ROOT, TARGET
+
+TRAINED = FIXTURES / "trained"
+
+
+def _absolute_paths(folder, *also):
+    """Every absolute path of this machine in any byte of any file under `folder` (binary files too)."""
+    needles = [str(ROOT).encode(), str(folder).encode(), *(str(x).encode() for x in also)]
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            raw = path.read_bytes()
+            found += [(path.name, n.decode()) for n in needles if n in raw]
+            found += [(path.name, m.group().decode()) for m in re.finditer(rb'"(/(?:work|tmp|home|root)/[^"]*)"', raw)]
+    return found
+
+
+def _config(folder):
+    return json.loads((folder / "config.json").read_text())
+
+
+def _metadata(folder):
+    raw = (folder / "model.safetensors").read_bytes()
+    return json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
+
+
+# ---------------------------------------------------------------------------------------- §3: provenance
+
+def test_convert_upgrade_and_check_leave_no_absolute_path_under_dest(invoke, tmp_path):
+    """A local source (given as an absolute path) and a local target: the files name them by basename."""
+    conv, up = tmp_path / "conv", tmp_path / "up"
+    r = invoke("convert", TRAINED / "eagle3", conv, "--to", "speculators", "--target", TRAINED / "target",
+               "--no-measure")
+    assert r.exit_code == 0, r.stderr
+    assert _config(conv)["eaglectl_provenance"]["source"] == "eagle3"
+    assert json.loads(_metadata(conv)["eaglectl"])["source"] == "eagle3"
+    assert _absolute_paths(conv, DRAFTERS, TRAINED) == []
+    r = invoke("upgrade", conv, up, "--init", "calibrated", "--target", TRAINED / "target", "--no-fidelity")
+    assert r.exit_code == 0, r.stderr
+    calibration = _config(up)["eaglectl_provenance"]["calibration"]
+    assert calibration["target"] == "target" and not any(
+        isinstance(v, str) and is_local_path(v) for v in calibration.values()), calibration
+    assert _absolute_paths(up, DRAFTERS, TRAINED, conv) == []
+    r = invoke("check", up, "--card", "--base-model", "acme/target", "--json")
+    assert r.exit_code == 0, r.stdout
+    assert _absolute_paths(up, DRAFTERS, TRAINED, conv) == []
+    assert (up / "README.md").exists() and local_paths(up) == []
+
+
+def test_a_hub_source_keeps_its_id_and_prose_loses_the_path():
+    assert public_name("org/drafter") == "org/drafter" and public_name("/home/me/runs/head-7") == "head-7"
+    assert public_name("~/heads/h3/") == "h3" and public_name("C:\\runs\\head") == "head"
+    assert public_value({"t": ["/a/b/c", "target /x/y/tgt: 4096 tokens of text", "https://hf.co/a/b"]}) == {
+        "t": ["c", "target tgt: 4096 tokens of text", "https://hf.co/a/b"]}
+
+
+@pytest.mark.parametrize("where", ["config", "metadata", "card", "notes"])
+def test_check_flags_a_local_path_in_any_file_that_would_be_uploaded(invoke, tmp_path, where):
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTERS / "speculators-3.1", d)
+    secret = "/home/alice/runs/eagle-7/checkpoint-9000"
+    if where == "config":
+        cfg = _config(d)
+        cfg["transformer_layer_config"]["_name_or_path"] = secret
+        (d / "config.json").write_text(json.dumps(cfg))
+    elif where == "metadata":
+        from safetensors.torch import load_file, save_file
+
+        save_file(load_file(d / "model.safetensors"), d / "model.safetensors",
+                  metadata={"format": "pt", "eaglectl": json.dumps({"source": secret})})
+    elif where == "card":
+        (d / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\n"
+                                     f"Trained in {secret}.\n")
+    else:
+        (d / "notes.txt").write_text(f"run dir: {secret}\n")
+    (d / ".eaglectl-lock").write_text(secret)  # a dot-file is not uploaded, so not flagged
+    r = invoke("check", d, "--target", TARGET, "--json")
+    doc = json.loads(r.stdout)
+    found = [f for f in doc["findings"] if f["rule_id"] == "local-path"]
+    assert r.exit_code == 1 and len(found) == 1 and secret in found[0]["message"], doc["findings"]
+    publish = next(s for s in doc["stages"] if s["name"] == "publish")
+    assert publish["status"] == "fail" and ".eaglectl-lock" not in publish["data"]["files"]
+    assert found[0]["locator"].split(":")[0] in publish["data"]["files"]
+    if where == "config":
+        assert found[0]["locator"] == "config.json:transformer_layer_config._name_or_path"
+    r = invoke("check", d, "--target", TARGET)
+    assert "local-path" in r.stdout and "FAIL" in r.stdout
+
+
+def test_check_card_base_model_names_the_null_verifier(invoke, tmp_path):
+    out = tmp_path / "out"
+    assert invoke("convert", DRAFTERS / "specforge-3.1", out, "--to", "speculators", "--target", TARGET).exit_code == 0
+    assert _config(out)["speculators_config"]["verifier"]["name_or_path"] is None  # the local target is no id
+    r = invoke("check", out, "--base-model", "acme/target", "--json")  # no --card: says how
+    card = next(s for s in json.loads(r.stdout)["stages"] if s["name"] == "card")
+    assert "--card --base-model writes it" in card["detail"]
+    assert _config(out)["speculators_config"]["verifier"]["name_or_path"] is None
+    # no embed_tokens and no verifier: the speculators library cannot load it; check says so
+    assert "speculators-null-verifier" in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}
+    r = invoke("check", out, "--card", "--base-model", "acme/target", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["config_written"] == str(out / "config.json")
+    assert _config(out)["speculators_config"]["verifier"]["name_or_path"] == "acme/target"
+    assert "speculators-null-verifier" not in {f["rule_id"] for f in doc["findings"]}
+    assert "base_model: acme/target" in (out / "README.md").read_text()
+    assert invoke("inspect", out).exit_code == 0  # the rewritten config still reads
+
+
+def test_upgrade_carries_eaglectls_own_null_verifier_with_a_warning(invoke, tmp_path):
+    conv, up = tmp_path / "conv", tmp_path / "up"
+    assert invoke("convert", DRAFTERS / "eagle-3", conv, "--to", "speculators", "--target", TARGET).exit_code == 0
+    r = invoke("upgrade", conv, up, "--no-fidelity")
+    assert r.exit_code == 0, r.stderr
+    assert "verifier is null" in r.stdout and _config(up)["speculators_config"]["verifier"]["name_or_path"] is None
+    # a speculators config that names nothing and was not eaglectl's is still refused
+    foreign = tmp_path / "foreign"
+    shutil.copytree(conv, foreign)
+    cfg = _config(foreign)
+    del cfg["eaglectl_provenance"]
+    (foreign / "config.json").write_text(json.dumps(cfg))
+    r = invoke("upgrade", foreign, tmp_path / "up2", "--no-fidelity")
+    assert r.exit_code == 7 and "--base-model" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------- §6: upload
+
+@pytest.fixture
+def drafter(tmp_path):
+    d = tmp_path / "head-31"
+    shutil.copytree(DRAFTERS / "speculators-3.1", d)
+    return d
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """The commit step, recorded instead of sent: a test of everything up to the network call."""
+    import huggingface_hub
+
+    calls = []
+
+    def record(name):
+        def call(self, *args, **kwargs):
+            calls.append((name, args, kwargs))
+            if name == "create_commit":
+                return huggingface_hub.CommitInfo(commit_url="https://huggingface.co/acme/head-31/commit/abc",
+                                                  commit_message=kwargs["commit_message"], commit_description="",
+                                                  oid="abc", pr_url=None)
+            return None
+        return call
+
+    for name in ("create_repo", "create_branch", "create_commit"):
+        monkeypatch.setattr(huggingface_hub.HfApi, name, record(name))
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    return calls
+
+
+def test_upload_dry_run_plans_huggingface_hubs_own_operations(invoke, drafter, no_network):
+    r = invoke("upload", drafter, "acme/head-31", "--target", TARGET, "--card", "--dry-run", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["schema"] == "eaglectl.upload/1" and not doc["uploaded"] and no_network == []
+    assert doc["gate"]["passed"] and [s["name"] for s in doc["gate"]["stages"]][-1] == "publish"
+    files = [rel for rel, _ in upload_files(drafter)]
+    assert [o["path_in_repo"] for o in doc["operations"]] == files == ["README.md", "config.json", "model.safetensors"]
+    for op in doc["operations"]:
+        raw = (drafter / op["path_in_repo"]).read_bytes()
+        assert op["size"] == len(raw) and op["sha256"] == hashlib.sha256(raw).hexdigest() and op["operation"] == "add"
+    assert doc["commit_message"] == "Upload EAGLE-3.1 drafter (speculators): eaglectl check PASS"
+    assert "| publish | pass |" in doc["commit_description"]
+    human = invoke("upload", drafter, "acme/head-31", "--target", TARGET, "--dry-run")
+    assert "dry run: nothing was sent" in human.stdout and "model.safetensors" in human.stdout
+
+
+def test_upload_commits_once_with_the_real_operations(invoke, drafter, no_network):
+    from huggingface_hub import CommitOperationAdd
+
+    r = invoke("upload", drafter, "acme/head-31", "--target", TARGET, "--revision", "v2", "--private", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["uploaded"] and doc["commit_url"].endswith("/commit/abc"), r.stderr
+    names = [c[0] for c in no_network]
+    assert names == ["create_repo", "create_branch", "create_commit"]
+    assert no_network[0][2]["private"] is True and no_network[0][2]["exist_ok"] is True
+    assert no_network[1][2] == {"branch": "v2", "repo_type": "model", "exist_ok": True}
+    (repo,), kwargs = no_network[2][1][:1], no_network[2][2]
+    ops = list(no_network[2][1][1])
+    assert repo == "acme/head-31" and kwargs["revision"] == "v2" and kwargs["create_pr"] is None
+    assert all(isinstance(op, CommitOperationAdd) for op in ops)
+    assert [op.path_in_repo for op in ops] == [o["path_in_repo"] for o in doc["operations"]]
+    assert kwargs["commit_message"] == doc["commit_message"] and "eaglectl check" in kwargs["commit_description"]
+    no_network.clear()
+    r = invoke("upload", drafter, "acme/head-31", "--target", TARGET, "--create-pr", "--revision", "v2",
+               "--commit-message", "warm start", "--json")
+    assert r.exit_code == 0 and [c[0] for c in no_network] == ["create_repo", "create_commit"]
+    assert no_network[1][2]["create_pr"] is True and no_network[1][2]["commit_message"] == "warm start"
+
+
+def test_upload_refuses_a_failing_gate_and_a_local_path_before_the_network(invoke, tmp_path, no_network):
+    bad = tmp_path / "bad"
+    shutil.copytree(FIXTURES / "defects" / "d2t-range", bad)
+    r = invoke("upload", bad, "acme/bad", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 1 and doc["refused"] == "the gate failed" and no_network == []
+    leaky = tmp_path / "leaky"
+    shutil.copytree(DRAFTERS / "speculators-3.1", leaky)
+    (leaky / "notes.md").write_text("trained from /home/alice/data/run-3\n")
+    r = invoke("upload", leaky, "acme/leaky", "--target", TARGET)
+    assert r.exit_code == 1 and "not uploaded" in r.stdout and "local-path" in r.stdout and no_network == []
+    r = invoke("upload", leaky, "acme/leaky", "--target", TARGET, "--dry-run", "--json")
+    assert r.exit_code == 1 and json.loads(r.stdout)["refused"]  # a dry run says it would refuse
+
+
+def test_upload_says_what_the_machine_lacks_with_exit_10(invoke, drafter, monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    from .conftest import free_port
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "no-tokens"))
+    r = invoke("upload", drafter, "acme/head-31")
+    assert r.exit_code == 10 and "no Hugging Face token" in r.stderr and "HF_TOKEN" in r.stderr
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    r = invoke("upload", drafter, "acme/head-31")
+    assert r.exit_code == 10 and "HF_HUB_OFFLINE" in r.stderr
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    r = invoke("upload", drafter, "acme/head-31", "--json")
+    assert r.exit_code == 10 and "cannot reach the Hub" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["error"]["reference"] == "missing-dependency"
+
+
+def test_upload_takes_a_local_folder_and_a_hub_id(invoke, drafter):
+    assert invoke("upload", drafter, "./not-an-id").exit_code == 2
+    r = invoke("upload", drafter / "config.json", "acme/x")
+    assert r.exit_code == 2 and "local folder" in r.stderr
