@@ -33,6 +33,7 @@ from typing import Any
 
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
+from .limits import LIMITS
 
 WORKER = Path(__file__).with_name("workers") / "vllm_reading.py"
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were read from
@@ -176,6 +177,8 @@ def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | 
         shift = _shift(view, lk)
         if not isinstance(value, (list, tuple)):
             return None, "model default", 0  # a truthy non-list ends the search; the runner then uses the default
+        if len(value) > LIMITS["aux_ids"].value:
+            raise ValueError(f"{lk.key} lists {len(value)} ids (more than {LIMITS['aux_ids'].value})")
         try:
             return tuple(int(i) + shift for i in value), lk.key, shift
         except (TypeError, ValueError):
@@ -217,14 +220,19 @@ def model_reads(view: dict[str, Any]) -> tuple[dict[str, bool] | None, int | Non
         if n is None:
             n = view.get("num_aux_hidden_states")
         if n is None:
-            ids = view.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids")
-            n = len(ids) if ids else 3
+            n = _count(view.get("eagle_aux_hidden_state_layer_ids") or eagle.get("eagle_aux_hidden_state_layer_ids"))
     else:
         n = view.get("num_aux_hidden_states")
         if n is None:
-            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-            n = len(ids) if ids else 3
+            n = _count(eagle.get("eagle_aux_hidden_state_layer_ids"))
     return flags, n if isinstance(n, int) else None, module
+
+
+def _count(ids: Any) -> int | None:
+    """len(ids) as the model class takes it (3 when absent); None where vLLM's len() would raise."""
+    if not ids:
+        return 3
+    return len(ids) if isinstance(ids, (list, tuple, str, dict)) else None
 
 
 def table_readings(config: dict[str, Any] | None, target_layers: int | None, drafter: str = "") -> Readings:
@@ -242,7 +250,12 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
         return out
     flags, n, module = model_reads(view)
     for t in RUNNERS:
-        chosen, source, shift = select(view, t)
+        try:
+            chosen, source, shift = select(view, t)
+        except ValueError as e:  # beyond eaglectl's bounds (limits.py): config-field-invalid says so
+            out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
+                                             error=str(e), build="eaglectl's reading of the config"))
+            continue
         if chosen is None:
             ids = _default(target_layers) if target_layers is not None else None
         else:
@@ -418,6 +431,8 @@ def _from_worker(result: dict[str, Any], version: str, target_layers: int | None
                                      error=_clean(result.get("error")) or "not read", build=build))
             continue
         ids = tuple(r["boundary_ids"]) if r.get("boundary_ids") is not None else None
+        if ids is not None and len(ids) > LIMITS["aux_ids"].value:
+            ids, r = None, {**r, "error": f"{len(ids)} ids (more than {LIMITS['aux_ids'].value})"}
         if r.get("source") == "model default" and target_layers is None:
             ids = None  # read on a stand-in depth: the real target's default is unknown
         out.append(RunnerReading("vllm", runner, version, ids, r.get("source"), int(r.get("shift") or 0), flags,

@@ -116,6 +116,11 @@ def split_safetensors(path: Path) -> tuple[dict[str, Any], bytes]:
     return json.loads(raw[8: 8 + n]), raw[8 + n:]
 
 
+# A case slower than this is a hang or a blow-up (a minute of work on a hostile value), not a busy machine:
+# on 2 cores shared with other jobs a normal case takes up to ~2 s.
+PATHOLOGICAL_S = 10.0
+
+
 @dataclass
 class FuzzReport:
     cases: int = 0

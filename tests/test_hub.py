@@ -68,11 +68,11 @@ def test_cached_repo_inspects_offline_and_reports_the_sha(tmp_path):
 
 
 def test_revision_and_subfolder_forms(tmp_path):
-    cache = _cache(tmp_path, "acme/heads", DRAFTERS / "specforge-3.1", sub="llama")
+    cache = _cache(tmp_path, "acme/heads", DRAFTERS / "speculators-3.1", sub="llama")
     r = _run(cache, "inspect", f"hf://acme/heads@{SHA}/llama", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["dialect"] == "specforge" and doc["speculative_config"]["model"] == "acme/heads/llama"
+    assert doc["dialect"] == "speculators" and doc["speculative_config"]["model"] == "acme/heads/llama"
     r = _run(cache, "inspect", "acme/heads", "--revision", "main", "--json")
     assert r.returncode == 3  # the snapshot root holds no weights, only the subfolder does
 
@@ -96,7 +96,7 @@ def test_not_cached_offline_is_one_line_exit_3(tmp_path):
 
 
 def test_unreachable_hub_falls_back_to_the_cache(tmp_path):
-    cache = _cache(tmp_path, "acme/drafter", DRAFTERS / "specforge-3")
+    cache = _cache(tmp_path, "acme/drafter", DRAFTERS / "speculators-3")
     r = _run(cache, "inspect", "acme/drafter", "--json", offline=False)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["inputs"]["sha"] == SHA

@@ -245,7 +245,7 @@ def test_upgrade_measures_layers_and_inits(tmp_path, invoke):
     doc = json.loads(r.stdout)
     assert doc["layers"]["boundary_ids"] == [3, 5, 6] and doc["layers"]["how"].startswith("measured")
     inits = [c["init"] for c in doc["init_candidates"]]
-    assert sorted(inits) == ["calibrated", "harmonic", "ones", "refit"] and doc["init"] == inits[0]
+    assert sorted(inits) == ["calibrated", "fit", "harmonic", "ones", "refit"] and doc["init"] == inits[0]
     kept = {c["init"]: c["acceptance_kept"] for c in doc["init_candidates"]}
     assert kept[doc["init"]] == max(kept.values()) and kept[doc["init"]] > 0.9
     assert kept["ones"] < kept[doc["init"]]

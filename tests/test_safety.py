@@ -19,7 +19,7 @@ from eaglectl import errors
 from eaglectl.io.atomic import lock_path, staged_output
 
 from .conftest import DEFECTS, DRAFTERS, ROOT, TARGET
-from .fuzzing import fuzz
+from .fuzzing import PATHOLOGICAL_S, fuzz
 
 TRAINED = ROOT / "fixtures" / "trained"
 
@@ -337,16 +337,16 @@ def test_fuzzing_the_inspect_path_finds_no_internal_error(tmp_path):
     """Seeded, in process: 2,000 mutated headers and 1,000 mutated configs / indexes / target configs."""
     rep = fuzz(tmp_path, headers=2000, configs=1000, seed=0)
     assert rep.cases == 3000 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
     assert rep.rss_growth_mb < 300
-    assert rep.seconds < 60
+    assert rep.seconds < 30 * PATHOLOGICAL_S
 
 
 @pytest.mark.slow
 def test_fuzzing_at_scale(tmp_path):
     rep = fuzz(tmp_path, headers=30_000, configs=20_000, seed=1, render_every=10)
     assert rep.cases == 50_000 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < 1.0, rep.slowest_case
+    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
     assert rep.rss_growth_mb < 300
 
 
