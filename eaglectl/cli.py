@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -1171,7 +1170,9 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminated)
+    from .interrupts import install
+
+    install(sigterm=_terminated)
     try:
         code = cli.main(prog_name="eaglectl", standalone_mode=False)  # returns ctx.exit's code
     except click.exceptions.Exit as e:
