@@ -181,7 +181,7 @@ def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | 
             raise ValueError(f"{lk.key} lists {len(value)} ids (more than {LIMITS['aux_ids'].value})")
         try:
             return tuple(int(i) + shift for i in value), lk.key, shift
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # vLLM's int() raises too: no list it can use
             return None, "model default", 0
     return None, "model default", 0
 

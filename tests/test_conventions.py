@@ -66,13 +66,15 @@ def test_the_smoke_options_pass_through_and_a_cpu_runner_gates_on_the_reference_
 @pytest.mark.slow
 def test_the_gate_smokes_under_real_vllm_with_the_options_given(invoke):
     """The same options under vLLM: its counts equal the reference loop's gate exactly."""
-    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
-    if not python:
+    from .test_smoke import vllm_python
+
+    python = vllm_python()
+    if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
     stage = {}
     for engine in ("vllm", "reference"):
         r = invoke("check", TRAINED / "eagle3.1", "--target", TRAINED / "target", "--engine", engine, "-k", "2",
-                   "--num-prompts", "4", "--timeout-s", "600", "--no-card", "--json")
+                   "--num-prompts", "4", "--timeout-s", "600", "--no-card", "--vllm-python", python, "--json")
         assert r.exit_code == 0, r.stdout[-2000:]
         stage[engine] = json.loads(r.stdout)["stages"][2]["data"]
     assert stage["vllm"]["engine"] == "vllm" and stage["vllm"]["versions"]["vllm_version"]

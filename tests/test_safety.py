@@ -290,6 +290,7 @@ def test_hostile_headers_and_configs_give_their_own_errors(invoke, tmp_path):
 @pytest.mark.parametrize("field,value", [
     ("num_hidden_layers", 100_000_000), ("num_hidden_layers", 2**31), ("torch_dtype", [["x"]]),
     ("eagle_aux_hidden_state_layer_ids", "1,2"), ("eagle_aux_hidden_state_layer_ids", list(range(100_000))),
+    ("eagle_aux_hidden_state_layer_ids", [float("inf"), 1]),
     ("rope_theta", "10000"), ("rope_theta", float("nan")), ("rms_norm_eps", 10**400), ("vocab_size", -3),
 ])
 def test_ill_typed_or_huge_config_values_are_findings_not_crashes(invoke, tmp_path, field, value):

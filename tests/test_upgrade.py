@@ -254,14 +254,12 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
 def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path):
     """`upgrade --prompts P` then real vLLM on DEST with P: the AL after the upgrade that upgrade printed is
     vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
-    import os
-
     from eaglectl.smoke import run as smoke
 
-    python = os.environ.get("EAGLECTL_VLLM_PYTHON")
-    if not python or not os.path.exists(python):
-        if os.environ.get("EAGLECTL_REQUIRE_VLLM"):
-            pytest.fail("EAGLECTL_REQUIRE_VLLM is set but EAGLECTL_VLLM_PYTHON names no interpreter")
+    from .test_smoke import vllm_python
+
+    python = vllm_python()
+    if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
     prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)
     dest = tmp_path / "up"
