@@ -381,6 +381,8 @@ def render_inspect(report: Any) -> None:
         tg = report.target.summary()
         say("target   ", items=[f"{short_path(tg['source'])}: {shown(tg.get('num_hidden_layers'))} layers",
                                 f"hidden {shown(tg.get('hidden_size'))}", f"vocab {shown(tg.get('vocab_size'))}"])
+        if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
+            say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
         from .runners import describe
 
@@ -394,12 +396,24 @@ def render_inspect(report: Any) -> None:
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))
+    rec = report.recommendation()
+    if rec:
+        out.print(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: {safe(rec)}", soft_wrap=True)
     findings(report.findings)
     out.print()
     serve = report.serve_command()
     if serve is not None:
         out.print("vLLM:")
         out.print(f"  {safe(serve)}", soft_wrap=True)
+    elif report.servable and report.wrong_layers():
+        ids = sorted({w.split(":", 1)[0] for w in report.wrong_layers()})
+        say("vLLM: ", f"no serve command: vLLM would serve the drafter on other target layers than it reads "
+            f"({', '.join(ids)}); run first:", indent=2)
+        fix = report.serve_fix()
+        if fix:
+            out.print(f"  {safe(fix)}", soft_wrap=True)
+    elif report.for_engine != "vllm":
+        out.print(f"no vLLM serve command (--for {report.for_engine})")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:

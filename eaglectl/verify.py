@@ -300,6 +300,11 @@ def warm_start(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], pr
                     for j, (kl, top1) in record.items() if j < steps}
         w.why = ("bounded by the fidelity the upgrade measured and recorded in its provenance "
                  f"(KL mean <= {REC_KL_FACTOR:g} x recorded + {REC_KL_SLACK:g}, top-1 >= recorded - {REC_TOP1_SLACK:g})")
+    elif isinstance((prov or {}).get("fidelity"), dict):
+        kind = prov["fidelity"].get("inputs")  # type: ignore[index]
+        w.why = (f"the upgrade measured its fidelity on {kind} states, this run is on "
+                 f"{'target' if inputs.real else 'synthetic'} states: verify "
+                 + ("with --target" if kind == "target" else "without --target") + " bounds the steps by it")
     elif not inputs.real:
         w.why = ("synthetic states: fc_norm divides each aux chunk by its RMS, so the outputs measure the synthetic "
                  "per-layer scales, not the upgrade; --target bounds the steps")

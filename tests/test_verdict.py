@@ -1,0 +1,94 @@
+"""One verdict across upgrade, verify and check (issue 23 §1): `upgrade && verify DEST --against SOURCE` agrees on
+both flag sets, both output dialects, with and without --target, and a real regression still fails verify."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import FIXTURES
+
+TRAINED = FIXTURES / "trained"
+SOURCE = TRAINED / "eagle3"
+TARGET = TRAINED / "target"
+FLAG_SETS = {"both": [], "fc_norm only": ["--no-norm-output"]}
+
+
+@pytest.fixture(scope="module")
+def upgrades(tmp_path_factory):
+    """Each flag set x (--to speculators with the target, the default init | --to specforge without)."""
+    from click.testing import CliRunner
+
+    from eaglectl.cli import cli
+
+    root, out = tmp_path_factory.mktemp("verdict"), {}
+    for label, flags in FLAG_SETS.items():
+        for how, extra in (("speculators+target", ["--to", "speculators", "--target", TARGET]),
+                           ("specforge", ["--to", "specforge"])):
+            dest = root / f"{label.replace(' ', '-')}-{how.replace('+', '-')}"
+            r = CliRunner().invoke(cli, ["upgrade", str(SOURCE), str(dest), *map(str, extra), *flags, "--json"],
+                                   catch_exceptions=False)
+            assert r.exit_code == 0, r.output
+            out[label, how] = dest, json.loads(r.stdout)
+    return out
+
+
+@pytest.mark.parametrize("flags", list(FLAG_SETS))
+@pytest.mark.parametrize("how", ["speculators+target", "specforge"])
+@pytest.mark.parametrize("with_target", [False, True])
+def test_upgrade_then_verify_agree(invoke, upgrades, flags, how, with_target):
+    dest, up = upgrades[flags, how]
+    assert up["warm_start"] == "warm start: fine-tune before publishing"
+    prov = json.loads((dest / "config.json").read_text())["eaglectl_provenance"]
+    assert set(prov["upgrade_tensors"]) >= {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}
+    args = ["verify", dest, "--against", SOURCE] + (["--target", TARGET] if with_target else [])
+    r = invoke(*args, "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["passed"] is True and doc["regime"] == "upgrade", r.stdout
+    warm = doc["warm_start"]
+    assert warm["recorded"] and not warm["problems"] and warm["digests_checked"] == sorted(prov["upgrade_tensors"])
+    assert warm["upgrade_steps"] == (["add-fc-norm"] if flags == "fc_norm only" else ["add-fc-norm", "set-norm-output"])
+    recorded_on_target = how == "speculators+target"
+    if with_target == recorded_on_target:  # verify's inputs are like the upgrade's: bounded by its own record
+        assert warm["bounded_by"] == "record" and warm["judged_steps"] == [0, 1, 2]
+        for row, bound in zip(doc["per_step"], warm["bounds"], strict=True):
+            assert row["passed"] is True and row["kl_mean"] <= bound["kl_mean_max"]
+    else:  # the upgrade measured on other inputs: reported, the tensors still checked
+        assert warm["judged_steps"] == [] and all(row["passed"] is None for row in doc["per_step"])
+        assert ("without --target" if with_target else "with --target") in warm["why"]
+    human = invoke(*args)
+    assert human.exit_code == 0 and "warm start" in human.stdout and human.stdout.rstrip().endswith("PASS")
+
+
+def test_check_agrees(invoke, upgrades):
+    dest, _ = upgrades["both", "speculators+target"]
+    r = invoke("check", dest, "--target", TARGET, "--no-card")
+    assert r.exit_code == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("with_target", [False, True])
+def test_a_corrupted_fc_norm_weight_still_fails(invoke, upgrades, tmp_path, with_target):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    dest, _ = upgrades["both", "specforge"]
+    bad = tmp_path / "bad"
+    shutil.copytree(dest, bad)
+    files = sorted(bad.glob("*.safetensors"))
+    for f in files:
+        t = load_file(f)
+        names = [k for k in t if "fc_norm" in k or "norm_fc" in k or k.endswith("fc_norm.0.weight")]
+        if names:
+            t[names[0]] = t[names[0]] * 4.0
+            save_file(t, f, metadata={"format": "pt"})
+            break
+    else:
+        pytest.fail(f"no fc_norm tensor in {files}")
+    args = ["verify", bad, "--against", SOURCE, "--json"] + (["--target", TARGET] if with_target else [])
+    r = invoke(*args)
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 8 and doc["passed"] is False and doc["regime"] == "upgrade", r.stdout
+    assert doc["warm_start"]["mismatched_tensors"] == ["fc_norm.0.weight"]
+    assert "not what the upgrade wrote" in r.stderr
