@@ -150,9 +150,10 @@ ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
 
 
 def scope(findings: list[Finding], engine: str) -> list[Finding]:
-    """Findings for `engine`: a rule about another engine is advice for that engine (info), re-sorted."""
+    """Findings for `engine`: a rule about the other engine --for can name is advice for that engine (info),
+    re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
     for f in findings:
-        f.other_engine = engine if f.rule.engine is not None and f.rule.engine != engine else None
+        f.other_engine = engine if f.rule.engine in ENGINES and f.rule.engine != engine else None
     findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return findings
 
