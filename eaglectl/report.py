@@ -405,7 +405,7 @@ def render_inspect(report: Any) -> None:
     if serve is not None:
         out.print("vLLM:")
         out.print(f"  {safe(serve)}", soft_wrap=True)
-    elif report.servable and report.wrong_layers():
+    elif report.wrong_layers() and report.for_engine == "vllm":
         ids = sorted({w.split(":", 1)[0] for w in report.wrong_layers()})
         say("vLLM: ", f"no serve command: vLLM would serve the drafter on other target layers than it reads "
             f"({', '.join(ids)}); run first:", indent=2)

@@ -92,3 +92,84 @@ def test_a_corrupted_fc_norm_weight_still_fails(invoke, upgrades, tmp_path, with
     assert r.exit_code == 8 and doc["passed"] is False and doc["regime"] == "upgrade", r.stdout
     assert doc["warm_start"]["mismatched_tensors"] == ["fc_norm.0.weight"]
     assert "not what the upgrade wrote" in r.stderr
+
+
+# ------------------------------------------------------------------ the serve line never serves wrong layers
+
+TARGET_LLAMA = FIXTURES / "target-llama"
+
+
+@pytest.mark.parametrize("name, target", [(TRAINED / "eagle3-output", TARGET),
+                                          (FIXTURES / "drafters" / "specforge-3", TARGET_LLAMA),
+                                          (FIXTURES / "drafters" / "torchspec-3.1", TARGET_LLAMA)])
+def test_serve_line_withheld_until_the_printed_fix_ran(invoke, tmp_path, name, target):
+    r = invoke("inspect", name)
+    assert "vllm serve" not in r.stdout and "no serve command" in r.stdout, r.stdout
+    doc = json.loads(invoke("inspect", name, "--json").stdout)
+    assert doc["serve_command"] is None and doc["serve_withheld"] and doc["serve_fix"].startswith("eaglectl convert")
+    assert doc["serve_fix"] in r.stdout.replace("\n", " ") or doc["serve_fix"] in r.stdout
+    # the fix, run as printed (DEST and TARGET filled), gives a report with a serve line that reads the right layers
+    dest = tmp_path / "fixed"
+    fix = doc["serve_fix"].replace("DEST", str(dest)).replace("TARGET", str(target)).split()
+    assert fix[0] == "eaglectl"
+    assert invoke(*fix[1:]).exit_code == 0
+    after = json.loads(invoke("inspect", dest, "--json").stdout)
+    assert after["serve_command"] and not after["serve_withheld"], after["findings"]
+
+
+def test_the_card_withholds_it_too(tmp_path):
+    from eaglectl import card, inspect
+
+    rep = inspect.run(str(TRAINED / "eagle3-output"))
+    assert "vllm serve" not in card._serve(rep, None) and "eaglectl convert" in card._serve(rep, None)
+
+
+# ------------------------------------------------------------------------------- fixes, engines, provenance
+
+def test_inspect_for_scopes_engine_advice(invoke):
+    eagle = FIXTURES / "drafters" / "eagle-3"
+    ids = {f["rule_id"]: f for f in json.loads(invoke("inspect", eagle, "--json").stdout)["findings"]}
+    assert ids["architectures-plain"]["severity"] == "info" and ids["architectures-plain"]["engine"] == "sglang"
+    r = invoke("inspect", eagle, "--for", "sglang", "--json")
+    doc = json.loads(r.stdout)
+    ids = {f["rule_id"]: f for f in doc["findings"]}
+    assert doc["for"] == "sglang" and ids["architectures-plain"]["severity"] == "warning"
+    assert ids["method-from-path"]["severity"] == "info" and doc["serve_command"] is None
+    assert doc["recommendation"]["command"].endswith("--to specforge --target TARGET")
+    assert invoke("inspect", eagle, "--for", "trt").exit_code == 2
+
+
+def test_one_recommendation_per_engine(invoke, tmp_path):
+    src = FIXTURES / "drafters" / "specforge-3.1"
+    r = invoke("inspect", src)
+    lines = r.stdout.splitlines()
+    rec = next(i for i, x in enumerate(lines) if x.startswith("for vLLM: "))
+    assert rec < next(i for i, x in enumerate(lines) if x == "findings")  # it leads the findings
+    cmd = lines[rec].removeprefix("for vLLM: ").replace("DEST", str(tmp_path / "d")).replace("TARGET", str(TARGET_LLAMA))
+    assert invoke(*cmd.split()[1:]).exit_code == 0
+    after = invoke("inspect", tmp_path / "d", "--strict")
+    assert after.exit_code == 0 and "for vLLM: " not in after.stdout, after.stdout
+
+
+def test_upgrade_to_specforge_trusts_its_own_norm_output(invoke, tmp_path):
+    assert invoke("upgrade", SOURCE, tmp_path / "up", "--to", "specforge").exit_code == 0
+    ids = {f["rule_id"] for f in json.loads(invoke("inspect", tmp_path / "up", "--json").stdout)["findings"]}
+    assert "specforge-norm-output-window" not in ids and "needs-fine-tuning" in ids
+    # a SpecForge 3.1 checkpoint eaglectl did not write keeps the warning
+    ids = {f["rule_id"] for f in json.loads(invoke("inspect", FIXTURES / "drafters" / "specforge-3.1",
+                                                   "--json").stdout)["findings"]}
+    assert "specforge-norm-output-window" in ids
+
+
+def test_mla_fix_for_vllm_names_a_dialect_that_holds_mla():
+    from eaglectl.drafter import open_drafter
+    from eaglectl.rules import hint_values
+
+    v = hint_values(open_drafter(str(FIXTURES / "drafters" / "modelopt-mla")))
+    assert "--to modelopt" in v["to_vllm"] and "--to modelopt" in v["to_runners"]
+
+
+def test_nothing_measured_says_why(invoke):
+    r = invoke("inspect", FIXTURES / "drafters" / "modelopt-3", "--target", TARGET_LLAMA)
+    text = " ".join(r.stdout.split())
+    assert "measured nothing:" in text and "the target has no tokenizer" in text, r.stdout
