@@ -84,7 +84,10 @@ class InspectReport:
     def serve_fix(self) -> str | None:
         """The command that makes the serve line right, when it is withheld for wrong layers."""
         from .layout import COMMAND
+        from .rules import blocking
 
+        if blocking(self.findings):
+            return None
         for f in self.findings:
             if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
                 return m.group()
@@ -97,9 +100,11 @@ class InspectReport:
     def recommendation(self) -> str | None:
         """One command for the engine the report is for, when a conversion repairs a finding that counts (error
         or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
-        if not any(f.rule.repaired_by_convert and f.severity in ("error", "warning") for f in self.findings):
+        from .rules import blocking, hint_values
+
+        if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
+                                              for f in self.findings):
             return None
-        from .rules import hint_values
 
         v = hint_values(self.drafter, self.target)
         how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"

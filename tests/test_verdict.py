@@ -173,3 +173,66 @@ def test_nothing_measured_says_why(invoke):
     r = invoke("inspect", FIXTURES / "drafters" / "modelopt-3", "--target", TARGET_LLAMA)
     text = " ".join(r.stdout.split())
     assert "measured nothing:" in text and "the target has no tokenizer" in text, r.stdout
+
+
+# ------------------------------------------------------------------------------------ fix chains converge
+
+def _chain_fixtures() -> list:
+    out = []
+    for group in ("drafters", "trained", "defects"):
+        for p in sorted((FIXTURES / group).iterdir()):
+            if p.is_dir() and (p / "config.json").exists() and not p.name.startswith("target"):
+                out.append(p)
+    return out
+
+
+def _target_for(path) -> str:
+    if path.parent.name == "trained":
+        return str(TRAINED / ("target-mla" if "mla" in path.name else "target"))
+    return str(TARGET_LLAMA)
+
+
+def _first_fix(doc: dict) -> tuple[str, str] | None:
+    """The first counting finding whose fix is an eaglectl command that writes DEST; None when the first counting
+    finding is an error no conversion repairs (its fix is not a command: the chain ends there)."""
+    from eaglectl.layout import COMMAND
+    from eaglectl.rules import RULES
+
+    first = next((f for f in doc["findings"] if f["severity"] in ("error", "warning")), None)
+    if first is not None and first["severity"] == "error" and not RULES[first["rule_id"]].repaired_by_convert:
+        assert not (first["hint"] and COMMAND.search(first["hint"])) or " DEST" not in first["hint"], first
+        return None
+    for f in doc["findings"]:
+        if f["severity"] in ("error", "warning") and f["hint"]:
+            m = COMMAND.search(f["hint"])
+            if m and " DEST" in m.group():
+                return f["rule_id"], m.group()
+    return None
+
+
+@pytest.mark.parametrize("path", _chain_fixtures(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fix_chain_converges(invoke, tmp_path, path):
+    """Run the printed fix (DEST a tmp folder, TARGET the fixture's target, ORG/NAME a Hub id) until no finding
+    has a command that fixes it: at most 3 steps, never the same state twice."""
+    target, here, seen, chain = _target_for(path), str(path), set(), []
+    pickle = ["--allow-pickle"] if any(path.glob("*.bin")) else []
+    for step in range(4):
+        r = invoke("inspect", here, "--json", *pickle)
+        doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+        if doc is None or "findings" not in doc:
+            return  # not an inspectable drafter (the error says why): nothing to chain
+        state = (doc["dialect"], tuple(sorted(f["rule_id"] for f in doc["findings"] if f["severity"] != "info")))
+        assert state not in seen, f"cycle: {chain}"
+        seen.add(state)
+        fix = _first_fix(doc)
+        if fix is None:
+            return
+        assert step < 3, f"more than 3 steps: {chain}"
+        rule, cmd = fix
+        dest = tmp_path / f"step{step}"
+        argv = [a.replace("DEST", str(dest)).replace("TARGET", target).replace("ORG/NAME", "acme/target")
+                for a in cmd.split()]
+        chain.append((rule, " ".join(argv)))
+        r = invoke(*argv[1:])
+        assert r.exit_code == 0, f"{chain}: {r.stderr}"
+        here, pickle = str(dest), []

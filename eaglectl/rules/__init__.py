@@ -154,8 +154,15 @@ def scope(findings: list[Finding], engine: str) -> list[Finding]:
     re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
     for f in findings:
         f.other_engine = engine if f.rule.engine in ENGINES and f.rule.engine != engine else None
-    findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
+    # an error no conversion repairs comes first: convert refuses the source until it is fixed, so the fixes
+    # that convert are not the next step
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.severity != "error" or f.rule.repaired_by_convert))
     return findings
+
+
+def blocking(findings: list[Finding]) -> list[Finding]:
+    """The errors no conversion repairs: convert refuses the source while one stands."""
+    return [f for f in findings if f.severity == "error" and not f.rule.repaired_by_convert]
 
 
 @dataclass
