@@ -86,8 +86,10 @@ class InspectReport:
         from .layout import COMMAND
         from .rules import blocking
 
-        if blocking(self.findings):
+        if blocking(self.findings) or not self.wrong_layers():
             return None
+        if (rec := self.recommendation()) is not None:  # one command for vLLM: it writes the layers right too
+            return rec
         for f in self.findings:
             if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
                 return m.group()
