@@ -155,6 +155,9 @@ class InspectReport:
             "engine_readings": self.readings.to_json() if self.readings is not None else [],
             "engine_readings_note": self.readings_note(),
             "for": self.for_engine,
+            "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
+                                       "rule_severity": f.rule.severity.value}
+                                      for f in self.findings if f.other_engine is not None],
             "strict": self.strict,
             "exit_code": self.exit_code,
         }

@@ -138,12 +138,8 @@ class Finding:
         return "info" if self.other_engine is not None else self.rule.severity.value
 
     def to_json(self) -> dict[str, Any]:
-        out = {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
-               "hint": self.hint, "locator": self.locator}
-        if self.other_engine is not None:
-            out["engine"] = self.rule.engine
-            out["rule_severity"] = self.rule.severity.value
-        return out
+        return {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
+                "hint": self.hint, "locator": self.locator}
 
 
 ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
