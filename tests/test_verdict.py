@@ -61,10 +61,23 @@ def test_upgrade_then_verify_agree(invoke, upgrades, flags, how, with_target):
     assert human.exit_code == 0 and "warm start" in human.stdout and human.stdout.rstrip().endswith("PASS")
 
 
-def test_check_agrees(invoke, upgrades):
-    dest, _ = upgrades["both", "speculators+target"]
-    r = invoke("check", dest, "--target", TARGET, "--no-card")
+@pytest.mark.parametrize("flags", list(FLAG_SETS))
+def test_upgrade_ends_with_al_warm_start_and_next_and_check_agrees(invoke, upgrades, tmp_path, flags):
+    """Issue 21's ending holds on both flag sets, in JSON and on the card check writes; check passes it."""
+    import shutil
+
+    dest, up = upgrades[flags, "speculators+target"]
+    acc = up["acceptance"]
+    assert up["acceptance_length_before"] == acc["before"] > 0 and up["acceptance_length_after"] == acc["after"] > 0
+    assert acc["prompts"]["count"] == 16 and acc["prompts"]["source"] == "bundled"
+    assert up["next_command"] == f"eaglectl check {dest} --target {TARGET}"
+    copy = tmp_path / "d"
+    shutil.copytree(dest, copy)
+    r = invoke("check", copy, "--target", TARGET, "--card")
     assert r.exit_code == 0, r.stdout + r.stderr
+    card = (copy / "README.md").read_text()
+    assert f"{acc['before']} -> {acc['after']}" in card and "Warm start: fine-tune before publishing." in card
+    assert f"{acc['prompts']['count']} prompts" in card
 
 
 @pytest.mark.parametrize("with_target", [False, True])
