@@ -298,8 +298,8 @@ def warm_start(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], pr
         w.bounded_by = "record"
         w.bounds = {j: (round(REC_KL_FACTOR * kl + REC_KL_SLACK, 6), round(max(0.0, top1 - REC_TOP1_SLACK), 6))
                     for j, (kl, top1) in record.items() if j < steps}
-        w.why = ("bounded by the fidelity the upgrade measured and recorded in its provenance "
-                 f"(KL mean <= {REC_KL_FACTOR:g} x recorded + {REC_KL_SLACK:g}, top-1 >= recorded - {REC_TOP1_SLACK:g})")
+        w.why = ("bounded by the fidelity the upgrade measured and recorded in its provenance (KL mean <= "
+                 f"{REC_KL_FACTOR:g} x recorded + {REC_KL_SLACK:g}, top-1 >= recorded - {REC_TOP1_SLACK:g})")
     elif isinstance((prov or {}).get("fidelity"), dict):
         kind = prov["fidelity"].get("inputs")  # type: ignore[index]
         w.why = (f"the upgrade measured its fidelity on {kind} states, this run is on "
@@ -336,10 +336,10 @@ def _recorded_fidelity(prov: dict[str, Any] | None, inputs: Inputs, seed: int,
         return {}
     out: dict[int, tuple[float, float]] = {}
     for row in rec["per_step"]:
-        if isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
-                                         for k in ("step", "kl_mean", "top1_agreement")):
-            if math.isfinite(row["kl_mean"]) and math.isfinite(row["top1_agreement"]):
-                out[int(row["step"])] = (float(row["kl_mean"]), float(row["top1_agreement"]))
+        numbers = isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(
+            row.get(k), bool) for k in ("step", "kl_mean", "top1_agreement"))
+        if numbers and math.isfinite(row["kl_mean"]) and math.isfinite(row["top1_agreement"]):
+            out[int(row["step"])] = (float(row["kl_mean"]), float(row["top1_agreement"]))
     return out
 
 

@@ -160,7 +160,8 @@ def test_one_recommendation_per_engine(invoke, tmp_path):
     lines = r.stdout.splitlines()
     rec = next(i for i, x in enumerate(lines) if x.startswith("for vLLM: "))
     assert rec < next(i for i, x in enumerate(lines) if x == "findings")  # it leads the findings
-    cmd = lines[rec].removeprefix("for vLLM: ").replace("DEST", str(tmp_path / "d")).replace("TARGET", str(TARGET_LLAMA))
+    cmd = lines[rec].removeprefix("for vLLM: ").replace("DEST", str(tmp_path / "d"))
+    cmd = cmd.replace("TARGET", str(TARGET_LLAMA))
     assert invoke(*cmd.split()[1:]).exit_code == 0
     after = invoke("inspect", tmp_path / "d", "--strict")
     assert after.exit_code == 0 and "for vLLM: " not in after.stdout, after.stdout

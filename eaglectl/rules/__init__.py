@@ -145,11 +145,11 @@ class Finding:
 ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
 
 
-def scope(findings: list[Finding], engine: str) -> list[Finding]:
-    """Findings for `engine`: a rule about the other engine --for can name is advice for that engine (info),
+def scope(findings: list[Finding], for_engine: str) -> list[Finding]:
+    """Findings for `for_engine`: a rule about the other engine --for can name is advice for that engine (info),
     re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
     for f in findings:
-        f.other_engine = engine if f.rule.engine in ENGINES and f.rule.engine != engine else None
+        f.other_engine = for_engine if f.rule.engine in ENGINES and f.rule.engine != for_engine else None
     # an error no conversion repairs comes first: convert refuses the source until it is fixed, so the fixes
     # that convert are not the next step
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.severity != "error" or f.rule.repaired_by_convert))
