@@ -134,6 +134,10 @@ def _serve(rep: InspectReport, base: str | None) -> str:
     """The vLLM line for the published repo: a local folder's path means nothing on the Hub."""
     from .inspect import speculative_config
 
+    if rep.wrong_layers():  # the line would serve other layers than the drafter reads: say what to run instead
+        fix = rep.serve_fix()
+        return ("# no serve line: vLLM would serve this drafter on other target layers than it reads"
+                + (f"; run first:\n# {fix}" if fix else ""))
     cfg = speculative_config(rep.drafter)
     if rep.drafter.ckpt.hub_ref is None:
         cfg["model"] = "<org>/<this-drafter>"

@@ -543,6 +543,8 @@ Examples:
 @from_option
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
+@click.option("--for", "for_engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+              help="The engine the report is for: advice scoped to another engine is shown as info.")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
 @engine_version_option
 @measure_option
@@ -552,8 +554,8 @@ Examples:
 @allow_pickle_option
 @json_option
 def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revision: str | None, strict: bool,
-                scan: bool, engine_version: str | None, measure: bool, states: str | None, vllm_python: str | None,
-                allow_pickle: bool) -> None:
+                for_engine: str, scan: bool, engine_version: str | None, measure: bool, states: str | None,
+                vllm_python: str | None, allow_pickle: bool) -> None:
     """Name the dialect of a drafter checkpoint and check everything the files can tell.
 
     SOURCE is a folder, a .safetensors file, a *.index.json, a .bin (with --allow-pickle) or a Hub
@@ -565,7 +567,7 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
     report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
                                          allow_pickle=allow_pickle, revision=revision, measure=measure,
                                          states=states, progress=report.progress, engine_version=engine_version,
-                                         vllm_python=vllm_python))
+                                         vllm_python=vllm_python, for_engine=for_engine))
 
 
 # ---------------------------------------------------------------------------------------- convert

@@ -13,7 +13,7 @@ from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
 from .progress import Progress, passthrough
-from .rules import Context, Finding, run_checks, summarise
+from .rules import Context, Finding, run_checks, scope, summarise
 from .target import Target, TargetCheckpoint
 
 SCHEMA = "eaglectl.inspect/1"
@@ -29,6 +29,7 @@ class InspectReport:
     measured_note: str | None = None  # why nothing was measured
     readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
     engine_version: str | None = None
+    for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
 
     @property
     def target(self) -> TargetCheckpoint | None:
@@ -67,9 +68,53 @@ class InspectReport:
     def speculative_config(self) -> dict[str, Any] | None:
         return speculative_config(self.drafter) if self.servable else None
 
+    def wrong_layers(self) -> list[str]:
+        """Why `vllm serve` as printed would serve the drafter on other target layers than it reads (on any runner):
+        the findings that say so, and a measured reading no runner captures."""
+        why = [f"{f.rule_id}: {f.message}" for f in self.findings
+               if f.rule.wrong_layers and f.rule.engine in (None, "vllm")]
+        trained = self.measured.boundary_ids if self.measured is not None else None
+        if trained is not None and self.readings is not None and not why:
+            for r in self.readings.runners:
+                if r.boundary_ids is not None and tuple(r.boundary_ids) != tuple(trained):
+                    why.append(f"vLLM's {r.runner.upper()} runner captures {list(r.boundary_ids)}; measured: trained "
+                               f"on {list(trained)}")
+        return why
+
+    def serve_fix(self) -> str | None:
+        """The command that makes the serve line right, when it is withheld for wrong layers."""
+        from .layout import COMMAND
+        from .rules import blocking
+
+        if blocking(self.findings) or not self.wrong_layers():
+            return None
+        if (rec := self.recommendation()) is not None:  # one command for vLLM: it writes the layers right too
+            return rec
+        for f in self.findings:
+            if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
+                return m.group()
+        if self.wrong_layers():
+            from .rules import hint_values
+
+            return hint_values(self.drafter, self.target)["to_runners"]
+        return None
+
+    def recommendation(self) -> str | None:
+        """One command for the engine the report is for, when a conversion repairs a finding that counts (error
+        or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
+        from .rules import blocking, hint_values
+
+        if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
+                                              for f in self.findings):
+            return None
+
+        v = hint_values(self.drafter, self.target)
+        how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
+        return f"eaglectl convert {v['source']} DEST {how} --target {v['target']}{v['pickle']}"
+
     def serve_command(self) -> str | None:
         cfg = self.speculative_config()
-        if cfg is None:
+        if cfg is None or self.wrong_layers() or self.for_engine != "vllm":
             return None
         verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
         served = self.target.source if self.target else (verifier or "<target-model>")
@@ -101,11 +146,18 @@ class InspectReport:
             "summary": self.summary,
             "speculative_config": self.speculative_config(),
             "serve_command": self.serve_command(),
+            "recommendation": {"engine": self.for_engine, "command": self.recommendation()},
+            "serve_withheld": self.wrong_layers(),
+            "serve_fix": self.serve_fix(),
             "target": self.target.summary() if self.target else None,
             "measured": self.measured.to_json() if self.measured is not None else None,
             "measured_note": self.measured_note,
             "engine_readings": self.readings.to_json() if self.readings is not None else [],
             "engine_readings_note": self.readings_note(),
+            "for": self.for_engine,
+            "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
+                                       "rule_severity": f.rule.severity.value}
+                                      for f in self.findings if f.other_engine is not None],
             "strict": self.strict,
             "exit_code": self.exit_code,
         }
@@ -125,18 +177,20 @@ def run(
     progress: Progress = passthrough,
     engine_version: str | None = None,
     vllm_python: str | None = None,
+    for_engine: str = "vllm",
 ) -> InspectReport:
     """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
     it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
     t = Target.open(target, states, progress=progress)
     return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress,
-                          engine_version=engine_version, vllm_python=vllm_python)
+                          engine_version=engine_version, vllm_python=vllm_python, for_engine=for_engine)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
                    measure: bool = True, progress: Progress = passthrough,
-                   engine_version: str | None = None, vllm_python: str | None = None) -> InspectReport:
+                   engine_version: str | None = None, vllm_python: str | None = None,
+                   for_engine: str = "vllm") -> InspectReport:
     """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
     object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
     of vLLM where an interpreter is at hand (runners.readings_for)."""
@@ -156,7 +210,8 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     ctx = Context(d, checkpoint, scan, measured, readings=readings)
     ctx.engine_version = engine_version  # type: ignore[attr-defined]  # rules/engine.py
     ctx.progress = progress
-    return InspectReport(d, t, run_checks(ctx), strict, measured, note, readings, engine_version)
+    return InspectReport(d, t, scope(run_checks(ctx), for_engine), strict, measured, note, readings, engine_version,
+                         for_engine)
 
 
 def _servable_structure(d: DrafterCheckpoint, t: Target) -> bool:

@@ -381,6 +381,8 @@ def render_inspect(report: Any) -> None:
         tg = report.target.summary()
         say("target   ", items=[f"{short_path(tg['source'])}: {shown(tg.get('num_hidden_layers'))} layers",
                                 f"hidden {shown(tg.get('hidden_size'))}", f"vocab {shown(tg.get('vocab_size'))}"])
+        if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
+            say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
         from .runners import describe
 
@@ -394,12 +396,24 @@ def render_inspect(report: Any) -> None:
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))
+    rec = report.recommendation()
+    if rec:
+        out.print(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: {safe(rec)}", soft_wrap=True)
     findings(report.findings)
     out.print()
     serve = report.serve_command()
     if serve is not None:
         out.print("vLLM:")
         out.print(f"  {safe(serve)}", soft_wrap=True)
+    elif report.wrong_layers() and report.for_engine == "vllm":
+        ids = sorted({w.split(":", 1)[0] for w in report.wrong_layers()})
+        say("vLLM: ", f"no serve command: vLLM would serve the drafter on other target layers than it reads "
+            f"({', '.join(ids)}); run first:", indent=2)
+        fix = report.serve_fix()
+        if fix:
+            out.print(f"  {safe(fix)}", soft_wrap=True)
+    elif report.for_engine != "vllm":
+        out.print(f"no vLLM serve command (--for {report.for_engine})")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
@@ -444,6 +458,17 @@ def _num(x: float | None, fmt: str = ".2e") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _steps(steps: list[int]) -> str:
+    """'step 0', 'steps 1-2', 'steps 0, 2'."""
+    if not steps:
+        return ""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
 def render_verify(report: Any) -> None:
     """Human view of a ParityReport."""
     out = stdout
@@ -455,21 +480,36 @@ def render_verify(report: Any) -> None:
         say(f"{label}  ", items=[short_path(side["source"]), f"({side['dialect']}, EAGLE {side['eagle_version']},",
                                  f"{side['dtype']} on {side['device']})"], indent=11, sep=" ")
     say("inputs     ", f"{report.inputs}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
-    if report.regime == "upgrade":
-        say("tensors    ", f"{len(report.differing_tensors)} added by the upgrade "
-            f"({', '.join(report.differing_tensors[:5])}); every carried tensor identical")
-        out.print("upgrade    not function-preserving by design: the outputs must stay a warm start")
+    warm = report.warm_start
+    if report.regime == "upgrade" and warm is not None:
+        added = [k for k in report.differing_tensors if k.startswith("fc_norm.")]
+        rewritten = [k for k in report.differing_tensors if k not in added]
+        say("tensors    ", f"{len(added)} added by the upgrade ({', '.join(added[:5])})"
+            + (f", {', '.join(rewritten)} rewritten by it" if rewritten else "") + "; every carried tensor identical")
+        did = ", ".join(warm.steps) or "an upgrade"
+        say("upgrade    ", f"warm start ({did}" + (f", fc_norm init {warm.init}" if warm.init else "")
+            + "), not function-preserving by design; "
+            + (f"{len(warm.digests_checked)} written tensor(s) checked against its provenance"
+               if warm.digests_checked else "no provenance digests to check the written tensors against"))
+        for problem in warm.problems:
+            say("           [bold red]FAIL[/] ", problem, indent=11)
+        judged = _steps(warm.judged)
+        say("judged     ", (f"{judged}" if judged else "no step") + (f"; {_steps(warm.reported)} reported" if
+                                                                     warm.reported else "") + f": {warm.why}")
     elif report.differing_tensors:
         say(f"tensors    {len(report.differing_tensors)} differ: ", items=list(report.differing_tensors[:5]), indent=11)
     else:
         out.print("tensors    identical")
-    if report.regime:
+    if warm is not None:
+        say("tolerance  upgrade: ", items=[f"step {j} KL mean <= {k:.3g}, top-1 >= {100 * t:.1f}%"
+                                           for j, (k, t) in sorted(warm.bounds.items())] or ["none"], indent=11)
+    elif report.regime:
         say(f"tolerance  {report.regime}: ", items=[f"{k} {v:g}" for k, v in report.tolerances.items()], indent=11)
     else:
         out.print("tolerance  none: fidelity is a measurement")
     rows = []
     for m in report.metrics:
-        verdict = {True: "pass", False: "FAIL", None: "-"}[m.passed]
+        verdict = {True: "pass", False: "FAIL", None: "reported" if warm is not None else "-"}[m.passed]
         rows.append((str(m.step), _num(m.logits_max_abs, ".1e"), _num(m.state_max_abs, ".1e"),
                      f"{m.state_cos_min:.6f}", _num(m.kl_mean, ".1e"), _num(m.kl_max, ".1e"),
                      f"{100 * m.top1_agreement:.1f}%/{m.top1_rows}", str(m.near_ties), verdict))

@@ -223,7 +223,12 @@ def run(
     if work is not None:
         acceptance = _acceptance(src, tgt, work, gammas, new_fc, new_flags, dtype, plan.config, reading, ids,
                                  written=not dry_run)
-    _mark(plan, steps, chosen, stats, acceptance, fit_report)
+    written = {k: casting.decode(v, extra[k][0]) for k, v in supplied.items()}
+    recorded = None
+    if fidelity and steps and not dry_run:  # what verify DEST --against SOURCE holds the files to
+        planned = _planned(src, dest, new_spec, written, extra)
+        recorded = _fidelity_record(_fidelity(planned, src, tgt, fidelity_tokens, ids))
+    _mark(plan, steps, chosen, stats, acceptance, fit_report, written=written, fidelity=recorded)
     notes = _notes(steps, init, chosen, candidates, acceptance, ids)
     after = _next_command(dest, target, work, steps, prompts)
     if dry_run:
@@ -407,14 +412,36 @@ def _split_requests(captured: States, ids: tuple[int, ...], rank: bool) -> tuple
 FIDELITY_STEPS = 3
 
 
-def _fidelity(out: DrafterCheckpoint, src: DrafterCheckpoint, tgt: Target | None, tokens: int,
+def _planned(src: DrafterCheckpoint, dest: str, spec: Any, written: dict[str, np.ndarray],
+             extra: dict[str, tuple[str, tuple[int, ...], str]]) -> Any:
+    """DEST as the plan will write it, in memory: SOURCE's tensors, the written ones, the new flags."""
+    import torch
+
+    from .model.loader import LoadedDrafter, args_from_spec
+
+    ref = src.reference()
+    tensors = {**ref.tensors, **{k: torch.from_numpy(np.array(v, dtype=np.float32).reshape(extra[k][1]))
+                                 for k, v in written.items()}}
+    stored = {**ref.stored_dtypes, **{k: extra[k][0] for k in written}}
+    return LoadedDrafter(dest, ref.dialect, spec, args_from_spec(spec, dest), tensors, stored, ref.has_embed)
+
+
+def _fidelity_record(report: ParityReport) -> dict[str, Any]:
+    """The fidelity an upgrade measured, as its provenance keeps it (verify's upgrade regime bounds by it)."""
+    return {"inputs": "target" if report.inputs_real else "synthetic", "seed": report.seed, "tokens": report.tokens,
+            "per_step": [{"step": m.step, "kl_mean": round(m.kl_mean, 6), "top1_agreement": round(m.top1_agreement, 6)}
+                         for m in report.metrics]}
+
+
+def _fidelity(out: Any, src: DrafterCheckpoint, tgt: Target | None, tokens: int,
               ids: tuple[int, ...] | None) -> ParityReport:
-    """DEST against SOURCE through the reference drafter, on the target's states (at the measured layers)
-    when it ran or was captured (a capture's requests shorter than `tokens` give fewer anchors), else
-    synthetic states."""
+    """DEST (the written files, or `_planned`) against SOURCE through the reference drafter, on the target's
+    states (at the measured layers) when it ran or was captured (a capture's requests shorter than `tokens` give
+    fewer anchors), else synthetic states."""
     from .verify import compare, real_inputs, synthetic_inputs
 
-    ref, cand = src.reference(), out.reference()
+    ref = src.reference()
+    cand = out.reference() if isinstance(out, DrafterCheckpoint) else out
     if tgt is not None and tgt.has_states:
         inputs = real_inputs(tgt, ref, tokens, FIDELITY_STEPS, boundaries=ids, shrink=True)
     else:
@@ -429,14 +456,22 @@ def _float_dtype(src: DrafterCheckpoint) -> str:
 
 
 def _mark(plan: ConversionPlan, steps: list[str], init: str | None, stats: dict[str, Any],
-          acceptance: dict[str, Any] | None = None, fit_report: FitReport | None = None) -> None:
-    """Provenance in config and safetensors metadata: what was done, that it needs fine-tuning, and the
-    acceptance lengths before / after on which prompts."""
+          acceptance: dict[str, Any] | None = None, fit_report: FitReport | None = None,
+          written: dict[str, np.ndarray] | None = None, fidelity: dict[str, Any] | None = None) -> None:
+    """Provenance in config and safetensors metadata: what was done, that it needs fine-tuning, the
+    acceptance lengths before / after on which prompts, and the value digest of every tensor the upgrade
+    wrote (`verify DEST --against SOURCE` holds them to it)."""
     import json
+
+    from .verify import values_digest
 
     prov = plan.config["eaglectl_provenance"]
     prov.update({"operation": "upgrade", "upgrade_steps": steps, "fc_norm_init": init,
                  "needs_fine_tuning": bool(steps)})
+    if written:
+        prov["upgrade_tensors"] = {k: values_digest(v) for k, v in sorted(written.items())}
+    if fidelity is not None:
+        prov["fidelity"] = fidelity
     if stats:
         prov["calibration"] = {k: v for k, v in stats.items() if k not in ("per_channel", "fit")}
     if fit_report is not None and init == "fit":

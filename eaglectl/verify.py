@@ -51,6 +51,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
     "upgrade": {"kl_mean_max": 0.1, "top1_agreement_min": 0.5},
 }
 UPGRADE_ADDS = ("fc_norm.",)  # tensors an upgrade adds (docs/upgrade.md)
+UPGRADE_REWRITES = ("fc.weight",)  # tensors an upgrade may rewrite (refit, fit --fit-fc), when its provenance says so
 
 
 def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
@@ -65,6 +66,7 @@ class Inputs:
     tokens: torch.Tensor  # (1, T + steps)
     embed: torch.Tensor | None  # the target's embedding table, if a target was run
     description: str
+    real: bool = False  # the target's states (run or captured), not synthetic ones
 
 
 def synthetic_inputs(args: DrafterArgs, aux_ids: tuple[int, ...] | None, tokens: int, steps: int,
@@ -107,7 +109,8 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
     hidden = np.ascontiguousarray(req.hidden[:tokens], dtype=np.float32)
     aux = torch.from_numpy(hidden.reshape(1, tokens, -1).copy())
     tok = torch.from_numpy(req.token_ids[: tokens + steps].copy())[None]
-    return Inputs(aux, tok, target.model().embedding().float().cpu(), f"{states.description}: aux ids {list(ids)}")
+    return Inputs(aux, tok, target.model().embedding().float().cpu(), f"{states.description}: aux ids {list(ids)}",
+                  real=True)
 
 
 def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: int, table_needed: bool = True,
@@ -142,7 +145,7 @@ def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: in
         tok, rows = compact_embedding(tok, hidden[: tokens + steps, fetch.index(0)])
         embed = torch.from_numpy(rows)
     return Inputs(aux, torch.from_numpy(np.ascontiguousarray(tok))[None], embed,
-                  f"capture {captured.root}: aux ids {list(ids)} on {req.name}")
+                  f"capture {captured.root}: aux ids {list(ids)} on {req.name}", real=True)
 
 
 # -------------------------------------------------------------------------------------- metrics
@@ -194,7 +197,7 @@ def step_metrics(step: int, ref: StepOutput, cand: StepOutput) -> StepMetrics:
 def judge(m: StepMetrics, ref: StepOutput, cand: StepOutput, regime: str) -> bool:
     if regime == "exact":
         return m.logits_max_abs == 0.0 and m.state_max_abs == 0.0
-    if regime == "upgrade":
+    if regime == "upgrade":  # the steps a warm start bounds (WarmStart.judged); the others are reported
         tol = TOLERANCES["upgrade"]
         return m.kl_mean <= tol["kl_mean_max"] and m.top1_agreement >= tol["top1_agreement_min"]
     if regime == "fp32":
@@ -204,6 +207,140 @@ def judge(m: StepMetrics, ref: StepOutput, cand: StepOutput, regime: str) -> boo
     tol = TOLERANCES["low-precision"]
     return (m.kl_mean <= tol["kl_mean_max"] and m.top1_agreement >= tol["top1_agreement_min"]
             and m.state_cos_mean >= tol["state_cos_mean_min"])
+
+
+# ----------------------------------------------------------------------------------- warm start
+
+@dataclass
+class WarmStart:
+    """What `verify UPGRADED --against SOURCE` establishes about an upgrade (docs/verify.md#an-upgrade).
+
+    An upgrade is not function-preserving, so its outputs are not held to SOURCE's everywhere. What it must
+    keep: every carried tensor identical (else the `exact` regime applies, and fails), the tensors it wrote
+    equal to what it recorded in its provenance (`upgrade_tensors`, value digests) and finite, and the outputs
+    a warm start on the steps the flags leave comparable: on the target's states, step 0 (fc_norm only
+    rescales each aux chunk of the fc input) and, when `norm_output` was not turned on, every later step.
+    With `norm_output` turned on, steps >= 1 see the post-norm state instead of the pre-norm one by design:
+    they are reported, not judged. On synthetic states no step is judged: fc_norm divides each aux chunk by
+    its RMS, so the drift measures the synthetic per-layer scales rather than the upgrade."""
+
+    recorded: bool  # CANDIDATE's provenance says eaglectl upgraded it
+    steps: list[str]  # what the upgrade did: add-fc-norm, set-norm-output
+    init: str | None
+    written: list[str]  # tensors the upgrade wrote (the added fc_norm, a rewritten fc)
+    digests_checked: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)  # written tensors that are not what the upgrade recorded
+    nonfinite: list[str] = field(default_factory=list)
+    judged: list[int] = field(default_factory=list)
+    reported: list[int] = field(default_factory=list)
+    why: str = ""
+    bounds: dict[int, tuple[float, float]] = field(default_factory=dict)  # step -> (KL mean max, top-1 min)
+    bounded_by: str = "tolerance"  # "record": the upgrade's own fidelity (provenance), with a margin
+
+    @property
+    def problems(self) -> list[str]:
+        return ([f"{k} is not what the upgrade wrote (its value digest differs from the provenance's)"
+                 for k in self.mismatched] + [f"{k} has NaN/Inf values" for k in self.nonfinite])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recorded": self.recorded, "upgrade_steps": self.steps, "fc_norm_init": self.init,
+                "written_tensors": self.written, "digests_checked": self.digests_checked,
+                "mismatched_tensors": self.mismatched, "nonfinite_tensors": self.nonfinite,
+                "judged_steps": self.judged, "reported_steps": self.reported, "why": self.why,
+                "bounded_by": self.bounded_by, "bounds": [{"step": j, "kl_mean_max": k, "top1_agreement_min": t}
+                                                          for j, (k, t) in sorted(self.bounds.items())],
+                "problems": self.problems}
+
+    def judge(self, m: StepMetrics) -> bool | None:
+        if m.step not in self.bounds:
+            return None
+        kl_max, top1_min = self.bounds[m.step]
+        return m.kl_mean <= kl_max and m.top1_agreement >= top1_min
+
+
+def values_digest(values: Any) -> str:
+    """sha256 of a tensor's values as little-endian float32 (exact for the F32/BF16/F16 an upgrade writes)."""
+    import hashlib
+
+    import numpy as np
+
+    if isinstance(values, torch.Tensor):
+        values = values.detach().float().cpu().numpy()
+    return "sha256:" + hashlib.sha256(np.ascontiguousarray(values, dtype="<f4").tobytes()).hexdigest()
+
+
+def upgrade_provenance(config: Any) -> dict[str, Any] | None:
+    """eaglectl's own record of an upgrade in a config (`eaglectl_provenance`, operation upgrade), else None."""
+    prov = config.raw("eaglectl_provenance") if config is not None else None
+    return prov if isinstance(prov, dict) and prov.get("operation") == "upgrade" else None
+
+
+def warm_start(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], prov: dict[str, Any] | None,
+               inputs: Inputs, steps: int, seed: int = 0, tokens: int = 0) -> WarmStart:
+    recorded = prov.get("upgrade_tensors") if prov else None
+    recorded = recorded if isinstance(recorded, dict) else {}
+    up_steps = [s for s in (prov or {}).get("upgrade_steps") or [] if isinstance(s, str)] or (
+        (["add-fc-norm"] if cand.spec.fc_norm and not ref.spec.fc_norm else [])
+        + (["set-norm-output"] if cand.spec.norm_output and not ref.spec.norm_output else []))
+    init = (prov or {}).get("fc_norm_init")
+    w = WarmStart(prov is not None, up_steps, init if isinstance(init, str) else None, list(differing))
+    for k in differing:
+        if k in cand.tensors and not bool(torch.isfinite(cand.tensors[k]).all()):
+            w.nonfinite.append(k)
+        if isinstance(recorded.get(k), str) and k in cand.tensors:
+            w.digests_checked.append(k)
+            if values_digest(cand.tensors[k]) != recorded[k]:
+                w.mismatched.append(k)
+    norm_output_set = cand.spec.norm_output and not ref.spec.norm_output
+    record = _recorded_fidelity(prov, inputs, seed, tokens)
+    tol = TOLERANCES["upgrade"]
+    if record:  # the upgrade's own measurement on these inputs: the files must still do what it measured
+        w.bounded_by = "record"
+        w.bounds = {j: (round(REC_KL_FACTOR * kl + REC_KL_SLACK, 6), round(max(0.0, top1 - REC_TOP1_SLACK), 6))
+                    for j, (kl, top1) in record.items() if j < steps}
+        w.why = ("bounded by the fidelity the upgrade measured and recorded in its provenance (KL mean <= "
+                 f"{REC_KL_FACTOR:g} x recorded + {REC_KL_SLACK:g}, top-1 >= recorded - {REC_TOP1_SLACK:g})")
+    elif isinstance((prov or {}).get("fidelity"), dict):
+        kind = prov["fidelity"].get("inputs")  # type: ignore[index]
+        w.why = (f"the upgrade measured its fidelity on {kind} states, this run is on "
+                 f"{'target' if inputs.real else 'synthetic'} states: verify "
+                 + ("with --target" if kind == "target" else "without --target") + " bounds the steps by it")
+    elif not inputs.real:
+        w.why = ("synthetic states: fc_norm divides each aux chunk by its RMS, so the outputs measure the synthetic "
+                 "per-layer scales, not the upgrade; --target bounds the steps")
+    elif norm_output_set:
+        w.bounds = {0: (tol["kl_mean_max"], tol["top1_agreement_min"])}
+        w.why = ("norm_output was turned on: steps >= 1 see the post-norm state by design and are reported; step 0 "
+                 "is bounded (fc_norm only rescales the fc input)")
+    else:
+        w.bounds = {j: (tol["kl_mean_max"], tol["top1_agreement_min"]) for j in range(steps)}
+        w.why = "fc_norm only: every step is bounded (the fed-back state keeps its meaning)"
+    w.judged = sorted(w.bounds)
+    w.reported = [j for j in range(steps) if j not in w.bounds]
+    return w
+
+
+REC_KL_FACTOR, REC_KL_SLACK, REC_TOP1_SLACK = 1.25, 0.01, 0.1  # margins over an upgrade's recorded fidelity
+
+
+def _recorded_fidelity(prov: dict[str, Any] | None, inputs: Inputs, seed: int,
+                       tokens: int) -> dict[int, tuple[float, float]]:
+    """Step -> (KL mean, top-1) the upgrade recorded, when it measured on inputs like these: the target's states
+    (any text: the margins cover another window of it), or the same synthetic states (same seed and anchors)."""
+    rec = (prov or {}).get("fidelity")
+    if not isinstance(rec, dict) or not isinstance(rec.get("per_step"), list):
+        return {}
+    if rec.get("inputs") != ("target" if inputs.real else "synthetic"):
+        return {}
+    if not inputs.real and (rec.get("seed") != seed or rec.get("tokens") != tokens):
+        return {}
+    out: dict[int, tuple[float, float]] = {}
+    for row in rec["per_step"]:
+        numbers = isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(
+            row.get(k), bool) for k in ("step", "kl_mean", "top1_agreement"))
+        if numbers and math.isfinite(row["kl_mean"]) and math.isfinite(row["top1_agreement"]):
+            out[int(row["step"])] = (float(row["kl_mean"]), float(row["top1_agreement"]))
+    return out
 
 
 # --------------------------------------------------------------------------------------- report
@@ -222,12 +359,16 @@ class ParityReport:
     metrics: list[StepMetrics] = field(default_factory=list)
     identical_tensors: bool = False
     differing_tensors: list[str] = field(default_factory=list)
+    warm_start: WarmStart | None = None  # the upgrade regime: what an upgrade must keep, and which steps are judged
+    inputs_real: bool = False  # the target's states, not synthetic ones
 
     @property
     def passed(self) -> bool | None:
         if self.mode == "fidelity":
             return None
-        return all(m.passed for m in self.metrics)
+        if self.warm_start is not None and self.warm_start.problems:
+            return False
+        return all(m.passed is not False for m in self.metrics)
 
     @property
     def exit_code(self) -> int:
@@ -237,6 +378,8 @@ class ParityReport:
         if self.passed is not False:
             return None
         failed = [str(m.step) for m in self.metrics if m.passed is False]
+        if self.warm_start is not None and self.warm_start.problems:
+            return ParityMismatchError(f"{self.candidate['source']}: {self.warm_start.problems[0]}", reported=True)
         return ParityMismatchError(f"{self.candidate['source']}: step(s) {', '.join(failed)} exceed the {self.regime} "
                                    "tolerance", reported=True)
 
@@ -257,6 +400,7 @@ class ParityReport:
             "near_tie_nats": NEAR_TIE_NATS,
             "identical_tensors": self.identical_tensors,
             "differing_tensors": self.differing_tensors,
+            "warm_start": self.warm_start.to_json() if self.warm_start is not None else None,
             "per_step": [asdict(m) for m in self.metrics],
             "passed": self.passed,
             "exit_code": self.exit_code,
@@ -303,7 +447,8 @@ def run(
         dtype = "bfloat16"
     dtype = dtype or "float32"
     _check_device(device)
-    cand = load_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    opened = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    cand = opened.reference()
     ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
     _same_shape(cand, ref)
     t = Target.open(target, states, progress=progress, text=text)
@@ -314,12 +459,14 @@ def run(
     if against is None:  # precision / device parity against the fp32 CPU reference of itself
         return compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
     return compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device), (dtype, device),
-                   steps, tokens, seed)
+                   steps, tokens, seed, upgrade=upgrade_provenance(opened.config))
 
 
 def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, run_at: tuple[str, str],
-            ref_at: tuple[str, str], steps: int, tokens: int, seed: int) -> ParityReport:
-    """Both drafters on the same inputs, per-step metrics, judged by the regime the differences allow."""
+            ref_at: tuple[str, str], steps: int, tokens: int, seed: int,
+            upgrade: dict[str, Any] | None = None) -> ParityReport:
+    """Both drafters on the same inputs, per-step metrics, judged by the regime the differences allow.
+    `upgrade` is CANDIDATE's provenance when eaglectl upgraded it (the tensors it wrote and their digests)."""
     embed = _shared_embedding(cand, ref, inputs)
     # a drafter without embed_tokens borrows the other side's table: that is not a difference
     names = set(cand.tensors) | set(ref.tensors)
@@ -327,30 +474,33 @@ def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, 
         names.discard("embed_tokens.weight")
     differing = sorted(k for k in names if k not in cand.tensors or k not in ref.tensors
                        or not torch.equal(cand.tensors[k], ref.tensors[k]))
-    regime = None if mode == "fidelity" else choose_regime(cand, ref, differing, run_at, ref_at)
+    regime = None if mode == "fidelity" else choose_regime(cand, ref, differing, run_at, ref_at, upgrade)
+    warm = warm_start(cand, ref, differing, upgrade, inputs, steps, seed, tokens) if regime == "upgrade" else None
     with torch.no_grad():
         ref_out = _run(ref, *ref_at, inputs, embed, steps)
         cand_out = _run(cand, *run_at, inputs, embed, steps)
     report = ParityReport(mode, _side(cand, *run_at), _side(ref, *ref_at), inputs.description,
                           steps, tokens, seed, regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
-                          differing_tensors=differing[:20])
+                          differing_tensors=differing[:20], warm_start=warm, inputs_real=inputs.real)
     for j, (r, c) in enumerate(zip(ref_out, cand_out, strict=True)):
         m = step_metrics(j, r, c)
-        if regime is not None:
+        if warm is not None:
+            m.passed = warm.judge(m)
+        elif regime is not None:
             m.passed = judge(m, r, c, regime)
         report.metrics.append(m)
     return report
 
 
 def choose_regime(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], run: tuple[str, str],
-                  ref_run: tuple[str, str]) -> str:
+                  ref_run: tuple[str, str], upgrade: dict[str, Any] | None = None) -> str:
     """Which tolerance applies.
 
     A tensor whose value changed while its stored dtype did not cannot be explained by a conversion:
     outputs must then be bit-identical ("exact"), so any effect fails. Changes that come with a
     dtype change (a cast) and runs at another precision get the tolerance of that precision.
     """
-    if differing and run == ref_run and _is_upgrade(cand, ref, differing):
+    if differing and run == ref_run and _is_upgrade(cand, ref, differing, upgrade):
         return "upgrade"
     if any(k not in cand.stored_dtypes or k not in ref.stored_dtypes
            or cand.stored_dtypes[k] == ref.stored_dtypes[k] for k in differing):
@@ -361,10 +511,14 @@ def choose_regime(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str],
     return "exact" if run == ref_run and not differing else "fp32"
 
 
-def _is_upgrade(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str]) -> bool:
-    """CANDIDATE is REFERENCE upgraded: it only adds what an upgrade adds (fc_norm, norm_output on)."""
+def _is_upgrade(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str],
+                upgrade: dict[str, Any] | None = None) -> bool:
+    """CANDIDATE is REFERENCE upgraded: it only adds what an upgrade adds (fc_norm, norm_output on), and
+    rewrites fc.weight only where its own provenance records writing it (the refit and fit inits)."""
     adds = cand.spec.fc_norm and not ref.spec.fc_norm or cand.spec.norm_output and not ref.spec.norm_output
-    return bool(adds) and all(k.startswith(UPGRADE_ADDS) and k not in ref.tensors for k in differing)
+    written = (upgrade or {}).get("upgrade_tensors")
+    rewrites = {k for k in written if k in UPGRADE_REWRITES} if isinstance(written, dict) else set()
+    return bool(adds) and all(k.startswith(UPGRADE_ADDS) and k not in ref.tensors or k in rewrites for k in differing)
 
 
 def _run(d: LoadedDrafter, dtype: str, device: str, inputs: Inputs, embed: torch.Tensor | None,

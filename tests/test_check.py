@@ -39,6 +39,11 @@ SCAN_ONLY = {"random-weights"}  # reads every matrix: inspect --scan finds it (t
 def test_every_planted_defect_fails_the_strict_gate_with_its_rule(invoke, rule):
     with_target = ["--target", TARGET] if rule == "draft-context-cap" else []  # only a target reveals it
     r, doc = run(invoke, DEFECTS / rule, "--strict", "--no-card", *with_target)
+    from eaglectl.rules import RULES
+
+    if RULES.get(rule) is not None and RULES[rule].engine == "sglang":  # sglang's advice: info for the vLLM gate
+        assert r.exit_code == 0 and {f["severity"] for f in doc["findings"] if f["rule_id"] == rule} == {"info"}
+        return
     assert r.exit_code == 1, doc["stages"]
     if rule != "nonfinite-values":  # found by inspect --scan, and here by the parity stage
         assert rule in {f["rule_id"] for f in doc["findings"]}

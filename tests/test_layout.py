@@ -142,8 +142,10 @@ def _printed(doc):
     """Every command a JSON document holds (finding hints, the serve line, rule fixes)."""
     from eaglectl.layout import COMMAND
 
-    texts = [f.get("hint") for f in doc.get("findings", [])] + [r.get("hint") for r in doc.get("rules", [])]
+    texts = [f.get("hint") for f in doc.get("findings", []) if f.get("severity") != "info"]  # info is hidden
+    texts += [r.get("hint") for r in doc.get("rules", [])]
     out = [m.group() for t in texts if t for m in COMMAND.finditer(t)]
+    out += [c for c in ((doc.get("recommendation") or {}).get("command"), doc.get("serve_fix")) if c]
     return out + ([doc["serve_command"]] if doc.get("serve_command") else [])
 
 

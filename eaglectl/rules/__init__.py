@@ -37,7 +37,7 @@ ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 # Placeholders a rule's fix may hold, so that a printed hint is a command that runs as printed:
 # {source}, {target}; {convert}: rewrite in the drafter's own dialect (speculators when eaglectl
 # cannot write that one), with --target only where the conversion needs one; {convert_t}: the
-# same, always with --target; {to_vllm}: to speculators with --target; {pickle}: --allow-pickle for
+# same, always with --target; {to_vllm}: to speculators (modelopt for MLA) with --target; {pickle}: --allow-pickle for
 # a .bin source (the three commands carry it already). Only DEST is left to fill;
 # a command runs to the next "(", ";" or the end (tests/test_ux_errors.py runs each one).
 # The catalogue (docs, `eaglectl rules`) shows them as SOURCE / TARGET / DIALECT.
@@ -58,6 +58,9 @@ class Rule:
     # the one engine whose reading the rule is about (None: vLLM, the reference consumer, or every reader);
     # a finding scoped to another engine says nothing about vLLM
     engine: str | None = None
+    # a finding means `vllm serve` as printed would capture other target layers than the drafter reads: inspect
+    # withholds the serve line and prints the fix instead
+    wrong_layers: bool = False
 
     def hint(self, values: dict[str, str] | None = None) -> str | None:
         return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
@@ -82,7 +85,9 @@ def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
     return {"source": source, "target": tgt, "pickle": pickle,
             "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
             "convert_t": f"{convert} --target {tgt}{pickle}",
-            "to_vllm": f"eaglectl convert {source} DEST --to speculators --target {tgt}{pickle}",
+            # speculators cannot hold MLA: modelopt serves it to vLLM (the same dialect to_runners names)
+            "to_vllm": f"eaglectl convert {source} DEST --to "
+                       f"{'modelopt' if drafter.spec.arch == 'mla' else 'speculators'} --target {tgt}{pickle}",
             # a dialect that writes the ids at the top level: the drafter's own when it does (then the
             # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
             "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
@@ -103,10 +108,10 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False,
-         engine: str | None = None) -> Rule:
+         engine: str | None = None, wrong_layers: bool = False) -> Rule:
     if id in RULES:
         raise ValueError(f"rule '{id}' declared twice")
-    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert, engine)
+    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert, engine, wrong_layers)
     return r
 
 
@@ -116,6 +121,9 @@ class Finding:
     message: str
     locator: str | None = None
     values: dict[str, str] | None = None  # hint placeholders for this drafter (hint_values)
+    # the engine the report is for (inspect --for), when the rule is about another one: then it is advice for
+    # that engine, shown as info and never failing a command
+    other_engine: str | None = None
 
     @property
     def hint(self) -> str | None:
@@ -127,11 +135,30 @@ class Finding:
 
     @property
     def severity(self) -> str:
-        return self.rule.severity.value
+        return "info" if self.other_engine is not None else self.rule.severity.value
 
     def to_json(self) -> dict[str, Any]:
         return {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
                 "hint": self.hint, "locator": self.locator}
+
+
+ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
+
+
+def scope(findings: list[Finding], for_engine: str) -> list[Finding]:
+    """Findings for `for_engine`: a rule about the other engine --for can name is advice for that engine (info),
+    re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
+    for f in findings:
+        f.other_engine = for_engine if f.rule.engine in ENGINES and f.rule.engine != for_engine else None
+    # an error no conversion repairs comes first: convert refuses the source until it is fixed, so the fixes
+    # that convert are not the next step
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.severity != "error" or f.rule.repaired_by_convert))
+    return findings
+
+
+def blocking(findings: list[Finding]) -> list[Finding]:
+    """The errors no conversion repairs: convert refuses the source while one stands."""
+    return [f for f in findings if f.severity == "error" and not f.rule.repaired_by_convert]
 
 
 @dataclass

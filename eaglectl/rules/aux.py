@@ -27,7 +27,7 @@ AUX_COUNT_NOT_3 = rule("aux-count-not-3", WARNING, "N != 3 aux states: older eng
                        "serve with vLLM >= 0.22 or sglang with N-aux support")
 AUX_IDS_OUTPUT_CONVENTION = rule("aux-ids-output-convention", WARNING, "Aux ids are output-of-layer ids: vLLM reads "
                                  "the same numbers as boundary ids, one layer too early",
-                                 "for vLLM: {to_vllm} (translates them)")
+                                 "for vLLM: {to_vllm} (translates them)", wrong_layers=True, engine="vllm")
 AUX_CONVENTION_UNVERIFIABLE = rule("aux-convention-unverifiable", WARNING,
                                    "The aux-id convention cannot be known from the files",
                                    "eaglectl inspect {source} --target {target}{pickle} (measures it); or "

@@ -14,7 +14,7 @@ ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'a
 ARCHITECTURES_PLAIN = rule("architectures-plain", WARNING, "architectures names a plain target class",
                            "for sglang: eaglectl convert {source} DEST --to specforge{pickle} (writes "
                            "an EAGLE-3 class; sglang/SpecForge route a plain class to the target loader)",
-                           repaired_by_convert=True)
+                           repaired_by_convert=True, engine="sglang")
 ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architectures names a class no engine registers",
                                   "{convert} (writes the registered class)", repaired_by_convert=True)
 ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
@@ -22,7 +22,7 @@ ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures di
 VERIFIER_LOCAL_PATH = rule("verifier-local-path", WARNING, "The speculators verifier is a local path, no identity",
                            "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} (names the "
                            "target's Hub repo; vllm serve DRAFTER alone cannot find a local target)",
-                           repaired_by_convert=True)
+                           repaired_by_convert=True, engine="vllm")
 VERIFIER_LOCAL_PATH_REJECTED = rule("verifier-local-path-rejected", ERROR,
                                     "The speculators verifier is a local path: vLLM >= 0.33 refuses to serve the "
                                     "drafter alone (--engine-version)",

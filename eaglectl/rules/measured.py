@@ -10,7 +10,7 @@ from . import ERROR, INFO, Context, check, rule
 AUX_READING_MISMATCH = rule("aux-reading-mismatch", ERROR, "The engine that serves this dialect reads other target "
                             "layers than the drafter was trained on (measured with --target)",
                             "for vLLM: {to_vllm} (writes the measured layers)",
-                            repaired_by_convert=True)
+                            repaired_by_convert=True, wrong_layers=True)
 EMBEDDING_MISMATCH = rule("embedding-mismatch", ERROR, "The shipped embed_tokens is not the one the drafter was "
                           "trained with: it predicts better with the target's (measured)",
                           "export the trained embed_tokens, or drop it so engines share the target's")

@@ -11,12 +11,14 @@ AUX_IDS_RUNNER_SPLIT = rule("aux-ids-runner-split", ERROR,
                             "one of them serves the drafter on the wrong layers",
                             "{to_runners} (writes the ids at the top level, which both runners read; modelopt for "
                             "MLA)",
-                            repaired_by_convert=True)
+                            repaired_by_convert=True, wrong_layers=True,
+                            engine="vllm")
 AUX_IDS_RUNNER_COUNT = rule("aux-ids-runner-count", ERROR,
                             "A vLLM runner captures another number of layers than fc is built for (V2 captures "
                             "the target's 3 default layers when the ids are only in eagle_config): it fails on "
                             "GPU only", "{to_runners} (writes the ids at the top level; modelopt for MLA)",
-                            repaired_by_convert=True)
+                            repaired_by_convert=True, wrong_layers=True,
+                            engine="vllm")
 
 _ROLE = {"v1": "V1 (CPU)", "v2": "V2 (GPU default)"}
 

@@ -14,14 +14,14 @@ EMBED_TOKENS_MISSING = rule("embed-tokens-missing", ERROR, "No embed_tokens and 
 EMBED_TOKENS_SHARED = rule("embed-tokens-shared", INFO, "No embed_tokens: engines share the target's embedding", None)
 TIE_WORD_EMBEDDINGS = rule("tie-word-embeddings", WARNING, "tie_word_embeddings is true: sglang ties lm_head to "
                            "embed_tokens, vLLM ignores it", "{convert} (sets tie_word_embeddings: false)",
-                           repaired_by_convert=True)
+                           repaired_by_convert=True, engine="sglang")
 ROPE_INCONSISTENT = rule("rope-inconsistent", ERROR, "rope_theta / rope_scaling disagree with rope_parameters",
                          "write both encodings with the values the drafter was trained with")
 ROPE_THETA_MISSING = rule("rope-theta-missing", INFO, "No rope_theta: engines use base 10000 (right if the drafter was "
                           "trained so)", None)
 METHOD_FROM_PATH = rule("method-from-path", WARNING, "The path contains 'eagle-': vLLM without an explicit method runs "
                         "it as EAGLE-1 (checked before 'eagle3')",
-                        "always pass method: eagle3 (as the printed speculative config does)")
+                        "always pass method: eagle3 (as the printed speculative config does)", engine="vllm")
 NEEDS_FINE_TUNING = rule("needs-fine-tuning", WARNING, "eaglectl upgraded this drafter structurally; it has not been "
                          "trained with its new EAGLE-3.1 features", "fine-tune it (training-time test) before publishing "
                          "it as a 3.1 drafter, or publish the source drafter")
