@@ -465,7 +465,7 @@ def plan_conversion(
     if fields:
         record["aux_id_fields"] = {p: c for p, (c, _) in fields.items()}  # the numbering of each field written
     config["eaglectl_provenance"] = provenance(src, "convert", to, **record)
-    intended = _intended(spec, aux_ids, target, measured if spec_override is None else None, aux_layer_ids)
+    intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=spec_override is None)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
     return ConversionPlan(
@@ -477,7 +477,7 @@ def plan_conversion(
 
 
 def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: TargetCheckpoint | None, measured: Any,
-              given: tuple[int, ...] | None) -> dict[str, Any]:
+              given: tuple[int, ...] | None, measured_flags: bool = True) -> dict[str, Any]:
     """The drafter's meaning that every runner serving the output must read: its boundaries (the measured
     reading when the probe decided it, else --aux-layer-ids, else the declared one; the target's default when no
     ids are known and the target's depth is) and its flags (with the flags the measurement decided)."""
@@ -488,7 +488,7 @@ def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: Targe
     if measured is not None and not measured.at_chance:
         if measured.boundary_ids is not None and ids is not None and tuple(sorted(ids)) == tuple(measured.boundary_ids):
             basis = "measured"
-        for name, fact in measured.facts.items():
+        for name, fact in measured.facts.items() if measured_flags else ():  # upgrade sets its own flags
             if name in flags and fact.measured in ("true", "false") and fact.measured != fact.declared:
                 flags[name] = fact.measured == "true"
     return {"boundary_ids": list(ids) if ids is not None else None, "flags": flags, "basis": basis}
@@ -562,7 +562,8 @@ def aux_fields_written(dialect: Dialect, boundary: tuple[int, ...]) -> dict[str,
     top-level key in vLLM's numbering, the dialect's own field in its own (formats/*.py, Writer.aux_conventions)."""
     w = dialect.writer
     assert w is not None
-    return {path: (c, [i - 1 if c == "output" else i for i in boundary]) for path, c in w.aux_fields(dialect.aux_convention)}
+    return {path: (c, [i - 1 if c == "output" else i for i in boundary])
+            for path, c in w.aux_fields(dialect.aux_convention)}
 
 
 def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
