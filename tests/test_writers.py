@@ -154,18 +154,20 @@ def test_the_post_write_check_fails_closed_naming_runner_key_and_both_lists(tmp_
 
 
 def test_a_flag_the_runners_would_not_apply_fails_closed(tmp_path, monkeypatch):
+    """A speculators writer that left norm_before_residual out: vLLM's speculators reader takes it as true."""
     import dataclasses
 
-    real = formats.get("modelopt")
-    flags = dict(real.writer.flag_paths)
-    flags["fc_norm"] = ("eagle_config.fc_norm",)  # a place vLLM's draft model class never reads
-    monkeypatch.setitem(formats.DIALECTS, "modelopt",
+    real = formats.get("speculators")
+    flags = {k: v for k, v in real.writer.flag_paths.items() if k != "norm_before_residual"}
+    monkeypatch.setitem(formats.DIALECTS, "speculators",
                         dataclasses.replace(real, writer=dataclasses.replace(real.writer, flag_paths=flags)))
     dest = tmp_path / "out"
-    with pytest.raises(ConversionError, match="applies fc_norm=false, but the drafter has fc_norm=true"):
-        convert.run(str(TRAINED / "eagle3.1-mla"), str(dest), "modelopt", target=str(TRAINED / "target-mla"),
-                    measure=False, aux_layer_ids=(2, 3, 4))
+    with pytest.raises(ConversionError) as e:
+        convert.run(str(TRAINED / "eagle3"), str(dest), "speculators", target=str(TRAINED / "target"),
+                    measure=False)
     assert not dest.exists()
+    assert "vLLM's v1 runner applies norm_before_residual=true, but the drafter has norm_before_residual=false" in \
+        e.value.message, e.value.message
 
 
 # ------------------------------------------------------------------------------------ upgrade keeps ids
