@@ -294,7 +294,7 @@ def _distinct_readings(out: DrafterCheckpoint, to: str, target: Any, L: int) -> 
     """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
     where it is installed, else its table: runners.readings_for) and, for a dialect another engine serves
     (`Dialect.consumer`), that engine's reading of the dialect's own field."""
-    from .engines import aux_reading, engine_boundaries
+    from .engines import aux_reading, engine_boundaries, engine_ids
     from .runners import readings_for
 
     readings = readings_for(out, target)
@@ -305,9 +305,7 @@ def _distinct_readings(out: DrafterCheckpoint, to: str, target: Any, L: int) -> 
             found.setdefault(ids, []).append(f"vLLM {r.runner}")
     dialect = formats.get(to)
     if dialect.consumer != "vllm":
-        own = [p for p in (dialect.writer.aux_ids_paths if dialect.writer else ()) if p != formats.VLLM_AUX_KEY]
-        raw = out.config.int_list(own[-1]) if own else None
-        ids = engine_boundaries(dialect.consumer, tuple(raw) if raw is not None else None, L)
+        ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
         found.setdefault(ids, []).append(f"{dialect.consumer} (since {aux_reading(dialect.consumer).since})")
     return [(" and ".join(who), ids) for ids, who in found.items()]
 
