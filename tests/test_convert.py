@@ -96,6 +96,9 @@ def test_dry_run_plan_is_the_executed_plan(invoke, tmp_path):
     assert real["dry_run"] is False and real["plan"] == dry["plan"]
     assert real["checked"] == [f"{len(real['plan']['tensors'])} tensors equal their source or documented transform "
                                "(re-read after writing)", "detected as modelopt", "inspect finds no errors",
+                               "vLLM's runners read the written config as the drafter means it (declared (the files)): "
+                               "v1 = v2 capture the target's default (2, L//2, L-3), same flags; assumed (eaglectl's "
+                               "table of vLLM 0.32/0.33)",
                                "the source did not change while it was read"]
 
 
