@@ -101,7 +101,8 @@ def test_every_written_dialect_is_read_alike_by_both_runners_table(written):
             assert not fields and "eagle_aux_hidden_state_layer_ids" not in cfg  # the layout stores none: the default
             continue
         want = list(CASES[name][1])
-        assert cfg["eagle_aux_hidden_state_layer_ids"] == want and fields["eagle_aux_hidden_state_layer_ids"] == "boundary"
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == want
+        assert fields["eagle_aux_hidden_state_layer_ids"] == "boundary"
         if dialect in ("specforge", "torchspec", "modelopt"):  # the dialect's own field in its own numbering
             assert fields["eagle_config.eagle_aux_hidden_state_layer_ids"] == "output"
             assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in want]
