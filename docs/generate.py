@@ -60,7 +60,9 @@ def formats_page() -> str:
            "| decoder config | aux ids | flags it records |\n|---|---|---|---|---|---|---|---|---|\n"]
     for r in rows:
         renames = ", ".join(f"`{k['canonical'] or '*'}` → `{k['dialect']}`" for k in r["key_renames"]) or "none"
-        aux = f"{r['aux_convention']}: " + (", ".join(f"`{p}`" for p in r["aux_ids_paths"]) or "not stored")
+        aux = f"{r['aux_convention']}: " + (", ".join(
+            f"`{p}`" + (f" ({r['aux_path_conventions'][p]})" if p in r["aux_path_conventions"] else "")
+            for p in r["aux_ids_paths"]) or "not stored")
         detected = "; ".join(r["required"]) + ("; supporting: " + "; ".join(r["supporting"]) if r["supporting"] else "")
         out.append(f"| `{r['id']}` | {_cell(r['title'])} | {_cell(r['producers'])} | {_cell(detected)} | "
                    f"{_cell('; '.join(r['excluded_by']) or '-')} | {renames} | {r['decoder_config']} | {_cell(aux)} | "
@@ -102,6 +104,21 @@ def engines_page() -> str:
                "is below ([runners](#runners)).\n")
     out.append("\nThe engine that serves each dialect (`consumer` in the registry): "
                + ", ".join(f"`{d['id']}` → {d['consumer']}" for d in dialect_rows()) + ".\n")
+    out.append("\n## writers\n\nWhat each dialect eaglectl writes holds the drafter's aux ids in (`Writer.aux_ids_paths` "
+               "and `Writer.aux_conventions` in `eaglectl/formats/`): vLLM's own top-level key "
+               "`eagle_aux_hidden_state_layer_ids` in vLLM's (boundary) numbering wherever the layout can carry it, "
+               "which both runners read first, plus the dialect's own field in the numbering its own framework reads "
+               "it in. A top-level `target_layer_ids` is never written (V2 reads it +1). The provenance records each "
+               "field's numbering (`eaglectl_provenance.aux_id_fields`), and after writing every runner's reading "
+               "of the written config must capture the drafter's boundaries and apply its flags "
+               "([convert.md](convert.md#aux-ids)).\n\n| dialect | field | numbering |\n|---|---|---|\n")
+    for d in dialect_rows():
+        if d["aux_ids_written"] is None:
+            continue
+        for f in d["aux_ids_written"] or [{"path": "none (the layout stores no ids: the target's default only)",
+                                           "convention": "-"}]:
+            path = f["path"] if f["convention"] == "-" else f"`{f['path']}`"
+            out.append(f"| `{d['id']}` | {path} | {f['convention']} |\n")
     out.append("\n## runners\n\nvLLM carries two model runners, and they choose an EAGLE-3 drafter's target layers "
                "with different code. eaglectl asks that code itself where a vLLM interpreter is at hand "
                "(`eaglectl/runners.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "

@@ -98,6 +98,8 @@ class ConversionPlan:
     metadata: dict[str, str]
     notes: list[str] = field(default_factory=list)
     side_files: dict[str, Any] = field(default_factory=dict)  # other JSON files written beside config.json
+    # what every runner that serves DEST must read: {"boundary_ids", "flags", "basis"} (the post-write check)
+    intended: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +109,7 @@ class ConversionPlan:
             "dropped": [{"tensor": n, "why": w} for n, w in self.dropped],
             "config": self.config, "config_changes": self.config_changes,
             "files": self.file_names() + sorted(self.side_files), "metadata": self.metadata, "notes": self.notes,
+            "intended": self.intended,
         }
 
     def file_names(self) -> list[str]:
@@ -248,7 +251,6 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
                     convention: str | None, to: str) -> Any:
     """After writing: the reference loop drafts exactly as much with the output (read the way the
     destination's engine reads it) as with the source (read as measured), on the same greedy continuations."""
-    from .engines import aux_reading, engine_boundaries
     from .errors import BehaviourChangedError
     from .probe import LOOP_TOKENS, acceptance, flag_overrides, probe_prompts
 
@@ -264,25 +266,93 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
             src_ids = tuple(sorted(i + (1 if convention == "output" else 0) for i in spec.aux_layer_ids))
         else:
             src_ids = spec.capture_ids(L)
-        engine = formats.get(to).consumer
-        out_ids = engine_boundaries(engine, out.spec.aux_layer_ids, L)
         prompts = probe_prompts(target.model().tokenizer)  # decoded once already, for the probe
         k = m.steps
         a = acceptance(src.reference(), target, prompts, boundaries=src_ids, k=k, max_tokens=LOOP_TOKENS,
                        **flag_overrides(m))
-        b = acceptance(out.reference(), target, prompts, boundaries=out_ids, k=k, max_tokens=LOOP_TOKENS)
         counts = lambda c: (c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos)  # noqa: E731
-        if counts(a) != counts(b):
-            raise BehaviourChangedError(
-                f"{to} output under {engine} (since {aux_reading(engine).since}, boundaries {list(out_ids)}): "
-                f"acceptance length {b.mean_acceptance_length:.3f}, the source (boundaries {list(src_ids)}): "
-                f"{a.mean_acceptance_length:.3f}; nothing was written", path=out.root,
-                hint="the destination cannot carry this drafter's meaning for that engine; pick another --to")
-        return [f"drafts exactly like the source under {engine}'s reading (boundaries {list(out_ids)}): "
-                f"{a.num_drafts} drafts, {a.num_accepted_tokens} accepted on {len(prompts)} held-out prompts, "
-                f"AL {a.mean_acceptance_length:.3f}"]
+        lines = []
+        # once per distinct reading of the written files (normally one: the post-write check made vLLM's two
+        # runners agree), under every engine that serves them
+        for who, out_ids in _distinct_readings(out, to, target, L):
+            b = acceptance(out.reference(), target, prompts, boundaries=out_ids, k=k, max_tokens=LOOP_TOKENS)
+            if counts(a) != counts(b):
+                raise BehaviourChangedError(
+                    f"{to} output under {who} (boundaries {list(out_ids)}): acceptance length "
+                    f"{b.mean_acceptance_length:.3f}, the source (boundaries {list(src_ids)}): "
+                    f"{a.mean_acceptance_length:.3f}; nothing was written", path=out.root,
+                    hint="the destination cannot carry this drafter's meaning for that engine; pick another --to")
+            lines.append(f"drafts exactly like the source under {who} (boundaries {list(out_ids)}): "
+                         f"{a.num_drafts} drafts, {a.num_accepted_tokens} accepted on {len(prompts)} held-out prompts, "
+                         f"AL {a.mean_acceptance_length:.3f}")
+        return lines
 
     return check
+
+
+def _distinct_readings(out: DrafterCheckpoint, to: str, target: Any, L: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
+    where it is installed, else its table: runners.readings_for) and, for a dialect another engine serves
+    (`Dialect.consumer`), that engine's reading of the dialect's own field."""
+    from .engines import aux_reading, engine_boundaries, engine_ids
+    from .runners import readings_for
+
+    readings = readings_for(out, target)
+    found: dict[tuple[int, ...], list[str]] = {}
+    for r in readings.runners:
+        ids = r.boundary_ids if r.boundary_ids is not None else default_aux_ids(L, "boundary")
+        if not r.error:
+            found.setdefault(ids, []).append(f"vLLM {r.runner}")
+    dialect = formats.get(to)
+    if dialect.consumer != "vllm":
+        ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
+        found.setdefault(ids, []).append(f"{dialect.consumer} (since {aux_reading(dialect.consumer).since})")
+    return [(" and ".join(who), ids) for ids, who in found.items()]
+
+
+def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: Any) -> list[str]:
+    """After writing: every vLLM runner's reading of the WRITTEN config (asked of vLLM's own selection code and
+    draft model class where its interpreter is available, else the table: runners.readings_for) captures the
+    intended boundaries and applies the intended flags (ConversionError naming the runner, the key and both id
+    lists otherwise: nothing is left at DEST)."""
+    from .runners import FLAG_NAMES, readings_for
+
+    intended = plan.intended
+    if intended is None:
+        return []
+    readings = readings_for(out, target)
+    want = tuple(intended["boundary_ids"]) if intended["boundary_ids"] is not None else None
+    where = f"{plan.dest} (staged)"
+    skipped = []
+    for r in readings.runners:
+        if r.error:
+            skipped.append(f"vLLM {r.runner} refuses the config ({r.error})")
+            continue
+        if want is not None and r.boundary_ids != want:
+            got = r.ids_text()
+            raise ConversionError(
+                f"{where}: vLLM's {r.runner} runner reads {r.source or 'nothing'} as boundaries {got}, but the "
+                f"drafter reads {list(want)} ({intended['basis']}); nothing was written",
+                path=plan.dest, runner=r.runner, key=r.source, read=got, intended=list(want), dialect=plan.dest_dialect,
+                hint="the destination cannot make this runner read the drafter's layers: pick another --to "
+                     "(or --for vllm)")
+        if r.flags is not None:
+            flags = intended["flags"]
+            wrong = [f for f in FLAG_NAMES if bool(r.flags.get(f)) != bool(flags.get(f))]
+            if wrong:
+                applies = ", ".join(f"{f}={str(bool(r.flags.get(f))).lower()}" for f in wrong)
+                means = ", ".join(f"{f}={str(bool(flags.get(f))).lower()}" for f in wrong)
+                raise ConversionError(
+                    f"{where}: vLLM's {r.runner} runner applies {applies}, but the drafter has {means} "
+                    f"({intended['basis']}); nothing was written", path=plan.dest, runner=r.runner,
+                    dialect=plan.dest_dialect, hint="pick another --to (or --for vllm)")
+    if len(readings.runners) < 2 and not skipped:
+        return []
+    read = readings.runners[0].ids_text() if want is None else str(list(want))
+    line = (f"vLLM's runners read the written config as the drafter means it ({intended['basis']}): "
+            f"{' = '.join(r.runner for r in readings.runners if not r.error)} capture {read}, same flags; "
+            f"{readings.basis}")
+    return [line] + skipped
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -383,19 +453,43 @@ def plan_conversion(
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
     notes: list[str] = []
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes)
+    fields: dict[str, tuple[str, list[int]]] = {}
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes, fields)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
-    config["eaglectl_provenance"] = provenance(src, "convert", to, aux_convention=w.aux_convention or dialect.aux_convention)
+    first = next((fields[p][0] for p in (dialect.aux_ids_paths or w.aux_ids_paths) if p in fields), None)
+    record: dict[str, Any] = {"aux_convention": first or w.aux_convention or dialect.aux_convention}
+    if fields:
+        record["aux_id_fields"] = {p: c for p, (c, _) in fields.items()}  # the numbering of each field written
+    config["eaglectl_provenance"] = provenance(src, "convert", to, **record)
+    intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=spec_override is None)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
     return ConversionPlan(
         source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
         shards=_shard(actions, shard_limit), metadata=metadata, notes=notes,
-        side_files={QUANT_FILE: quant_file} if quant_file is not None else {},
+        side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
     )
+
+
+def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: TargetCheckpoint | None, measured: Any,
+              given: tuple[int, ...] | None, measured_flags: bool = True) -> dict[str, Any]:
+    """The drafter's meaning that every runner serving the output must read: its boundaries (the measured
+    reading when the probe decided it, else --aux-layer-ids, else the declared one; the target's default when no
+    ids are known and the target's depth is) and its flags (with the flags the measurement decided)."""
+    L = target.num_layers if target is not None else None
+    ids = boundary if boundary is not None else (default_aux_ids(L, "boundary") if L is not None else None)
+    flags = {f: bool(getattr(spec, f)) for f in FLAGS}
+    basis = "given (--aux-layer-ids)" if given is not None else "declared (the files)"
+    if measured is not None and not measured.at_chance:
+        if measured.boundary_ids is not None and ids is not None and tuple(sorted(ids)) == tuple(measured.boundary_ids):
+            basis = "measured"
+        for name, fact in measured.facts.items() if measured_flags else ():  # upgrade sets its own flags
+            if name in flags and fact.measured in ("true", "false") and fact.measured != fact.declared:
+                flags[name] = fact.measured == "true"
+    return {"boundary_ids": list(ids) if ids is not None else None, "flags": flags, "basis": basis}
 
 
 def _failer(src: DrafterCheckpoint, to: str) -> Any:
@@ -449,17 +543,25 @@ def _dest_aux_ids(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, t
         fail(f"aux ids {list(boundary)} must be ascending and distinct")
     if not w.aux_ids_paths:
         if L is None or tuple(boundary) != default_aux_ids(L, "boundary"):
-            fail(f"{dialect.title} cannot record aux ids {list(boundary)} (it always uses (2, L//2, L-3)); "
+            fail(f"{dialect.title} cannot record aux ids {list(boundary)} (it always uses (2, L//2, L-3), and both of "
+                 "vLLM's runners would capture that default); "
                  + ("they are not that default for the target" if L is not None else
                     "pass --target to show they are that default"))
-        return None
+        return tuple(boundary)  # not written: every engine's default names them
     if w.exactly_3_aux and len(boundary) != 3:
         fail(f"{dialect.title} holds exactly 3 aux ids, not {len(boundary)}")
-    if (w.aux_convention or dialect.aux_convention) == "output":
-        if 0 in boundary:
-            fail("aux id 0 (the embeddings) has no output-of-layer equivalent")
-        return tuple(i - 1 for i in boundary)
+    if 0 in boundary and any(c == "output" for _, c in w.aux_fields(dialect.aux_convention)):
+        fail("aux id 0 (the embeddings) has no output-of-layer equivalent")
     return boundary
+
+
+def aux_fields_written(dialect: Dialect, boundary: tuple[int, ...]) -> dict[str, tuple[str, list[int]]]:
+    """path -> (convention, ids) of every aux-id field the writer writes, from the drafter's boundary ids: vLLM's
+    top-level key in vLLM's numbering, the dialect's own field in its own (formats/*.py, Writer.aux_conventions)."""
+    w = dialect.writer
+    assert w is not None
+    return {path: (c, [i - 1 if c == "output" else i for i in boundary])
+            for path, c in w.aux_fields(dialect.aux_convention)}
 
 
 def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
@@ -467,11 +569,20 @@ def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
     return {k: v for k, v in src.layer_config.data.items() if k not in skip}
 
 
+_EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
+
+
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
                  float_dtype: str, target: TargetCheckpoint | None, fail: Any,
-                 base_model: str | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+                 base_model: str | None = None, notes: list[str] | None = None,
+                 written_fields: dict[str, tuple[str, list[int]]] | None = None) -> dict[str, Any]:
+    """The destination config; `aux_ids` are boundary ids, written into `written_fields` (path -> (convention,
+    ids), filled here) in each field's own numbering."""
     w = dialect.writer
     assert w is not None
+    written_fields = written_fields if written_fields is not None else {}
+    if aux_ids is not None and w.aux_ids_paths:
+        written_fields.update(aux_fields_written(dialect, aux_ids))
     notes = notes if notes is not None else []
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
     if not is_hub_id(layer.get("_name_or_path")):
@@ -524,12 +635,13 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         if flag in w.explicit_false:
             config_set(top, flag, False)  # plan_conversion refused a true value above
     if aux_ids is not None:
-        for path in w.aux_ids_paths:
-            config_set(top, path, list(aux_ids))
+        for path, (_, ids) in written_fields.items():
+            config_set(top, path, ids)
     if n_aux is not None and n_aux != 3:  # vLLM sizes fc for 3 unless told
         top["num_aux_hidden_states"] = n_aux
-        if aux_ids is not None:
-            config_set(top, "eagle_config.eagle_aux_hidden_state_layer_ids", list(aux_ids))
+        if aux_ids is not None and w.aux_ids_paths and _EC_IDS not in written_fields:
+            config_set(top, _EC_IDS, list(aux_ids))  # vLLM's sizing path, in vLLM's numbering
+            written_fields[_EC_IDS] = ("boundary", list(aux_ids))
     for path, value in w.extra_config.items():
         config_set(top, path, value)
     top["torch_dtype"] = torch_dtype
@@ -839,6 +951,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
             (stage / side_name).write_text(json.dumps(side_data, indent=2) + "\n")
         out, lines = check_checkpoint(stage, plan, written, target)
         checked += lines
+        checked += check_readings(out, plan, target)
         if after_write is not None:
             checked += after_write(out)
         src.ckpt.ensure_unchanged()

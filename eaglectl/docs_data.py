@@ -22,6 +22,10 @@ def dialect_rows() -> list[dict[str, Any]]:
             "decoder_config": d.layer_config_path or "top level",
             "aux_ids_paths": list(d.aux_ids_paths),
             "aux_convention": d.aux_convention,
+            "aux_path_conventions": {p: c for p, (c, _) in d.aux_path_conventions.items()},
+            # what the writer writes: every aux-id field with its numbering (None: not written)
+            "aux_ids_written": [{"path": p, "convention": c} for p, c in d.writer.aux_fields(d.aux_convention)]
+            if d.writer is not None else None,
             "flag_fields": sorted(d.flag_fields),
             "flag_defaults": {k: {"value": v, "why": why} for k, (v, why) in d.flag_defaults.items()},
             "consumer": d.consumer,

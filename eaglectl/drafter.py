@@ -312,11 +312,18 @@ def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...
     else:
         convention, why = dialect.aux_convention_for(probe)
         f.sources["aux_convention"] = f"dialect: {why}"
+    fields = f.top.dict("eaglectl_provenance.aux_id_fields") or {}
     for path in dialect.aux_ids_paths or AUX_ID_PATHS:
         if not f.top.has(path):
             continue
         ids = f.top.int_list(path, lo=-limit("target_layers"), hi=limit("target_layers"))
         f.sources["aux_layer_ids"] = f"config: {path}" if ids is not None else f"invalid: config '{path}'"
+        if fields.get(path) in ("boundary", "output"):  # eaglectl recorded each field's numbering
+            convention = fields[path]
+            f.sources["aux_convention"] = f"recorded: eaglectl_provenance.aux_id_fields['{path}']"
+        elif path in dialect.aux_path_conventions and recorded not in ("boundary", "output"):
+            convention, why = dialect.aux_path_conventions[path]
+            f.sources["aux_convention"] = f"dialect: {why}"
         return ids, convention
     f.sources["aux_layer_ids"] = "absent: engines use their default"
     return None, convention

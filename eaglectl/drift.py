@@ -357,7 +357,8 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     """Measure drift for each drafter under each condition (context length × template)."""
     import torch
 
-    from .verify import load_drafter
+    from .drafter import open_drafter
+    from .verify import measured_layers
 
     base = PROTOCOLS[protocol]
     proto = Protocol(base.name, sink_tokens if sink_tokens is not None else base.sink_tokens,
@@ -373,24 +374,29 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     if states is not None and (context_lengths or templates):
         raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
                          "capture's requests are the workload")
-    loaded = [load_drafter(d) for d in drafters]
+    opened = [open_drafter(d) for d in drafters]
+    loaded = [o.reference() for o in opened]
     t = Target.open(target, states, progress=progress)
     assert t is not None
+    # the layers each drafter reads: the one measured reading (probe.measure) when it decides them, else the files'
+    layers = {id(d): measured_layers(o, t)[0] or d.spec.capture_ids(t.num_layers)  # type: ignore[arg-type]
+              for o, d in zip(opened, loaded, strict=True)}
     runs: list[DriftRun] = []
     note = None
     if target is not None:
         conditions = _conditions(t.model().tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
                                  templates, system_prompt, t.model().vocab_size)
-        t.need({i for d in loaded for i in d.spec.capture_ids(t.num_layers)})  # type: ignore[arg-type]
+        t.need({i for ids in layers.values() for i in ids})
         for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
                                                           label="drift"):
             runs.append(_target_run(d, t, prompt_ids, length, template, proto, depth, k, max_tokens,
-                                    bootstrap_reps, seed))
+                                    bootstrap_reps, seed, layers[id(d)]))
     else:
         assert t.states is not None
         note = "no acceptance loop: the target does not run with --states (run drift with --target for it)"
         for d in progress(loaded, label="drift"):
-            runs.append(_states_run(d, t.states, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed))
+            runs.append(_states_run(d, t.states, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed,
+                                    layers[id(d)]))
     versions = {"eaglectl_version": __version__, "torch_version": torch.__version__,
                 "python": sys.version.split()[0]}
     rep = DriftReport(target, states, proto, depth, k, max_tokens, prompts if states is None else states, runs,
@@ -450,7 +456,7 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
 
 def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], length: int | None,
                 template: str | None, proto: Protocol, depth: int, k: int, max_tokens: int, reps: int,
-                seed: int) -> DriftRun:
+                seed: int, ids: tuple[int, ...] | None = None) -> DriftRun:
     """The acceptance loop (smoke --engine reference's, replayed on the target's greedy continuations),
     then chains from anchors inside each answer, on the same continuations' states."""
     import torch
@@ -458,7 +464,7 @@ def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], leng
     from .model.replay import replay
 
     model = d.build(torch.float32, "cpu")
-    ids = d.spec.capture_ids(tgt.num_layers)  # type: ignore[arg-type]
+    ids = ids or d.spec.capture_ids(tgt.num_layers)  # type: ignore[arg-type]  # the measured layers when given
     embed = None if d.has_embed else tgt.model().embedding().float()
     conts = tgt.continuations(prompt_ids, max_tokens=max_tokens, k=k, boundaries=ids)
     counts = replay(model, conts, aux_ids=ids, embed=embed)
@@ -475,14 +481,14 @@ def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], leng
 
 
 def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int, max_tokens: int, count: int,
-                reps: int, seed: int) -> DriftRun:
+                reps: int, seed: int, ids: tuple[int, ...] | None = None) -> DriftRun:
     """Chains from anchors in the last `max_tokens` positions of each captured request, one request in memory
     at a time (a first pass collects the embedding rows a drafter without its own table needs)."""
     import numpy as np
     import torch
 
     model = d.build(torch.float32, "cpu")
-    ids = d.spec.capture_ids(captured.num_layers)  # type: ignore[arg-type]
+    ids = ids or d.spec.capture_ids(captured.num_layers)  # type: ignore[arg-type]  # the measured layers when given
     fetch = ids + ((0,) if not d.has_embed and 0 not in ids else ())
     notes: list[str] = []
     embed = token_rows = None

@@ -47,6 +47,22 @@ AUX_READINGS: tuple[AuxReading, ...] = (
 )
 
 
+# Where an engine other than vLLM reads a drafter's ids from (vLLM: runners.py): sglang reads eagle_config's
+# (its EAGLE-3 worker and `set_eagle3_layers_to_capture`), never vLLM's top-level key. An engine not listed
+# reads the dialect's own fields, in the dialect's reading order.
+AUX_KEYS: dict[str, tuple[str, ...]] = {"sglang": ("eagle_config.eagle_aux_hidden_state_layer_ids",)}
+
+
+def engine_ids(engine: str, config: Any, stored: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The ids `engine` reads from a drafter's config (a jsonio view with `int_list`): its own keys (AUX_KEYS),
+    else `stored` (the ids as the dialect reads them)."""
+    for key in AUX_KEYS.get(engine, ()):
+        ids = config.int_list(key) if config is not None else None
+        if ids is not None:
+            return tuple(ids)
+    return stored
+
+
 def aux_reading(engine: str) -> AuxReading:
     """The engine's current reading of configured aux ids."""
     return [r for r in AUX_READINGS if r.engine == engine][-1]

@@ -49,6 +49,7 @@ from .target import Target
 
 if TYPE_CHECKING:
     from .fitting import FitReport
+    from .probe import Measurement
     from .verify import ParityReport
 
 SCHEMA = "eaglectl.upgrade/1"
@@ -181,16 +182,20 @@ def run(
     work = _workload(tgt, prompts, num_prompts, max_tokens) if tgt is not None and tgt.runnable and steps else None
     gammas: list[np.ndarray] | None = None
     new_fc: np.ndarray | None = None
+    measurement = None
+    if steps and tgt is not None and tgt.has_states:
+        # one measured reading for the whole command: calibration, the ranking, fit, the ids written and the
+        # fidelity step all read the boundaries it decided (the files' reading only when it did not)
+        ids, how, measurement = _layers(src, tgt, text=add_fc_norm and not _from_continuations(tgt))
+        layers = {"boundary_ids": list(ids), "how": how}
     if add_fc_norm:
         n, Ht = spec.num_aux_hidden_states, spec.aux_width
         if n is None or Ht is None:
             raise ConversionError(f"{source}: cannot tell the aux count / width from fc.weight")
         inits = _inits(init, tgt)
-        if tgt is None or not tgt.has_states:
+        if tgt is None or not tgt.has_states or ids is None:
             fits = {i: fit(i, n, Ht) for i in inits}
         else:
-            ids, how = _layers(src, tgt, text=not _from_continuations(tgt))
-            layers = {"boundary_ids": list(ids), "how": how}
             closed = tuple(i for i in inits if i != "fit")
             if work is not None:
                 _declare(tgt, src, ids, work, reading, with_fit="fit" in inits)
@@ -217,8 +222,13 @@ def run(
             why = "tuned by the fit init" if chosen == "fit" and fit_fc else "refit to the 3.0 FC output"
             extra["fc.weight"] = (dtype, tuple(new_fc.shape), why)
             supplied["fc.weight"] = casting.encode(new_fc, dtype)
+    if measurement is not None and measurement.at_chance:
+        measurement = None  # a drafter at chance says nothing about its layers: the files' reading is written
+    decided = measurement is not None and measurement.boundary_ids is not None
     plan = plan_conversion(src, dest, to, target=tgt.checkpoint if tgt else None, spec_override=new_spec,
-                           extra_tensors=extra, base_model=base_model)
+                           extra_tensors=extra, base_model=base_model, measured=measurement,
+                           aux_layer_ids=tuple(ids) if decided and ids is not None and spec.aux_layer_ids is not None
+                           else None)
     acceptance = None
     if work is not None:
         acceptance = _acceptance(src, tgt, work, gammas, new_fc, new_flags, dtype, plan.config, reading, ids,
@@ -310,21 +320,23 @@ def _inits(init: str, tgt: Target | None) -> tuple[str, ...]:
     return ("ones",)
 
 
-def _layers(src: DrafterCheckpoint, tgt: Target, text: bool = True) -> tuple[tuple[int, ...], str]:
-    """The boundaries calibration must use: measured when the probe decides, else the files' reading. `text`:
-    calibration reads the target's run over the text too (declared now, so one pass serves both)."""
+def _layers(src: DrafterCheckpoint, tgt: Target, text: bool = True) -> tuple[tuple[int, ...], str, Measurement | None]:
+    """The boundaries calibration, fit, the written ids and fidelity use, how they were known, and the measurement
+    (None: the target cannot run and there is no capture): measured when the probe decides, else the files'
+    reading. `text`: calibration reads the target's run over the text too (declared now, so one pass serves
+    both)."""
     from .probe import measure
 
     L = tgt.num_layers
     assert L is not None
     if tgt.states is None and not tgt.runnable:
-        return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})"
+        return src.spec.capture_ids(L), f"as the files say ({tgt.why_not_runnable()})", None
     if text:
         tgt.need(tokens=CALIBRATION_TOKENS)  # the probe's capture also serves calibration and fidelity
     m = measure(src, tgt, loop_prompts=0)  # what stops the probe stops calibration too: said as it is
     if m.boundary_ids is not None:
-        return m.boundary_ids, f"measured ({m.aux.reason})"
-    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason})"
+        return m.boundary_ids, f"measured ({m.aux.reason})", m
+    return src.spec.capture_ids(L), f"as the files say (not decided: {m.aux.reason})", m
 
 
 def _calibrate(src: DrafterCheckpoint, tgt: Target, ids: tuple[int, ...], inits: tuple[str, ...], n: int, Ht: int,

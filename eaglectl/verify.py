@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -361,6 +360,7 @@ class ParityReport:
     differing_tensors: list[str] = field(default_factory=list)
     warm_start: WarmStart | None = None  # the upgrade regime: what an upgrade must keep, and which steps are judged
     inputs_real: bool = False  # the target's states, not synthetic ones
+    layers: dict[str, Any] | None = None  # the target boundaries the inputs were taken at, and how they were known
 
     @property
     def passed(self) -> bool | None:
@@ -401,6 +401,7 @@ class ParityReport:
             "identical_tensors": self.identical_tensors,
             "differing_tensors": self.differing_tensors,
             "warm_start": self.warm_start.to_json() if self.warm_start is not None else None,
+            "layers": self.layers,
             "per_step": [asdict(m) for m in self.metrics],
             "passed": self.passed,
             "exit_code": self.exit_code,
@@ -447,19 +448,41 @@ def run(
         dtype = "bfloat16"
     dtype = dtype or "float32"
     _check_device(device)
-    opened = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    cand = opened.reference()
-    ref = load_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand
+    cand_d = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
+    ref_d = open_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand_d
+    cand, ref = cand_d.reference(), ref_d.reference()
     _same_shape(cand, ref)
     t = Target.open(target, states, progress=progress, text=text)
+    layers = None
     if t is not None:
-        inputs = real_inputs(t, ref, tokens, steps, table_needed=not (cand.has_embed or ref.has_embed))
+        boundaries, layers = measured_layers(ref_d, t)
+        inputs = real_inputs(t, ref, tokens, steps, boundaries=boundaries,
+                             table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
     if against is None:  # precision / device parity against the fp32 CPU reference of itself
-        return compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
-    return compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device), (dtype, device),
-                   steps, tokens, seed, upgrade=upgrade_provenance(opened.config))
+        report = compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
+    else:
+        report = compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device),
+                         (dtype, device), steps, tokens, seed, upgrade=upgrade_provenance(cand_d.config))
+    report.layers = layers
+    return report
+
+
+def measured_layers(d: Any, target: Target) -> tuple[tuple[int, ...] | None, dict[str, Any]]:
+    """The target boundaries the drafter reads, from the one measured reading (probe.measure, teacher-forced on
+    the target's states; no acceptance loop) when it decides them, else the files' reading (None): the inputs
+    are the target's states at those layers. (ids or None, {"boundary_ids", "how"} for the report)."""
+    from .probe import try_measure
+
+    m, why = try_measure(d, target, loop_prompts=0)
+    if m is not None and m.boundary_ids is not None and not m.at_chance:
+        return m.boundary_ids, {"boundary_ids": list(m.boundary_ids), "how": f"measured ({m.aux.reason})"}
+    L = target.num_layers
+    ids = d.spec.capture_ids(L) if L is not None else None
+    reason = why or (("the drafter is at chance" if m.at_chance else f"not decided: {m.aux.reason}") if m else "")
+    return None, {"boundary_ids": list(ids) if ids is not None else None,
+                  "how": "as the files say" + (f" ({reason})" if reason else "")}
 
 
 def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, run_at: tuple[str, str],

@@ -96,6 +96,9 @@ def test_dry_run_plan_is_the_executed_plan(invoke, tmp_path):
     assert real["dry_run"] is False and real["plan"] == dry["plan"]
     assert real["checked"] == [f"{len(real['plan']['tensors'])} tensors equal their source or documented transform "
                                "(re-read after writing)", "detected as modelopt", "inspect finds no errors",
+                               "vLLM's runners read the written config as the drafter means it (declared (the files)): "
+                               "v1 = v2 capture the target's default (2, L//2, L-3), same flags; assumed (eaglectl's "
+                               "table of vLLM 0.32/0.33)",
                                "the source did not change while it was read"]
 
 
@@ -151,9 +154,12 @@ def test_h3_aux_ids_are_translated_between_conventions(tmp_path):
     convert(tmp_path / "s", tmp_path / "f", "specforge")
     assert config(tmp_path / "f")["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]
     convert(DRAFTERS / "speculators-3", tmp_path / "o", "modelopt", aux_layer_ids=(2, 5, 8))
-    cfg = config(tmp_path / "o")  # written for vLLM: boundary ids, and the file says so
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 5, 8]
+    cfg = config(tmp_path / "o")  # vLLM's key in vLLM's numbering, ModelOpt's own field in ModelOpt's; the file says so
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 5, 8]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
     assert cfg["eaglectl_provenance"]["aux_convention"] == "boundary"
+    assert cfg["eaglectl_provenance"]["aux_id_fields"] == {"eagle_aux_hidden_state_layer_ids": "boundary",
+                                                           "eagle_config.eagle_aux_hidden_state_layer_ids": "output"}
     assert inspect_checkpoint(str(tmp_path / "o")).spec.aux_layer_ids_vllm == (2, 5, 8)
 
 
@@ -180,7 +186,8 @@ def test_h4_unsorted_ids_are_refused(tmp_path):
 def test_h5_four_aux_states_are_sized_explicitly(tmp_path):
     convert(DEFECTS / "aux-count-not-3", tmp_path / "o", "modelopt")
     cfg = config(tmp_path / "o")
-    assert cfg["num_aux_hidden_states"] == 4 and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5, 7]
+    assert cfg["num_aux_hidden_states"] == 4 and cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5, 7]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 4, 6]  # ModelOpt's numbering
     convert(DEFECTS / "aux-count-not-3", tmp_path / "s", "speculators")
     assert config(tmp_path / "s")["num_aux_hidden_states"] == 4
 

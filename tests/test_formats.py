@@ -94,7 +94,10 @@ def toy_dialect():
         flag_defaults={f: (False, "toy default") for f in ("norm_before_residual", "norm_before_fc", "fc_norm",
                                                             "norm_output")},
         owned_config_keys=("toy_version", "toy_aux_ids"),
-        writer=Writer(architectures={"llama": "LlamaForCausalLMEagle3"}, aux_ids_paths=("toy_aux_ids",),
+        # vLLM's top-level key in vLLM's numbering too: both vLLM runners must read the drafter's layers
+        writer=Writer(architectures={"llama": "LlamaForCausalLMEagle3"},
+                      aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "toy_aux_ids"),
+                      aux_conventions={"eagle_aux_hidden_state_layer_ids": "boundary"},
                       flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
                       explicit_false=("norm_before_residual", "norm_before_fc"), extra_config={"toy_version": 1},
                       max_layers=1),
@@ -114,6 +117,9 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
         assert r.exit_code == 0, r.stderr
         cfg = json.loads((tmp_path / "toy" / "config.json").read_text())
         assert cfg["toy_aux_ids"] == [0, 3, 6] and cfg["toy_version"] == 1  # boundary [1, 4, 7] as output ids
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]
+        assert cfg["eaglectl_provenance"]["aux_id_fields"] == {"eagle_aux_hidden_state_layer_ids": "boundary",
+                                                               "toy_aux_ids": "output"}
         assert cfg["norm_before_residual"] is False and cfg["fc_norm"] is True
         doc = json.loads(invoke("inspect", tmp_path / "toy", "--json").stdout)
         assert doc["dialect"] == "toy" and doc["spec"]["aux_layer_ids_vllm"] == [1, 4, 7]

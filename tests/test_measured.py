@@ -126,7 +126,8 @@ def test_convert_output_drafter_checks_behaviour_under_the_consumers_reading(tmp
         r = invoke("convert", src, tmp_path / to, "--to", to, "--target", TARGET, "--json")
         assert r.exit_code == 0, r.stderr
         checked = json.loads(r.stdout)["checked"]
-        assert any("drafts exactly like the source under vllm's reading (boundaries [3, 5, 6])" in c for c in checked)
+        assert any("drafts exactly like the source under vLLM v1 and vLLM v2 (boundaries [3, 5, 6])" in c
+                   for c in checked), checked
     # sglang since PR #25454 reads output ids [2, 4, 5] as boundaries: a SpecForge copy would lose acceptance
     r = invoke("convert", src, tmp_path / "sf", "--to", "specforge", "--target", TARGET)
     assert r.exit_code == 17 and "error[behaviour-changed]" in r.stderr and "sglang" in r.stderr

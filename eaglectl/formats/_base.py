@@ -7,6 +7,10 @@ from typing import Any
 
 from ..io.jsonio import MISSING, config_get
 
+# vLLM's own key for a drafter's aux ids: both of its model runners read it first, as boundary ids
+# (docs/engines.md#runners), so every dialect that can carry it gets it, in that numbering (docs/convert.md#aux-ids).
+VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -66,6 +70,9 @@ class Writer:
     style: str = "hf"  # hf: decoder fields at the top level | speculators: nested transformer_layer_config
     aux_ids_paths: tuple[str, ...] = ()  # where aux ids go; () = cannot record
     aux_convention: str | None = None  # convention of the ids written (None: the dialect's own)
+    # path -> its own convention, where it differs from `aux_convention` (vLLM's top-level key: boundary;
+    # a training framework's own field: the numbering that framework reads it in)
+    aux_conventions: dict[str, str] = field(default_factory=dict)
     flag_paths: dict[str, tuple[str, ...]] = field(default_factory=dict)  # flag -> paths; absent = must be False
     # flags the layout cannot express as true but writes as an explicit false, because engines
     # default an absent flag differently (vLLM's speculators reader: norm_before_residual true)
@@ -76,6 +83,11 @@ class Writer:
     t2d: bool = True  # write t2d (derived from d2t if needed) for reduced vocabularies
     require_embed_tokens: bool = False
     allowed_tensors: tuple[str, ...] | None = None  # regexes of canonical names it can hold (None: all)
+
+    def aux_fields(self, dialect_convention: str) -> tuple[tuple[str, str], ...]:
+        """(path, convention) of every aux-id field written, in order."""
+        default = self.aux_convention or dialect_convention
+        return tuple((p, self.aux_conventions.get(p, default)) for p in self.aux_ids_paths)
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,9 @@ class Dialect:
     # (signals that all hold, convention, why): overrides `aux_convention`
     aux_convention_when: tuple[tuple[tuple[Signal, ...], str, str], ...] = ()
     aux_convention_note: str | None = None  # why the convention cannot be known from the files
+    # path -> (convention, why) for a field read in another numbering than the dialect's (overrides
+    # `aux_convention` and `aux_convention_when` for that path)
+    aux_path_conventions: dict[str, tuple[str, str]] = field(default_factory=dict)
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it

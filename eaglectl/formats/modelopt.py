@@ -7,7 +7,9 @@ the training data was generated (HF hooks: output-of-layer; vLLM dumps: boundary
 reported as unverifiable unless measured (docs/hazards.md#aux-ids).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import VLLM_AUX_KEY, Dialect, Signal, Writer
+
+_EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 DIALECT = Dialect(
     name="modelopt",
@@ -34,11 +36,14 @@ DIALECT = Dialect(
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3", "qwen3": "Eagle3Qwen3ForCausalLM",
                        "mla": "Eagle3DeepseekV2ForCausalLM"},
-        # the top level too: vLLM's Model Runner V2 (the GPU default) never reads eagle_config's ids
-        # (docs/engines.md#runners)
-        aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
-        # written for vLLM, which reads these ids as boundary ids; the provenance records it
+        # vLLM's key at the top level in vLLM's numbering (Model Runner V2, the GPU default, never reads
+        # eagle_config's ids: docs/engines.md#runners), and ModelOpt's own field in ModelOpt's numbering: its
+        # HF EAGLE module hooks the output of decoder layer k for id k (`register_forward_hook` on
+        # `layers[k]`; default ids (1, L//2-1, L-4)), one layer later than vLLM reads the same number
+        # (docs/convert.md#aux-ids). The provenance records each field's numbering.
+        aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
         aux_convention="boundary",
+        aux_conventions={VLLM_AUX_KEY: "boundary", _EC_IDS: "output"},
         flag_paths={"norm_before_residual": ("norm_before_residual",),
                     "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # both places (docs/hazards.md#flags)
                     "fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},

@@ -7,7 +7,9 @@ PR #879 (2026-09-15): absent means False from then on; before it, absent meant T
 EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (docs/hazards.md#norm-output-window).
 """
 
-from ._base import Caveat, Dialect, Signal, Writer
+from ._base import VLLM_AUX_KEY, Caveat, Dialect, Signal, Writer
+
+_EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 DIALECT = Dialect(
     name="specforge",
@@ -20,8 +22,11 @@ DIALECT = Dialect(
         Signal("config-key", "fc_norm", weight=0.5),
     ),
     key_rules=(("layers.0.", "midlayer."),),
-    aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+    # SpecForge writes its ids in eagle_config only; the top-level key is vLLM's, added for vLLM (by eaglectl
+    # or by hand), and read first, as vLLM reads it
+    aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
     aux_convention="output",
+    aux_path_conventions={VLLM_AUX_KEY: ("boundary", "vLLM's own key (SpecForge never writes it): vLLM's numbering")},
     flag_fields=frozenset({"fc_norm", "norm_output"}),
     flag_defaults={
         "norm_before_residual": (False, "SpecForge has no such option: raw residual"),
@@ -35,7 +40,10 @@ DIALECT = Dialect(
     consumer="sglang",
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3"},
-        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        # vLLM's key in vLLM's numbering (both runners read it; V2 never reads eagle_config's ids), and
+        # SpecForge's own field in its numbering (sglang and SpecForge read it as output-of-layer ids)
+        aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
+        aux_conventions={VLLM_AUX_KEY: "boundary", _EC_IDS: "output"},
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         explicit_false=("norm_before_residual", "norm_before_fc"),
         max_layers=1,

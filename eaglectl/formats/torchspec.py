@@ -6,7 +6,7 @@ Marked by `_torchspec_version` in the config and `torchspec_version` in the safe
 shifted +1 to vLLM's boundary convention (docs/hazards.md#dialects, TorchSpec commit ec1eeab2).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import VLLM_AUX_KEY, Dialect, Signal, Writer
 
 _MARKERS = (Signal("config-key", "_torchspec_version", weight=3), Signal("metadata-key", "torchspec_version", weight=3))
 
@@ -32,7 +32,9 @@ DIALECT = Dialect(
     ),
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"},
-        aux_ids_paths=("eagle_config.eagle_aux_hidden_state_layer_ids",),
+        # vLLM's key in vLLM's numbering, and TorchSpec's own field in its post-layer numbering
+        aux_ids_paths=(VLLM_AUX_KEY, "eagle_config.eagle_aux_hidden_state_layer_ids"),
+        aux_conventions={VLLM_AUX_KEY: "boundary", "eagle_config.eagle_aux_hidden_state_layer_ids": "output"},
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         explicit_false=("norm_before_residual", "norm_before_fc"),
         extra_config={"eagle_config.use_aux_hidden_state": True, "_torchspec_version": "eaglectl"},

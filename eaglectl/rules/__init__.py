@@ -99,7 +99,7 @@ def _top_level_dialect(drafter: Any, own: str) -> str:
 
     writer = formats.get(own).writer if own in formats.writable() else None
     if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
-            drafter.spec.arch in writer.architectures):
+            drafter.spec.arch in writer.architectures) and formats.get(own).consumer == "vllm":
         return own
     return "modelopt" if drafter.spec.arch == "mla" else "speculators"
 

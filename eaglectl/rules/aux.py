@@ -36,6 +36,17 @@ TARGET_HIDDEN_SIZE = rule("target-hidden-size", ERROR, "fc's in-features do not 
                           "set target_hidden_size to the target's hidden size")
 
 
+def _in_vllm_numbering(ctx: Context, lists: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each list as boundary ids, by the numbering its field is in: as eaglectl recorded it per field, else as
+    the dialect reads that field. Two fields that hold the same layers in two numberings do not conflict."""
+    recorded = ctx.config.dict("eaglectl_provenance.aux_id_fields") or {}
+    out = {}
+    for path, ids in lists.items():
+        convention = recorded.get(path) or ctx.dialect.aux_path_conventions.get(path, (ctx.dialect.aux_convention,))[0]
+        out[path] = tuple(i + (1 if convention == "output" else 0) for i in ids)
+    return out
+
+
 @check
 def aux(ctx: Context) -> None:
     spec, cfg = ctx.spec, ctx.config
@@ -47,7 +58,7 @@ def aux(ctx: Context) -> None:
                  f"target_hidden_size {Ht}", ctx.view.locate("fc.weight"))
     lists = {p: v for p in AUX_ID_PATHS if (v := cfg.int_list(p, lo=-limit("target_layers"), hi=limit("target_layers")))
              is not None}
-    if len(lists) == 2 and len(set(lists.values())) == 2:
+    if len(lists) == 2 and len(set(lists.values())) == 2 and len(set(_in_vllm_numbering(ctx, lists).values())) == 2:
         ctx.emit(AUX_IDS_CONFLICT, " vs ".join(f"{p} {list(v)}" for p, v in lists.items()), ctx.where)
     if ids is None:
         if spec.sources.get("aux_layer_ids", "").startswith("invalid"):

@@ -4,7 +4,7 @@ predicts this target at all (docs/math.md#reading-probe, docs/engines.md#aux-ids
 
 from __future__ import annotations
 
-from ..engines import aux_reading, engine_boundaries
+from ..engines import aux_reading, engine_boundaries, engine_ids
 from . import ERROR, INFO, Context, check, rule
 
 AUX_READING_MISMATCH = rule("aux-reading-mismatch", ERROR, "The engine that serves this dialect reads other target "
@@ -40,7 +40,7 @@ def measured(ctx: Context) -> None:
     if trained is not None and L is not None:
         by_ids = {c.boundary_ids: c for c in m.aux.candidates}
         for engine in dict.fromkeys([ctx.dialect.consumer, "vllm"]):
-            reads = engine_boundaries(engine, spec.aux_layer_ids, L)
+            reads = engine_boundaries(engine, engine_ids(engine, ctx.config, spec.aux_layer_ids), L)
             if reads == trained:
                 continue
             stake = ""
