@@ -252,9 +252,9 @@ def aux_line(section: str) -> tuple[str | None, str | None]:
 # ------------------------------------------------------------------------------------------ red flags
 
 def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int, ...] | None, basis: str) -> list[str]:
-    """Red flags: the runners read different layers from each other, or other layers than intended; each names
-    both lists and the AL each measured runner got."""
-    flags = []
+    """Red flags: vLLM's runners read different layers from each other, or other layers than intended (measured,
+    else declared). One line names both lists, the intended one and the AL each runner measured ("not measured"
+    for a runner not run)."""
     measured = {r.runner: r for r in runs}
 
     def al(runner: str) -> str:
@@ -264,16 +264,17 @@ def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int,
             return "not measured"
         return f"AL {value:.3f}" + (", emulated on V1" if run is not None and run.emulated else "")
 
-    v1, v2 = readings.get("v1"), readings.get("v2")
-    if readings.split and v1 is not None and v2 is not None:
-        text = (f"vLLM's runners read different layers: V1 {v1.ids_text()} ({al('v1')}), V2 {v2.ids_text()} "
-                f"({al('v2')})")
-        if intended is not None:
-            text += f"; intended {list(intended)} ({basis})"
-        flags.append(text)
-    if intended is not None:
-        for run in runs:
-            if run.boundary_ids is not None and tuple(run.boundary_ids) != tuple(intended):
-                flags.append(f"vLLM {ROLE[run.runner]} reads {list(run.boundary_ids)} ({al(run.runner)}); the "
-                             f"drafter's intended reading is {list(intended)} ({basis})")
-    return flags
+    read = [(r.runner, r) for r in (readings.get("v1"), readings.get("v2"))
+            if r is not None and not r.error and r.boundary_ids is not None]
+    want = f"; intended {list(intended)} ({basis})" if intended is not None else ""
+    if readings.split and len(read) == 2:
+        (a, ra), (b, rb) = read
+        return [f"vLLM's runners read different layers: {ROLE[a]} {ra.ids_text()} ({al(a)}), {ROLE[b]} "
+                f"{rb.ids_text()} ({al(b)}){want}"]
+    wrong = [(name, r) for name, r in read if intended is not None and tuple(r.boundary_ids) != tuple(intended)]
+    if not wrong:
+        return []
+    names = " and ".join(ROLE[name] for name, _ in wrong)
+    als = ", ".join(f"{ROLE[name]} {al(name)}" for name, _ in wrong)
+    return [f"vLLM {names} read{'s' if len(wrong) == 1 else ''} {wrong[0][1].ids_text()} ({als}), not the drafter's "
+            f"intended reading{want[len('; intended'):]}"]

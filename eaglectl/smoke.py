@@ -523,8 +523,9 @@ def measure(
         if runs:
             rep.engine_reading, rep.engine_reading_note = runs[0].engine_reading, runs[0].engine_reading_note
     if readings is not None and intended is not None:
-        rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" else [], readings,
-                                                     tuple(intended["boundary_ids"]), intended["basis"])
+        rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
+                                                     else [], readings, tuple(intended["boundary_ids"]),
+                                                     intended["basis"])
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke

@@ -148,8 +148,7 @@ def test_runner_split_is_a_red_flag_with_both_lists_and_both_als(invoke, split, 
     al1, al2 = runs["v1"]["mean_acceptance_length"], runs["v2"]["mean_acceptance_length"]
     assert doc["red_flags"][0] == (f"vLLM's runners read different layers: V1 [1, 3, 4] (AL {al1:.3f}), V2 [2, 4, 5] "
                                    f"(AL {al2:.3f}); intended [2, 4, 5] (measured by the probe)")
-    assert any(f.startswith("vLLM V1 reads [1, 3, 4]") for f in doc["red_flags"])
-    assert not any(f.startswith("vLLM V2 reads") for f in doc["red_flags"])  # V2 reads what it was trained on
+    assert len(doc["red_flags"]) == 1  # one line for the split (V2 reads what the drafter was trained on)
     assert doc["serving_options"]["speculative"]["rejection_sample_method"]["value"] == "standard"
     cond = json.loads(profile.read_text())["measurement_conditions"]
     assert cond["rejection_sample_method"] == "standard" and cond["serving_options_overridden"] == []
