@@ -651,10 +651,10 @@ def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -
     from .runner_smoke import ROLE
 
     if how == "measured":
-        return {"from": "measured by the probe (--reference-layers measured)",
+        return {"from": f"measured by the probe {list(runs[0].boundary_ids)} (--reference-layers measured)",
                 "boundary_ids": list(runs[0].boundary_ids), "flags": "as the files declare them"}
-    return {"from": "; ".join(f"vLLM {ROLE[r.runner]}'s reading ({'asked of vLLM' if r.reading.asked else 'assumed'})"
-                              for r in runs),
+    return {"from": "; ".join(f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} "
+                              f"({'asked of vLLM' if r.reading.asked else 'assumed'})" for r in runs),
             "boundary_ids": {r.runner: list(r.boundary_ids) for r in runs}, "flags": "as the files declare them"}
 
 
