@@ -653,9 +653,15 @@ def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -
     if how == "measured":
         return {"from": f"measured by the probe {list(runs[0].boundary_ids)} (--reference-layers measured)",
                 "boundary_ids": list(runs[0].boundary_ids), "flags": "as the files declare them"}
-    return {"from": "; ".join(f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} "
-                              f"({'asked of vLLM' if r.reading.asked else 'assumed'})" for r in runs),
-            "boundary_ids": {r.runner: list(r.boundary_ids) for r in runs}, "flags": "as the files declare them"}
+    def one(r: Any) -> str:
+        if r.boundary_ids is None or r.reading is None:
+            why = r.reading.error if r.reading is not None and r.reading.error else "not read"
+            return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
+        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({'asked of vLLM' if r.reading.asked else 'assumed'})"
+
+    return {"from": "; ".join(one(r) for r in runs),
+            "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},
+            "flags": "as the files declare them"}
 
 
 def _configs_done(path: Path) -> int:
