@@ -657,7 +657,8 @@ def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -
         if r.boundary_ids is None or r.reading is None:
             why = r.reading.error if r.reading is not None and r.reading.error else "not read"
             return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
-        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({'asked of vLLM' if r.reading.asked else 'assumed'})"
+        how = "asked of vLLM" if r.reading.asked else "assumed"
+        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({how})"
 
     return {"from": "; ".join(one(r) for r in runs),
             "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},

@@ -44,7 +44,8 @@ def split(tmp_path_factory):
 
 
 def _digest(folder):
-    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+    return {p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(folder.iterdir())}
 
 
 # ------------------------------------------------------------------------------------------ options
@@ -205,7 +206,8 @@ def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path):
     # each runner's counts are the reference loop's on that runner's reading
     assert runs["v1"]["engine_reading"]["matched"]["boundary_ids"] == SPLIT_IDS
     assert runs["v2"]["engine_reading"]["matched"]["boundary_ids"] == [2, 4, 5]
-    assert rep["exit_code"] == 9 and rep["red_flags"][0].startswith("vLLM's runners read different layers: V1 [1, 3, 4]")
+    assert rep["exit_code"] == 9
+    assert rep["red_flags"][0].startswith("vLLM's runners read different layers: V1 [1, 3, 4]")
     assert rep["serving_options"]["speculative"]["rejection_sample_method"] == {
         "value": "standard", "set_by": "eaglectl (standard)", "in_vllm": True}
     assert _digest(source) == before and not os.path.exists(runs["v2"]["staged"])  # removed, source untouched
