@@ -26,14 +26,16 @@ SPLIT_IDS = [1, 3, 4]  # V1 reads these; V2 the default (2, 4, 5), which the dra
 
 
 def plant(dest, *, eagle_config_ids=SPLIT_IDS, top_level=None):
-    """The trained eagle3 weights (hard-linked) under a SpecForge-layout config."""
+    """The trained eagle3 weights (hard-linked) under a SpecForge-layout config: the ids only in eagle_config, or
+    (`top_level`, pinned by hand) only at the top level."""
     dest.mkdir()
     os.link(TRAINED / "eagle3" / "model.safetensors", dest / "model.safetensors")
     cfg = json.loads((TRAINED / "eagle3" / "config.json").read_text())
     cfg["architectures"] = ["LlamaForCausalLMEagle3"]
-    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": eagle_config_ids}
     if top_level is not None:
         cfg["eagle_aux_hidden_state_layer_ids"] = top_level
+    else:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": eagle_config_ids}
     (dest / "config.json").write_text(json.dumps(cfg, indent=2))
     return dest
 
