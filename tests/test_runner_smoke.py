@@ -213,3 +213,27 @@ def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path):
     assert rep["serving_options"]["speculative"]["rejection_sample_method"] == {
         "value": "standard", "set_by": "eaglectl (standard)", "in_vllm": True}
     assert _digest(source) == before and not os.path.exists(runs["v2"]["staged"])  # removed, source untouched
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run_prepares_and_predicts(tmp_path):
+    """benchmarks/gpu_parity.py's runner check without vLLM: the three drafters, their readings and the V2
+    predictions (what a GPU server must then reproduce)."""
+    import subprocess
+    import sys
+
+    from .test_smoke import EXPECTED
+
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_parity.py"), "--dry-run", "--skip-parity",
+                        "--work", str(tmp_path / "work"), "--out", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {row["drafter"]: row for row in json.loads(out.read_text())["runner_check"]["drafters"]}
+    assert list(rows) == ["split", "upgraded", "speculators"] and "runner check (vLLM Model Runner V2" in r.stdout
+    split = rows["split"]
+    assert (split["v1_reads"], split["v2_reads"], split["intended"]) == (SPLIT_IDS, [2, 4, 5], [2, 4, 5])
+    e = EXPECTED["eagle3-k3-short"]
+    assert split["predicted_counts"]["num_drafts"] == e["num_drafts"]
+    assert split["predicted_counts"]["num_accepted_tokens"] == e["num_accepted_tokens"]
+    assert rows["speculators"]["v1_reads"] == rows["speculators"]["v2_reads"] == [2, 4, 5]
+    assert all(row["served"] is None and row["passed"] is None for row in rows.values())
