@@ -703,7 +703,7 @@ def _render_runners(rep: Any, doc: dict[str, Any]) -> None:
         stdout.print("\nvLLM runners measured:")
         for r in runs:
             al = r.get("mean_acceptance_length")
-            extra = [f"AL {'-' if al is None else f'{al:.3f}'}"]
+            extra = [f"not run: {r['skipped']}" if r.get("skipped") else f"AL {'-' if al is None else f'{al:.3f}'}"]
             if r.get("aux_log_line"):
                 extra.append(f"vLLM: {r['aux_log_line']}")
             extra += r.get("notes") or []

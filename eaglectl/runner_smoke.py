@@ -124,6 +124,7 @@ class RunnerRun:
     engine_reading: Any = None  # reading.EngineReading
     engine_reading_note: str | None = None
     notes: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why this runner cannot serve the drafter (not run)
     name: str = ""  # the smoke configuration's name: "drafter" for the first runner, "drafter@v2" for another
 
     def label(self) -> str:
@@ -146,7 +147,7 @@ class RunnerRun:
                 "num_accepted_tokens": c["num_accepted_tokens"] if c else None,
                 "accepted_per_pos": c["accepted_per_pos"] if c else None,
                 "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
-                "engine_reading_note": self.engine_reading_note, "notes": self.notes}
+                "engine_reading_note": self.engine_reading_note, "notes": self.notes, "skipped": self.skipped}
 
 
 def choose(option: str | None, readings: Readings) -> list[str]:
@@ -171,7 +172,11 @@ def plan(option: str | None, readings: Readings) -> list[RunnerRun]:
                 continue
             raise SmokeFailedError(f"vLLM's {ROLE[runner]} runner has no reading of this drafter: "
                                    f"{r.error if r is not None else 'not read'}")
-        runs.append(RunnerRun(runner, r, r.boundary_ids, name="drafter" if not runs else f"drafter@{runner}"))
+        run = RunnerRun(runner, r, r.boundary_ids, name="drafter" if not runs else f"drafter@{runner}")
+        if r.boundary_ids is not None and r.num_aux is not None and len(r.boundary_ids) != r.num_aux:
+            run.skipped = (f"{ROLE[runner]} captures {len(r.boundary_ids)} layers but fc takes {r.num_aux} aux states: "
+                           "vLLM cannot load the drafter on this runner (aux-ids-runner-count)")
+        runs.append(run)
     return runs
 
 
@@ -262,6 +267,8 @@ def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int,
 
     def al(runner: str) -> str:
         run = measured.get(runner)
+        if run is not None and run.skipped:
+            return f"not measured: {run.skipped}"
         value = run.result.mean_acceptance_length if run is not None and run.result is not None else None
         if value is None:
             return "not measured"

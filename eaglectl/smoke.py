@@ -453,7 +453,12 @@ def measure(
     if server is None:
         readings, runs, measured, intended = _plan_runners(d, target, engine, runner, reference_layers, python,
                                                           vllm_python, measured)
-    drafter_configs = [Baseline(r.name, "eagle3", drafter, d) for r in runs] or [Baseline("drafter", "eagle3",
+    active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
+    if runs and not active:
+        raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",
+                               hint="eaglectl convert SOURCE DEST --to speculators (writes the ids at the top level, "
+                                    "which both runners read)")
+    drafter_configs = [Baseline(r.name, "eagle3", drafter, d) for r in active] or [Baseline("drafter", "eagle3",
                                                                                           drafter, d)]
     configs = [*drafter_configs, *baselines]
     staged: list[Path] = []
@@ -472,7 +477,7 @@ def measure(
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
         try:
-            for entry, run in zip(request["configs"], runs, strict=False):
+            for entry, run in zip(request["configs"], active, strict=False):
                 entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
                 if run.runner == "v2" and run.boundary_ids is not None:
                     folder = _local_folder(d)
@@ -496,32 +501,32 @@ def measure(
                                 r["throughput"], r["load_seconds"], r["generate_seconds"],
                                 requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                    for c, r in zip(configs, raw["configs"], strict=True)]
-        _attach_vllm(runs, results, raw, log, readings)
+        _attach_vllm(active, results, raw, log, readings)
         versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
     else:
-        ids = _reference_ids(configs, runs, target, vllm_python)
+        ids = _reference_ids(configs, active, target, vllm_python)
         results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress, ids), None
-        for run, res in zip(runs, results, strict=False):
+        for run, res in zip(active, results, strict=False):
             run.result, run.used = res, "reference loop"
         import torch
 
         versions = {"torch_version": torch.__version__, "python": sys.version.split()[0]}
     versions["eaglectl_version"] = __version__
-    if len(runs) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
-        results = [results[0], *results[len(runs):]]
+    if len(active) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
+        results = [results[0], *results[len(active):]]
     rep = SmokeReport(drafter, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
     rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
     rep.serving = runner_smoke.serving_record(serving, raw["configs"][0].get("serving_applied") if python else None,
                                               k=k, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
-    if engine == "reference" and runs:
-        rep.reference_layers = _reference_layers(runs, reference_layers, measured)
+    if engine == "reference" and active:
+        rep.reference_layers = _reference_layers(active, reference_layers, measured)
     if python is not None:
-        for run in runs:
+        for run in active:
             if run.result is not None and run.result.counters and run.result.counters["num_drafts"]:
                 run.engine_reading, run.engine_reading_note = _engine_reading(rep, d, target, dtype, measured, run)
-        if runs:
-            rep.engine_reading, rep.engine_reading_note = runs[0].engine_reading, runs[0].engine_reading_note
+        if active:
+            rep.engine_reading, rep.engine_reading_note = active[0].engine_reading, active[0].engine_reading_note
     if readings is not None and intended is not None:
         rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
                                                      else [], readings, tuple(intended["boundary_ids"]),
@@ -599,7 +604,7 @@ def _plan_runners(d: DrafterCheckpoint, target: Target, engine: str, runner: str
             raise SmokeFailedError("--reference-layers measured: the probe could not measure this drafter's layers"
                                    + (f" ({why})" if why else ""))
         runs = runs[:1]
-        runs[0].boundary_ids = tuple(measured.boundary_ids)
+        runs[0].boundary_ids, runs[0].skipped = tuple(measured.boundary_ids), None
     return readings, runs, measured, intended
 
 
