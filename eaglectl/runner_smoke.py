@@ -259,10 +259,12 @@ def aux_line(section: str) -> tuple[str | None, str | None]:
 
 # ------------------------------------------------------------------------------------------ red flags
 
-def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int, ...] | None, basis: str) -> list[str]:
+def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int, ...] | None, basis: str,
+                 only: str | None = None) -> list[str]:
     """Red flags: vLLM's runners read different layers from each other, or other layers than intended (measured,
     else declared). One line names both lists, the intended one and the AL each runner measured ("not measured"
-    for a runner not run)."""
+    for a runner not run). `only` (`--runner v1` or `v2`): that runner alone is judged, against the intended
+    reading; a split is then a note on its run."""
     measured = {r.runner: r for r in runs}
 
     def al(runner: str) -> str:
@@ -277,7 +279,14 @@ def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int,
     read = [(r.runner, r) for r in (readings.get("v1"), readings.get("v2"))
             if r is not None and not r.error and r.boundary_ids is not None]
     want = f"; intended {list(intended)} ({basis})" if intended is not None else ""
-    if readings.split and len(read) == 2:
+    if only is not None:
+        if readings.split and len(read) == 2:
+            for run in runs:
+                run.notes.append("vLLM's runners read different layers: " + ", ".join(
+                    f"{ROLE[name]} {r.ids_text()}" for name, r in read) + f"; --runner {only} measures "
+                    f"{ROLE[only]} only")
+        read = [(name, r) for name, r in read if name == only]
+    if only is None and readings.split and len(read) == 2:
         (a, ra), (b, rb) = read
         return [f"vLLM's runners read different layers: {ROLE[a]} {ra.ids_text()} ({al(a)}), {ROLE[b]} "
                 f"{rb.ids_text()} ({al(b)}){want}"]

@@ -530,7 +530,7 @@ def measure(
     if readings is not None and intended is not None:
         rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
                                                      else [], readings, tuple(intended["boundary_ids"]),
-                                                     intended["basis"])
+                                                     intended["basis"], only=runner if runner != "both" else None)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke

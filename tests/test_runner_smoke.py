@@ -159,8 +159,12 @@ def test_runner_split_is_a_red_flag_with_both_lists_and_both_als(invoke, split, 
 
 def test_runner_v2_and_measured_layers_on_the_reference_loop(invoke, split):
     r = invoke("smoke", split, *ARGS, "--runner", "v2")
-    assert r.exit_code == 9  # the runners still disagree: V1 serves it on the wrong layers
+    assert r.exit_code == 0, r.stderr  # V2 alone, judged against the intended reading: it reads it
     assert "v2: V2 [2, 4, 5]; AL" in r.stdout and "vLLM V2's reading [2, 4, 5] (assumed)" in r.stdout
+    assert "vLLM's runners read different layers: V1 [1, 3, 4], V2 [2, 4, 5]; --runner v2 measures V2 only" in (
+        " ".join(r.stdout.split()))
+    one = json.loads(invoke("smoke", split, *ARGS, "--runner", "v1", "--json").stdout)
+    assert one["exit_code"] == 9 and one["red_flags"][0].startswith("vLLM V1 reads [1, 3, 4] (V1 AL ")
     m = invoke("smoke", split, *ARGS, "--reference-layers", "measured", "--json")
     doc = json.loads(m.stdout)
     assert doc["reference_layers"]["from"].startswith("measured by the probe")
