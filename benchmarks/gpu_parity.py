@@ -17,8 +17,8 @@ served by one real vLLM process with Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1
   - `speculators`: eaglectl convert of it to the speculators format (layers measured).
 For each it asserts vLLM's own log line ("Using Eagle3 auxiliary layers from ...", V2's) names the layers
 eaglectl reads for V2, that vLLM reports it ran V2, and that the acceptance length equals eaglectl's prediction
-for V2 (`smoke --engine reference --runner v2` on the same prompts: exactly in float32, within 0.05 otherwise),
-then prints a table. `--dry-run` does everything but the serving (drafters, readings, predictions).
+for V2 (`smoke --engine reference --runner v2` on the same prompts) within 0.02 in float32 (0.05 in bf16:
+`--runner-dtype`; whether the counts are exactly equal is recorded too), then prints a table. `--dry-run` does everything but the serving (drafters, readings, predictions).
 
 VLLM FP8 SERVING (needs a GPU and vLLM built with CUDA; not run on CPU machines): with `--vllm-fp8`
 the script also asks whether vLLM serves the FP8 fixture (fixtures/drafters/speculators-fp8, ModelOpt's
@@ -118,6 +118,7 @@ def main() -> int:
     return 0 if ok else 1
 
 
+AL_TOLERANCE = {"float32": 0.02}  # else 0.05 (bf16/fp16 kernels draft slightly differently)
 SPLIT_IDS = [1, 3, 4]  # in eagle_config only: V1 reads these, V2 the target's default (2, 4, 5)
 
 
@@ -217,11 +218,14 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
                 checks["V2's log line names eaglectl's V2 reading"] = bool(
                     row["aux_log_line"] and row["aux_log_line"].startswith("Using Eagle3")
                     and row["log_ids"] == row["v2_reads"])
-                if dtype == "float32":
-                    checks["counts equal the V2 prediction exactly"] = row["served_counts"] == row["predicted_counts"]
-                else:
-                    checks["AL within 0.05 of the V2 prediction"] = (
-                        row["predicted_v2_al"] is not None and abs(row["served_al"] - row["predicted_v2_al"]) <= 0.05)
+                # GPU kernels reduce in another order than the CPU reference: a rare argmax flip may move a count,
+                # while a wrong layer moves the AL by 0.2 or more (the split fixture: V1 3.0 vs V2 3.4)
+                tol = AL_TOLERANCE.get(dtype, 0.05)
+                row["counts_equal_exactly"] = row["served_counts"] == row["predicted_counts"]
+                row["al_tolerance"] = tol
+                checks[f"AL within {tol} of the V2 prediction"] = (
+                    row["predicted_v2_al"] is not None and row["served_al"] is not None
+                    and abs(row["served_al"] - row["predicted_v2_al"]) <= tol)
             if name != "split":
                 checks["both runners read the intended layers"] = row["v1_reads"] == row["v2_reads"] == row["intended"]
             row["checks"] = checks
