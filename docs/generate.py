@@ -131,6 +131,19 @@ def engines_page() -> str:
                "| when | runner | note |\n|---|---|---|\n")
     for when, runner, note in RUNNER_CHOICE:
         out.append(f"| {_cell(when)} | {runner} | {_cell(note)} |\n")
+    from eaglectl.runner_smoke import SERVING_OPTIONS
+
+    out.append("\n`smoke` measures each runner on its own reading (`--runner v1|v2|both`, "
+               "[smoke.md](smoke.md#runners)): without a GPU vLLM runs V1, so V2 is emulated on the V1 runner by a "
+               "staged copy of the drafter folder whose top-level `eagle_aux_hidden_state_layer_ids` is pinned to "
+               "V2's selection (weights linked, the source untouched); on a GPU the worker sets "
+               "`VLLM_USE_V2_MODEL_RUNNER`. Serving options that change acceptance with no change to the checkpoint, "
+               "which `smoke` passes at their standard value where the installed vLLM has them and records "
+               "(`--serving-option KEY=VALUE` overrides one, recorded as an override):\n\n"
+               "| option | standard | why |\n|---|---|---|\n")
+    for o in SERVING_OPTIONS:
+        out.append(f"| `{o.key}` | {'`' + str(o.standard) + '`' if o.standard is not None else 'off (not passed)'} "
+                   f"| {_cell(o.why)} |\n")
     for t in RUNNERS:
         out.append(f"\n### {t.runner}: {t.title} (vLLM {t.versions})\n\n`{t.where}`. The first truthy value "
                    "ends the search; a value that is not a list then means the default.\n\n"

@@ -226,6 +226,20 @@ class Baselines(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class ServingOptions(click.ParamType):
+    name = "serving-option"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> dict[str, str]:
+        from .runner_smoke import parse_serving_options
+
+        if isinstance(value, dict):
+            return value
+        try:
+            return parse_serving_options([str(value)])
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
 class TextFile(click.ParamType):
     """A readable, non-empty UTF-8 text file; the value is its text."""
 
@@ -803,19 +817,29 @@ Examples:
 @plot_option("per-position acceptance, AL by context length and speedup by concurrency")
 @click.option("--profile", type=OutputFile(), help="Also write the measured acceptance as ModelOpt's "
               "speculation_profile.json (conditional and marginal rates per position, histogram, conditions).")
+@click.option("--runner", type=click.Choice(["v1", "v2", "both"]), help="vLLM model runner(s) to measure: V1 (every "
+              "CPU build), V2 (the GPU default; emulated on CPU by pinning its layers in a staged copy), or both. "
+              "Default: both when their readings differ, else the one vLLM uses here.")
+@click.option("--reference-layers", type=click.Choice(["runner", "measured"]), default="runner", show_default=True,
+              help="--engine reference: run the layers each vLLM runner reads, or the layers the probe measured.")
+@click.option("--serving-option", "serving_options", multiple=True, type=ServingOptions(), metavar="KEY=VALUE",
+              help="Override a serving option that changes acceptance (rejection_sample_method, "
+                   "draft_lm_head_quantization); recorded as an override. Default: vLLM's standard ones, forced.")
 @json_option
 def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_prompts: int, max_tokens: int,
               max_model_len: int, concurrency: tuple[int, ...], baselines: list[Any], dtype: str,
               tensor_parallel_size: int, vllm_python: str | None, server: str | None, min_acceptance: float | None,
               timeout_s: float, seed: int, context_lengths: tuple[int, ...] | None, plot: str | None,
-              profile: str | None) -> None:
+              profile: str | None, runner: str | None, reference_layers: str,
+              serving_options: tuple[dict[str, str], ...]) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
     (with the bonus token), accepted draft length, draft acceptance rate, per-position acceptance,
     greedy-output match against no speculation, per-user throughput and speedup by concurrency,
     and baselines side by side. Red flags (no drafts, acceptance ~1, ~k+1 with repetition, below
-    --min-acceptance) exit 9 after the report.
+    --min-acceptance, vLLM's runners reading different layers from each other or from the drafter's
+    intended reading) exit 9 after the report.
     """
     from . import smoke
 
@@ -824,7 +848,19 @@ def smoke_cmd(drafter: str, target: str, engine: str, k: int, prompts: str, num_
                                      tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
                                      min_acceptance=min_acceptance, max_model_len=max_model_len, seed=seed,
                                      timeout_s=timeout_s, context_lengths=context_lengths or (), plot=plot,
-                                     progress=report.progress, server=server, profile=profile))
+                                     progress=report.progress, server=server, profile=profile, runner=runner,
+                                     reference_layers=reference_layers,
+                                     serving_options=_merge_options(serving_options)))
+
+
+def _merge_options(items: tuple[dict[str, str], ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        for key, value in item.items():
+            if key in out:
+                raise click.BadParameter(f"{key} given twice", param_hint="'--serving-option'")
+            out[key] = value
+    return out
 
 
 # ------------------------------------------------------------------------------------------ check

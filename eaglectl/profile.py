@@ -73,7 +73,20 @@ def checkpoint_id(source: str | None) -> str | None:
     return "/".join(parts[-2:]) if parts else None
 
 
-def _runner(engine: str, versions: dict[str, Any]) -> str:
+def _option(doc: dict[str, Any], key: str, standard: Any) -> Any:
+    """A serving option as smoke ran it (runner_smoke.SERVING_OPTIONS), else its standard value."""
+    row = ((doc.get("serving_options") or {}).get("speculative") or {}).get(key)
+    return row["value"] if row else standard
+
+
+def _runner(engine: str, versions: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
+    first = runs[0] if runs else None  # the headline run: smoke's first runner (runner_smoke.RunnerRun)
+    if first is not None and first.get("emulated"):
+        return f"vLLM (CPU): {first['label']}"
+    if first is not None and engine == "vllm" and first.get("runner_used") in ("v1", "v2"):
+        return f"vLLM {first['runner_used'].upper()} ({'GPU' if versions.get('cuda') else 'CPU'})"
+    if first is not None and engine == "reference" and first.get("runner") == "v2":
+        return f"eaglectl reference loop on Model Runner V2's layers {first.get('boundary_ids')}"
     if engine == "reference":
         return "eaglectl reference loop (the counts vLLM's V1 runner gives in float32)"
     if engine == "server":
@@ -120,11 +133,15 @@ def from_smoke(doc: dict[str, Any]) -> dict[str, Any] | None:
         "acceptance_length_histogram": {str(length): c for length, c in hist.items()},
         "per_category": categories or None,
         "measurement_conditions": {
-            "engine": engine, "engine_version": version, "runner": _runner(engine, versions),
+            "engine": engine, "engine_version": version, "runner": _runner(engine, versions, doc.get("runners")),
             "num_speculative_tokens": k, "dtype": doc.get("dtype"),
             "dataset": prompts.get("set"), "prompts": prompts.get("description"), "num_samples": prompts.get("count"),
             "osl": doc.get("max_tokens"), "sampling": "greedy (temperature 0), EOS ignored",
-            "rejection_sample_method": "standard",
+            "rejection_sample_method": _option(doc, "rejection_sample_method", "standard"),
+            "draft_lm_head_quantization": _option(doc, "draft_lm_head_quantization", None),
+            "serving_options_overridden": (doc.get("serving_options") or {}).get("overridden") or [],
+            "max_model_len": (doc.get("serving_options") or {}).get("max_model_len"),
+            "seed": (doc.get("serving_options") or {}).get("seed"),
             "validation": "engine counters around the measured batch" if engine != "reference"
             else "reference speculative loop (target verifies every draft)",
         },

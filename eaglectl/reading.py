@@ -18,6 +18,7 @@ from .spec import FLAGS
 
 if TYPE_CHECKING:
     from .probe import Measurement
+    from .runners import RunnerReading
     from .target import Target
 
 
@@ -42,6 +43,7 @@ class EngineReading:
     matched: Reading | None
     candidates: list[Reading] = field(default_factory=list)
     basis: str = ""  # where the intended reading comes from
+    runner: str | None = None  # v1 | v2: the runner whose counts were matched
 
     def difference(self) -> str | None:
         """One line naming how the engine's reading differs from the intended one (None: it does not)."""
@@ -58,17 +60,24 @@ class EngineReading:
         return "; ".join(parts) + f" ({self.basis})"
 
     def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "intended": self.intended.to_json(),
+        return {"engine": self.engine, "runner": self.runner, "intended": self.intended.to_json(),
                 "matched": self.matched.to_json() if self.matched else None, "basis": self.basis,
                 "candidates": [c.to_json() for c in self.candidates]}
 
 
-def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Reading) -> list[Reading]:
+def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Reading,
+                       runner: RunnerReading | None = None) -> list[Reading]:
     """What vLLM should read, the intended reading, and the near misses: aux ids one boundary off either
-    way, and each flag flipped (an engine that drops or defaults a flag)."""
+    way, and each flag flipped (an engine that drops or defaults a flag). What vLLM should read is the
+    runner's own reading (runners.readings_for: asked of vLLM, else its table) when there is one, else the
+    engine table's."""
     spec = d.spec
     flags = {f: bool(getattr(spec, f)) for f in FLAGS}
-    expected = Reading("vllm-0.32", engine_boundaries("vllm", spec.aux_layer_ids, target_layers), flags)
+    if runner is not None and runner.boundary_ids is not None and not runner.error:
+        expected = Reading(f"vllm-{runner.runner} ({'asked' if runner.asked else 'assumed'})",
+                           tuple(runner.boundary_ids), flags)
+    else:
+        expected = Reading("vllm-0.32", engine_boundaries("vllm", spec.aux_layer_ids, target_layers), flags)
     out = [expected, intended]
     for shift in (-1, 1):
         ids = tuple(i + shift for i in expected.boundary_ids)
@@ -86,9 +95,11 @@ def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Readi
 
 
 def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int, max_tokens: int,
-                   engine_counts: dict[str, Any], measured: Measurement | None) -> EngineReading:
+                   engine_counts: dict[str, Any], measured: Measurement | None, runner: RunnerReading | None = None,
+                   engine: str = "vLLM") -> EngineReading:
     """Replay candidate readings (on the target's greedy continuations, decoded once) until one reproduces
-    the engine's counts exactly."""
+    the engine's counts exactly. `runner`: the reading of the runner that produced the counts (tried first);
+    `engine` names it in the difference ("vLLM V1", "vLLM V2 (emulated on V1)")."""
     from .probe import acceptance, flag_overrides
 
     L = target.num_layers
@@ -101,7 +112,7 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
         intended = Reading("files", d.spec.capture_ids(L), flags)
         basis = "as the files say (not measured)"
     loaded = d.reference()
-    candidates = candidate_readings(d, L, intended)
+    candidates = candidate_readings(d, L, intended, runner)
     target.need({i for c in candidates for i in c.boundary_ids})
     matched = None
     want = {key: engine_counts[key] for key in ("num_drafts", "num_accepted_tokens", "accepted_per_pos")}
@@ -113,4 +124,5 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
         if c.counts == want:
             matched = c
             break
-    return EngineReading("vLLM", intended, matched, [c for c in candidates if c.counts is not None], basis)
+    return EngineReading(engine, intended, matched, [c for c in candidates if c.counts is not None], basis,
+                         runner.runner if runner is not None else None)

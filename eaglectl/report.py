@@ -726,12 +726,36 @@ def render_smoke(rep: Any) -> None:
         rows = [(_config_label(c), *(f"{next(s['speedup'] for s in doc['speedup'] if s['config'] == c and s['concurrency'] == n):.2f}x"
                       for n in conc)) for c in configs]
         out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
+    _render_runners(rep, doc)
     for flag in rep.red_flags:
         say("[bold red]red flag:[/] ", flag, indent=2)
     if rep.log:
         out.print(f"[dim]vLLM log: {safe(rep.log)}[/]")
     if rep.plot:
         out.print(f"plot: {safe(rep.plot)}")
+
+
+def _render_runners(rep: Any, doc: dict[str, Any]) -> None:
+    """smoke: one line per vLLM runner measured (shown when more than one, one asked for, or V2 emulated),
+    and the serving options a user overrode."""
+    runs = doc.get("runners") or []
+    if runs and (len(runs) > 1 or rep.runner is not None or any(r["emulated"] for r in runs)):
+        stdout.print("\nvLLM runners measured:")
+        for r in runs:
+            al = r.get("mean_acceptance_length")
+            extra = [f"not run: {r['skipped']}" if r.get("skipped") else f"AL {'-' if al is None else f'{al:.3f}'}"]
+            if r.get("aux_log_line"):
+                extra.append(f"vLLM: {r['aux_log_line']}")
+            extra += r.get("notes") or []
+            say(f"  {r['runner']}: ", f"{r['label']}; " + "; ".join(extra), indent=6)
+    layers = doc.get("reference_layers")
+    if layers and layers.get("from"):
+        say("reference layers: ", f"{layers['from']}; flags {layers['flags']}", indent=2)
+    serving = doc.get("serving_options") or {}
+    if serving.get("overridden"):
+        items = [f"{key}={serving['speculative'][key]['value']}" for key in serving["overridden"]]
+        say("[yellow]serving options overridden:[/] ", ", ".join(items) + " (acceptance is not comparable with a "
+            "standard run)", indent=2)
 
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}

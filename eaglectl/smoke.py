@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .drafter import DrafterCheckpoint
-from .errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from .errors import EaglectlError, MissingDependencyError, SmokeFailedError, UsageError
 from .progress import Progress, passthrough
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
@@ -187,6 +187,13 @@ class SmokeReport:
     engine_reading_note: str | None = None
     plot: str | None = None
     profile: str | None = None  # --profile: the speculation_profile.json written
+    runner: str | None = None  # --runner as given (None: the default)
+    runs: list[Any] = field(default_factory=list)  # runner_smoke.RunnerRun, one per vLLM runner measured
+    readings: Any = None  # runners.Readings of the drafter on the target
+    intended: dict[str, Any] | None = None  # the drafter's intended reading: boundary_ids, basis
+    serving: dict[str, Any] | None = None  # the serving options that make AL comparable (runner_smoke)
+    reference_layers: dict[str, Any] | None = None  # --engine reference: the layers it ran and where from
+    runner_flags: list[str] = field(default_factory=list)
 
     @property
     def main(self) -> ConfigResult:
@@ -239,7 +246,11 @@ class SmokeReport:
             "speedup": self.speedups(), "versions": self.versions, "red_flags": self.red_flags,
             "min_acceptance": self.min_acceptance,
             "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
-            "engine_reading_note": self.engine_reading_note, "log": self.log, "plot": self.plot,
+            "engine_reading_note": self.engine_reading_note,
+            "runner": self.runner, "runners": [r.to_json() for r in self.runs],
+            "engine_readings": self.readings.to_json() if self.readings is not None else [],
+            "intended_reading": self.intended, "serving_options": self.serving,
+            "reference_layers": self.reference_layers, "log": self.log, "plot": self.plot,
             "profile": self.profile,
             "exit_code": self.exit_code,
         }
@@ -405,6 +416,9 @@ def measure(
     server: str | None = None,
     measured: Measurement | None = None,
     profile: str | None = None,
+    runner: str | None = None,
+    reference_layers: str = "runner",
+    serving_options: dict[str, str] | None = None,
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
@@ -426,7 +440,28 @@ def measure(
     groups = [{"label": {"context_length": n}, "prompts": load_prompts(
         prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
         length=n, vocab=vocab).prompts} for n in context_lengths]
-    configs = [Baseline("drafter", "eagle3", drafter, d), *baselines]
+    from . import runner_smoke
+
+    if serving_options and engine != "vllm":
+        why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
+            "a running server keeps its own"
+        raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
+                         f"vLLM (--engine vllm); {why}")
+    serving = runner_smoke.serving_request(serving_options or {})
+    runs: list[runner_smoke.RunnerRun] = []
+    readings, intended = None, None
+    if server is None:
+        readings, runs, measured, intended = _plan_runners(d, target, engine, runner, reference_layers, python,
+                                                          vllm_python, measured)
+    active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
+    if runs and not active:
+        raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",
+                               hint="eaglectl convert SOURCE DEST --to speculators (writes the ids at the top level, "
+                                    "which both runners read)")
+    drafter_configs = [Baseline(r.name, "eagle3", drafter, d) for r in active] or [Baseline("drafter", "eagle3",
+                                                                                          drafter, d)]
+    configs = [*drafter_configs, *baselines]
+    staged: list[Path] = []
     if server is not None:
         from . import server_smoke
 
@@ -438,29 +473,64 @@ def measure(
         request = {"target": engine_path(target.source), "dtype": dtype, "max_model_len": max_model_len,
                    "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size,
                    "max_tokens": max_tokens, "concurrency": list(concurrency), "prompts": prompt_set.prompts,
-                   "groups": groups, "configs": [{"name": c.name, "speculative_config": speculative_config(
-                       c.kind, c.path, k)} for c in configs]}
-        worker = WorkerRun(python, request, timeout_s)
-        # the worker rewrites its result file after each configuration: progress by configurations done
-        for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)), label="smoke (vLLM): configurations",
-                          total=len(configs), weight=lambda grew: grew):
-            pass
-        raw, log = worker.result()
+                   "groups": groups, "serving_options": serving,
+                   "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
+                               for c in configs]}
+        try:
+            for entry, run in zip(request["configs"], active, strict=False):
+                entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
+                if run.runner == "v2" and run.boundary_ids is not None:
+                    folder = _local_folder(d)
+                    if folder is None:
+                        raise SmokeFailedError(f"{drafter}: --runner v2 emulates Model Runner V2 on a local folder "
+                                               "(a staged copy with V2's ids pinned); this drafter has none")
+                    staged.append(runner_smoke.stage_pinned(folder, run.boundary_ids))
+                    runner_smoke.check_staged(staged[-1], run.boundary_ids, target.num_layers)
+                    entry["pinned_model"] = str(staged[-1])
+                    run.staged = str(staged[-1])
+            worker = WorkerRun(python, request, timeout_s)
+            # the worker rewrites its result file after each configuration: progress by configurations done
+            for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)),
+                              label="smoke (vLLM): configurations", total=len(configs), weight=lambda grew: grew):
+                pass
+            raw, log = worker.result()
+        finally:  # the staged copies hold links only: removing them never touches the source
+            for folder_ in staged:
+                shutil.rmtree(folder_, ignore_errors=True)
         results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
                                 r["throughput"], r["load_seconds"], r["generate_seconds"],
                                 requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                    for c, r in zip(configs, raw["configs"], strict=True)]
+        _attach_vllm(active, results, raw, log, readings)
         versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
     else:
-        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress), None
+        ids = _reference_ids(configs, active, target, vllm_python)
+        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress, ids), None
+        for run, res in zip(active, results, strict=False):
+            run.result, run.used = res, "reference loop"
         import torch
 
         versions = {"torch_version": torch.__version__, "python": sys.version.split()[0]}
     versions["eaglectl_version"] = __version__
+    if len(active) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
+        results = [results[0], *results[len(active):]]
     rep = SmokeReport(drafter, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
-    if python is not None and rep.main.counters and rep.main.counters["num_drafts"]:
-        rep.engine_reading, rep.engine_reading_note = _engine_reading(rep, d, target, dtype, measured)
+    rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
+    rep.serving = runner_smoke.serving_record(serving, raw["configs"][0].get("serving_applied") if python else None,
+                                              k=k, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
+    if engine == "reference" and active:
+        rep.reference_layers = _reference_layers(active, reference_layers, measured)
+    if python is not None:
+        for run in active:
+            if run.result is not None and run.result.counters and run.result.counters["num_drafts"]:
+                run.engine_reading, run.engine_reading_note = _engine_reading(rep, d, target, dtype, measured, run)
+        if active:
+            rep.engine_reading, rep.engine_reading_note = active[0].engine_reading, active[0].engine_reading_note
+    if readings is not None and intended is not None:
+        rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
+                                                     else [], readings, tuple(intended["boundary_ids"]),
+                                                     intended["basis"], only=runner if runner != "both" else None)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke
@@ -475,23 +545,129 @@ def measure(
 
 
 def _engine_reading(rep: SmokeReport, d: DrafterCheckpoint, target: Target, dtype: str,
-                    measured: Measurement | None) -> tuple[EngineReading | None, str | None]:
-    """Which reading of the drafter vLLM ran (replayed in fp32 only: other precisions do not reproduce
-    vLLM's kernels bit for bit)."""
+                    measured: Measurement | None, run: Any) -> tuple[EngineReading | None, str | None]:
+    """Which reading of the drafter one vLLM runner ran (replayed in fp32 only: other precisions do not
+    reproduce vLLM's kernels bit for bit)."""
     if dtype != "float32":
         return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
-    from .probe import try_measure
     from .reading import engine_reading
+    from .runner_smoke import ROLE
 
-    why = None
     try:
-        if measured is None:
-            measured, why = try_measure(d, target)
-        assert rep.main.counters is not None
+        assert run.result.counters is not None
+        engine = f"vLLM {ROLE[run.runner]}" + (" (emulated on V1)" if run.emulated else "")
         return engine_reading(d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
-                              engine_counts=rep.main.counters, measured=measured), why
+                              engine_counts=run.result.counters, measured=measured, runner=run.reading,
+                              engine=engine), None
     except EaglectlError as e:
         return None, f"not replayed: {e.message}"
+
+
+def _local_folder(d: DrafterCheckpoint) -> str | None:
+    from .runners import _config_folder
+
+    return _config_folder(d.ckpt.config_name)
+
+
+def _plan_runners(d: DrafterCheckpoint, target: Target, engine: str, runner: str | None, reference_layers: str,
+                  python: str | None, vllm_python: str | None, measured: Measurement | None
+                  ) -> tuple[Any, list[Any], Measurement | None, dict[str, Any] | None]:
+    """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
+    intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
+    reading is in question or --reference-layers measured), else as the files declare it."""
+    from . import runner_smoke
+    from .probe import try_measure
+    from .runners import readings_for
+
+    if reference_layers not in ("runner", "measured"):
+        raise SmokeFailedError(f"--reference-layers {reference_layers}: one of runner, measured")
+    readings = readings_for(d, target, vllm_python=python or vllm_python)
+    try:
+        runs = runner_smoke.plan(runner, readings)
+    except ValueError as e:
+        raise SmokeFailedError(str(e)) from None
+    L = target.num_layers
+    declared = d.spec.capture_ids(L) if L is not None else None
+    in_question = readings.split or any(r.boundary_ids is not None and r.boundary_ids != declared for r in runs)
+    why = None
+    if measured is None and (engine == "vllm" or in_question or reference_layers == "measured"):
+        measured, why = try_measure(d, target)
+    if measured is not None and measured.boundary_ids is not None:
+        intended = {"boundary_ids": list(measured.boundary_ids), "basis": "measured by the probe"}
+    elif declared is not None:
+        intended = {"boundary_ids": list(declared), "basis": "as the files declare them, not measured"
+                    + (f": {why}" if why else "")}
+    else:
+        intended = None
+    if engine == "reference" and reference_layers == "measured":
+        if measured is None or measured.boundary_ids is None:
+            raise SmokeFailedError("--reference-layers measured: the probe could not measure this drafter's layers"
+                                   + (f" ({why})" if why else ""))
+        runs = runs[:1]
+        runs[0].boundary_ids, runs[0].skipped = tuple(measured.boundary_ids), None
+    return readings, runs, measured, intended
+
+
+def _attach_vllm(runs: list[Any], results: list[ConfigResult], raw: dict[str, Any], log: str | None,
+                 readings: Any) -> None:
+    """Each runner's result, the runner vLLM reports it used, and its own aux-layers log line."""
+    from .runner_smoke import aux_line, log_sections
+
+    sections = log_sections(Path(log).read_text(errors="replace")) if log else {}
+    for run, res, got in zip(runs, results, raw["configs"], strict=False):
+        run.result = res
+        run.emulated = got.get("mode") == "emulated"
+        run.used = got.get("runner_used")
+        line, implied = aux_line(sections.get(run.name, ""))
+        run.aux_log = line
+        if run.used in ("v1", "v2") and run.used != run.runner and not run.emulated:
+            if len(runs) == 1 and readings is not None and readings.get(run.used) is not None:
+                # the default with no split: vLLM chose the runner (V2 on a GPU); its reading is the same layers
+                run.runner, run.reading = run.used, readings.get(run.used)
+                run.boundary_ids = run.reading.boundary_ids
+            else:
+                run.notes.append(f"asked for {run.runner}, vLLM reports it ran {run.used}")
+        if implied is not None and implied != (run.used or "v1"):
+            run.notes.append(f"vLLM's log implies runner {implied}: {line}")
+
+
+def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
+                   vllm_python: str | None) -> dict[str, tuple[int, ...]]:
+    """The layers the reference loop runs for each EAGLE configuration: each runner's reading of the drafter
+    (or the measured layers), and for an EAGLE baseline the first runner's reading of it; never the dialect
+    table's, unless no runner reads the drafter at all."""
+    from .drafter import open_drafter
+    from .runners import readings_for
+
+    L = target.num_layers
+    ids = {r.name: tuple(r.boundary_ids) for r in runs if r.boundary_ids is not None}
+    first = runs[0].runner if runs else "v1"
+    for c in configs:
+        if c.kind != "eagle3" or c.name in ids:
+            continue
+        opened = c.opened or open_drafter(c.path)  # type: ignore[arg-type]
+        got = readings_for(opened, target, vllm_python=vllm_python).get(first)
+        ids[c.name] = tuple(got.boundary_ids) if got is not None and got.boundary_ids is not None \
+            else opened.spec.capture_ids(L)
+    return ids
+
+
+def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -> dict[str, Any]:
+    from .runner_smoke import ROLE
+
+    if how == "measured":
+        return {"from": f"measured by the probe {list(runs[0].boundary_ids)} (--reference-layers measured)",
+                "boundary_ids": list(runs[0].boundary_ids), "flags": "as the files declare them"}
+    def one(r: Any) -> str:
+        if r.boundary_ids is None or r.reading is None:
+            why = r.reading.error if r.reading is not None and r.reading.error else "not read"
+            return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
+        how = "asked of vLLM" if r.reading.asked else "assumed"
+        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({how})"
+
+    return {"from": "; ".join(one(r) for r in runs),
+            "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},
+            "flags": "as the files declare them"}
 
 
 def _configs_done(path: Path) -> int:
@@ -502,7 +678,8 @@ def _configs_done(path: Path) -> int:
 
 
 def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, prompt_set: PromptSet,
-               groups: list[dict[str, Any]], k: int, max_tokens: int, progress: Progress) -> list[ConfigResult]:
+               groups: list[dict[str, Any]], k: int, max_tokens: int, progress: Progress,
+               ids: dict[str, tuple[int, ...]]) -> list[ConfigResult]:
     """The reference loop for every configuration on one set of the target's greedy continuations (decoded
     once, model/replay.py): each EAGLE drafter costs one teacher-forced pass, `none` is the continuation."""
     from .drafter import open_drafter
@@ -510,9 +687,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
     from .model.replay import replay
 
     dtype = DTYPES[target.dtype]
-    L = target.num_layers
     opened = {c.name: c.opened or open_drafter(c.path) for c in configs if c.kind == "eagle3"}  # type: ignore[arg-type]
-    ids = {name: o.spec.capture_ids(L) for name, o in opened.items()}  # type: ignore[arg-type]
     target.need({i for b in ids.values() for i in b})
     results = []
     for c in progress(configs, label="smoke (reference): configurations", total=len(configs)):
@@ -570,7 +745,15 @@ def red_flags(rep: SmokeReport) -> list[str]:
                          f"({diversity:.1%} distinct tokens): fast and worthless")
     if rep.min_acceptance is not None and al < rep.min_acceptance:
         flags.append(f"acceptance length {al:.3f} is below --min-acceptance {rep.min_acceptance}")
-    diff = rep.engine_reading.difference() if rep.engine_reading is not None else None
-    if diff:
-        flags.append(diff)
+    flags += rep.runner_flags
+    for run in rep.runs or []:
+        er = run.engine_reading
+        diff = er.difference() if er is not None else None
+        # a runner that read its own reading is named by runner_flags already; this one ran something else
+        if diff and not (rep.runner_flags and er.matched is not None and run.boundary_ids is not None
+                         and er.matched.boundary_ids == tuple(run.boundary_ids)
+                         and er.matched.flags == er.intended.flags):
+            flags.append(diff)
+    if not rep.runs and rep.engine_reading is not None and rep.engine_reading.difference():
+        flags.append(rep.engine_reading.difference())
     return flags

@@ -296,7 +296,7 @@ def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path):
     converted = tmp_path / "modelopt"
     convert(str(drafter), str(converted), "modelopt", target=str(target))  # measured, behaviour-checked
     rep = smoke(str(drafter), str(target), engine="vllm", k=e["k"], num_prompts=e["num_prompts"],
-                max_tokens=e["max_tokens"], concurrency=(1,), vllm_python=python,
+                max_tokens=e["max_tokens"], concurrency=(1,), vllm_python=python, runner="v1",  # V2 cannot load it
                 baselines=[Baseline("modelopt", "eagle3", str(converted)), Baseline("none", "none")]).to_json()
     by_name = {"drafter": rep, **{b["name"]: b for b in rep["baselines"]}}
     for name in ("drafter", "modelopt"):

@@ -9,6 +9,7 @@ are fixed at construction); counters are deltas around the measured `generate` c
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -56,10 +57,67 @@ def request_stats(out) -> dict:  # type: ignore[no-untyped-def]
     return row
 
 
+_V2_ENV = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+
+
+def speculative_fields() -> set:
+    """The options this vLLM's SpeculativeConfig takes."""
+    try:
+        from vllm.config import SpeculativeConfig
+    except ImportError:
+        return set()
+    return set(getattr(SpeculativeConfig, "__dataclass_fields__", {}) or getattr(SpeculativeConfig, "model_fields", {}))
+
+
+def select_runner(cfg: dict, gpu: bool) -> tuple[dict | None, str]:
+    """The speculative config to serve for this configuration's runner, and how it is run: on a GPU the runner
+    asked for is set with VLLM_USE_V2_MODEL_RUNNER; without one vLLM runs V1, and `v2` serves the staged copy
+    whose top-level ids are pinned to V2's selection."""
+    spec = dict(cfg["speculative_config"]) if cfg["speculative_config"] is not None else None
+    runner = cfg.get("runner")
+    if runner is None or spec is None:  # a baseline: vLLM's own choice of runner
+        if _V2_ENV is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = _V2_ENV
+        return spec, "native"
+    if gpu:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+        return spec, "native"
+    if runner == "v2":
+        spec["model"] = cfg["pinned_model"]
+        return spec, "emulated"
+    return spec, "native"
+
+
+def runner_used(llm, gpu: bool):  # type: ignore[no-untyped-def]
+    try:
+        return "v2" if llm.llm_engine.vllm_config.use_v2_model_runner else "v1"
+    except Exception:  # noqa: BLE001 - an engine without the attribute: CPU builds run V1
+        return None if gpu else "v1"
+
+
 def run_config(req: dict, cfg: dict) -> dict:
+    import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    gpu = torch.cuda.is_available()
+    with contextlib.suppress(Exception):  # envs read once cached would miss VLLM_USE_V2_MODEL_RUNNER
+        import vllm.envs
+
+        vllm.envs.disable_envs_cache()
+    spec, mode = select_runner(cfg, gpu)
+    applied = {}
+    if spec is not None:
+        known = speculative_fields()
+        for key, want in (req.get("serving_options") or {}).items():
+            applied[key] = {"value": want["value"], "in_vllm": key in known if known else None}
+            if key in known and (want["value"] is not None or want["set_by"].startswith("user")):
+                spec[key] = want["value"]
+            elif want["set_by"].startswith("user") and known and key not in known:
+                raise SystemExit(f"eaglectl-smoke: this vLLM has no speculative option {key}")
+    print(f"eaglectl-smoke: configuration {cfg['name']}", flush=True)  # noqa: T201 - the log's section marker
     t0 = time.perf_counter()
     max_seqs = max(16, max(req["concurrency"]))
     kwargs = dict(model=req["target"], skip_tokenizer_init=True, dtype=req["dtype"], max_model_len=req["max_model_len"],
@@ -67,8 +125,8 @@ def run_config(req: dict, cfg: dict) -> dict:
                   tensor_parallel_size=req["tensor_parallel_size"])
     if req.get("revision"):
         kwargs["revision"] = req["revision"]
-    if cfg["speculative_config"] is not None:
-        kwargs["speculative_config"] = cfg["speculative_config"]
+    if spec is not None:
+        kwargs["speculative_config"] = spec
         kwargs["per_request_spec_decode_metrics"] = "summary"
     try:
         llm = LLM(**kwargs)
@@ -88,7 +146,8 @@ def run_config(req: dict, cfg: dict) -> dict:
     result = {"name": cfg["name"], "load_seconds": round(load, 3), "generate_seconds": round(gen, 4),
               "counters": delta(counters(llm), before),
               "outputs": [list(o.outputs[0].token_ids) for o in outs], "requests": [request_stats(o) for o in outs],
-              "throughput": [], "groups": []}
+              "throughput": [], "groups": [], "mode": mode, "runner_used": runner_used(llm, gpu),
+              "serving_applied": applied}
     for group in req.get("groups", []) if cfg["speculative_config"] is not None else []:
         before = counters(llm)
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in group["prompts"]], params, use_tqdm=False)
