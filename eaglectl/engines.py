@@ -201,6 +201,22 @@ FEATURES: tuple[FeatureSupport, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class ClientCheck:
+    """One row of the client matrix: a client library run on what eaglectl writes for it, in its own
+    interpreter, by tests/test_clients.py (docs/ci.md#client-libraries). `forward` is what that test printed."""
+
+    client: str  # the library and its release
+    dialect: str  # the eaglectl dialect written (`--to`)
+    outputs: str  # which fixtures and commands
+    loads: str  # the client's own loader and what it did
+    forward: str  # max |logits delta| against the reference drafter, fp32, same target states and ids
+    differences: tuple[str, ...] = ()  # what the client reads differently, and what eaglectl does about it
+
+
+CLIENTS: tuple[ClientCheck, ...] = ()
+
+
 def version_key(release: str | None) -> tuple[int, ...]:
     """Orders releases; an unconfirmed one (None) after every known release."""
     return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
