@@ -245,30 +245,31 @@ def tensors(folder: Path) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
-# Every field ModelOpt's exporter writes that eaglectl writes differently, with why (docs/engines.md#clients).
-# A field missing from this table must be equal; a new difference fails the test.
+# Every field where ModelOpt's exporter and eaglectl differ, with why (docs/engines.md#clients); anything not
+# named here must be equal, so a new difference fails the test.
 MODELOPT_DIFFERENCES = {
-    # ids: ModelOpt's own numbering (the output of the listed layer) against vLLM's boundary numbering, which
-    # eaglectl writes for vLLM (the writer's aux_convention); the writers' aux-id work owns this
-    "eagle_config.eagle_aux_hidden_state_layer_ids": "convention",
+    # ids: ModelOpt hooks the output of each listed layer, vLLM (V1) reads them as boundaries; eaglectl writes
+    # vLLM's numbering into eagle_config too (the writers' aux-id work owns this; checked below: one apart)
+    "eagle_config.eagle_aux_hidden_state_layer_ids": "numbering",
     # ModelOpt injects its eagle_export_rope_scaling (YaRN x32 over 2048) whenever training used default RoPE;
-    # eaglectl keeps the RoPE the drafter was trained with (rule exported-rope-scaling)
-    "rope_scaling": "rope",
-    # copied from the target by ModelOpt (its template reads the base config), from the drafter by eaglectl
-    "transformers_version": "provenance",
-    "initializer_range": "training-only",
-    "max_position_embeddings": "target",
+    # eaglectl keeps the RoPE the drafter was trained with (docs/hazards.md#rope)
+    "rope_scaling": "export-time RoPE",
+    "transformers_version": "provenance (ModelOpt's from the target's config, eaglectl its own provenance)",
+    "initializer_range": "training only (ModelOpt's default_eagle_config)",
 }
-# keys eaglectl writes that ModelOpt's template has no slot for: what vLLM reads (flags, top-level ids for its
-# V2 runner) and the provenance
+# keys ModelOpt's template fills from the target's config where eaglectl, copying the drafter's config, leaves
+# them out: each must hold the value transformers' LlamaConfig assumes when the key is absent
+MODELOPT_HF_DEFAULTS = ("attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp", "use_cache")
+# keys eaglectl writes that ModelOpt's template has no slot for: what vLLM reads (the flags, the top-level ids
+# its V2 runner reads), the width of the aux states, the provenance
 EAGLECTL_ONLY = {"eagle_aux_hidden_state_layer_ids", "norm_before_residual", "norm_before_fc", "fc_norm",
-                 "norm_output", "target_hidden_size", "eaglectl_provenance", "rope_parameters", "dtype"}
+                 "norm_output", "eagle_config.norm_before_fc", "target_hidden_size", "eaglectl_provenance"}
 
 
 def flat(obj: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in obj.items():
-        if isinstance(v, dict) and k in ("eagle_config",):
+        if isinstance(v, dict) and k == "eagle_config":
             out.update(flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
@@ -276,15 +277,25 @@ def flat(obj: dict, prefix: str = "") -> dict:
 
 
 def compare_configs(ours: dict, theirs: dict) -> None:
+    from transformers import LlamaConfig
+
     a, b = flat(ours), flat(theirs)
+    defaults = LlamaConfig()
     unexpected = []
     for key in sorted(set(a) | set(b)):
-        if key in MODELOPT_DIFFERENCES or key in EAGLECTL_ONLY:
+        if key in MODELOPT_DIFFERENCES:
+            continue
+        if key in EAGLECTL_ONLY:
+            assert key not in b, key  # ModelOpt writes no such key
+            continue
+        if key in MODELOPT_HF_DEFAULTS and key not in a:
+            assert b[key] == getattr(defaults, key), (key, b[key])
             continue
         if b.get(key) is None and key not in a:
             continue  # a template slot ModelOpt left null: not written by eaglectl either
-        if a.get(key) != b.get(key):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
             unexpected.append((key, a.get(key, "<absent>"), b.get(key, "<absent>")))
     assert not unexpected, unexpected
     ids = "eagle_config.eagle_aux_hidden_state_layer_ids"
     assert a[ids] == [i + 1 for i in b[ids]]  # the same layers, numbered one apart
+    assert b["rope_scaling"]["rope_type"] == "yarn" and "rope_scaling" not in a

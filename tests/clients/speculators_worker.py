@@ -27,7 +27,8 @@ def _short(e: BaseException) -> str:
 
 
 def main(job_path: str) -> int:
-    import speculators
+    import importlib.metadata
+
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
@@ -39,7 +40,8 @@ def main(job_path: str) -> int:
     target = job["target"]
     with safe_open(os.path.join(target, "model.safetensors"), "pt") as f:
         target_embed = f.get_tensor("model.embed_tokens.weight").float()
-    out = {"client": "speculators", "version": importlib.metadata.version("speculators"), "torch": torch.__version__, "items": []}
+    out = {"client": "speculators", "version": importlib.metadata.version("speculators"), "torch": torch.__version__,
+           "items": []}
     for item in job["items"]:
         r: dict = {"name": item["name"]}
         out["items"].append(r)
@@ -54,6 +56,9 @@ def main(job_path: str) -> int:
         try:
             config = Eagle3SpeculatorConfig.from_pretrained(folder)
             config.speculators_config.verifier.name_or_path = target  # the local target, given explicitly
+            # its dense-mask attention: the default flex attention's block masks are built for 128-token blocks
+            # and, uncompiled on a CPU, refuse the TTT steps' shorter lengths
+            config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
             model = SpeculatorModel.from_pretrained(folder, config=config, dtype=torch.float32).eval()
         except Exception as e:  # noqa: BLE001
             r["load"] = _short(e)
