@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from eaglectl.cli import cli
+from eaglectl.cli import cli as eaglectl_cli
 from eaglectl.drafter import open_drafter
 from eaglectl.model.hf import capture_aux, load_model
 from eaglectl.verify import TOLERANCES
@@ -64,9 +64,16 @@ def run_worker(python: str, worker: str, job: dict, folder: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def cli_ok(*args: object) -> None:
-    r = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    assert r.exit_code == 0, (args, r.output)
+def cli(*args: object) -> int:
+    r = CliRunner().invoke(eaglectl_cli, [str(a) for a in args], catch_exceptions=False)
+    assert r.exit_code in (0, BEHAVIOUR_CHANGED), (args, r.output)
+    return r.exit_code
+
+
+# convert --target replays the written drafter the way the destination's serving engine reads it and refuses
+# when that engine would capture other layers (sglang reads output-of-layer ids not starting at 1 as
+# boundaries): the files are still what the client's loader reads, so they are written without the replay
+BEHAVIOUR_CHANGED = 17
 
 
 @pytest.fixture(scope="module")
@@ -121,18 +128,21 @@ def outputs(tmp_path_factory):
     base = tmp_path_factory.mktemp("client-outputs")
     made: dict[str, tuple[str, Path]] = {}
     for name in DRAFTERS:
-        for to in ("speculators", "specforge", "modelopt"):
-            out = base / f"{name}.{to}"
-            cli_ok("convert", TRAINED / name, out, "--to", to, "--target", TARGET)
+        for to, extra in (("speculators", ()), ("specforge", ()), ("modelopt", ()),
+                          ("speculators", ("--embed-from-target",))):
+            out = base / f"{name}.{to}{'-embed' if extra else ''}"
+            if cli("convert", TRAINED / name, out, "--to", to, "--target", TARGET, *extra) == BEHAVIOUR_CHANGED:
+                print(f"{out.name}: refused for the serving engine's reading; written without the replay")
+                assert cli("convert", TRAINED / name, out, "--to", to, "--target", TARGET, "--no-measure", *extra) == 0
             made[out.name] = (to, out)
-        out = base / f"{name}.speculators-embed"
-        cli_ok("convert", TRAINED / name, out, "--to", "speculators", "--target", TARGET, "--embed-from-target")
-        made[out.name] = ("speculators", out)
         if name != "eagle3.1":  # already 3.1: upgrade changes nothing
             out = base / f"{name}.upgrade-specforge"
-            cli_ok("upgrade", TRAINED / name, out, "--to", "specforge", "--target", TARGET, "--init", "calibrated",
-                   "--no-fidelity")
-            made[out.name] = ("specforge", out)
+            if cli("upgrade", TRAINED / name, out, "--to", "specforge", "--target", TARGET, "--init", "calibrated",
+                   "--no-fidelity") == 0:
+                made[out.name] = ("specforge", out)
+            else:
+                print(f"{out.name}: refused for the serving engine's reading (exit 17); not in the matrix")
+    assert sum(to == "specforge" for to, _ in made.values()) >= 4
     return made
 
 
