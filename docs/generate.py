@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 from eaglectl import errors  # noqa: E402
 from eaglectl.cli import cli  # noqa: E402
 from eaglectl.docs_data import dialect_rows  # noqa: E402
-from eaglectl.engines import AUX_READINGS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
+from eaglectl.engines import AUX_READINGS, CLIENTS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
 from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
@@ -177,6 +177,16 @@ def engines_page() -> str:
                                         f.flags and " or ".join(f.flags) + " on") if x) or "every drafter"
         out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {f.release or '*unconfirmed*'} | "
                    f"{_cell(applies)} | {_cell(f.note)} |\n")
+    out.append("\n## clients\n\nThe client libraries that read eaglectl's outputs besides the engines, each installed "
+               "in its own interpreter and run by `tests/test_clients.py` with its own loader and its own forward pass "
+               "([ci.md](ci.md#client-libraries)). The forward column is the largest |logits difference| against "
+               "eaglectl's reference drafter in fp32, on the same real target states and token ids, per draft step "
+               "(the fp32 tolerance is rtol = atol = 1e-4); the table lives in `eaglectl/engines.py` (`CLIENTS`).\n\n"
+               "| client | dialect | outputs | loads | forward: max abs Δ logits per step | differences |\n"
+               "|---|---|---|---|---|---|\n")
+    for c in CLIENTS:
+        out.append(f"| {_cell(c.client)} | `{c.dialect}` | {_cell(c.outputs)} | {_cell(c.loads)} | "
+                   f"{_cell(c.forward)} | {_cell('; '.join(c.differences)) or '-'} |\n")
     return "".join(out)
 
 

@@ -607,6 +607,9 @@ Examples:
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
 @click.option("--max-shard-size", type=Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@click.option("--embed-from-target", is_flag=True,
+              help="Ship embed_tokens.weight from --target when the drafter has none (speculators' loader leaves a "
+                   "missing one uninitialised; engines share the target's anyway).")
 @base_model_option
 @measure_option
 @states_option
@@ -633,7 +636,7 @@ def convert_cmd(source: str | None, dest: str | None, manifest: str | None, fail
                            source_aux_convention=o["source_aux_convention"], max_shard_size=o["max_shard_size"],
                            dry_run=o["dry_run"], force=o["force"], allow_pickle=o["allow_pickle"],
                            measure=o["measure"], states=o["states"], progress=report.progress,
-                           base_model=o["base_model"])
+                           base_model=o["base_model"], embed_from_target=o["embed_from_target"])
 
     _single_or_batch("convert", source, dest, manifest, fail_fast, one)
 

@@ -100,6 +100,7 @@ class ConversionPlan:
     side_files: dict[str, Any] = field(default_factory=dict)  # other JSON files written beside config.json
     # what every runner that serves DEST must read: {"boundary_ids", "flags", "basis"} (the post-write check)
     intended: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)  # what a consumer of this dialect will read differently
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +111,7 @@ class ConversionPlan:
             "config": self.config, "config_changes": self.config_changes,
             "files": self.file_names() + sorted(self.side_files), "metadata": self.metadata, "notes": self.notes,
             "intended": self.intended,
+            "warnings": self.warnings,
         }
 
     def file_names(self) -> list[str]:
@@ -144,7 +146,7 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
         source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
         force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
         progress: Progress = passthrough, base_model: str | None = None,
-        for_engine: str | None = None) -> ConversionResult:
+        for_engine: str | None = None, embed_from_target: bool = False) -> ConversionResult:
     """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`); with `for_engine` instead of
     `to`, to the dialect that engine serves this drafter from best (serving.pick), with its serve line.
 
@@ -172,7 +174,7 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
         ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, dialect)
         return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
                                source_aux_convention=convention, max_shard_size=max_shard_size, measured=measured,
-                               base_model=base_model), ids, convention, more
+                               base_model=base_model, embed_from_target=embed_from_target), ids, convention, more
 
     serve = None
     if for_engine is not None:
@@ -371,6 +373,7 @@ def plan_conversion(
     extra_tensors: dict[str, tuple[str, tuple[int, ...], str]] | None = None,
     measured: Any = None,
     base_model: str | None = None,
+    embed_from_target: bool = False,
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
@@ -443,6 +446,12 @@ def plan_conversion(
         need_from_target("lm_head.weight", (Vd, H), "every engine needs the drafter's head")  # type: ignore[arg-type]
     if not spec.has_embed_tokens and (w.require_embed_tokens or (spec.target_hidden_size or H) != H):
         need_from_target("embed_tokens.weight", (V, H), "the destination keeps embed_tokens")  # type: ignore[arg-type]
+    elif not spec.has_embed_tokens and embed_from_target:
+        # the target's table, which every engine shares into such a drafter anyway; speculators' loader fills a
+        # missing embed_tokens from the verifier only when the fresh tensor reads as NaN, so without it the
+        # embedding is whatever memory held (docs/convert.md#embed-from-target)
+        need_from_target("embed_tokens.weight", (V, H), "--embed-from-target: the target's embedding, shipped so "  # type: ignore[arg-type]
+                         "that loaders which do not share it (speculators) need not")
     for canon, (dt, shape, note) in (extra_tensors or {}).items():
         name = dialect.from_canonical(canon)
         if not any(p.match(canon) for p in allowed):
@@ -454,7 +463,9 @@ def plan_conversion(
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
     notes: list[str] = []
     fields: dict[str, tuple[str, list[int]]] = {}
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes, fields)
+    warnings = [message for when, message in w.warnings if all(getattr(spec, k) == v for k, v in when.items())]
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes, fields,
+                          warnings)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
@@ -471,6 +482,7 @@ def plan_conversion(
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
         shards=_shard(actions, shard_limit), metadata=metadata, notes=notes,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
+        warnings=warnings,
     )
 
 
@@ -575,7 +587,8 @@ _EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
                  float_dtype: str, target: TargetCheckpoint | None, fail: Any,
                  base_model: str | None = None, notes: list[str] | None = None,
-                 written_fields: dict[str, tuple[str, list[int]]] | None = None) -> dict[str, Any]:
+                 written_fields: dict[str, tuple[str, list[int]]] | None = None,
+                 warnings: list[str] | None = None) -> dict[str, Any]:
     """The destination config; `aux_ids` are boundary ids, written into `written_fields` (path -> (convention,
     ids), filled here) in each field's own numbering."""
     w = dialect.writer
@@ -584,6 +597,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     if aux_ids is not None and w.aux_ids_paths:
         written_fields.update(aux_fields_written(dialect, aux_ids))
     notes = notes if notes is not None else []
+    warnings = warnings if warnings is not None else []
     layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
     if not is_hub_id(layer.get("_name_or_path")):
         layer.pop("_name_or_path", None)  # a training machine's path is no identity
@@ -603,9 +617,10 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
         assert verifier is not None
         if verifier["name_or_path"] is None:
-            notes.append("the speculators verifier is null (no Hub id of the target is known): vllm serve needs "
-                         "--speculative-config and the target, and the speculators library cannot load it without "
-                         "embed_tokens; pass --base-model ORG/NAME to name it")
+            warnings.append("the speculators verifier is null (no Hub id of the target is known): the speculators "
+                            "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
+                            "and vllm serve needs --speculative-config and the target; pass --base-model ORG/NAME "
+                            "to name it")
         methods = src.config.raw("speculators_config.proposal_methods")
         tokens = 3
         if isinstance(methods, list) and methods and isinstance(methods[0], dict):
@@ -630,6 +645,8 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     top["draft_vocab_size"] = draft_vocab
     top["target_hidden_size"] = spec.target_hidden_size
     for flag in FLAGS:
+        if flag in w.omit_false and not getattr(spec, flag):
+            continue  # the dialect's own loader reads an explicit false differently from an absent key
         for path in w.flag_paths.get(flag, ()):
             config_set(top, path, bool(getattr(spec, flag)))
         if flag in w.explicit_false:

@@ -217,6 +217,79 @@ FEATURES: tuple[FeatureSupport, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class ClientCheck:
+    """One row of the client matrix: a client library run on what eaglectl writes for it, in its own
+    interpreter, by tests/test_clients.py (docs/ci.md#client-libraries). `forward` is what that test printed."""
+
+    client: str  # the library and its release
+    dialect: str  # the eaglectl dialect written (`--to`)
+    outputs: str  # which fixtures and commands
+    loads: str  # the client's own loader and what it did
+    forward: str  # max |logits delta| against the reference drafter, fp32, same target states and ids
+    differences: tuple[str, ...] = ()  # what the client reads differently, and what eaglectl does about it
+
+
+CLIENTS: tuple[ClientCheck, ...] = (
+    ClientCheck(
+        "speculators 0.9.0", "speculators",
+        "`convert --to speculators --target` of eagle3, eagle3-output, eagle3.1, each with and without "
+        "`--embed-from-target`",
+        "`SpeculatorModel.from_pretrained` (`Eagle3DraftModel`): every output, no unexpected and no missing keys, "
+        "with the verifier given as the local target; alone, a null verifier raises OSError",
+        "<= 1.24e-5 at every step (3 steps, its own TTT loop) on all 6 outputs",
+        ("a null `verifier.name_or_path` (no Hub id of the target known): the loader raises OSError; rule "
+         "`verifier-unnamed` (warning) says so, `--base-model ORG/NAME` names it",
+         "no `embed_tokens` in the file: the loader fills it from the verifier only when the fresh tensor reads "
+         "as NaN, and in most loads it holds uninitialised memory instead; `convert --embed-from-target` ships "
+         "the target's table, which every load then reads from the file",
+         "its fc is sized `n_aux x hidden_size` (the draft's width): a drafter whose `target_hidden_size` differs "
+         "cannot load (none of the fixtures)",
+         "the test runs its dense-mask attention (`eager`): the default flex attention, uncompiled on a CPU, "
+         "refuses the shorter TTT steps of a block mask built for 128-token blocks"),
+    ),
+    ClientCheck(
+        "SpecForge 0.2.0", "specforge",
+        "`convert --to specforge --target` of eagle3, eagle3-output (refused for sglang's reading of its ids, "
+        "exit 17: written without the replay), eagle3.1; `upgrade --to specforge --init calibrated` of eagle3 "
+        "and eagle3-output",
+        "`AutoDraftModelConfig.from_file` + `AutoDraftModel.from_pretrained` (`LlamaForCausalLMEagle3`): every "
+        "output, no unexpected keys; `embed_tokens` missing, as in SpecForge's own training (it loads the "
+        "target's with `load_embedding`)",
+        "step 0 <= 6.7e-6 on all 5 outputs; steps 1-2 <= 8.6e-6 for EAGLE-3; for EAGLE-3.1 2.8-5.3 (step 1) and "
+        "4.4-7.8 (step 2), since 0.2.0 feeds back the pre-norm state",
+        ("an explicit `norm_output: false` means no final norm before `lm_head` in 0.2.0 (eaglectl wrote it "
+         "until this release: logits off by up to 26.3 on a fixture, as reported); the key is now left out",
+         "0.2.0 always feeds back the pre-norm state: an EAGLE-3.1 drafter matches at step 0 and diverges after "
+         "it; `convert` / `upgrade` warn when they write one, `inspect` warns (specforge-norm-output-window)",
+         "its RoPE tables are non-persistent buffers that `from_pretrained` leaves uninitialised until its own "
+         "`_init_rope` runs again (the test runs it): a client quirk, nothing in the files",
+         "aux count hard-wired to 3; no MLA draft model (eagle3.1-mla is refused by the writer)"),
+    ),
+    ClientCheck(
+        "ModelOpt 0.47.0", "modelopt",
+        "`convert --to modelopt --target` of eagle3, eagle3-output, eagle3.1",
+        "no loader of exported drafters: the target converted with its own `mtsp.convert(..., [(\"eagle\", ...)])`, "
+        "eaglectl's tensors loaded into its `eagle_module`, and its exporter "
+        "(`modelopt/torch/export/plugins/hf_spec_export.py`) writing the drafter again",
+        "not run (no loader; the comparison is of the files)",
+        ("tensors: the same names, dtypes and values, except EAGLE-3.1's `fc_norm.*`, which ModelOpt has no "
+         "module for and its exporter's key check rejects (`Unexpected key: fc_norm.0.weight`); `convert` "
+         "warns when it writes them (vLLM serves them)",
+         "`eagle_config.eagle_aux_hidden_state_layer_ids`: ModelOpt hooks the output of each listed layer, so "
+         "for the same states it writes ids one lower than the boundary ids eaglectl writes there for vLLM",
+         "`rope_scaling`: ModelOpt injects YaRN x32 over 2048 (`eagle_export_rope_scaling`) when training used "
+         "default RoPE; eaglectl keeps the RoPE the drafter was trained with",
+         "ModelOpt fills `attention_bias`, `attention_dropout`, `mlp_bias`, `pretraining_tp`, `use_cache` from "
+         "the target's config, where eaglectl leaves them out: each holds the value transformers assumes when "
+         "absent; `initializer_range` and `transformers_version` differ (training-only, provenance)",
+         "eaglectl also writes the top-level ids (vLLM's V2 runner reads no others), every flag, "
+         "`eagle_config.norm_before_fc`, `target_hidden_size` and its provenance, which ModelOpt's template "
+         "has no slot for"),
+    ),
+)
+
+
 def version_key(release: str | None) -> tuple[int, ...]:
     """Orders releases; an unconfirmed one (None) after every known release."""
     return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))

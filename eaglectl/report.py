@@ -542,6 +542,8 @@ def render_conversion(result: Any) -> None:
     out.print(f"files: {', '.join(plan.file_names())}")
     for note in plan.notes:
         say("[yellow]note:[/] ", note, indent=2)
+    for warning in plan.warnings:
+        say("[yellow]warning:[/] ", warning, indent=2)
     for check in result.checked:
         say("[green]checked[/] ", check, indent=2)
     serve = getattr(result, "serve", None)

@@ -77,6 +77,11 @@ class Writer:
     # flags the layout cannot express as true but writes as an explicit false, because engines
     # default an absent flag differently (vLLM's speculators reader: norm_before_residual true)
     explicit_false: tuple[str, ...] = ()
+    # flags written only when true: the dialect's own loader reads an explicit false differently from an
+    # absent key (SpecForge 0.2.0: norm_output false = no final norm before lm_head)
+    omit_false: tuple[str, ...] = ()
+    # (spec field values that all hold, message): said at write time, in the plan's warnings
+    warnings: tuple[tuple[dict[str, Any], str], ...] = ()
     extra_config: dict[str, Any] = field(default_factory=dict)  # constant keys (dotted paths)
     max_layers: int | None = None
     exactly_3_aux: bool = False
@@ -99,6 +104,7 @@ class Caveat:
     when: dict[str, Any]
     subject: str
     message: str
+    explicit: tuple[str, ...] = ()  # spec fields that must be set by the config (not defaulted)
 
 
 @dataclass(frozen=True)

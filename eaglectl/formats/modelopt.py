@@ -52,6 +52,11 @@ DIALECT = Dialect(
                       "eagle_config.next_layer_regular": True, "eagle_config.parallel_draft_step": 1,
                       "eagle_config.parallel_draft_heads_num_layers": 1},
         t2d=False,  # the ModelOpt allow-list has no t2d (vLLM ignores it anyway)
+        # ModelOpt 0.47.0's exporter checks the drafter's keys against an allow-list without fc_norm
+        # (modelopt/torch/export/plugins/hf_spec_export.py, EagleExporter._check_valid_sd) and ModelOpt has no
+        # loader of exported drafters; vLLM reads the weights (docs/engines.md#clients)
+        warnings=(({"fc_norm": True}, "ModelOpt 0.47.0 has no fc_norm: its exporter's key check raises 'Unexpected "
+                   "key: fc_norm.0.weight' on these files (vLLM serves them; ModelOpt tools do not take them)"),),
     ),
     owned_config_keys=("eagle_config",),
     d2t_order="frequency",

@@ -4,7 +4,9 @@
 convention, top-level `fc_norm` / `norm_output` (PR #568), `d2t`/`t2d` always present. No
 `norm_before_fc` and no `norm_before_residual` (raw residual). `norm_output` changed meaning at
 PR #879 (2026-09-15): absent means False from then on; before it, absent meant True with plain
-EAGLE-3 feedback — `inspect` warns on 3.1 checkpoints (docs/hazards.md#norm-output-window).
+EAGLE-3 feedback, and an explicit False meant no final norm before `lm_head` — the release on PyPI
+(0.2.0) still reads it that way. `inspect` warns on 3.1 checkpoints and on an explicit False; the
+writer leaves a False `norm_output` out, as SpecForge's own configs do (docs/hazards.md#norm-output-window).
 """
 
 from ._base import VLLM_AUX_KEY, Caveat, Dialect, Signal, Writer
@@ -36,7 +38,11 @@ DIALECT = Dialect(
     },
     owned_config_keys=("eagle_config",),
     caveats=(Caveat("specforge-norm-output-window", {"fc_norm": True}, "norm_output",
-                    "its meaning depends on the SpecForge commit that trained it"),),
+                    "its meaning depends on the SpecForge commit that trained it"),
+             # SpecForge 0.2.0 (the only PyPI release) reads an explicit false as "no final norm before lm_head"
+             Caveat("specforge-norm-output-window", {"norm_output": False}, "norm_output",
+                    "SpecForge 0.2.0 and commits before PR #879 read an explicit false as no final norm before "
+                    "lm_head; engines apply the norm", explicit=("norm_output",))),
     consumer="sglang",
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3"},
@@ -46,6 +52,12 @@ DIALECT = Dialect(
         aux_conventions={VLLM_AUX_KEY: "boundary", _EC_IDS: "output"},
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         explicit_false=("norm_before_residual", "norm_before_fc"),
+        # SpecForge's own configs leave norm_output out when it is off: 0.2.0 reads an explicit false as "no
+        # final norm before lm_head" (logits off by up to 26 on a fixture); absent is plain EAGLE-3 in every release
+        omit_false=("norm_output",),
+        warnings=(({"norm_output": True}, "SpecForge 0.2.0 (the PyPI release) always feeds back the pre-norm state: "
+                   "its own forward matches this EAGLE-3.1 drafter at step 0 only and diverges after it (sglang and "
+                   "SpecForge after PR #879 read norm_output as 3.1)"),),
         max_layers=1,
         exactly_3_aux=True,
         allowed_tensors=(r"(?!input_norm).*",),

@@ -6,7 +6,7 @@ import re
 
 from ..spec import DrafterSpec
 from ..target import is_hub_id
-from . import ERROR, INFO, WARNING, Context, check, rule
+from . import ERROR, WARNING, Context, check, rule
 from .files import CONFIG_FIELD_MISSING
 
 ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'architectures'",
@@ -28,9 +28,11 @@ VERIFIER_LOCAL_PATH_REJECTED = rule("verifier-local-path-rejected", ERROR,
                                     "drafter alone (--engine-version)",
                                     "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} "
                                     "(or serve the target with --speculative-config)", repaired_by_convert=True)
-VERIFIER_UNNAMED = rule("verifier-unnamed", INFO, "The speculators verifier has no Hub id (null)",
-                        "serve the target with --speculative-config (the line inspect prints), or name it: "
-                        "eaglectl convert --to speculators --base-model ORG/NAME")
+VERIFIER_UNNAMED = rule("verifier-unnamed", WARNING, "The speculators verifier has no Hub id (null): the speculators "
+                        "library's SpeculatorModel.from_pretrained raises OSError on it, and vllm serve DRAFTER alone "
+                        "cannot find the target",
+                        "name it: eaglectl convert --to speculators --base-model ORG/NAME (or serve the target with "
+                        "--speculative-config, the line inspect prints)")
 SPECULATORS_CONFIG = rule("speculators-config", ERROR, "speculators_config lacks a key vLLM needs", "add the nested key")
 MODEL_PREFIX = rule("model-prefix", ERROR, "Keys carry a 'model.' prefix, which vLLM doubles and rejects",
                     "{convert} (strips it)", repaired_by_convert=True)
@@ -124,8 +126,8 @@ def _speculators_config(ctx: Context) -> None:
     name = verifier.get("name_or_path")
     where = ctx.at("speculators_config.verifier.name_or_path")
     if named and name is None:
-        ctx.emit(VERIFIER_UNNAMED, "verifier name_or_path is null: vllm serve DRAFTER alone cannot find the target",
-                 where)
+        ctx.emit(VERIFIER_UNNAMED, "verifier name_or_path is null: speculators 0.9.0's SpeculatorModel.from_pretrained "
+                 "raises OSError on it, and vllm serve DRAFTER alone cannot find the target", where)
     elif isinstance(name, str) and (name.startswith(("/", ".", "~")) or ("/" in name and not is_hub_id(name))):
         if _from_0_33(ctx):
             ctx.emit(VERIFIER_LOCAL_PATH_REJECTED, f"verifier name_or_path '{name}' is a local path: vLLM "

@@ -38,9 +38,11 @@ FLAG_ABSENT = rule("flag-absent", WARNING, "A semantic flag is absent and engine
 FLAGS_IMPLICIT = rule("flags-implicit", INFO, "The layout cannot record the 3.1 flags; they are off by definition",
                       None)
 SPECFORGE_NORM_OUTPUT_WINDOW = rule("specforge-norm-output-window", WARNING,
-                                    "SpecForge 3.1 checkpoint: norm_output meant something else before PR #879",
-                                    "check the SpecForge commit: trained in 2026-07-20..09-15 means serve with "
-                                    "norm_output false")
+                                    "SpecForge checkpoint (3.1, or norm_output false): norm_output meant something "
+                                    "else before PR #879, and still does in specforge 0.2.0 (PyPI)",
+                                    "check the SpecForge release or commit: 0.2.0 or 2026-07-20..09-15 means "
+                                    "norm_output true was plain EAGLE-3 feedback (serve with norm_output false) and "
+                                    "false meant no final norm before lm_head")
 
 # (reader, config style it reads, default when the flag is absent). "hf" = HF-style configs,
 # "speculators" = the speculators format. Only readers of the dialect's style can disagree.
@@ -105,8 +107,12 @@ def norms(ctx: Context) -> None:
             named = ", ".join(f"{k} {str(v).lower()}" for k, v in defaults.items())
             ctx.emit(FLAG_ABSENT, f"'{flag}' absent (read as {str(getattr(spec, flag)).lower()}); "
                      f"defaults: {named}", ctx.at(flag))
+    said: set[str] = set()
     for caveat in ctx.dialect.caveats:
+        if caveat.rule in said or any(not spec.sources.get(k, "").startswith("config:") for k in caveat.explicit):
+            continue
         if all(getattr(spec, k) == v for k, v in caveat.when.items()) and not _eaglectl_wrote(ctx, caveat.subject):
+            said.add(caveat.rule)
             value = getattr(spec, caveat.subject)
             ctx.emit(RULES[caveat.rule], f"{caveat.subject} is {str(value).lower()} "
                      f"({spec.sources.get(caveat.subject)}); {caveat.message}", ctx.at(caveat.subject))
