@@ -67,6 +67,20 @@ def test_pickle_with_code_is_refused_even_when_allowed(tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_raw_pickle_is_refused_in_one_line(tmp_path):
+    """torch.load warns about a raw (non-zip) pickle before refusing it: the user sees only our error line."""
+    import pickle
+    import subprocess
+    import sys
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "pytorch_model.bin").write_bytes(pickle.dumps({"w": [1, 2, 3]}))
+    r = subprocess.run([sys.executable, "-m", "eaglectl", "inspect", str(tmp_path / "d"), "--allow-pickle"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == CorruptCheckpointError.exit_code, r.stderr
+    assert "Warning" not in r.stderr and r.stderr.count("eaglectl") <= 1, r.stderr
+
+
 def test_escaping_weight_map_is_refused():
     with pytest.raises(CorruptCheckpointError, match="escapes the checkpoint folder"):
         open_checkpoint(str(CORRUPT / "escaping-index"))

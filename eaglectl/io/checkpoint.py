@@ -366,15 +366,19 @@ def _open_weight_file(rel: str, source: ByteSource, path: Path | None, allow_pic
 
 
 def _open_pickle(rel: str, path: Path) -> WeightFile:
+    import warnings
+
     import torch
 
     try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:  # legacy (non-zip) torch.save files cannot be memory-mapped
-            if "mmap" not in str(e):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about legacy and raw pickles: the refusal is our one line
+            warnings.simplefilter("ignore")
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:  # legacy (non-zip) torch.save files cannot be memory-mapped
+                if "mmap" not in str(e):
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch.load of an untrusted file can raise anything
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CorruptCheckpointError(f"{path}: cannot load weights-only ({first})", file=str(path)) from None
