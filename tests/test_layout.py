@@ -41,8 +41,8 @@ def _names(doc):
         if isinstance(v, dict):
             if "score" in v and v["score"] is None:
                 return  # a dialect that does not fit: not shown
-            if v.get("severity") == "info":
-                return  # info findings: shown with -v only
+            if v.get("severity") == "info" or "rule_severity" in v:
+                return  # info findings (and the other engine's, listed in other_engine_findings): shown with -v only
             for k, x in v.items():
                 walk(x, k)
         elif isinstance(v, list):

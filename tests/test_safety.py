@@ -353,7 +353,7 @@ def test_fuzzing_at_scale(tmp_path):
 
 # ------------------------------------------------------------------------------------ interrupts
 
-@pytest.mark.parametrize("delay", [0.4, 0.9, 1.6, 2.5])
+@pytest.mark.parametrize("delay", [0.9, 1.6, 2.5, 4.0])  # after Python's own start-up (site), even on a busy machine
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_start_up_imports_is_one_line_and_the_exit_code(sig, code, delay):
     """Start-up imports torch and transformers: a signal there used to leave an importlib traceback (exit -2) or

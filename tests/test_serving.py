@@ -35,7 +35,9 @@ def test_for_vllm_picks_translates_and_prints_the_serve_line(invoke, tmp_path, f
     assert all(c["dialect"] in ("eagle", "speculators", "modelopt") for c in serve["candidates"])
     insp = json.loads(invoke("inspect", out, "--target", TARGET, "--json").stdout)
     assert insp["dialect"] == dialect
-    assert insp["summary"]["error"] == 0 and insp["summary"]["warning"] == 0, insp["findings"]
+    warned = {f["rule_id"] for f in insp["findings"] if f["severity"] == "warning"}
+    # without --base-model the verifier stays null, which speculators' own loader refuses (a warning for it)
+    assert insp["summary"]["error"] == 0 and warned <= {"verifier-unnamed"}, insp["findings"]
     served, spec = _serve_args(serve["command"])
     assert served == os.path.abspath(TARGET)
     assert spec == insp["speculative_config"]  # the same config inspect gives for the written folder
