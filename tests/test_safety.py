@@ -353,14 +353,17 @@ def test_fuzzing_at_scale(tmp_path):
 
 # ------------------------------------------------------------------------------------ interrupts
 
+# a command that runs long enough to be interrupted (minutes on 2 cores)
+LONG_SMOKE = [sys.executable, "-m", "eaglectl", "smoke", str(TRAINED / "eagle3"), "--target", str(TRAINED / "target"),
+              "--engine", "reference", "--num-prompts", "64", "--max-tokens", "256"]
+
+
 @pytest.mark.parametrize("delay", [0.9, 1.6, 2.5, 4.0])  # after Python's own start-up (site), even on a busy machine
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_start_up_imports_is_one_line_and_the_exit_code(sig, code, delay):
     """Start-up imports torch and transformers: a signal there used to leave an importlib traceback (exit -2) or
     abort the process from torch's C++ (`terminate called after throwing ... KeyboardInterrupt`)."""
-    cmd = [sys.executable, "-m", "eaglectl", "smoke", str(TRAINED / "eagle3"), "--target", str(TRAINED / "target"),
-           "--engine", "reference", "--num-prompts", "64", "--max-tokens", "256"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(LONG_SMOKE, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
@@ -370,9 +373,7 @@ def test_a_signal_during_start_up_imports_is_one_line_and_the_exit_code(sig, cod
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupt_and_terminate_exit_codes(tmp_path, sig, code):
-    cmd = [sys.executable, "-m", "eaglectl", "smoke", str(TRAINED / "eagle3"), "--target", str(TRAINED / "target"),
-           "--engine", "reference", "--num-prompts", "64", "--max-tokens", "256"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(LONG_SMOKE, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(6)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
