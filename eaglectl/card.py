@@ -16,7 +16,7 @@ from typing import Any
 from . import __version__
 from .errors import filesystem_error
 from .io.atomic import umask
-from .inspect import InspectReport
+from .inspection import InspectReport
 from .target import is_hub_id
 
 CARD = "README.md"
@@ -132,7 +132,7 @@ def _upgrade_acceptance(acc: dict[str, Any] | None) -> list[str]:
 
 def _serve(rep: InspectReport, base: str | None) -> str:
     """The vLLM line for the published repo: a local folder's path means nothing on the Hub."""
-    from .inspect import speculative_config
+    from .inspection import speculative_config
 
     if rep.wrong_layers():  # the line would serve other layers than the drafter reads: say what to run instead
         fix = rep.serve_fix()

@@ -87,7 +87,7 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     if unknown:
         raise ValueError(f"unknown smoke options {sorted(unknown)}")
     from .drafter import open_drafter
-    from .inspect import inspect_opened
+    from .inspection import inspect_opened
     from .target import Target
 
     t0 = time.perf_counter()
@@ -229,7 +229,7 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
         return Stage("card", "skipped", "no README.md (--card writes one)" + (
             "; the config's verifier stays null (--card --base-model writes it)"
             if explicit_base and _unnamed_verifier(rep.drafter) else ""))
-    from .inspect import speculative_config
+    from .inspection import speculative_config
 
     found = lint_card(existing, rep.drafter, base, speculative_config(rep.drafter)["num_speculative_tokens"])
     out.findings.extend(found)

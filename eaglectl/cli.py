@@ -576,12 +576,12 @@ def inspect_cmd(source: str, target: str | None, from_dialect: str | None, revis
     repo (org/name, org/name@rev, hf://org/name@rev/subfolder). Only headers, config.json and
     small tensors (d2t, t2d) are read; --scan reads everything.
     """
-    from . import inspect
+    from . import inspection
 
-    report.finish("inspect", inspect.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
-                                         allow_pickle=allow_pickle, revision=revision, measure=measure,
-                                         states=states, progress=report.progress, engine_version=engine_version,
-                                         vllm_python=vllm_python, for_engine=for_engine))
+    report.finish("inspect", inspection.run(source, target=target, from_dialect=from_dialect, strict=strict, scan=scan,
+                                            allow_pickle=allow_pickle, revision=revision, measure=measure,
+                                            states=states, progress=report.progress, engine_version=engine_version,
+                                            vllm_python=vllm_python, for_engine=for_engine))
 
 
 # ---------------------------------------------------------------------------------------- convert

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
-from .inspect import inputs
+from .inspection import inputs
 
 SCHEMA = "eaglectl.diff/1"
 BLOCK_BYTES = 16 << 20  # per side, per read

@@ -368,7 +368,7 @@ def render_inspect(report: Any) -> None:
         if x.dialect != d.dialect.name and x.score is not None:
             out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
-    from .inspect import tensor_summary
+    from .inspection import tensor_summary
 
     t = tensor_summary(d)
     dtypes = [f"{k}×{v}" for k, v in t["dtypes"].items()]

@@ -64,7 +64,7 @@ def serve_command(src: DrafterCheckpoint, dest: str, target: TargetCheckpoint | 
                   config: dict[str, Any]) -> str:
     """`vllm serve TARGET --speculative-config '...'` for the converted folder at `dest` (written config
     `config`). A local target is served by its absolute path (a command here, not an identity)."""
-    from .inspect import speculative_config
+    from .inspection import speculative_config
 
     spec = speculative_config(src)
     spec.pop("revision", None)

@@ -323,7 +323,7 @@ class WorkerRun:
                           "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
         with self.log_path.open("w") as log:
             # run_path from `-c` in the scratch folder: running the file directly would put its folder first
-            # on sys.path, where any name next to it shadows the standard library (an `inspect.py` did)
+            # on sys.path, where any name next to it shadows the standard library (a module named like one did)
             self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
                                          start_new_session=True)
@@ -374,7 +374,7 @@ def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, p
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first.
     `options` are `measure`'s."""
     from .drafter import open_drafter
-    from .inspect import inspect_opened
+    from .inspection import inspect_opened
     from .target import Target
 
     d = open_drafter(drafter)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglectl import inspect
+from eaglectl import inspection as inspect
 from eaglectl.errors import EaglectlError
 
 from .conftest import DRAFTERS, TARGET
@@ -449,7 +449,7 @@ CONSUMER_WEIGHTS = (4, 3, 3, 2, 1)
 
 def consume(name: str, case: Path, work: Path) -> Any:
     """Run one --states consumer on a capture, as the CLI would (its library entry point)."""
-    from eaglectl import drift, inspect, upgrade, verify
+    from eaglectl import drift, inspection as inspect, upgrade, verify
 
     drafter = str(TRAINED / "eagle3")
     if name == "verify":

@@ -10,7 +10,7 @@ import pytest
 
 from eaglectl import errors, formats
 from eaglectl.cli import cli
-from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import DRAFTERS, ROOT

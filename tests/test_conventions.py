@@ -151,12 +151,12 @@ def test_json_prints_the_envelope_under_sigterm_and_ctrl_c(tmp_path, sig, code, 
 
 
 def test_an_interrupt_mid_command_and_mid_write_prints_one_envelope(invoke, tmp_path, monkeypatch):
-    import eaglectl.inspect
+    import eaglectl.inspection
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(eaglectl.inspect, "run", interrupted)
+    monkeypatch.setattr(eaglectl.inspection, "run", interrupted)
     r = invoke("inspect", DRAFTERS / "speculators-3", "--json")
     assert r.exit_code == 130 and json.loads(r.stdout)["error"]["reference"] == "interrupted"
     monkeypatch.undo()

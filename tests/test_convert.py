@@ -14,7 +14,7 @@ from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.convert import execute, plan_conversion
 from eaglectl.drafter import open_drafter
 from eaglectl.errors import ConversionError, FilesystemError
-from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.target import open_target
 from eaglectl.verify import run as verify
 

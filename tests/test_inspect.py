@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
@@ -200,12 +200,12 @@ def test_usage_error_is_2(invoke):
 
 
 def test_internal_error_is_70_with_debug_hint(monkeypatch, invoke):
-    import eaglectl.inspect
+    import eaglectl.inspection
 
     def boom(*a, **k):
         raise ZeroDivisionError("oops")
 
-    monkeypatch.setattr(eaglectl.inspect, "run", boom)
+    monkeypatch.setattr(eaglectl.inspection, "run", boom)
     r = invoke("inspect", DRAFTERS / "eagle-3")
     assert r.exit_code == 70 and "EAGLECTL_DEBUG" in r.stderr and "Traceback" not in r.stderr
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglectl import convert, inspect
+from eaglectl import convert, inspection as inspect
 from eaglectl.drafter import open_drafter
 from eaglectl.model.specloop import speculative_generate
 from eaglectl.probe import measure

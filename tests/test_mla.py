@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from eaglectl.convert import run as convert
 from eaglectl.drafter import open_drafter
 from eaglectl.errors import ConversionError
-from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.model.loader import load_reference
 from eaglectl.upgrade import run as upgrade

@@ -66,7 +66,7 @@ def test_reference_loop_reproduces_the_committed_counts(case):
 
 
 def test_trained_fixtures_are_clean():
-    from eaglectl.inspect import run as inspect_checkpoint
+    from eaglectl.inspection import run as inspect_checkpoint
 
     for name in ("eagle3", "eagle3.1"):
         rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))

@@ -9,7 +9,7 @@ import pytest
 
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.errors import ConversionError
-from eaglectl.inspect import run as inspect_checkpoint
+from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.upgrade import run as upgrade
 
 from .conftest import DRAFTERS, TARGET

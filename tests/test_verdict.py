@@ -131,7 +131,7 @@ def test_serve_line_withheld_until_the_printed_fix_ran(invoke, tmp_path, name, t
 
 
 def test_the_card_withholds_it_too(tmp_path):
-    from eaglectl import card, inspect
+    from eaglectl import card, inspection as inspect
 
     rep = inspect.run(str(TRAINED / "eagle3-output"))
     assert "vllm serve" not in card._serve(rep, None) and "eaglectl convert" in card._serve(rep, None)
