@@ -9,7 +9,7 @@ so) and the rules report it. Only the dialect tables decide names and defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import formats, loads
 from .errors import UnknownFormatError
@@ -20,6 +20,9 @@ from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
 from .limits import limit
 from .spec import FLAGS, DrafterSpec, layer_index
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Where vLLM reads each flag, in order (docs/engines.md): norm_before_fc from eagle_config first.
 FLAG_PATHS: dict[str, tuple[str, ...]] = {
@@ -80,7 +83,7 @@ class CanonicalView:
             return (info.shape[0], info.shape[1] * 2)
         return info.shape
 
-    def read(self, canon: str) -> Any:
+    def read(self, canon: str) -> np.ndarray:
         return self.ckpt.read(self.stored[canon])
 
     def locate(self, canon: str) -> str:

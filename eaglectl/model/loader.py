@@ -26,7 +26,7 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
         raise IncompatibleDrafterError(f"{where}sliding-window attention (window {spec.sliding_window}) is not "
                                        "implemented in the reference drafter")
 
-    def need(name: str) -> Any:
+    def need(name: str) -> int:
         value = getattr(spec, name)
         if value is None:
             raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name)
