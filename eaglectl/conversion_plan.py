@@ -1,11 +1,6 @@
-"""Planning a conversion: everything `eaglectl convert` will do, decided before a byte is written.
-
-`plan_conversion` checks that the destination dialect can hold the drafter, lists every tensor action
-(copy, cast, derive, from-target) and drop, translates the aux ids into the destination's numbering,
-builds the destination config (every flag written explicitly where the destination keeps it) and the
-provenance record. `--dry-run` prints this plan; `convert.execute` does exactly it. Anything the
-destination cannot represent is a ConversionError naming it.
-"""
+"""Planning a conversion (`plan_conversion`): every tensor action and drop, the aux ids in the destination's
+numbering, the destination config and its provenance, decided before a byte is written; a ConversionError
+names what the destination cannot represent. `convert.execute` does exactly this plan."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Writing and re-checking a conversion plan: the mechanisms `convert.execute` runs.
-
-Copied tensors move with `copy_file_range` (no user-space copy); the source's sha256 (the provenance
-digest) is computed on another core from the page cache while they copy (`SourceDigest`); the digest is
-patched into the headers afterwards (same length). The post-write checks compare every copied range with
-its source byte for byte (memory mapped) and every produced tensor with the CRC-32 taken as it was
-written, re-open the output, detect and inspect it, and ask every runner that serves it how it reads it.
-"""
+"""Writing and re-checking a conversion plan (what `convert.execute` runs). Copied tensors move with
+`copy_file_range` while another core hashes the source from the page cache (`SourceDigest`, the provenance
+digest, patched into the headers afterwards: same length). The checks compare every copied range with its source
+byte for byte and every produced tensor with the CRC-32 taken while writing, re-open, detect and inspect the
+output, and ask every runner that serves it how it reads it."""
 
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
 """`eaglectl convert`: one dialect to another, planned first, streamed, fail-closed, checked after writing.
 
-This module is the command (`run`, `execute`, the result); `conversion_plan.py` plans, `conversion_write.py`
-holds the writing and re-checking mechanisms. `plan_conversion` decides everything (tensor renames, casts, drops, derivations, the config) and
-`execute` does exactly that plan: `--dry-run` prints the same object a real run executes. Semantics
-travel through the DrafterSpec: every flag is written explicitly where the destination keeps it,
-aux ids are translated between conventions, `d2t` is validated and `t2d` derived when needed, and
-tables missing from the source come from `--target` (single tensor / row reads). Anything the
-destination cannot represent is a ConversionError naming it.
-
-Writing runs at disk speed: copied tensors move with `copy_file_range` (no user-space copy), the
-source's sha256 (the provenance digest) is computed on another core from the page cache while they
-copy, and the post-write check compares every copied range with its source byte for byte (memory
-mapped) and every produced tensor with the CRC-32 taken as it was written. The output is built in a
-staging folder, re-opened, detected and inspected, and only then renamed to DEST.
+This module is the command (`run`, `execute`, the result). `conversion_plan.plan_conversion` decides everything
+(tensor renames, casts, drops, derivations, the config) and `execute` does exactly that plan: `--dry-run` prints
+the same object a real run executes. Semantics travel through the DrafterSpec: every flag is written explicitly
+where the destination keeps it, aux ids are translated between conventions, `d2t` is validated and `t2d` derived
+when needed, and tables missing from the source come from `--target` (single tensor / row reads). Anything the
+destination cannot represent is a ConversionError naming it. The output is built in a staging folder with the
+mechanisms of `conversion_write` (streamed copies, the digest computed alongside, the post-write checks),
+re-opened, detected and inspected, and only then renamed to DEST.
 """
 
 from __future__ import annotations
@@ -133,7 +128,8 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
 
 
 def follow_measurement(src: DrafterCheckpoint, m: Measurement | None, given: str | None,
-                       given_ids: tuple[int, ...] | None, to: str) -> tuple[tuple[int, ...] | None, str | None, list[str]]:
+                       given_ids: tuple[int, ...] | None, to: str
+                       ) -> tuple[tuple[int, ...] | None, str | None, list[str]]:
     """(explicit boundary ids, source convention, notes) for the conversion: the user's ids, else the
     measured reading (which wins over the dialect table), else the table, said to be assumed."""
     spec, table = src.spec, src.spec.aux_convention
