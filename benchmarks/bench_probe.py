@@ -37,11 +37,12 @@ CLI = "import sys; from eaglectl.cli import main; sys.argv = ['eaglectl'] + sys.
 FLOOR = """
 import sys, torch
 from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.model.hf import load_model, forward
 from eaglectl.workload import heldout_prompts, measurement_text, text_token_ids
 target, drafter, text_tokens, prompts, new, readings = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 m = load_model(target)
-d = open_drafter(drafter).reference()
+d = load_reference(open_drafter(drafter))
 ids = d.spec.capture_ids(m.num_layers)
 head, tail, _ = measurement_text()
 tok = torch.tensor([text_token_ids(m.tokenizer, m.vocab_size, head + tail)[:text_tokens]])

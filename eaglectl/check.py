@@ -148,7 +148,8 @@ def _parity(rep: Any) -> Stage:
     from .verify import compare, real_inputs, synthetic_inputs
 
     try:
-        loaded = rep.drafter.reference()
+        from .model.loader import load_reference
+        loaded = load_reference(rep.drafter)
         t = rep.opened_target
         if t is not None and t.has_states:
             inputs = real_inputs(t, loaded, 32, 3)

@@ -8,7 +8,6 @@ so) and the rules report it. Only the dialect tables decide names and defaults.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,10 +19,10 @@ from .io.jsonio import ConfigView
 from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
 from .limits import limit
-from .spec import FLAGS, DrafterSpec
+from .spec import FLAGS, DrafterSpec, layer_index
 
 if TYPE_CHECKING:
-    from .model.loader import LoadedDrafter
+    import numpy as np
 
 # Where vLLM reads each flag, in order (docs/engines.md): norm_before_fc from eagle_config first.
 FLAG_PATHS: dict[str, tuple[str, ...]] = {
@@ -46,12 +45,6 @@ MLA_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 12
 
 FAMILY_MARKERS = (("mla", ("self_attn.kv_a_proj_with_mqa.", "self_attn.q_a_proj.", "self_attn.kv_b_proj.")),
                 ("qwen3", ("self_attn.q_norm.", "self_attn.k_norm.")))
-_LAYER = re.compile(r"layers\.([0-9]{1,6})\.")  # ASCII digits only ('²'.isdigit() is True)
-
-
-def layer_index(canonical: str) -> int | None:
-    m = _LAYER.match(canonical)
-    return int(m.group(1)) if m else None
 
 
 def probe_of(ckpt: Checkpoint) -> Probe:
@@ -90,7 +83,7 @@ class CanonicalView:
             return (info.shape[0], info.shape[1] * 2)
         return info.shape
 
-    def read(self, canon: str) -> Any:
+    def read(self, canon: str) -> np.ndarray:
         return self.ckpt.read(self.stored[canon])
 
     def locate(self, canon: str) -> str:
@@ -114,15 +107,9 @@ class DrafterCheckpoint:
     view: CanonicalView
     spec: DrafterSpec
     config: ConfigView  # typed access to config.json; its `problems` are the invalid fields
-    _reference: LoadedDrafter | None = field(default=None, repr=False, compare=False)
-
-    def reference(self) -> LoadedDrafter:
-        """Every tensor in fp32 for the reference drafter, read on first use only (torch is imported then)."""
-        if self._reference is None:
-            from .model.loader import load_reference
-
-            self._reference = load_reference(self)
-        return self._reference
+    # what a layer above computes once per checkpoint and keeps here (model/loader.py's load_reference: the fp32
+    # tensors of the reference drafter), so that this module needs none of them
+    memo: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def source(self) -> str:
@@ -190,71 +177,17 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
     """The DrafterSpec of a checkpoint read through `dialect` (invalid fields land in config.problems)."""
     f = _Fields(config, dialect.layer_config_path)
     probe = probe_of(ckpt)
-
-    arch, arch_source = "llama", "weights: no q_norm/k_norm or MLA projections"
-    for name, markers in FAMILY_MARKERS:
-        if any(m in c for c in view.stored for m in markers):
-            arch, arch_source = name, f"weights: {markers[0]}* present"
-            break
-    f.sources["arch"] = arch_source
-
-    hidden = f.get("hidden_size", "hidden_size", "int", lo=1)
-    heads = f.get("num_attention_heads", "num_attention_heads", "int", lo=1)
-    kv_heads = f.get("num_key_value_heads", "num_key_value_heads", "int", lo=1)
-    if kv_heads is None and heads is not None:
-        kv_heads = heads
-        f.sources["num_key_value_heads"] = "default: = num_attention_heads (HF)"
-    head_dim = f.get("head_dim", "head_dim", "int", lo=1)
-    mla = _mla_dims(f) if arch == "mla" else None
-    if mla is not None:
-        nope, rope = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
-        head_dim = nope + rope if nope is not None and rope is not None else None
-        f.sources["head_dim"] = "derived: qk_nope_head_dim + qk_rope_head_dim (MLA q/k head)"
-    elif head_dim is None and hidden and heads and hidden % heads == 0:
-        head_dim = hidden // heads
-        f.sources["head_dim"] = "derived: hidden_size / num_attention_heads"
-
-    target_hidden = f.get("target_hidden_size", "target_hidden_size", "int", arch=False, lo=1)
-    if target_hidden is None and hidden is not None:
-        target_hidden = hidden
-        f.sources["target_hidden_size"] = "default: = hidden_size (vLLM)"
-    num_aux = None
-    fc = view.shape("fc.weight")
-    if fc is not None and len(fc) == 2 and target_hidden and fc[1] % target_hidden == 0:
-        num_aux = fc[1] // target_hidden
-        f.sources["num_aux_hidden_states"] = "weights: fc.weight in-features / target_hidden_size"
-
+    arch = _family(f, view)
+    hidden, heads, kv_heads, head_dim, mla = _attention_sizes(f, arch)
+    target_hidden, num_aux = _aux_width(f, view, hidden)
     vocab = f.get("vocab_size", "vocab_size", "int", lo=1)
     draft_vocab = f.get("draft_vocab_size", "draft_vocab_size", "int", arch=False, lo=1)
     aux_ids, convention = _aux_ids(f, dialect, probe)
-
-    rope_theta = f.get("rope_theta", "rope_theta", "float", lo=1e-9)
-    if rope_theta is None and not f.arch.has("rope_theta"):
-        rope_theta = f.get("rope_theta", "rope_parameters.rope_theta", "float", lo=1e-9)
-    rope_scaling = f.get("rope_scaling", "rope_scaling", "dict")
-    if rope_scaling is None:  # transformers 5 keeps scaling in rope_parameters
-        params = f.arch.dict("rope_parameters")
-        rope_scaling = params if params and params.get("rope_type", "default") != "default" else None
-        f.sources["rope_scaling"] = ("config: rope_parameters" if rope_scaling is not None
-                                     else "absent: no rope_scaling, rope_parameters type default")
-
+    rope_theta, rope_scaling = _rope(f)
     flags = {flag: _flag(f, dialect, flag) for flag in FLAGS}
-
-    config_dtype = f.get("config_dtype", "torch_dtype", "str", arch=False)
-    if config_dtype is None:
-        config_dtype = f.get("config_dtype", "dtype", "str", arch=False)
-    if config_dtype is None and dialect.layer_config_path:
-        config_dtype = f.get("config_dtype", "torch_dtype", "str")
-    tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool")
-    if tie is None and dialect.layer_config_path:
-        tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool", arch=False)
+    config_dtype, tie = _dtype_and_tie(f, dialect)
     bias = bool(f.get("attention_bias", "attention_bias", "bool"))
-    window = f.get("sliding_window", "sliding_window", "int", lo=1)
-    layer_types = f.arch.str_list("layer_types", max_len=limit("drafter_layers"))
-    sliding_on = f.arch.bool("use_sliding_window") is True or (layer_types is not None and "sliding_attention" in layer_types)
-    if not sliding_on:
-        window = None
-        f.sources["sliding_window"] = "off: no use_sliding_window / sliding layer_types"
+    window = _sliding_window(f)
 
     return DrafterSpec(
         arch=arch,
@@ -285,6 +218,90 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         mla=mla,
         **flags,
     )
+
+
+def _family(f: _Fields, view: CanonicalView) -> str:
+    """llama, qwen3 or mla, from the tensors the checkpoint holds."""
+    arch, arch_source = "llama", "weights: no q_norm/k_norm or MLA projections"
+    for name, markers in FAMILY_MARKERS:
+        if any(m in c for c in view.stored for m in markers):
+            arch, arch_source = name, f"weights: {markers[0]}* present"
+            break
+    f.sources["arch"] = arch_source
+    return arch
+
+
+def _attention_sizes(f: _Fields, arch: str
+                     ) -> tuple[int | None, int | None, int | None, int | None, dict[str, int | None] | None]:
+    """(hidden_size, heads, kv heads, head_dim, MLA dims or None), with the HF and MLA defaults and derivations."""
+    hidden = f.get("hidden_size", "hidden_size", "int", lo=1)
+    heads = f.get("num_attention_heads", "num_attention_heads", "int", lo=1)
+    kv_heads = f.get("num_key_value_heads", "num_key_value_heads", "int", lo=1)
+    if kv_heads is None and heads is not None:
+        kv_heads = heads
+        f.sources["num_key_value_heads"] = "default: = num_attention_heads (HF)"
+    head_dim = f.get("head_dim", "head_dim", "int", lo=1)
+    mla = _mla_dims(f) if arch == "mla" else None
+    if mla is not None:
+        nope, rope = mla["qk_nope_head_dim"], mla["qk_rope_head_dim"]
+        head_dim = nope + rope if nope is not None and rope is not None else None
+        f.sources["head_dim"] = "derived: qk_nope_head_dim + qk_rope_head_dim (MLA q/k head)"
+    elif head_dim is None and hidden and heads and hidden % heads == 0:
+        head_dim = hidden // heads
+        f.sources["head_dim"] = "derived: hidden_size / num_attention_heads"
+    return hidden, heads, kv_heads, head_dim, mla
+
+
+def _aux_width(f: _Fields, view: CanonicalView, hidden: int | None) -> tuple[int | None, int | None]:
+    """(target_hidden_size, the number of aux states fc takes, from its weight)."""
+    target_hidden = f.get("target_hidden_size", "target_hidden_size", "int", arch=False, lo=1)
+    if target_hidden is None and hidden is not None:
+        target_hidden = hidden
+        f.sources["target_hidden_size"] = "default: = hidden_size (vLLM)"
+    num_aux = None
+    fc = view.shape("fc.weight")
+    if fc is not None and len(fc) == 2 and target_hidden and fc[1] % target_hidden == 0:
+        num_aux = fc[1] // target_hidden
+        f.sources["num_aux_hidden_states"] = "weights: fc.weight in-features / target_hidden_size"
+    return target_hidden, num_aux
+
+
+def _rope(f: _Fields) -> tuple[float | None, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) in either encoding (transformers 5 keeps both in rope_parameters)."""
+    rope_theta = f.get("rope_theta", "rope_theta", "float", lo=1e-9)
+    if rope_theta is None and not f.arch.has("rope_theta"):
+        rope_theta = f.get("rope_theta", "rope_parameters.rope_theta", "float", lo=1e-9)
+    rope_scaling = f.get("rope_scaling", "rope_scaling", "dict")
+    if rope_scaling is None:  # transformers 5 keeps scaling in rope_parameters
+        params = f.arch.dict("rope_parameters")
+        rope_scaling = params if params and params.get("rope_type", "default") != "default" else None
+        f.sources["rope_scaling"] = ("config: rope_parameters" if rope_scaling is not None
+                                     else "absent: no rope_scaling, rope_parameters type default")
+    return rope_theta, rope_scaling
+
+
+def _dtype_and_tie(f: _Fields, dialect: Dialect) -> tuple[str | None, bool | None]:
+    """(the config's dtype, tie_word_embeddings), top level or in the nested layer config."""
+    config_dtype = f.get("config_dtype", "torch_dtype", "str", arch=False)
+    if config_dtype is None:
+        config_dtype = f.get("config_dtype", "dtype", "str", arch=False)
+    if config_dtype is None and dialect.layer_config_path:
+        config_dtype = f.get("config_dtype", "torch_dtype", "str")
+    tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool")
+    if tie is None and dialect.layer_config_path:
+        tie = f.get("tie_word_embeddings", "tie_word_embeddings", "bool", arch=False)
+    return config_dtype, tie
+
+
+def _sliding_window(f: _Fields) -> int | None:
+    """The attention window, only where sliding attention is switched on."""
+    window = f.get("sliding_window", "sliding_window", "int", lo=1)
+    layer_types = f.arch.str_list("layer_types", max_len=limit("drafter_layers"))
+    sliding_on = f.arch.bool("use_sliding_window") is True or (layer_types is not None and "sliding_attention" in layer_types)
+    if not sliding_on:
+        window = None
+        f.sources["sliding_window"] = "off: no use_sliding_window / sliding layer_types"
+    return window
 
 
 def _mla_dims(f: _Fields) -> dict[str, int | None]:

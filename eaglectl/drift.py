@@ -375,7 +375,8 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
                          "capture's requests are the workload")
     opened = [open_drafter(d) for d in drafters]
-    loaded = [o.reference() for o in opened]
+    from .model.loader import load_reference
+    loaded = [load_reference(o) for o in opened]
     t = Target.open(target, states, progress=progress)
     assert t is not None
     # the layers each drafter reads: the one measured reading (probe.measure) when it decides them, else the files'

@@ -32,7 +32,7 @@ import torch
 from .drafter import DrafterCheckpoint
 from .errors import IncompatibleDrafterError, InvalidStatesError
 from .io.states import States
-from .model.loader import LoadedDrafter
+from .model.loader import LoadedDrafter, load_reference
 from .model.replay import Continuation, replay
 from .model.specloop import LoopCounts
 from .progress import Progress, passthrough
@@ -324,7 +324,7 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     files' own reading when undecided), so each comparison changes one thing at a time."""
     from .spec import default_aux_ids
 
-    loaded = d.reference()
+    loaded = load_reference(d)
     spec = d.spec
     L = target.num_layers
     if L is None:

@@ -111,7 +111,8 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
     else:
         intended = Reading("files", d.spec.capture_ids(L), flags)
         basis = "as the files say (not measured)"
-    loaded = d.reference()
+    from .model.loader import load_reference
+    loaded = load_reference(d)
     candidates = candidate_readings(d, L, intended, runner)
     target.need({i for c in candidates for i in c.boundary_ids})
     matched = None

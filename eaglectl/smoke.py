@@ -683,7 +683,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
     """The reference loop for every configuration on one set of the target's greedy continuations (decoded
     once, model/replay.py): each EAGLE drafter costs one teacher-forced pass, `none` is the continuation."""
     from .drafter import open_drafter
-    from .model.loader import DTYPES
+    from .model.loader import DTYPES, load_reference
     from .model.replay import replay
 
     dtype = DTYPES[target.dtype]
@@ -697,7 +697,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
             results.append(ConfigResult(c.name, c.kind, c.path, None, [x.output for x in conts],
                                         generate_seconds=time.perf_counter() - t0))
         elif c.kind == "eagle3":
-            loaded = opened[c.name].reference()
+            loaded = load_reference(opened[c.name])
             model = loaded.build(dtype, "cpu")
             embed = None if loaded.has_embed else target.model().embedding().to(dtype)
 

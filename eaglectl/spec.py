@@ -8,10 +8,19 @@ Canonical tensor names follow vLLM / speculators spelling: `layers.<i>.…`, `fc
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+_LAYER = re.compile(r"layers\.([0-9]{1,6})\.")  # ASCII digits only ('²'.isdigit() is True)
+
+
+def layer_index(canonical: str) -> int | None:
+    """The decoder layer a canonical tensor name belongs to (`layers.<i>.…`), else None."""
+    m = _LAYER.match(canonical)
+    return int(m.group(1)) if m else None
 
 # Aux-layer-id conventions (docs/hazards.md#aux-ids). boundary: id k = residual stream entering layer k
 # (vLLM, SafeAILab, speculators); output: id k = output of layer k = boundary k+1 (sglang,

@@ -429,9 +429,9 @@ def _planned(src: DrafterCheckpoint, dest: str, spec: Any, written: dict[str, np
     """DEST as the plan will write it, in memory: SOURCE's tensors, the written ones, the new flags."""
     import torch
 
-    from .model.loader import LoadedDrafter, args_from_spec
+    from .model.loader import LoadedDrafter, args_from_spec, load_reference
 
-    ref = src.reference()
+    ref = load_reference(src)
     tensors = {**ref.tensors, **{k: torch.from_numpy(np.array(v, dtype=np.float32).reshape(extra[k][1]))
                                  for k, v in written.items()}}
     stored = {**ref.stored_dtypes, **{k: extra[k][0] for k in written}}
@@ -450,10 +450,11 @@ def _fidelity(out: Any, src: DrafterCheckpoint, tgt: Target | None, tokens: int,
     """DEST (the written files, or `_planned`) against SOURCE through the reference drafter, on the target's
     states (at the measured layers) when it ran or was captured (a capture's requests shorter than `tokens` give
     fewer anchors), else synthetic states."""
+    from .model.loader import load_reference
     from .verify import compare, real_inputs, synthetic_inputs
 
-    ref = src.reference()
-    cand = out.reference() if isinstance(out, DrafterCheckpoint) else out
+    ref = load_reference(src)
+    cand = load_reference(out) if isinstance(out, DrafterCheckpoint) else out
     if tgt is not None and tgt.has_states:
         inputs = real_inputs(tgt, ref, tokens, FIDELITY_STEPS, boundaries=ids, shrink=True)
     else:
@@ -515,7 +516,8 @@ def evaluate_inits(src: DrafterCheckpoint, fits: dict[str, tuple[list[np.ndarray
 
     work = workload or _workload(tgt, None, RANK_PROMPTS, RANK_TOKENS)
     steps = work.k
-    loaded = src.reference()
+    from .model.loader import load_reference
+    loaded = load_reference(src)
     session_ids = tuple(sorted(set(ids)))
     table = None if loaded.has_embed else tgt.model().embedding().float()
     conts = tgt.continuations(work.prompts, max_tokens=work.max_tokens, k=steps, boundaries=session_ids)
@@ -600,8 +602,9 @@ def _fit_init(src: DrafterCheckpoint, tgt: Target, ids: tuple[int, ...], start: 
     """The `fit` init from the closed-form `start`: on the greedy continuations of the fitting prompts when
     the target runs, else on the capture's requests (fitting.py)."""
     from . import fitting
+    from .model.loader import load_reference
 
-    loaded = src.reference()
+    loaded = load_reference(src)
     session_ids = tuple(sorted(set(ids)))
     if tgt.runnable:
         calp = _calibration_prompts(tgt)
@@ -698,7 +701,8 @@ def _acceptance(src: DrafterCheckpoint, tgt: Target, work: Workload, gammas: lis
     src_b = reading.boundaries(src.ckpt.config or {}, L)
     dst_b = reading.boundaries(dest_config, L)
     tgt.need(set(src_b) | set(dst_b))
-    loaded = src.reference()
+    from .model.loader import load_reference
+    loaded = load_reference(src)
     table = None if loaded.has_embed else tgt.model().embedding().float()
 
     def counts(drafter: Any, boundaries: tuple[int, ...]) -> Any:
@@ -759,7 +763,8 @@ def _check_acceptance(out: DrafterCheckpoint, tgt: Target | None, work: Workload
     L = tgt.num_layers
     assert L is not None
     boundaries = reading.boundaries(out.ckpt.config or {}, L)
-    loaded = out.reference()
+    from .model.loader import load_reference
+    loaded = load_reference(out)
     table = None if loaded.has_embed else tgt.model().embedding().float()
     conts = tgt.continuations(work.prompts, max_tokens=work.max_tokens, k=work.k, boundaries=boundaries)
     got = _counts(replay(loaded.build(torch.float32, "cpu"), conts, aux_ids=boundaries, embed=table))

@@ -30,7 +30,7 @@ from .errors import (
     UsageError,
 )
 from .io.states import States
-from .model.loader import DTYPES, LoadedDrafter
+from .model.loader import DTYPES, LoadedDrafter, load_reference
 from .model.reference import DrafterArgs, StepOutput
 from .progress import Progress, passthrough
 from .target import Target
@@ -54,7 +54,7 @@ UPGRADE_REWRITES = ("fc.weight",)  # tensors an upgrade may rewrite (refit, fit 
 
 
 def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
-    return open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle).reference()
+    return load_reference(open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle))
 
 
 # --------------------------------------------------------------------------------------- inputs
@@ -450,7 +450,7 @@ def run(
     _check_device(device)
     cand_d = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
     ref_d = open_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand_d
-    cand, ref = cand_d.reference(), ref_d.reference()
+    cand, ref = load_reference(cand_d), load_reference(ref_d)
     _same_shape(cand, ref)
     t = Target.open(target, states, progress=progress, text=text)
     layers = None

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglectl.cli import cli as eaglectl_cli
 from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.model.hf import capture_aux, load_model
 from eaglectl.verify import TOLERANCES
 
@@ -92,7 +93,7 @@ def prepare(folder: Path, tokens: torch.Tensor, target, work: Path) -> tuple[Pat
     """The inputs file a worker reads (real target states at the output's own capture ids) and eaglectl's
     reference logits per step on it (fp32; the target's table where the drafter ships none)."""
     d = open_drafter(str(folder))
-    loaded = d.reference()
+    loaded = load_reference(d)
     drafter = loaded.build(torch.float32, "cpu")
     T = tokens.shape[1] - STEPS
     aux = capture_aux(target, tokens[:, :T], d.spec.capture_ids(target.num_layers)).float()

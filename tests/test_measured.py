@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglectl import convert, inspection as inspect
 from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.model.specloop import speculative_generate
 from eaglectl.probe import measure
 from eaglectl.reading import engine_reading
@@ -219,7 +220,7 @@ def test_engine_reading_names_the_reading_that_reproduces_the_counts(tmp_path, m
     prompts = heldout_prompts(hf.tokenizer, 4, 64, seed=5)
 
     def served(path, ids, **flags):  # what an engine running this reading counts
-        drafter = open_drafter(str(path)).reference().build(torch.float32, "cpu", **flags)
+        drafter = load_reference(open_drafter(str(path))).build(torch.float32, "cpu", **flags)
         c = speculative_generate(hf, drafter, prompts, k=3, max_tokens=32, aux_ids=ids, embed=hf.embedding().float())
         return {"num_drafts": c.num_drafts, "num_accepted_tokens": c.num_accepted_tokens,
                 "accepted_per_pos": c.accepted_per_pos}

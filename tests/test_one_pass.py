@@ -11,6 +11,7 @@ import torch
 
 from eaglectl import loads
 from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.model.replay import replay
 from eaglectl.model.specloop import speculative_generate
 from eaglectl.target import Target
@@ -31,7 +32,7 @@ def test_replay_on_greedy_continuations_equals_the_live_loop(name, target):
     t = Target.open(str(TRAINED / target))
     hf = t.model()
     prompts = heldout_prompts(hf.tokenizer, 3, 48, seed=11) + heldout_prompts(hf.tokenizer, 2, 40, seed=12)
-    loaded = open_drafter(str(TRAINED / name)).reference()
+    loaded = load_reference(open_drafter(str(TRAINED / name)))
     drafter = loaded.build(torch.float32, "cpu")
     embed = None if loaded.has_embed else hf.embedding().float()
     ids = loaded.spec.capture_ids(hf.num_layers)
@@ -48,7 +49,7 @@ def test_replay_on_greedy_continuations_equals_the_live_loop(name, target):
 
 def test_a_chain_window_drafts_what_the_whole_run_drafts():
     """`Drafter.run(anchors=...)` gives exactly the rows of the full run for the anchors it keeps."""
-    loaded = open_drafter(str(TRAINED / "eagle3.1")).reference()
+    loaded = load_reference(open_drafter(str(TRAINED / "eagle3.1")))
     drafter = loaded.build(torch.float32, "cpu")
     g = torch.Generator().manual_seed(0)
     aux = torch.randn(1, 40, loaded.args.num_aux * loaded.args.target_hidden_size, generator=g)

@@ -225,11 +225,12 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
 
     from eaglectl import fitting
     from eaglectl.drafter import open_drafter
+    from eaglectl.model.loader import load_reference
     from eaglectl.target import Target
     from eaglectl.workload import heldout_prompts
 
     t = Target.open(str(TRAINED_TARGET))
-    loaded = open_drafter(str(TRAINED / "eagle3")).reference()
+    loaded = load_reference(open_drafter(str(TRAINED / "eagle3")))
     conts = t.continuations(heldout_prompts(t.model().tokenizer, 4, 32, seed=77), max_tokens=32, k=3,
                             boundaries=(2, 4, 5))
     seqs = fitting.from_continuations(conts, (2, 4, 5))
@@ -242,7 +243,7 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
     assert all(np.array_equal(a, b) for a, b in zip(g1, g2, strict=True)) and fc1 is None and fc2 is None
     assert rep1.heldout_loss_after <= rep1.heldout_loss_before and rep1.parameters == 3 * 128
     assert any(not np.array_equal(g, np.ones(128)) for g in g1) or rep1.best_step == 0
-    assert torch.equal(loaded.tensors["fc.weight"], open_drafter(str(TRAINED / "eagle3")).reference().tensors[
+    assert torch.equal(loaded.tensors["fc.weight"], load_reference(open_drafter(str(TRAINED / "eagle3"))).tensors[
         "fc.weight"])  # the loaded drafter is untouched
     _, fc3, rep3 = fitting.fit_fc_norm(loaded, start, {"fc_norm": True, "norm_output": True}, seqs, embed=table,
                                        start_name="ones", data="test", fit_fc=True, max_steps=3)

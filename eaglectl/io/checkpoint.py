@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -38,6 +39,10 @@ from .safetensors import (
     read_tensor,
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
 CONFIG_NAME = "config.json"
 INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
@@ -50,15 +55,15 @@ class WeightFile:
     name: str  # path relative to the checkpoint root
     source: ByteSource | None
     header: Header
-    pickled: dict[str, Any] | None = None  # torch tensors of a `.bin`, loaded weights-only
+    pickled: dict[str, torch.Tensor] | None = None  # torch tensors of a `.bin`, loaded weights-only
 
-    def read(self, tensor: str) -> Any:
+    def read(self, tensor: str) -> np.ndarray:
         if self.pickled is not None:
             return _torch_to_numpy(self.pickled[tensor])
         assert self.source is not None
         return read_tensor(self.source, self.header, tensor)
 
-    def read_rows(self, tensor: str, rows: list[int]) -> Any:
+    def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
         if self.pickled is not None:
             return _torch_to_numpy(self.pickled[tensor][rows])
         assert self.source is not None
@@ -124,11 +129,11 @@ class Checkpoint:
     def metadata(self) -> dict[str, str] | None:
         return self.files[0].header.metadata if self.files else None
 
-    def read(self, tensor: str) -> Any:
+    def read(self, tensor: str) -> np.ndarray:
         """One tensor's values as a numpy array (BF16 widened to float32)."""
         return self.tensor_file[tensor].read(tensor)
 
-    def read_rows(self, tensor: str, rows: list[int]) -> Any:
+    def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
         return self.tensor_file[tensor].read_rows(tensor, rows)
 
     def count_nonfinite(self, tensor: str) -> int:
@@ -397,7 +402,7 @@ def _open_pickle(rel: str, path: Path) -> WeightFile:
     return WeightFile(rel, None, header, pickled=state)
 
 
-def _torch_to_numpy(t: Any) -> Any:
+def _torch_to_numpy(t: torch.Tensor) -> np.ndarray:
     import torch
 
     if t.dtype == torch.bfloat16:
@@ -407,7 +412,8 @@ def _torch_to_numpy(t: Any) -> Any:
 
 # ------------------------------------------------------------------------------------ assemble
 
-def _assemble(source: str, root: str, entry: str | None, opener: Any, index_reader: Any) -> Checkpoint:
+def _assemble(source: str, root: str, entry: str | None, opener: Callable[[str], WeightFile],
+              index_reader: Callable[[str], bytes]) -> Checkpoint:
     """Open the entry file (or every shard of an index) and map each tensor to its file."""
     if entry is None:
         return Checkpoint(source, root, "config-only", [], {}, None, None)

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import IncompatibleDrafterError, MissingDependencyError
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
 
 @dataclass
 class HFModel:
-    model: Any
-    tokenizer: Any | None
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
     path: str
     num_layers: int
     hidden_size: int
@@ -65,7 +68,7 @@ def _local_folder(source: str) -> str:
     return str(local_snapshot(source, ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
 
 
-def decoder_layers(model: Any) -> Any:
+def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
     for path in ("model.layers", "model.language_model.layers", "transformer.h"):
         node = model
         try:
@@ -127,7 +130,7 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
 
 # ------------------------------------------------------------------------------------ the KV cache
 
-def new_cache(target: HFModel) -> Any:
+def new_cache(target: HFModel) -> DynamicCache:
     """An empty transformers `DynamicCache` for one sequence of `target` (pass it to `forward`)."""
     from transformers import DynamicCache
 

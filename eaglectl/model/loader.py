@@ -9,10 +9,11 @@ import numpy as np
 import torch
 
 from .. import loads
-from ..drafter import DrafterCheckpoint, layer_index
+from ..drafter import DrafterCheckpoint
 from ..errors import IncompatibleDrafterError
-from ..spec import DrafterSpec
-from .mla import MLADims, mla_rope, rope_kind
+from ..spec import DrafterSpec, layer_index
+from .blocks import MLADims
+from .mla import mla_rope, rope_kind
 from .reference import ROPE_KINDS, Drafter, DrafterArgs
 
 DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float16")}  # the --dtype choices
@@ -25,7 +26,7 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
         raise IncompatibleDrafterError(f"{where}sliding-window attention (window {spec.sliding_window}) is not "
                                        "implemented in the reference drafter")
 
-    def need(name: str) -> Any:
+    def need(name: str) -> int:
         value = getattr(spec, name)
         if value is None:
             raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name)
@@ -131,8 +132,20 @@ class LoadedDrafter:
 
 
 def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
-    """Read every tensor of an interpreted checkpoint for the reference drafter (`DrafterCheckpoint.reference`
-    keeps the result: call that); a quantised export's weights are dequantised."""
+    """Every tensor of an interpreted checkpoint in fp32 for the reference drafter, read on the first call only
+    (`d.memo` keeps the result); a quantised export's weights are dequantised."""
+    kept = d.memo.get(_MEMO)
+    if isinstance(kept, LoadedDrafter):
+        return kept
+    loaded = _read_reference(d)
+    d.memo[_MEMO] = loaded
+    return loaded
+
+
+_MEMO = "fp32"  # the key of the loaded drafter in DrafterCheckpoint.memo
+
+
+def _read_reference(d: DrafterCheckpoint) -> LoadedDrafter:
     from ..io.quant import dequantize, layout_of, scale_of
 
     loads.count("drafter_fp32")

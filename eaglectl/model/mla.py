@@ -18,27 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from .reference import DrafterArgs
-
-
-@dataclass(frozen=True)
-class MLADims:
-    q_lora_rank: int | None  # None: a plain q_proj (vLLM 0.32's EAGLE-3 loader cannot load that)
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
+from .blocks import DrafterArgs, MLADims, RMSNorm, wide
 
 # ---------------------------------------------------------------------------------------------- rope
 
@@ -134,8 +119,6 @@ class MLAAttention(nn.Module):
     after; o_proj maps back to hidden. No biases: vLLM builds none and drops stored ones."""
 
     def __init__(self, a: DrafterArgs, in_features: int) -> None:
-        from .reference import RMSNorm
-
         super().__init__()
         assert a.mla is not None
         self.a, self.d = a, a.mla
@@ -176,7 +159,6 @@ class MLAAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (B, nh, Tq, qk); k (B, nh, Tk, qk); v (B, nh, Tk, v); mask (Tq, Tk) True = visible → (B, Tq, H)."""
-        wide = (lambda t: t if t.dtype == torch.float64 else t.float())
         scores = (wide(q) @ wide(k).transpose(-1, -2)) * self.scale
         probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
         if self.kept_probs is not None:

@@ -27,59 +27,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from .mla import MLADims
+from .blocks import DrafterArgs, RMSNorm, wide
 
 ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below (GQA; MLA: model/mla.py)
-
-
-@dataclass
-class DrafterArgs:
-    hidden_size: int
-    target_hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    num_layers: int
-    vocab_size: int
-    draft_vocab_size: int
-    num_aux: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
-    attention_bias: bool = False
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    norm_output: bool = False
-    mla: MLADims | None = None  # set: MLA attention (head_dim / num_kv_heads are then unused)
-
-
-# ------------------------------------------------------------------------------------ building blocks
-
-def wide(x: torch.Tensor) -> torch.Tensor:
-    """fp32 for half types, fp64 stays fp64 (the math tests run in fp64)."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = wide(x)
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..progress import Progress
 from .hf import HFModel, forward
 from .reference import Drafter
 from .specloop import LoopCounts, RequestCounts
@@ -70,7 +71,7 @@ def _groups(items: list[Any], key: Any) -> list[list[int]]:
 
 @torch.no_grad()
 def continue_greedily(target: HFModel, prompts: list[list[int]], *, max_tokens: int, k: int,
-                      boundaries: tuple[int, ...], batch: int = 16, progress: Any = None,
+                      boundaries: tuple[int, ...], batch: int = 16, progress: Progress | None = None,
                       label: str = "target: greedy continuations") -> list[Continuation]:
     """The target's greedy continuation of each prompt (max_tokens + k tokens: the last chain can draft k past
     the end) and its states at `boundaries` at every position a chain can read. Prompts of one length decode

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..progress import Progress
 from .hf import HFModel, crop_cache, croppable, forward, new_cache
 from .reference import ChainCache, Drafter, chain_step, prefill
 
@@ -109,7 +110,7 @@ def _context(drafter: Drafter, aux: torch.Tensor, next_tokens: list[int], start:
 
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
-                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Any = None,
+                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Progress | None = None,
                          label: str = "prompts") -> LoopCounts:
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     device = drafter.fc.weight.device
@@ -156,7 +157,7 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
 
 
 @torch.no_grad()
-def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Any = None,
+def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Progress | None = None,
                     label: str = "prompts") -> list[list[int]]:
     """Plain greedy decoding with the target (the no-speculation reference output): the same cached
     forward as the speculative loop, one token per step."""
