@@ -286,8 +286,8 @@ def _step_nll(logq: torch.Tensor, y: torch.Tensor, soft: tuple[torch.Tensor, tor
 
 
 def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[torch.nn.Parameter],
-             fit_batches: list[Batch], held_batches: list[Batch], start: tuple[Any, Any, list[float], float],
-             max_steps: int, patience: int, eval_every: int
+             fit_batches: list[Batch], held_batches: list[Batch], start: tuple[torch.Tensor, torch.Tensor, list[float],
+             float], max_steps: int, patience: int, eval_every: int
              ) -> tuple[tuple[float, int, list[torch.Tensor], list[float], float], list[dict[str, float]], str, int]:
     """The optimiser's steps from `start` (fitted loss, held-out loss, top-1 and chain). Kept: the check with the
     highest held-out chain estimate (the start counts: fit never keeps worse); stopped: when the held-out loss
