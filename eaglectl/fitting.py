@@ -289,10 +289,9 @@ def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[tor
              fit_batches: list[Batch], held_batches: list[Batch], start: tuple[torch.Tensor, torch.Tensor, list[float],
              float], max_steps: int, patience: int, eval_every: int
              ) -> tuple[tuple[float, int, list[torch.Tensor], list[float], float], list[dict[str, float]], str, int]:
-    """The optimiser's steps from `start` (fitted loss, held-out loss, top-1 and chain). Kept: the check with the
-    highest held-out chain estimate (the start counts: fit never keeps worse); stopped: when the held-out loss
-    has not fallen for `patience` checks. Returns (chain, step, values, top-1, held-out loss) of the kept
-    check, the log, why it stopped and the last step."""
+    """(chain, step, values, top-1, held-out loss) of the check kept, the log, why it stopped, the last step. Kept:
+    the highest held-out chain estimate (the start counts: fit never keeps worse); stopped: when the held-out loss
+    has not fallen for `patience` checks."""
     loss0, held0, top0, chain0 = start
     best = (chain0, 0, [p.detach().clone() for p in params], top0, float(held0))
     lowest = float(held0)

@@ -58,8 +58,6 @@ if TYPE_CHECKING:
     from .spec import DrafterSpec
     from .verify import ParityReport
 
-__all__ = ["VLLM_V1", "Reading", "UpgradeResult", "run"]
-
 SCHEMA = "eaglectl.upgrade/1"
 CLOSED_FORM = ("ones", "harmonic", "calibrated", "refit")
 INITS = (*CLOSED_FORM, "fit")
@@ -269,29 +267,21 @@ def choose_init(s: Setup, init: str, fit_fc: bool) -> Choice:
     if n is None or Ht is None:
         raise ConversionError(f"{s.src.source}: cannot tell the aux count / width from fc.weight")
     inits = _inits(init, s.tgt)
-    if s.tgt is None or not s.tgt.has_states or s.ids is None:
-        fits, candidates, report = {i: fit(i, n, Ht) for i in inits}, [], None
-    else:
-        fits, candidates, report = _measured_fits(s, inits, n, Ht, fit_fc)
-    chosen = "fit" if init == "fit" else candidates[0]["init"] if candidates else inits[0]
-    return Choice(chosen, fits[chosen], candidates, report)
-
-
-def _measured_fits(s: Setup, inits: tuple[str, ...], n: int, Ht: int, fit_fc: bool
-                   ) -> tuple[dict[str, Fit], list[dict[str, Any]], FitReport | None]:
-    """Every init fitted on the target's states, the candidates ranked, and `fit`'s report (None: not asked)."""
+    if s.tgt is None or not s.tgt.has_states or s.ids is None:  # nothing to measure: `ones`, or the refusal
+        fits = {i: fit(i, n, Ht) for i in inits}
+        return Choice(inits[0], fits[inits[0]])
     closed = tuple(i for i in inits if i != "fit")
     if s.work is not None:
         _declare(s, with_fit="fit" in inits)
     fits, held = calibrate(s, closed, n, Ht)
-    candidates = rank_inits(s, fits, held)
-    if "fit" not in inits:
-        return fits, candidates, None
-    start = candidates[0]["init"] if candidates else ("calibrated" if "calibrated" in fits else closed[0])
-    fits["fit"], report = _fit_init(s, fits[start], start, fit_fc)
-    if s.work is not None:
-        candidates = rank_by_acceptance(s, {"fit": fits["fit"]}, ranked=candidates)
-    return fits, candidates, report
+    candidates, report = rank_inits(s, fits, held), None
+    if "fit" in inits:
+        start = candidates[0]["init"] if candidates else ("calibrated" if "calibrated" in fits else closed[0])
+        fits["fit"], report = _fit_init(s, fits[start], start, fit_fc)
+        if s.work is not None:
+            candidates = rank_by_acceptance(s, {"fit": fits["fit"]}, ranked=candidates)
+    chosen = "fit" if init == "fit" else candidates[0]["init"] if candidates else inits[0]
+    return Choice(chosen, fits[chosen], candidates, report)
 
 
 def rank_inits(s: Setup, fits: dict[str, Fit], held: Moments | None) -> list[dict[str, Any]]:
