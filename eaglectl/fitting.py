@@ -17,6 +17,7 @@ checks. This is a calibration, not training: full retraining stays with TorchSpe
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,9 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from .io.states import Request
     from .model.loader import LoadedDrafter
+    from .model.reference import Drafter
     from .model.replay import Continuation
 
 STEP_WEIGHT = 0.8  # the trainer's per-step weight (fixtures/train_fixtures.py)
@@ -80,7 +83,7 @@ def _soft(top: tuple[torch.Tensor, torch.Tensor], labels: torch.Tensor, P: int) 
     return ids, p
 
 
-def from_requests(requests: Any, steps: int, limit: int, length: int = 256) -> list[Sequence]:
+def from_requests(requests: Iterable[Request], steps: int, limit: int, length: int = 256) -> list[Sequence]:
     """Sequences from captured requests (io/states.py `Request`, hidden already at the drafter's boundaries):
     windows of `length` anchors, labelled with the target's greedy next token where the capture recorded it
     (else the text's next token), until `limit` anchors."""
@@ -174,8 +177,36 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
          seqs: list[Sequence], embed: torch.Tensor | None, start_name: str, data: str, fit_fc: bool, max_steps: int,
          lr: float, patience: int, eval_every: int, t0: float, method: str
          ) -> tuple[list[np.ndarray], np.ndarray | None, FitReport]:
+    drafter, params, opt = _trainable(loaded, start, flags, fit_fc, lr, method)
+    objective = _Objective(drafter, drafter.table(embed) if embed is not None else None,
+                           _draft_index(drafter, loaded.args.vocab_size), int(seqs[0].labels.shape[0]))
+    fitted, held = split(seqs)
+    fit_batches, held_batches = _batches(fitted), _batches(held)
+    with torch.no_grad():
+        loss0, _, _ = objective(fit_batches, False)
+        held0, top0, chain0 = objective(held_batches, False)
+    best, log, stopped, step = _descend(opt, objective, params, fit_batches, held_batches, (loss0, held0, top0, chain0),
+                                        max_steps, patience, eval_every)
+    chain_best, best_step, values, top_best, held_best = best
+    with torch.no_grad():
+        for p, v in zip(params, values, strict=True):
+            p.copy_(v)
+        loss_best, _, _ = objective(fit_batches, False)
+    out_g = [drafter.fc_norm[j].weight.detach().numpy().astype(np.float32).copy() for j in range(len(start[0]))]
+    out_fc = drafter.fc.weight.detach().numpy().astype(np.float32).copy() if (fit_fc or start[1] is not None) else None
+    tokens = sum(int((s.labels[0] >= 0).sum()) for s in fitted)
+    held_tokens = sum(int((s.labels[0] >= 0).sum()) for s in held)
+    report = FitReport(start_name, fit_fc, step, best_step, tokens, held_tokens, sum(p.numel() for p in params),
+                       float(loss0), float(loss_best), float(held0), held_best, top0, top_best,
+                       time.perf_counter() - t0, stopped, data, chain0, chain_best, log)
+    return out_g, out_fc, report
+
+
+def _trainable(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None], flags: dict[str, bool],
+               fit_fc: bool, lr: float, method: str) -> tuple[Drafter, list[torch.nn.Parameter], torch.optim.Optimizer]:
+    """The drafter built from `start` with every weight frozen but fresh leaves for fc_norm (and fc with
+    `fit_fc`), those parameters, and the optimiser over them."""
     gammas, new_fc = start
-    n = len(gammas)
     replace = {f"fc_norm.{j}.weight": torch.from_numpy(np.asarray(g, dtype=np.float32).copy())
                for j, g in enumerate(gammas)}
     if new_fc is not None:
@@ -185,7 +216,7 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
         p.requires_grad_(False)
     # fresh leaves: the built drafter shares the loaded fp32 tensors, which must not change
     params = []
-    for j in range(n):
+    for j in range(len(gammas)):
         drafter.fc_norm[j].weight = torch.nn.Parameter(drafter.fc_norm[j].weight.detach().clone())
         params.append(drafter.fc_norm[j].weight)
     groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
@@ -193,38 +224,36 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
         drafter.fc.weight = torch.nn.Parameter(drafter.fc.weight.detach().clone())
         groups.append({"params": [drafter.fc.weight], "lr": lr * 0.1})
         params.append(drafter.fc.weight)
-    steps = int(seqs[0].labels.shape[0])
-    table = drafter.table(embed) if embed is not None else None
-    to_draft = _draft_index(drafter, loaded.args.vocab_size)
-    fitted, held = split(seqs)
-    fit_batches, held_batches = _batches(fitted), _batches(held)
+    if method == "lbfgs":
+        return drafter, params, torch.optim.LBFGS(params, lr=1.0, max_iter=1, history_size=10,
+                                                  line_search_fn="strong_wolfe")
+    return drafter, params, torch.optim.Adam(groups, betas=(0.9, 0.99))
 
-    def loss_of(batches: list[Batch], grad: bool) -> tuple[torch.Tensor, list[float], float]:
-        """The weighted mean cross-entropy per scored draft (against the target's distribution restricted to
-        the draft vocab when known, else its greedy token), the top-1 rate per step, and the chain estimate:
-        1 + the mean number of leading drafts equal to the target's tokens per anchor (teacher-forced AL)."""
+
+@dataclass
+class _Objective:
+    """The weighted mean cross-entropy per scored draft (against the target's distribution restricted to the
+    draft vocab when known, else its greedy token), the top-1 rate per step, and the chain estimate: 1 + the
+    mean number of leading drafts equal to the target's tokens per anchor (teacher-forced AL)."""
+
+    drafter: Drafter
+    table: torch.Tensor | None
+    to_draft: torch.Tensor  # target id -> draft id (-1: not in the draft vocab)
+    steps: int
+
+    def __call__(self, batches: list[Batch], grad: bool) -> tuple[torch.Tensor, list[float], float]:
+        steps = self.steps
         nll = [torch.zeros(()) for _ in range(steps)]
         right, count, seen = [0.0] * steps, [0] * steps, [0] * steps
         lead, anchors = 0.0, 0
         with torch.set_grad_enabled(grad):
             for b in batches:
-                outs = drafter.run(b.aux, b.tokens, steps, embed=table, anchors=slice(b.lo, b.hi))
+                outs = self.drafter.run(b.aux, b.tokens, steps, embed=self.table, anchors=slice(b.lo, b.hi))
                 hits = []
                 for j, o in enumerate(outs):
-                    logq = torch.log_softmax(o.logits, -1)  # (B, W, V_d)
                     y = b.labels[:, j]  # (B, W) target ids, -1 not scored
-                    if b.soft is not None:
-                        ids, p = b.soft[0][:, j], b.soft[1][:, j]  # (B, W, K)
-                        d = to_draft[ids]
-                        p = torch.where(d >= 0, p, torch.zeros_like(p))
-                        mass = p.sum(-1, keepdim=True)
-                        mask = (y >= 0) & (mass[..., 0] > 0)
-                        p = p / mass.clamp_min(1e-12)
-                        per = -(p * logq.gather(-1, d.clamp_min(0))).sum(-1)
-                    else:
-                        d = to_draft[y.clamp_min(0)]
-                        mask = (y >= 0) & (d >= 0)  # a token outside the draft vocab is never drafted: no signal
-                        per = -logq.gather(-1, d.clamp_min(0)[..., None])[..., 0]
+                    soft = None if b.soft is None else (b.soft[0][:, j], b.soft[1][:, j])  # (B, W, K)
+                    per, mask = _step_nll(torch.log_softmax(o.logits, -1), y, soft, self.to_draft)
                     nll[j] = nll[j] + per[mask].sum()
                     hit = (o.target_ids == y) & (y >= 0)
                     hits.append(hit)
@@ -238,16 +267,32 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
         total = sum(w * x / max(1, c) for w, x, c in zip(weights, nll, count, strict=True)) / sum(weights)
         return total, [r / max(1, c) for r, c in zip(right, seen, strict=True)], 1 + lead / max(1, anchors)
 
-    if method == "lbfgs":
-        opt: torch.optim.Optimizer = torch.optim.LBFGS(params, lr=1.0, max_iter=1, history_size=10,
-                                                       line_search_fn="strong_wolfe")
-    else:
-        opt = torch.optim.Adam(groups, betas=(0.9, 0.99))
-    with torch.no_grad():
-        loss0, _, _ = loss_of(fit_batches, False)
-        held0, top0, chain0 = loss_of(held_batches, False)
-    # kept: the check with the highest held-out chain estimate (the start counts: fit never keeps worse);
-    # stopped: when the held-out loss has not fallen for `patience` checks
+
+def _step_nll(logq: torch.Tensor, y: torch.Tensor, soft: tuple[torch.Tensor, torch.Tensor] | None,
+              to_draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(negative log-likelihood per draft, which drafts are scored) of one step, from the draft log-probabilities
+    (B, W, V_d): against the target's top candidates renormalised over the draft vocab when known, else its token."""
+    if soft is not None:
+        ids, p = soft
+        d = to_draft[ids]
+        p = torch.where(d >= 0, p, torch.zeros_like(p))
+        mass = p.sum(-1, keepdim=True)
+        mask = (y >= 0) & (mass[..., 0] > 0)
+        p = p / mass.clamp_min(1e-12)
+        return -(p * logq.gather(-1, d.clamp_min(0))).sum(-1), mask
+    d = to_draft[y.clamp_min(0)]
+    mask = (y >= 0) & (d >= 0)  # a token outside the draft vocab is never drafted: no signal
+    return -logq.gather(-1, d.clamp_min(0)[..., None])[..., 0], mask
+
+
+def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[torch.nn.Parameter],
+             fit_batches: list[Batch], held_batches: list[Batch], start: tuple[torch.Tensor, torch.Tensor, list[float],
+             float], max_steps: int, patience: int, eval_every: int
+             ) -> tuple[tuple[float, int, list[torch.Tensor], list[float], float], list[dict[str, float]], str, int]:
+    """(chain, step, values, top-1, held-out loss) of the check kept, the log, why it stopped, the last step. Kept:
+    the highest held-out chain estimate (the start counts: fit never keeps worse); stopped: when the held-out loss
+    has not fallen for `patience` checks."""
+    loss0, held0, top0, chain0 = start
     best = (chain0, 0, [p.detach().clone() for p in params], top0, float(held0))
     lowest = float(held0)
     log = [{"step": 0, "loss": float(loss0), "heldout_loss": float(held0), "heldout_chain": chain0}]
@@ -255,7 +300,7 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss, _, _ = loss_of(fit_batches, True)
+        loss, _, _ = objective(fit_batches, True)
         loss.backward()
         evals[0] += 1
         return loss
@@ -264,7 +309,7 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
         loss = opt.step(closure)
         if step % eval_every and step != max_steps:
             continue
-        h, top, chain = loss_of(held_batches, False)
+        h, top, chain = objective(held_batches, False)
         log.append({"step": step, "loss": float(loss.detach()), "heldout_loss": float(h), "heldout_chain": chain,
                     "evaluations": evals[0]})
         if chain > best[0] + 1e-9:
@@ -276,22 +321,10 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
             if since >= patience:
                 stopped = f"held-out loss did not fall for {patience} checks (every {eval_every} steps)"
                 break
-    chain_best, best_step, values, top_best, held_best = best
-    with torch.no_grad():
-        for p, v in zip(params, values, strict=True):
-            p.copy_(v)
-        loss_best, _, _ = loss_of(fit_batches, False)
-    out_g = [drafter.fc_norm[j].weight.detach().numpy().astype(np.float32).copy() for j in range(n)]
-    out_fc = drafter.fc.weight.detach().numpy().astype(np.float32).copy() if (fit_fc or new_fc is not None) else None
-    tokens = sum(int((s.labels[0] >= 0).sum()) for s in fitted)
-    held_tokens = sum(int((s.labels[0] >= 0).sum()) for s in held)
-    report = FitReport(start_name, fit_fc, step, best_step, tokens, held_tokens, sum(p.numel() for p in params),
-                       float(loss0), float(loss_best), float(held0), held_best, top0, top_best,
-                       time.perf_counter() - t0, stopped, data, chain0, chain_best, log)
-    return out_g, out_fc, report
+    return best, log, stopped, step
 
 
-def _draft_index(drafter: Any, vocab: int) -> torch.Tensor:
+def _draft_index(drafter: Drafter, vocab: int) -> torch.Tensor:
     """target id -> draft id (-1: not in the draft vocab)."""
     index = torch.full((vocab,), -1, dtype=torch.long)
     ids = torch.arange(drafter.a.draft_vocab_size) + drafter.d2t
