@@ -2,10 +2,12 @@
 on prompts the tool never saw, measured by the engine; whether the AL `upgrade --prompts` prints is the one the
 engine measures; and what `--init auto` picks, with its printed interval.
 
-Drafters: the three trained fixtures (`eagle3` boundary-numbered, `eagle3-output` output-numbered SpecForge,
-`eagle3.1-mla` as a 3.0 copy: fc_norm dropped, flags off) and, when it exists, the held-out drafter of
-benchmarks/train_heldout_drafter.py (benchmarks/_work/heldout-drafter: other layers, seeds and data; the
-tests never see it). Both flag sets; every init, written `--to speculators` (vLLM's own format).
+Drafters: the two trained EAGLE-3 fixtures (`eagle3` boundary-numbered, `eagle3-output` output-numbered
+SpecForge) and, when they exist, two drafters the tests never see: `heldout` (benchmarks/train_heldout_drafter.py:
+other layers, seeds and data) and `mla-3.0` (benchmarks/train_mla30_drafter.py: an MLA drafter trained as EAGLE-3
+on the MLA fixture target; the committed MLA drafter is 3.1-trained, and without its fc_norm it is at chance).
+Both flag sets; every init, written `--to speculators` (vLLM's own format;
+`--to modelopt` for MLA, which speculators cannot hold).
 
 Evaluation prompts: 32 windows of 64 tokens of the bundled held-out code at seed 101, which calibration, the
 probe, the ranking (seed 3) and `fit` (seed 5) never read. The source's AL is that of its function-preserving
@@ -42,21 +44,11 @@ from eaglectl.upgrade import run as upgrade  # noqa: E402
 from eaglectl.workload import heldout_prompts, tokenizer_of  # noqa: E402
 
 TRAINED = ROOT / "fixtures" / "trained"
-HELDOUT = ROOT / "benchmarks" / "_work" / "heldout-drafter"
+WORK = ROOT / "benchmarks" / "_work"
+# drafters the tests never see, each trained by its script: (folder, script)
+UNSEEN = {"heldout": (WORK / "heldout-drafter", "train_heldout_drafter.py"),
+          "mla-3.0": (WORK / "mla-3.0-drafter", "train_mla30_drafter.py")}
 EVAL_SEED, EVAL_PROMPTS, EVAL_TOKENS = 101, 32, 64
-
-
-def three_oh_copy(src: Path, dest: Path) -> Path:
-    """The MLA fixture without its fc_norm (a 3.0 drafter of the same weights), as tests/test_mla.py makes it."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dest)
-    t = {k: v for k, v in load_file(dest / "model.safetensors").items() if not k.startswith("fc_norm.")}
-    save_file(t, dest / "model.safetensors", metadata={"format": "pt", "torchspec_version": "0.3.0"})
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg.update(fc_norm=False, norm_output=False)
-    (dest / "config.json").write_text(json.dumps(cfg))
-    return dest
 
 
 def eval_prompts(target: Path, path: Path) -> Path:
@@ -68,7 +60,7 @@ def eval_prompts(target: Path, path: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="reference", choices=["reference", "vllm"])
-    ap.add_argument("--drafters", default="eagle3,eagle3-output,eagle3.1-mla,heldout")
+    ap.add_argument("--drafters", default="eagle3,eagle3-output,mla-3.0,heldout")
     ap.add_argument("--inits", default=",".join(INITS))
     ap.add_argument("--markdown", action="store_true", help="print the docs/upgrade.md table at the end")
     ap.add_argument("--json", type=Path, help="write every row here")
@@ -77,22 +69,21 @@ def main() -> None:
     rows: list[dict] = []
     try:
         for name in args.drafters.split(","):
-            if name == "heldout" and not HELDOUT.exists():
-                print("(no held-out drafter: run benchmarks/train_heldout_drafter.py first)", flush=True)
+            src, script = UNSEEN.get(name, (TRAINED / name, None))
+            if not src.exists():
+                print(f"(no {name} drafter: run benchmarks/{script} first)", flush=True)
                 continue
-            src = HELDOUT if name == "heldout" else TRAINED / name
             target = TRAINED / ("target-mla" if "mla" in name else "target")
-            if name == "eagle3.1-mla":
-                src = three_oh_copy(src, tmp / "mla-3.0")
+            to = "modelopt" if "mla" in name else "speculators"  # speculators cannot hold MLA
             prompts = eval_prompts(target, tmp / f"eval-{target.name}.jsonl")
             t0 = time.time()
             trained = tmp / f"{name}-source"
-            convert(str(src), str(trained), "speculators", target=str(target))
+            convert(str(src), str(trained), to, target=str(target))
             variants: list[tuple[str, str, Path, dict]] = []
             for label, no in (("fc_norm only", False), ("fc_norm + norm_output", True)):
                 for init in [*args.inits.split(","), "auto"]:
                     dest = tmp / f"{name}-{init}-{no}"
-                    res = upgrade(str(src), str(dest), init=init, norm_output=no, target=str(target), to="speculators",
+                    res = upgrade(str(src), str(dest), init=init, norm_output=no, target=str(target), to=to,
                                   fidelity=False, prompts=None if init == "auto" else str(prompts),
                                   num_prompts=EVAL_PROMPTS, max_tokens=EVAL_TOKENS)
                     variants.append((label, init, dest, res.to_json()))
