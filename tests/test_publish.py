@@ -12,6 +12,7 @@ import pytest
 from eaglectl.publish import is_local_path, local_paths, public_name, public_value, upload_files
 
 from .conftest import DRAFTERS, FIXTURES, ROOT, TARGET
+from .helpers import edited
 
 TRAINED = FIXTURES / "trained"
 
@@ -126,11 +127,7 @@ def test_upgrade_carries_eaglectls_own_null_verifier_with_a_warning(invoke, tmp_
     assert r.exit_code == 0, r.stderr
     assert "verifier is null" in r.stdout and _config(up)["speculators_config"]["verifier"]["name_or_path"] is None
     # a speculators config that names nothing and was not eaglectl's is still refused
-    foreign = tmp_path / "foreign"
-    shutil.copytree(conv, foreign)
-    cfg = _config(foreign)
-    del cfg["eaglectl_provenance"]
-    (foreign / "config.json").write_text(json.dumps(cfg))
+    foreign = edited(conv, tmp_path, name="foreign", config=lambda cfg: cfg.pop("eaglectl_provenance"))
     r = invoke("upgrade", foreign, tmp_path / "up2", "--no-fidelity")
     assert r.exit_code == 7 and "--base-model" in r.stderr
 
@@ -139,9 +136,7 @@ def test_upgrade_carries_eaglectls_own_null_verifier_with_a_warning(invoke, tmp_
 
 @pytest.fixture
 def drafter(tmp_path):
-    d = tmp_path / "head-31"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    return d
+    return edited(DRAFTERS / "speculators-3.1", tmp_path, name="head-31")
 
 
 @pytest.fixture
@@ -212,9 +207,8 @@ def test_upload_refuses_a_failing_gate_and_a_local_path_before_the_network(invok
     r = invoke("upload", bad, "acme/bad", "--json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["refused"] == "the gate failed" and no_network == []
-    leaky = tmp_path / "leaky"
-    shutil.copytree(DRAFTERS / "speculators-3.1", leaky)
-    (leaky / "notes.md").write_text("trained from /home/alice/data/run-3\n")
+    leaky = edited(DRAFTERS / "speculators-3.1", tmp_path, name="leaky",
+                   files={"notes.md": "trained from /home/alice/data/run-3\n"})
     r = invoke("upload", leaky, "acme/leaky", "--target", TARGET)
     assert r.exit_code == 1 and "not uploaded" in r.stdout and "local-path" in r.stdout and no_network == []
     r = invoke("upload", leaky, "acme/leaky", "--target", TARGET, "--dry-run", "--json")

@@ -14,10 +14,11 @@ from eaglectl.model.hf import capture_aux, load_model
 from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
+from .helpers import same_weights
 
-# the same weights written in several dialects by fixtures/make_fixtures.py
-SAME_31 = ["speculators-3.1", "speculators-sharded", "specforge-3.1", "torchspec-3.1", "nemo-3.1"]
-SAME_3 = ["eagle-3", "eagle-3-bin", "specforge-3", "speculators-3"]
+# the same weights written in several dialects by fixtures/make_fixtures.py (its DIALECT_FIXTURES table)
+SAME_31 = same_weights("d31")
+SAME_3 = same_weights("d3")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DRAFTERS.iterdir()))
