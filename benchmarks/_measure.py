@@ -6,8 +6,11 @@ the parent's memory copied at fork time (Linux keeps maxrss across exec).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,18 @@ def measure(python: str, code: str, *args: str, ok_codes: tuple[int, ...] = (0,)
     if r.returncode not in ok_codes or "VMHWM" not in r.stderr:
         raise SystemExit(f"{args} failed ({r.returncode}): {r.stderr[-2000:]}")
     return wall, int(r.stderr.rsplit("VMHWM ", 1)[1].split()[0]) / 1024, r.stdout
+
+
+@contextmanager
+def scratch(folder: Path, keep: bool, fresh: bool = False) -> Iterator[Path]:
+    """FOLDER for one benchmark's checkpoints (`fresh`: emptied first), removed afterwards unless `keep` (--keep)."""
+    if fresh:
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        yield folder
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def work_args(description: str) -> Any:

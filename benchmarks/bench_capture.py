@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure, work_args  # noqa: E402
+from _measure import measure, scratch, work_args  # noqa: E402
 
 TARGET = ROOT / "fixtures" / "trained" / "target"
 CAPTURE = "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'capture', *sys.argv[1:]]\nmain()\n"
@@ -125,10 +125,8 @@ def stats_rows(work: Path) -> list[tuple[int, float, float, float]]:
 
 def main() -> None:
     args = work_args(__doc__.splitlines()[0])
-    work = args.work / "capture"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    try:
+    with scratch(args.work / "capture", args.keep, fresh=True) as work:
+        work.mkdir(parents=True)
         print("capture on the fixture target (16 x 256 tokens, 9 boundaries)")
         print(f"{'engine':8} {'tokens/s':>10} {'peak RSS':>10} {'x baseline':>11}  baseline")
         for engine, tps, rss, ratio, note in capture_rows(work):
@@ -139,9 +137,6 @@ def main() -> None:
         for tokens, rss, tps, ratio in rows:
             print(f"{tokens:8d} {rss:8.0f} MB {tps:10.0f} {ratio:12.2f}x")
         print(f"memory ratio 32 vs 8 requests: {rows[1][1] / rows[0][1]:.2f} (flat = 1.00)")
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

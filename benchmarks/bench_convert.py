@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure, work_args  # noqa: E402
+from _measure import measure, scratch, work_args  # noqa: E402
 from bench_verify import DIMS, build  # noqa: E402
 
 REPEATS = 5
@@ -46,7 +46,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     src = work / "src"
     target = work / "target"
-    try:
+    with scratch(args.work, args.keep):
         build(src, **DIMS)
         target.mkdir(parents=True)
         (target / "config.json").write_text(json.dumps({
@@ -80,9 +80,6 @@ def main() -> None:
         peak = max(m for _, _, m in no_cast)
         print(f"goal no-cast <= 2x baseline and <= 256 MB: {'met' if worst <= 2 and peak <= 256 else 'MISSED'} "
               f"({worst:.2f}x, {peak:.0f} MB); stretch <= 1.3x: {'met' if worst <= 1.3 else 'missed'}")
-    finally:
-        if not args.keep:
-            shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

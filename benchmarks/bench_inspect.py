@@ -12,7 +12,6 @@ and prints ratios. Goals (issue 2): inspect <= 0.5 s and <= 100 MB peak RSS on b
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _measure import measure as _measure  # noqa: E402
-from _measure import work_args  # noqa: E402
+from _measure import scratch, work_args  # noqa: E402
 
 from eaglectl.io.safetensors import TensorEntry, serialize_header  # noqa: E402
 
@@ -112,7 +111,7 @@ def main() -> None:
     print("page cache warm (files just written); inspect: best of 3; baseline: load_file + touch every tensor")
     print(f"{'drafter':10} {'size':>8} | {'inspect s':>9} {'MB':>6} | {'load_file s':>11} {'MB':>7} | "
           f"{'time ratio':>10} {'RSS ratio':>9} | goal <=0.5 s, <=100 MB")
-    try:
+    with scratch(args.work, args.keep):
         for name, dims in SIZES.items():
             folder = args.work / name
             size = build(folder, **dims)
@@ -121,9 +120,6 @@ def main() -> None:
             ok = "met" if i_wall <= 0.5 and i_rss <= 100 else "MISSED"
             print(f"{name:10} {size / 1e9:6.2f}GB | {i_wall:9.3f} {i_rss:6.0f} | {l_wall:11.3f} {l_rss:7.0f} | "
                   f"{l_wall / i_wall:9.1f}x {l_rss / i_rss:8.1f}x | {ok}")
-    finally:
-        if not args.keep:
-            shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Goal (issue 3): <= 60 s; peak RSS reported.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure, work_args  # noqa: E402
+from _measure import measure, scratch, work_args  # noqa: E402
 
 from eaglectl.io.safetensors import TensorEntry, write_safetensors  # noqa: E402
 
@@ -103,7 +102,7 @@ def split(folder: Path) -> dict[str, float]:
 def main() -> None:
     args = work_args(__doc__.splitlines()[0])
     folder = args.work / "verify-8B"
-    try:
+    with scratch(args.work, args.keep):
         t = time.perf_counter()
         build(folder, **DIMS)
         print(f"built 8B-class drafter ({(folder / 'model.safetensors').stat().st_size / 1e9:.2f} GB) "
@@ -116,9 +115,6 @@ def main() -> None:
         times = split(folder)
         total = sum(times.values())
         print("split (in-process): " + ", ".join(f"{k} {v:.1f} s ({100 * v / total:.0f}%)" for k, v in times.items()))
-    finally:
-        if not args.keep:
-            shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

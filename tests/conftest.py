@@ -38,6 +38,26 @@ settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+def vllm_python() -> str | None:
+    """The vLLM interpreter CI exported as EAGLECTL_VLLM_PYTHON (moved to EAGLECTL_TEST_VLLM_PYTHON above, so that
+    the library does not find it implicitly); tests pass it explicitly."""
+    python = os.environ.get("EAGLECTL_TEST_VLLM_PYTHON")
+    if python and os.path.exists(python):
+        return python
+    if os.environ.get("EAGLECTL_REQUIRE_VLLM"):
+        pytest.fail("EAGLECTL_REQUIRE_VLLM is set but EAGLECTL_VLLM_PYTHON names no interpreter")
+    return None
+
+
+@pytest.fixture
+def vllm_py() -> str:
+    """The vLLM interpreter of a real-vLLM test: the test skips without one (fails under EAGLECTL_REQUIRE_VLLM)."""
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    return python
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()

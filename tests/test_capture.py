@@ -20,7 +20,6 @@ from eaglectl.io.states import open_states
 from eaglectl.model.hf import forward, load_model
 
 from .conftest import ROOT, vllm_server
-from .test_smoke import vllm_python
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -217,10 +216,8 @@ def _gammas(states: Path) -> np.ndarray:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_capture_equals_the_hf_capture(hf_states, tmp_path, invoke):
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+def test_vllm_capture_equals_the_hf_capture(hf_states, tmp_path, invoke, vllm_py):
+    python = vllm_py
     r = invoke("capture", TARGET, "--engine", "vllm", "--drafter", TRAINED / "eagle3", "--out", tmp_path / "v",
                "--vllm-python", python, "--json")
     assert r.exit_code == 0, r.output
@@ -232,11 +229,9 @@ def test_vllm_capture_equals_the_hf_capture(hf_states, tmp_path, invoke):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke):
+def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke, vllm_py):
     """The recipe's server flags (CPU connector variant) on a real `vllm serve`, driven by --engine server."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     storage = tmp_path / "raw"
     args = ["--model", str(TARGET), "--dtype", "float32", "--enforce-eager", "--max-model-len", "300",
             *capture.server_args(tuple(range(9)), str(storage), cpu=True)]

@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, TARGET
-
-
-def run(invoke, *args):
-    r = invoke("check", *args, "--json")
-    return r, json.loads(r.stdout)
+from .helpers import edited, run_json
 
 
 # specforge-3 and modelopt-mla keep their ids only in eagle_config: vLLM's two runners capture different layers
 @pytest.mark.parametrize("name,code", [("speculators-3.1", 0), ("specforge-3", 1), ("eagle-3", 0),
                                        ("modelopt-mla", 1), ("nemo-3.1", 1)])
 def test_fixture_verdicts(invoke, name, code):
-    r, doc = run(invoke, DRAFTERS / name, "--target", TARGET)
+    r, doc = run_json(invoke, "check", DRAFTERS / name, "--target", TARGET)
     assert r.exit_code == code == doc["exit_code"]
     stages = {s["name"]: s for s in doc["stages"]}
     assert list(stages) == ["inspect", "parity", "smoke", "card", "publish"]
@@ -38,7 +33,7 @@ SCAN_ONLY = {"random-weights"}  # reads every matrix: inspect --scan finds it (t
 @pytest.mark.parametrize("rule", sorted(p.name for p in DEFECTS.iterdir() if p.name not in SCAN_ONLY))
 def test_every_planted_defect_fails_the_strict_gate_with_its_rule(invoke, rule):
     with_target = ["--target", TARGET] if rule == "draft-context-cap" else []  # only a target reveals it
-    r, doc = run(invoke, DEFECTS / rule, "--strict", "--no-card", *with_target)
+    r, doc = run_json(invoke, "check", DEFECTS / rule, "--strict", "--no-card", *with_target)
     from eaglectl.rules import RULES
 
     if RULES.get(rule) is not None and RULES[rule].engine == "sglang":  # sglang's advice: info for the vLLM gate
@@ -52,9 +47,8 @@ def test_every_planted_defect_fails_the_strict_gate_with_its_rule(invoke, rule):
 
 
 def test_card_is_written_then_lints_clean_and_contradictions_are_findings(invoke, tmp_path):
-    d = tmp_path / "drafter"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    r, doc = run(invoke, d, "--target", TARGET, "--card")
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="drafter")
+    r, doc = run_json(invoke, "check", d, "--target", TARGET, "--card")
     assert r.exit_code == 0 and doc["card_written"] == str(d / "README.md")
     text = (d / "README.md").read_text()
     assert "base_model: " in text and "eagle3.1" in text and '"method": "eagle3"' in text
@@ -64,7 +58,7 @@ def test_card_is_written_then_lints_clean_and_contradictions_are_findings(invoke
     assert "base_model: eaglectl-fixtures/target-llama" in text  # the verifier's Hub id; the local target is none
     (d / "README.md").write_text(bad.replace("base_model: eaglectl-fixtures/target-llama",
                                              "base_model: meta-llama/Other-8B"))
-    r, doc = run(invoke, d, "--target", TARGET)
+    r, doc = run_json(invoke, "check", d, "--target", TARGET)
     found = {f["rule_id"] for f in doc["findings"]}
     assert {"card-base-model", "card-eagle-version", "card-k", "card-dialect"} <= found
     assert r.exit_code == 1 and all(rid in RULES for rid in found)
@@ -72,23 +66,24 @@ def test_card_is_written_then_lints_clean_and_contradictions_are_findings(invoke
 
 def test_upgraded_drafter_card_says_it_needs_fine_tuning(invoke, tmp_path):
     assert invoke("upgrade", DRAFTERS / "speculators-3", tmp_path / "u").exit_code == 0
-    r, doc = run(invoke, tmp_path / "u", "--card")
+    r, doc = run_json(invoke, "check", tmp_path / "u", "--card")
     assert "needs EAGLE-3.1 fine-tuning" in (tmp_path / "u" / "README.md").read_text()
     (tmp_path / "u" / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nA drafter.\n")
-    r, doc = run(invoke, tmp_path / "u")
+    r, doc = run_json(invoke, "check", tmp_path / "u")
     assert "card-provenance" in {f["rule_id"] for f in doc["findings"]}
 
 
 def test_a_requested_smoke_that_cannot_run_fails_the_gate(invoke):
-    r, doc = run(invoke, DRAFTERS / "speculators-3", "--smoke")
+    r, doc = run_json(invoke, "check", DRAFTERS / "speculators-3", "--smoke")
     assert doc["stages"][2] == {**doc["stages"][2], "status": "fail", "requested": True,
                                 "detail": "requested but cannot run: needs --target"}
     assert r.exit_code == 1 and "PASS" not in r.stdout
     for extra in (["--smoke"], ["--min-acceptance", "3.0", "--strict"]):
-        r, doc = run(invoke, DRAFTERS / "speculators-3", *extra, "--target", TARGET, "--vllm-python", "/bin/false")
+        r, doc = run_json(invoke, "check", DRAFTERS / "speculators-3", *extra, "--target", TARGET,
+                          "--vllm-python", "/bin/false")
         assert doc["stages"][2]["status"] == "fail" and "no vLLM" in doc["stages"][2]["detail"]
         assert r.exit_code == 10 and doc["passed"] is False  # this machine cannot run it: undecided, not failed
-    _, doc = run(invoke, DRAFTERS / "speculators-3")
+    _, doc = run_json(invoke, "check", DRAFTERS / "speculators-3")
     assert doc["stages"][2]["status"] == "skipped" and doc["stages"][2]["requested"] is False
 
 
@@ -148,23 +143,21 @@ def test_completion_scripts(invoke, shell):
 
 
 def test_card_without_the_drafter_tags(invoke, tmp_path):
-    d = tmp_path / "d"
-    shutil.copytree(DRAFTERS / "speculators-3", d)
-    (d / "README.md").write_text("---\nlicense: apache-2.0\n---\nMy drafter.\n")
-    _, doc = run(invoke, d)
+    d = edited(DRAFTERS / "speculators-3", tmp_path, name="d",
+               files={"README.md": "---\nlicense: apache-2.0\n---\nMy drafter.\n"})
+    _, doc = run_json(invoke, "check", d)
     assert "card-tags" in {f["rule_id"] for f in doc["findings"]}
-    run(invoke, d, "--card")  # rewriting keeps the license it found
+    run_json(invoke, "check", d, "--card")  # rewriting keeps the license it found
     assert "license: apache-2.0" in (d / "README.md").read_text()
 
 
 def test_a_local_path_is_never_a_model_identity(invoke, tmp_path):
-    d = tmp_path / "drafter"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    r, doc = run(invoke, d, "--target", TARGET, "--card", "--base-model", "acme/target-llama")
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="drafter")
+    r, doc = run_json(invoke, "check", d, "--target", TARGET, "--card", "--base-model", "acme/target-llama")
     text = (d / "README.md").read_text()
     assert r.exit_code == 0 and "base_model: acme/target-llama" in text and str(TARGET) not in text
     (d / "README.md").write_text(text.replace("base_model: acme/target-llama", f"base_model: {TARGET}"))
-    r, doc = run(invoke, d, "--target", TARGET)
+    r, doc = run_json(invoke, "check", d, "--target", TARGET)
     assert r.exit_code == 1 and "card-local-path" in {f["rule_id"] for f in doc["findings"]}
     r = invoke("check", d, "--base-model", "./not/a/hub/id")
     assert r.exit_code == 2 and "not a Hub id" in r.stderr

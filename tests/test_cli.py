@@ -32,7 +32,18 @@ def test_formats_json_lists_the_registry(invoke):
     doc = json.loads(invoke("formats", "--json").stdout)
     assert doc["schema"] == "eaglectl.formats/1"
     assert [d["id"] for d in doc["dialects"]] == formats.names()
-    assert invoke("formats").stdout.count("\n") > len(formats.names())
+    # the human table: a row per dialect, in registry order, each with its name, aux-id convention and flags
+    lines = invoke("formats").stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.split()[:1] and line.split()[0] in formats.names()]
+    assert [lines[i].split()[0] for i in starts] == formats.names()
+    ends = [*starts[1:], None]
+    rows = {lines[i].split()[0]: " ".join(" ".join(lines[i:j]).split()) for i, j in zip(starts, ends, strict=True)}
+    for dialect, cells in {"eagle": ("SafeAILab/EAGLE", "boundary (ids not stored)", "none"),
+                           "speculators": ("vLLM speculators", "boundary",
+                                           "fc_norm, norm_before_fc, norm_before_residual, norm_output"),
+                           "specforge": ("SpecForge / sglang", "output", "fc_norm, norm_output")}.items():
+        assert all(cell in rows[dialect] for cell in cells), (dialect, rows[dialect])
+    assert "(ids not stored)" not in rows["speculators"] and "norm_before_fc" not in rows["specforge"]
 
 
 def test_rules_json_is_the_catalogue(invoke):

@@ -4,12 +4,12 @@ each tested on the files as written. The loaders themselves run in tests/test_cl
 from __future__ import annotations
 
 import json
-import shutil
 
 import torch
 from safetensors import safe_open
 
 from .conftest import DRAFTERS, TARGET
+from .helpers import edited
 
 
 def _config(folder):
@@ -58,13 +58,10 @@ def test_specforge_3_1_output_is_written_with_a_warning(invoke, tmp_path):
 def test_an_explicit_norm_output_false_in_a_specforge_checkpoint_gets_the_caveat(invoke, tmp_path):
     """On input, the SpecForge caveat fired only with fc_norm true; an old checkpoint that says norm_output
     false was trained (by 0.2.0 or a commit before PR #879) without a final norm before lm_head."""
-    src = tmp_path / "old"
-    shutil.copytree(DRAFTERS / "specforge-3", src)
-    cfg = _config(src)
+    cfg = _config(DRAFTERS / "specforge-3")
     assert "norm_output" not in cfg and not cfg.get("fc_norm")
-    assert "specforge-norm-output-window" not in _rules(invoke, src)
-    cfg["norm_output"] = False
-    (src / "config.json").write_text(json.dumps(cfg))
+    assert "specforge-norm-output-window" not in _rules(invoke, DRAFTERS / "specforge-3")
+    src = edited(DRAFTERS / "specforge-3", tmp_path, name="old", config={"norm_output": False})
     found = _rules(invoke, src)["specforge-norm-output-window"]
     assert found["severity"] == "warning" and "explicit false" in found["message"]
     # a 3.1 checkpoint: the caveat once, not twice

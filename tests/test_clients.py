@@ -155,22 +155,23 @@ def test_mla_fixture_cannot_be_written_for_either_training_client(invoke, tmp_pa
         assert not (tmp_path / to).exists()
 
 
-def _jobs(outputs, to, tokens, target, tmp_path):
-    """The worker items for every output written `--to to` (inputs prepared) and eaglectl's reference logits."""
+def _load_and_forward(client, outputs, tokens, target, tmp_path):
+    """CLIENT's worker run on every output written `--to CLIENT` (inputs prepared): its report, and eaglectl's
+    reference logits per output."""
+    python = client_python(client)  # skips (or fails) first, before any work
     items, refs = [], {}
     for key, (dialect, folder) in outputs.items():
-        if dialect != to:
+        if dialect != client:
             continue
         inputs, refs[key] = prepare(folder, tokens, target, tmp_path)
         items.append({"name": key, "folder": str(folder), "inputs": str(inputs),
                       "output": str(tmp_path / f"{key}.logits.safetensors")})
-    return items, refs
+    job = {"target": str(TARGET), "steps": STEPS, "items": items}
+    return run_worker(python, f"{client}_worker", job, tmp_path), refs
 
 
 def test_speculators_loads_every_output_and_its_forward_matches(outputs, tokens, target, tmp_path):
-    python = client_python("speculators")
-    items, refs = _jobs(outputs, "speculators", tokens, target, tmp_path)
-    rep = run_worker(python, "speculators_worker", {"target": str(TARGET), "steps": STEPS, "items": items}, tmp_path)
+    rep, refs = _load_and_forward("speculators", outputs, tokens, target, tmp_path)
     assert rep["version"] == "0.9.0"
     for r in rep["items"]:
         key = r["name"]
@@ -189,9 +190,7 @@ def test_speculators_loads_every_output_and_its_forward_matches(outputs, tokens,
 
 
 def test_specforge_loads_every_output_and_its_forward_matches(outputs, tokens, target, tmp_path):
-    python = client_python("specforge")
-    items, refs = _jobs(outputs, "specforge", tokens, target, tmp_path)
-    rep = run_worker(python, "specforge_worker", {"target": str(TARGET), "steps": STEPS, "items": items}, tmp_path)
+    rep, refs = _load_and_forward("specforge", outputs, tokens, target, tmp_path)
     assert rep["version"] == "0.2.0"
     for r in rep["items"]:
         key = r["name"]

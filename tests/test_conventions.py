@@ -64,13 +64,9 @@ def test_the_smoke_options_pass_through_and_a_cpu_runner_gates_on_the_reference_
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_gate_smokes_under_real_vllm_with_the_options_given(invoke):
+def test_the_gate_smokes_under_real_vllm_with_the_options_given(invoke, vllm_py):
     """The same options under vLLM: its counts equal the reference loop's gate exactly."""
-    from .test_smoke import vllm_python
-
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     stage = {}
     for engine in ("vllm", "reference"):
         r = invoke("check", TRAINED / "eagle3.1", "--target", TRAINED / "target", "--engine", engine, "-k", "2",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import shutil
 
 import numpy as np
 import pytest
 
+from eaglectl import formats
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.convert import execute, plan_conversion
 from eaglectl.drafter import open_drafter
@@ -18,9 +18,12 @@ from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.target import open_target
 from eaglectl.verify import run as verify
 
-from .conftest import DEFECTS, DRAFTERS, TARGET
+from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
+from .helpers import edited
 
-WRITABLE = ["eagle", "specforge", "speculators", "torchspec", "modelopt"]
+WRITABLE = formats.writable()
+# the writable dialects that can say fc_norm: an EAGLE-3.1 drafter goes there and back (the rest refuse it)
+WRITABLE_31 = [n for n in WRITABLE if "fc_norm" in formats.get(n).writer.flag_paths]
 
 
 def convert(src, dest, to, **kw):
@@ -50,8 +53,7 @@ def files_digest(path) -> str:
 
 # ---------------------------------------------------------------------------------- round trips
 
-ROUND_TRIPS = [("speculators-3.1", a, b) for a, b in itertools.permutations(
-    ["specforge", "speculators", "torchspec", "modelopt"], 2)] + [
+ROUND_TRIPS = [("speculators-3.1", a, b) for a, b in itertools.permutations(WRITABLE_31, 2)] + [
     ("eagle-3", a, b) for a, b in itertools.permutations(WRITABLE, 2)]
 
 
@@ -118,22 +120,18 @@ def test_h1_model_prefix_is_stripped_and_h18_architecture_renamed(tmp_path):
 
 
 def _two_layers(tmp_path):
-    from safetensors.torch import load_file, save_file
+    def second_layer(t):
+        for name in list(t):
+            if name.startswith("layers.0.") and "hidden_norm" not in name:
+                w = t[name]
+                if "self_attn" in name and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+                    w = w[:, : w.shape[1] // 2].clone()  # layers >= 1 take H, not 2H
+                t[name.replace("layers.0.", "layers.1.")] = w.clone()
 
-    dest = tmp_path / "two"
-    shutil.copytree(DRAFTERS / "speculators-3", dest)
-    t = load_file(dest / "model.safetensors")
-    for name in list(t):
-        if name.startswith("layers.0.") and "hidden_norm" not in name:
-            w = t[name]
-            if "self_attn" in name and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
-                w = w[:, : w.shape[1] // 2].clone()  # layers >= 1 take H, not 2H
-            t[name.replace("layers.0.", "layers.1.")] = w.clone()
-    save_file(t, dest / "model.safetensors", metadata={"format": "pt"})
-    cfg = config(dest)
-    cfg["transformer_layer_config"]["num_hidden_layers"] = 2
-    (dest / "config.json").write_text(json.dumps(cfg))
-    return dest
+    def two(cfg):
+        cfg["transformer_layer_config"]["num_hidden_layers"] = 2
+
+    return edited(DRAFTERS / "speculators-3", tmp_path, name="two", config=two, tensors=second_layer)
 
 
 def test_h2_multi_layer_drafters_keep_layers_n_and_refuse_single_layer_dialects(tmp_path):
@@ -202,11 +200,7 @@ def test_h6_every_flag_is_written_explicitly(tmp_path):
 
 
 def test_h6_norm_before_residual_true_cannot_go_where_it_cannot_be_said(tmp_path):
-    src = tmp_path / "nbr"
-    shutil.copytree(DRAFTERS / "speculators-3", src)
-    cfg = config(src)
-    cfg["norm_before_residual"] = True
-    (src / "config.json").write_text(json.dumps(cfg))
+    src = edited(DRAFTERS / "speculators-3", tmp_path, name="nbr", config={"norm_before_residual": True})
     with pytest.raises(ConversionError, match="norm_before_residual=true"):
         convert(src, tmp_path / "f", "specforge")
     convert(src, tmp_path / "m", "modelopt")
@@ -229,10 +223,23 @@ def test_h8_norm_before_fc_goes_to_both_places_and_h11_its_weight_is_kept(tmp_pa
 
 
 def test_h11_fc_norm_weights_survive_every_3_1_destination(tmp_path):
-    for to in ("specforge", "speculators", "torchspec", "modelopt"):
+    for to in WRITABLE_31:
         convert(DRAFTERS / "torchspec-3.1", tmp_path / to, to, target=TARGET)
         names = set(open_checkpoint(str(tmp_path / to)).tensor_file)
         assert {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"} <= names
+
+
+def test_a_bf16_to_fp32_to_bf16_round_trip_gives_the_same_bytes(tmp_path):
+    """The trained EAGLE-3 drafter (bf16) through fp32 and back, as the engine-parity test converts it: the same
+    tensors bit for bit and the same config but for the provenance, so an engine reads what it read before."""
+    trained = FIXTURES / "trained"
+    convert(trained / "eagle3", tmp_path / "fp32", "eagle", target=trained / "target", dtype="float32")
+    assert {dtype for dtype, _, _ in tensors(tmp_path / "fp32").values()} - {"BOOL", "I64"} == {"F32"}  # d2t, t2d kept
+    convert(tmp_path / "fp32", tmp_path / "bf16", "eagle", dtype="bfloat16")
+    assert tensors(tmp_path / "bf16") == tensors(trained / "eagle3")
+    back = config(tmp_path / "bf16")
+    source = config(trained / "eagle3")  # written explicitly: what vLLM assumes when it is absent (hidden_size)
+    assert back.pop("eaglectl_provenance") and back == source | {"target_hidden_size": source["hidden_size"]}
 
 
 def test_h12_missing_head_comes_from_target_rows_at_arange_plus_d2t(tmp_path):
@@ -320,8 +327,7 @@ def test_sharded_source_keeps_sharding(tmp_path):
 
 
 def test_existing_destination_needs_force_and_source_is_untouched(invoke, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(DRAFTERS / "specforge-3.1", src)
+    src = edited(DRAFTERS / "specforge-3.1", tmp_path, name="src")
     before = files_digest(src)
     for p in [*src.iterdir(), src]:
         p.chmod(0o555 if p.is_dir() else 0o444)
@@ -356,8 +362,7 @@ def test_a_failure_while_writing_leaves_nothing(monkeypatch, tmp_path):
 
 
 def test_destination_inside_the_source_is_refused(invoke, tmp_path):
-    src = tmp_path / "src"
-    shutil.copytree(DRAFTERS / "speculators-3", src)
+    src = edited(DRAFTERS / "speculators-3", tmp_path, name="src")
     r = invoke("convert", src, src / "out", "--to", "modelopt", "--force")
     assert r.exit_code == 7 and "overlaps the source" in r.stderr
     r = invoke("convert", src, src, "--to", "modelopt", "--force")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from .conftest import DRAFTERS, TARGET
+from .helpers import edited
 
 
 def diff(invoke, a, b, *args):
@@ -20,19 +20,14 @@ def diff(invoke, a, b, *args):
 def _perturb(src, dest, stored, row=-1, delta=0.5):
     """A copy of `src` with one element of tensor `stored` moved by `delta`."""
     import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
 
-    shutil.copytree(src, dest)
-    path = dest / "model.safetensors"
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    t = tensors[stored].clone()
-    t.view(-1)[row] = (t.view(-1)[row].float() + delta).to(t.dtype)
-    tensors[stored] = t
-    save_file(tensors, str(path), metadata=meta)
-    assert torch.is_tensor(t)
+    def move(tensors):
+        t = tensors[stored].clone()
+        t.view(-1)[row] = (t.view(-1)[row].float() + delta).to(t.dtype)
+        tensors[stored] = t
+        assert torch.is_tensor(t)
+
+    edited(src, dest.parent, name=dest.name, tensors=move)
 
 
 @pytest.mark.parametrize("to", ["specforge", "torchspec", "modelopt", "speculators"])

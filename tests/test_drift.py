@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ from eaglectl.model.reference import ChainCache, chain_step, prefill
 from eaglectl.verify import load_drafter
 
 from .conftest import ROOT
+from .helpers import edited
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -178,13 +178,10 @@ def test_context_length_axis_builds_prompts_of_exactly_those_lengths(invoke):
 
 
 def test_template_axis_needs_and_uses_the_chat_template(tmp_path, invoke):
-    chat_target = tmp_path / "target"
-    shutil.copytree(TARGET, chat_target)
-    cfg_path = chat_target / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    tok = json.loads((TARGET / "tokenizer_config.json").read_text())
+    tok["chat_template"] = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                             "{% if add_generation_prompt %}<assistant>{% endif %}")
-    cfg_path.write_text(json.dumps(cfg))
+    chat_target = edited(TARGET, tmp_path, name="target", files={"tokenizer_config.json": json.dumps(tok)})
     prompts = tmp_path / "chat.jsonl"
     lines = [{"messages": [{"role": "system", "content": "You write Python."},
                            {"role": "user", "content": f"def f{i}(x):\n    return x * {i}\n"}]} for i in range(3)]

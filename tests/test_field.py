@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ from eaglectl.rules.hazards import TYPED_TEMPLATE_FIELDS, init_match
 from eaglectl.target import open_target
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, ROOT, TARGET
+from .helpers import edited
 
 FAMILY_FIXTURES = FIXTURES / "families"
 TRAINED = ROOT / "fixtures" / "trained"
@@ -71,12 +71,11 @@ def test_from_does_not_force_a_family_into_an_eagle3_dialect(invoke):
 
 
 def test_eagle4_is_named_even_without_its_architecture(invoke, tmp_path):
-    d = tmp_path / "e4"
-    shutil.copytree(FAMILY_FIXTURES / "eagle4", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["architectures"] = ["LlamaForCausalLMEagle3"]
-    del cfg["efficient_lm_head_config"]
-    (d / "config.json").write_text(json.dumps(cfg))
+    def as_eagle3(cfg):
+        cfg["architectures"] = ["LlamaForCausalLMEagle3"]
+        del cfg["efficient_lm_head_config"]
+
+    d = edited(FAMILY_FIXTURES / "eagle4", tmp_path, name="e4", config=as_eagle3)
     r = invoke("inspect", d)
     assert r.exit_code == 5 and "EAGLE-4" in r.stderr and "attn_norm" in r.stderr
 
@@ -100,11 +99,8 @@ def test_nemo_named_31_without_its_weights_is_plain_eagle3(invoke):
 
 
 def test_a_model_version_is_no_eagle_version_claim(invoke, tmp_path):
-    d = tmp_path / "Llama-3.1-8B-eagle3-1b-draft"
-    shutil.copytree(DEFECTS / "nemo-claims-3.1", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["_name_or_path"] = "meta-llama/Llama-3.1-8B"
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = edited(DEFECTS / "nemo-claims-3.1", tmp_path, name="Llama-3.1-8B-eagle3-1b-draft",
+               config={"_name_or_path": "meta-llama/Llama-3.1-8B"})
     assert "nemo-claims-3.1" not in _ids(invoke, d)
     assert "nemo-claims-3.1" not in _ids(invoke, DRAFTERS / "nemo-3.1")  # a real 3.1 NeMo drafter
 

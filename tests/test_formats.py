@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from hypothesis import given
@@ -17,6 +16,7 @@ from eaglectl.drafter import probe_of
 from eaglectl.rules.layout import CANONICAL
 
 from .conftest import DRAFTERS, ROOT, TARGET
+from .helpers import edited
 
 CANONICAL_SAMPLE = [
     "embed_tokens.weight", "fc.weight", "fc_norm.0.weight", "fc_norm.2.weight", "input_norm.weight", "norm.weight",
@@ -41,7 +41,9 @@ def test_canonical_patterns_cover_the_sample():
 def test_cli_choices_come_from_the_registry():
     choice = next(p for p in inspect_cmd.params if p.name == "from_dialect")
     assert list(choice.type.choices) == formats.names()
-    assert formats.names() == ["eagle", "specforge", "speculators", "torchspec", "modelopt", "nemo"]
+    # every registered dialect has a fixture drafter detected as it, and every fixture's dialect is registered
+    fixtures = [open_checkpoint(str(p), allow_pickle=True) for p in DRAFTERS.iterdir()]
+    assert {formats.detect(probe_of(ck))[0].name for ck in fixtures} == set(formats.names())
 
 
 def test_duplicate_registration_is_refused():
@@ -128,10 +130,8 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
         r = invoke("convert", tmp_path / "toy", tmp_path / "back", "--to", "speculators", "--target", TARGET)
         assert r.exit_code == 0, r.stderr
         assert verify(str(tmp_path / "back"), against=str(DRAFTERS / "speculators-3.1"), tokens=16).passed
-        card = tmp_path / "card"
-        shutil.copytree(DRAFTERS / "speculators-3.1", card)
-        (card / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\n"
-                                        "A drafter in the `toy` layout.\n")
+        card = edited(DRAFTERS / "speculators-3.1", tmp_path, name="card", files={
+            "README.md": "---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nA drafter in the `toy` layout.\n"})
         found = {f["rule_id"] for f in json.loads(invoke("check", card, "--json").stdout)["findings"]}
         assert "card-dialect" in found
         sys.path.insert(0, str(ROOT / "docs"))

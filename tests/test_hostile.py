@@ -16,14 +16,15 @@ from eaglectl.errors import InvalidStatesError
 
 from .conftest import ROOT
 from .fuzzing import (
-    PATHOLOGICAL_S,
     VOCAB,
+    clean,
     fuzz_captures,
     fuzz_manifests,
     fuzz_prompt_files,
     fuzz_server,
     make_capture,
     read_dump,
+    scale_cases,
     write_dump,
 )
 
@@ -254,46 +255,23 @@ def test_a_server_that_never_answers_is_cut_off_at_the_timeout(invoke):
 
 def test_fuzzing_captures(small_capture, tmp_path):
     """Seeded, in process: 1,000 mutated captures through the reader and the --states consumers."""
-    rep = fuzz_captures(tmp_path, small_capture, cases=1000, seed=0)
-    print(f"captures: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}, "
-          f"rss +{rep.rss_growth_mb:.0f} MB")
-    assert rep.cases == 1000 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
-    assert rep.rss_growth_mb < 300
-    assert rep.codes.get(0) and rep.codes.get(19), rep.codes  # both kinds of outcome happen
+    clean(fuzz_captures(tmp_path, small_capture, cases=1000, seed=0), "captures", 1000, 0, 19)  # both outcomes
 
 
 def test_fuzzing_prompt_files(tmp_path):
-    rep = fuzz_prompt_files(tmp_path, cases=500, seed=0)
-    print(f"prompt files: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
-    assert rep.cases == 500 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
-    assert rep.rss_growth_mb < 300
-    assert rep.codes.get(0) and rep.codes.get(20), rep.codes
+    clean(fuzz_prompt_files(tmp_path, cases=500, seed=0), "prompt files", 500, 0, 20)
 
 
 def test_fuzzing_manifests(tmp_path):
-    rep = fuzz_manifests(tmp_path, cases=300, seed=0)
-    print(f"manifests: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
-    assert rep.cases == 300 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
-    assert rep.rss_growth_mb < 300
-    assert rep.codes.get(21), rep.codes
+    clean(fuzz_manifests(tmp_path, cases=300, seed=0), "manifests", 300, 21)
 
 
 def test_fuzzing_server_replies(tmp_path):
-    rep = fuzz_server(tmp_path, cases=240, seed=0)
-    print(f"server replies: {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
-    assert rep.cases == 240 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
-    assert rep.rss_growth_mb < 300
-    assert rep.codes.get(0) and rep.codes.get(22), rep.codes
+    clean(fuzz_server(tmp_path, cases=240, seed=0), "server replies", 240, 0, 22)
 
 
 @pytest.mark.slow
 def test_fuzzing_captures_at_scale(small_capture, tmp_path):
-    rep = fuzz_captures(tmp_path, small_capture, cases=20_000, seed=1, full_share=0.15)
-    print(f"captures (slow): {rep.cases} cases in {rep.seconds:.1f} s, slowest {rep.slowest:.3f} s, codes {rep.codes}")
-    assert rep.cases == 20_000 and not rep.internal, rep.internal[:5]
-    assert rep.slowest < PATHOLOGICAL_S, rep.slowest_case
-    assert rep.rss_growth_mb < 300
+    """Another seed, more cases (EAGLECTL_FUZZ_CASES sets how many)."""
+    n = scale_cases(2000)
+    clean(fuzz_captures(tmp_path, small_capture, cases=n, seed=1, full_share=0.15), "captures (slow)", n)

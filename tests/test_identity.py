@@ -4,22 +4,17 @@ base_model, carried `_name_or_path`); --base-model and a target's Hub-id `_name_
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from .conftest import DRAFTERS, TARGET
+from .helpers import edited
 
 HUB = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def _target_with_id(tmp_path, name_or_path):
-    t = tmp_path / "target"
-    shutil.copytree(TARGET, t)
-    cfg = json.loads((t / "config.json").read_text())
-    cfg["_name_or_path"] = name_or_path
-    (t / "config.json").write_text(json.dumps(cfg))
-    return t
+    return edited(TARGET, tmp_path, name="target", config={"_name_or_path": name_or_path})
 
 
 def _verifier(folder):
@@ -102,9 +97,8 @@ def test_local_name_or_path_is_no_identity(invoke, tmp_path):
 
 
 def test_a_card_stating_the_base_model_passes_with_the_flag(invoke, tmp_path):
-    d = tmp_path / "d"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    (d / "README.md").write_text(f"---\nbase_model: {HUB}\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nx\n")
+    card = f"---\nbase_model: {HUB}\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nx\n"
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="d", files={"README.md": card})
     r = invoke("check", d, "--target", TARGET, "--no-measure", "--json")
     assert "card-base-model" in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}  # verifier says otherwise
     r = invoke("check", d, "--target", TARGET, "--base-model", HUB, "--no-measure", "--json")
@@ -112,11 +106,10 @@ def test_a_card_stating_the_base_model_passes_with_the_flag(invoke, tmp_path):
 
 
 def test_verifier_spelled_as_a_local_path_is_flagged(invoke, tmp_path):
-    d = tmp_path / "d"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["speculators_config"]["verifier"]["name_or_path"] = "/data/models/llama"
-    (d / "config.json").write_text(json.dumps(cfg))
+    def local_verifier(cfg):
+        cfg["speculators_config"]["verifier"]["name_or_path"] = "/data/models/llama"
+
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="d", config=local_verifier)
     doc = json.loads(invoke("inspect", d, "--json").stdout)
     assert "verifier-local-path" in {f["rule_id"] for f in doc["findings"]}
     out = tmp_path / "out"

@@ -14,6 +14,7 @@ from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
+from .helpers import edited
 
 # fixture -> (dialect, eagle version, arch, exit code)
 EXPECTED = {
@@ -167,13 +168,10 @@ def test_pickle_policy_exit_codes(invoke):
 
 
 def test_ambiguous_dialect_asks_for_from(invoke, tmp_path):
-    shutil.copytree(DRAFTERS / "eagle-3", tmp_path / "d")
-    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    del cfg["architectures"]
-    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
-    r = invoke("inspect", tmp_path / "d")
+    d = edited(DRAFTERS / "eagle-3", tmp_path, name="d", config=lambda cfg: cfg.pop("architectures"))
+    r = invoke("inspect", d)
     assert r.exit_code == 6 and "eagle and specforge" in r.stderr and "--from" in r.stderr
-    r = invoke("inspect", tmp_path / "d", "--from", "eagle", "--json")
+    r = invoke("inspect", d, "--from", "eagle", "--json")
     assert _json(r)["dialect"] == "eagle" and _json(r)["dialect_forced"] is True
 
 
@@ -235,23 +233,16 @@ def test_speculative_config_is_ready_to_paste(invoke):
 
 
 def test_method_from_path(invoke, tmp_path):
-    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "my-eagle-head")
-    doc = _json(invoke("inspect", tmp_path / "my-eagle-head", "--json"))
+    doc = _json(invoke("inspect", edited(DRAFTERS / "speculators-3", tmp_path, name="my-eagle-head"), "--json"))
     assert "method-from-path" in {f["rule_id"] for f in doc["findings"]}
-    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "my-eagle3-head")
-    doc = _json(invoke("inspect", tmp_path / "my-eagle3-head", "--json"))
+    doc = _json(invoke("inspect", edited(DRAFTERS / "speculators-3", tmp_path, name="my-eagle3-head"), "--json"))
     assert "method-from-path" not in {f["rule_id"] for f in doc["findings"]}
 
 
 # ------------------------------------------------------------------------------------ target
 
 def _target(tmp_path, **changes):
-    dest = tmp_path / "target"
-    shutil.copytree(TARGET, dest)
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg.update(changes)
-    (dest / "config.json").write_text(json.dumps(cfg))
-    return dest
+    return edited(TARGET, tmp_path, name="target", config=changes)
 
 
 def _rules(invoke, drafter, target) -> dict[str, str]:
@@ -326,17 +317,9 @@ def test_help_does_not_import_torch():
 
 # ----------------------------------------------------- regressions from real published configs
 
-def _edit_config(tmp_path, fixture, **changes):
-    dest = tmp_path / fixture
-    shutil.copytree(DRAFTERS / fixture, dest)
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg.update(changes)
-    (dest / "config.json").write_text(json.dumps(cfg))
-    return dest
-
-
 def test_mla_ranks_are_checked_against_the_config(invoke, tmp_path):
-    doc = _json(invoke("inspect", _edit_config(tmp_path, "modelopt-mla", q_lora_rank=12, kv_lora_rank=20), "--json"))
+    d = edited(DRAFTERS / "modelopt-mla", tmp_path, config={"q_lora_rank": 12, "kv_lora_rank": 20})
+    doc = _json(invoke("inspect", d, "--json"))
     shapes = [f["message"] for f in doc["findings"] if f["rule_id"] == "tensor-shape"]
     assert any("q_a_proj" in m for m in shapes) and any("kv_a_proj_with_mqa" in m for m in shapes)
     assert doc["spec"]["head_dim"] == 72  # qk_nope 8 + qk_rope 64, not hidden / heads
@@ -345,35 +328,35 @@ def test_mla_ranks_are_checked_against_the_config(invoke, tmp_path):
 
 
 def test_a_wrong_layer_count_is_one_finding_not_a_flood(invoke, tmp_path):
-    doc = _json(invoke("inspect", _edit_config(tmp_path, "nemo-3.1", num_hidden_layers=32), "--json"))
+    doc = _json(invoke("inspect", edited(DRAFTERS / "nemo-3.1", tmp_path, config={"num_hidden_layers": 32}), "--json"))
     rules = [f["rule_id"] for f in doc["findings"]]
     assert rules.count("layer-count") == 1 and "missing-tensor" not in rules
 
 
 def test_eagle_dash_wins_over_eagle3_in_vllm_method_inference(invoke, tmp_path):
-    shutil.copytree(DRAFTERS / "speculators-3", tmp_path / "eagle-checkpoints" / "eagle3_export")
-    doc = _json(invoke("inspect", tmp_path / "eagle-checkpoints" / "eagle3_export", "--json"))
+    d = edited(DRAFTERS / "speculators-3", tmp_path, name="eagle-checkpoints/eagle3_export")
+    doc = _json(invoke("inspect", d, "--json"))
     assert "method-from-path" in {f["rule_id"] for f in doc["findings"]}
 
 
 def test_speculators_nested_rope_parameters_and_top_level_tie(invoke, tmp_path):
-    dest = tmp_path / "s"
-    shutil.copytree(DRAFTERS / "speculators-3", dest)
-    cfg = json.loads((dest / "config.json").read_text())
-    layer = cfg["transformer_layer_config"]
-    del layer["tie_word_embeddings"], layer["rope_theta"]
-    layer["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0}
-    cfg["tie_word_embeddings"] = False
-    (dest / "config.json").write_text(json.dumps(cfg))
+    def nested_rope(cfg):
+        layer = cfg["transformer_layer_config"]
+        del layer["tie_word_embeddings"], layer["rope_theta"]
+        layer["rope_parameters"] = {"rope_type": "yarn", "factor": 32.0, "rope_theta": 150000.0}
+        cfg["tie_word_embeddings"] = False
+
+    dest = edited(DRAFTERS / "speculators-3", tmp_path, name="s", config=nested_rope)
     spec = _json(invoke("inspect", dest, "--json"))["spec"]
     assert spec["rope_scaling"]["rope_type"] == "yarn" and spec["rope_theta"] == 150000.0
     assert spec["tie_word_embeddings"] is False
 
 
 def test_head_dim_required_when_hidden_is_not_divisible(invoke, tmp_path):
-    dest = _edit_config(tmp_path, "specforge-3", num_attention_heads=3)
-    del_cfg = json.loads((dest / "config.json").read_text())
-    del del_cfg["head_dim"]
-    (dest / "config.json").write_text(json.dumps(del_cfg))
+    def three_heads(cfg):
+        cfg["num_attention_heads"] = 3
+        del cfg["head_dim"]
+
+    dest = edited(DRAFTERS / "specforge-3", tmp_path, config=three_heads)
     found = {f["rule_id"]: f["message"] for f in _json(invoke("inspect", dest, "--json"))["findings"]}
     assert "head_dim" in found["config-field-missing"]

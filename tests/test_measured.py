@@ -5,14 +5,13 @@ engine's reading, and readings that lose acceptance are errors."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from eaglectl import convert, inspection as inspect
+from eaglectl import convert, formats, inspection as inspect
 from eaglectl.drafter import open_drafter
 from eaglectl.model.loader import load_reference
 from eaglectl.model.specloop import speculative_generate
@@ -23,11 +22,15 @@ from eaglectl.target import Target
 from eaglectl.workload import heldout_prompts
 
 from .conftest import ROOT
+from .helpers import edited, run_json
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
 # fixture -> (numbering of its stored ids, the boundaries it was trained on)
 TRUTH = {"eagle3": ("boundary", [2, 4, 5]), "eagle3.1": ("boundary", [2, 4, 5]), "eagle3-output": ("output", [3, 5, 6])}
+# the writable dialects that record aux ids (eagle's layout cannot: its drafters run on the engines' default)
+WITH_IDS = [n for n in formats.writable() if formats.get(n).writer.aux_ids_paths]
+SHIFTED = {"eagle_aux_hidden_state_layer_ids": [3, 5, 6]}  # eagle3.1's ids, each one layer too deep
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def written(tmp_path_factory):
     out = tmp_path_factory.mktemp("dialects")
     made = {}
     for name in ("eagle3", "eagle3-output"):
-        for to in ("specforge", "speculators", "torchspec", "modelopt"):
+        for to in WITH_IDS:
             dest = out / f"{name}-{to}"
             convert.run(str(TRAINED / name), str(dest), to,
                         target=str(TARGET) if to == "speculators" else None, measure=False)
@@ -71,7 +74,7 @@ def written(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["eagle3", "eagle3-output"])
-@pytest.mark.parametrize("to", ["specforge", "speculators", "torchspec", "modelopt"])
+@pytest.mark.parametrize("to", WITH_IDS)
 def test_the_same_layers_are_measured_through_every_dialect(written, name, to):
     doc = measured(written[(name, to)])
     aux = doc["measured"]["aux_convention"]
@@ -85,13 +88,9 @@ def test_the_same_layers_are_measured_through_every_dialect(written, name, to):
 def foreign_specforge(tmp_path):
     """A SpecForge-layout drafter trained on vLLM's numbering: the EAGLE-3 fixture (boundaries 2, 4, 5)
     with those ids written into a SpecForge config, as such drafters are published."""
-    d = tmp_path / "foreign"
-    shutil.copytree(TRAINED / "eagle3", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update({"architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": 128,
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}})
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
+    return edited(TRAINED / "eagle3", tmp_path, name="foreign", config={
+        "architectures": ["LlamaForCausalLMEagle3"], "target_hidden_size": 128,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}})
 
 
 def test_a_drafter_trained_on_vllm_numbering_in_specforge_layout(tmp_path, invoke):
@@ -140,25 +139,18 @@ def test_engines_that_read_other_layers_are_errors(tmp_path, invoke):
     found = {f["rule_id"]: f["message"] for f in doc["findings"]}
     assert "sglang" in found["aux-reading-mismatch"] and "[3, 5, 6]" in found["aux-reading-mismatch"]
     assert "vllm" in found["aux-ids-output-convention"]
-    shifted = tmp_path / "shifted"
-    shutil.copytree(TRAINED / "eagle3.1", shifted)
-    cfg = json.loads((shifted / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
-    (shifted / "config.json").write_text(json.dumps(cfg))
-    r = invoke("check", shifted, "--target", TARGET, "--no-card", "--json")
-    doc = json.loads(r.stdout)
-    assert r.exit_code == 1 and "aux-reading-mismatch" in {f["rule_id"] for f in doc["findings"]}
-    r = invoke("check", TRAINED / "eagle3.1", "--target", TARGET, "--no-card", "--json")
-    assert r.exit_code == 0 and "measured-reading" in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}
+    shifted = edited(TRAINED / "eagle3.1", tmp_path, name="shifted", config=SHIFTED)
+    _, doc = run_json(invoke, "check", shifted, "--target", TARGET, "--no-card", code=1)
+    assert "aux-reading-mismatch" in {f["rule_id"] for f in doc["findings"]}
+    _, doc = run_json(invoke, "check", TRAINED / "eagle3.1", "--target", TARGET, "--no-card", code=0)
+    assert "measured-reading" in {f["rule_id"] for f in doc["findings"]}
 
 
 def _with_tensor(tmp_path, name, tensor_name, make):
-    d = tmp_path / name
-    shutil.copytree(TRAINED / "eagle3.1", d)
-    state = load_file(d / "model.safetensors")
-    state[tensor_name] = make(state)
-    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
-    return d
+    def put(state):
+        state[tensor_name] = make(state)
+
+    return edited(TRAINED / "eagle3.1", tmp_path, name=name, tensors=put)
 
 
 def test_a_shipped_random_embedding_or_head_is_caught(tmp_path):
@@ -184,25 +176,18 @@ def test_a_shipped_random_embedding_or_head_is_caught(tmp_path):
 
 def test_random_weights_agree_at_chance(tmp_path, invoke):
     g = torch.Generator().manual_seed(1)
-    d = tmp_path / "random"
-    shutil.copytree(TRAINED / "eagle3.1", d)
-    state = load_file(d / "model.safetensors")
-    state = {k: (torch.randn(*v.shape, generator=g) * 0.05).to(v.dtype) if v.is_floating_point() and v.ndim == 2 else v
-             for k, v in state.items()}
-    save_file(state, d / "model.safetensors", metadata={"format": "pt"})
-    r = invoke("check", d, "--target", TARGET, "--no-card", "--json")
-    doc = json.loads(r.stdout)
-    assert r.exit_code == 1 and "drafter-at-chance" in {f["rule_id"] for f in doc["findings"]}
+    d = edited(TRAINED / "eagle3.1", tmp_path, name="random", tensors=lambda state: {
+        k: (torch.randn(*v.shape, generator=g) * 0.05).to(v.dtype) if v.is_floating_point() and v.ndim == 2 else v
+        for k, v in state.items()})
+    _, doc = run_json(invoke, "check", d, "--target", TARGET, "--no-card", code=1)
+    assert "drafter-at-chance" in {f["rule_id"] for f in doc["findings"]}
 
 
 def test_a_specforge_flag_from_the_other_window_is_measured(tmp_path, invoke):
     """A SpecForge 3.1 file whose norm_output says false although the drafter was trained with it."""
     sf = tmp_path / "sf"
     assert invoke("convert", TRAINED / "eagle3.1", sf, "--to", "specforge", "--no-measure").exit_code == 0
-    cfg = json.loads((sf / "config.json").read_text())
-    cfg["norm_output"] = False
-    (sf / "config.json").write_text(json.dumps(cfg))
-    doc = measured(sf)
+    doc = measured(edited(sf, tmp_path, name="sf-declared-false", config={"norm_output": False}))
     fact = doc["measured"]["norm_output"]
     assert fact["declared"] == "false" and fact["measured"] == "true" and fact["steps"] == [1, 2]
     assert "flag-reading-mismatch" in {f["rule_id"] for f in doc["findings"]}
@@ -211,11 +196,7 @@ def test_a_specforge_flag_from_the_other_window_is_measured(tmp_path, invoke):
 def test_engine_reading_names_the_reading_that_reproduces_the_counts(tmp_path, model):
     """What smoke does with vLLM's counts, fed here with the counts of the live speculative loop (an engine
     of its own, independent of the replay engine_reading uses) under a known reading."""
-    shifted = tmp_path / "shifted"
-    shutil.copytree(TRAINED / "eagle3.1", shifted)
-    cfg = json.loads((shifted / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
-    (shifted / "config.json").write_text(json.dumps(cfg))
+    shifted = edited(TRAINED / "eagle3.1", tmp_path, name="shifted", config=SHIFTED)
     hf = model.model()
     prompts = heldout_prompts(hf.tokenizer, 4, 64, seed=5)
 

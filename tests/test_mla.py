@@ -5,7 +5,6 @@ through verify, check, upgrade, convert and the rules; the trained MLA pair thro
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from eaglectl.upgrade import run as upgrade
 from eaglectl.verify import run as verify
 
 from .conftest import ROOT
+from .helpers import edited
 
 TRAINED = ROOT / "fixtures" / "trained"
 H, HEADS, VOCAB, INTER = 64, 2, 256, 96
@@ -101,14 +101,10 @@ def test_verify_against_itself_passes_and_a_perturbed_latent_norm_fails(invoke, 
     doc = json.loads(r.stdout)
     assert r.exit_code == 0 and doc["regime"] == "exact" and doc["passed"] is True
     assert all(s["logits_max_abs"] == 0 and s["state_max_abs"] == 0 for s in doc["per_step"])
-    bad = tmp_path / "perturbed"
-    shutil.copytree(kimi, bad)
-    t = load_file(bad / "model.safetensors")
     name = "layers.0.self_attn.kv_a_layernorm.weight"
-    w = t[name].clone()
+    w = load_file(kimi / "model.safetensors")[name].clone()
     w[7] += 0.5
-    t[name] = w
-    save_file(t, bad / "model.safetensors", metadata={"format": "pt"})
+    bad = edited(kimi, tmp_path, name="perturbed", tensors={name: w})
     r = invoke("verify", bad, "--against", kimi, "--json", "--tokens", "32")
     doc = json.loads(r.stdout)
     assert r.exit_code == 8 and doc["passed"] is False and doc["differing_tensors"] == [name]
@@ -262,13 +258,8 @@ def test_trained_mla_verify_with_target_and_upgrade_calibration(invoke, tmp_path
     assert r.exit_code == 0 and doc["passed"] and doc["inputs"].startswith(f"target {target}: ")
     assert doc["inputs"].endswith("aux ids [2, 3, 4]")
     # a 3.0 copy (fc_norm dropped) upgraded back with calibration on the MLA target
-    src = tmp_path / "e3"
-    shutil.copytree(drafter, src)
-    t = {k: v for k, v in load_file(src / "model.safetensors").items() if not k.startswith("fc_norm.")}
-    save_file(t, src / "model.safetensors", metadata={"format": "pt", "torchspec_version": "0.3.0"})
-    cfg = json.loads((src / "config.json").read_text())
-    cfg.update(fc_norm=False, norm_output=False)
-    (src / "config.json").write_text(json.dumps(cfg))
+    src = edited(drafter, tmp_path, name="e3", config={"fc_norm": False, "norm_output": False},
+                 tensors=lambda t: {k: v for k, v in t.items() if not k.startswith("fc_norm.")})
     res = upgrade(str(src), str(tmp_path / "up"), init="calibrated", target=str(target))
     s = res.statistics
     # without its trained fc_norm the copy predicts poorly, so the layers may stay undecided: either way calibration
@@ -280,17 +271,15 @@ def test_trained_mla_verify_with_target_and_upgrade_calibration(invoke, tmp_path
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path):
+def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path, vllm_py):
     """vLLM's Eagle3DeepseekV2ForCausalLM (CPU_MLA backend, DeepSeek YaRN, fc_norm, norm_output) drafts
     exactly what the reference loop drafts: the committed counts, as shipped and after a conversion."""
     from eaglectl.smoke import Baseline
     from eaglectl.smoke import run as smoke
 
-    from .test_smoke import COUNTS, EXPECTED, vllm_python
+    from .test_smoke import COUNTS, EXPECTED
 
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     e = EXPECTED["eagle3.1-mla-k3-short"]
     drafter, target = TRAINED / e["drafter"], TRAINED / e["target"]
     converted = tmp_path / "modelopt"

@@ -4,13 +4,13 @@ documents it, `check --card` validates a profile beside the drafter and puts its
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from eaglectl import profile as sp
 
 from .conftest import ROOT
+from .helpers import edited
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -95,10 +95,8 @@ def test_smoke_writes_a_profile_that_validates_and_matches_its_counts(invoke, tm
 
 
 def test_check_card_validates_the_profile_and_shows_its_figures(invoke, tmp_path):
-    d = tmp_path / "drafter"
-    shutil.copytree(TRAINED / "eagle3.1", d)
     p = sp.from_smoke(_doc(10, [6, 3, 1]))
-    (d / sp.FILE).write_text(json.dumps(p))
+    d = edited(TRAINED / "eagle3.1", tmp_path, name="drafter", files={sp.FILE: json.dumps(p)})
     r = invoke("check", d, "--card", "--json")
     assert r.exit_code == 0, r.stdout
     card = (d / "README.md").read_text()
@@ -131,25 +129,5 @@ def test_the_profile_file_is_written_atomically_and_never_over_a_link(invoke, tm
     assert target.read_text() == "keep" and not list(tmp_path.glob(".link.json.eaglectl-*"))
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_vllm_profile_from_vllm_counts(tmp_path):
-    """Real vLLM: the profile of its counters validates and equals the committed reference counts."""
-    from eaglectl.smoke import run as smoke
-
-    from .test_smoke import EXPECTED, vllm_python
-
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
-    out = tmp_path / sp.FILE
-    rep = smoke(str(TRAINED / "eagle3.1"), str(TARGET), engine="vllm", k=3, num_prompts=16, max_tokens=64,
-                concurrency=(1,), vllm_python=python, profile=str(out)).to_json()
-    p = json.loads(out.read_text())
-    assert sp.validate(p) == [] and rep["profile"] == str(out)
-    e = EXPECTED["eagle3.1-k3-short"]
-    assert p["marginal_accept_rates"] == [round(x, 6) for x in e["per_position_acceptance"]]
-    assert sum(p["acceptance_length_histogram"].values()) == e["num_drafts"]
-    cond = p["measurement_conditions"]
-    assert cond["engine"] == "vllm" and cond["engine_version"] == rep["versions"]["vllm_version"]
-    assert cond["runner"] == "vLLM V1 (CPU)"
+# Real vLLM: the profile of its counters (validates, equals the committed reference counts) is checked on the
+# engine-parity run, tests/test_smoke.py::test_vllm_counts_equal_the_reference_loop_exactly (one vLLM start-up less).

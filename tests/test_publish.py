@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 
 import pytest
 
 from eaglectl.publish import is_local_path, local_paths, public_name, public_value, upload_files
 
 from .conftest import DRAFTERS, FIXTURES, ROOT, TARGET
+from .helpers import edited
 
 TRAINED = FIXTURES / "trained"
 
@@ -69,24 +69,18 @@ def test_a_hub_source_keeps_its_id_and_prose_loses_the_path():
 
 @pytest.mark.parametrize("where", ["config", "metadata", "card", "notes"])
 def test_check_flags_a_local_path_in_any_file_that_would_be_uploaded(invoke, tmp_path, where):
-    d = tmp_path / "drafter"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
     secret = "/home/alice/runs/eagle-7/checkpoint-9000"
+    files = {".eaglectl-lock": secret}  # a dot-file is not uploaded, so not flagged
+    edit: dict = {}
     if where == "config":
-        cfg = _config(d)
-        cfg["transformer_layer_config"]["_name_or_path"] = secret
-        (d / "config.json").write_text(json.dumps(cfg))
+        edit["config"] = lambda cfg: cfg["transformer_layer_config"].update(_name_or_path=secret)
     elif where == "metadata":
-        from safetensors.torch import load_file, save_file
-
-        save_file(load_file(d / "model.safetensors"), d / "model.safetensors",
-                  metadata={"format": "pt", "eaglectl": json.dumps({"source": secret})})
+        edit.update(tensors={}, metadata={"format": "pt", "eaglectl": json.dumps({"source": secret})})
     elif where == "card":
-        (d / "README.md").write_text("---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\n"
-                                     f"Trained in {secret}.\n")
+        files["README.md"] = f"---\ntags: [speculative-decoding, eagle3, eagle3.1]\n---\nTrained in {secret}.\n"
     else:
-        (d / "notes.txt").write_text(f"run dir: {secret}\n")
-    (d / ".eaglectl-lock").write_text(secret)  # a dot-file is not uploaded, so not flagged
+        files["notes.txt"] = f"run dir: {secret}\n"
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="drafter", files=files, **edit)
     r = invoke("check", d, "--target", TARGET, "--json")
     doc = json.loads(r.stdout)
     found = [f for f in doc["findings"] if f["rule_id"] == "local-path"]
@@ -126,11 +120,7 @@ def test_upgrade_carries_eaglectls_own_null_verifier_with_a_warning(invoke, tmp_
     assert r.exit_code == 0, r.stderr
     assert "verifier is null" in r.stdout and _config(up)["speculators_config"]["verifier"]["name_or_path"] is None
     # a speculators config that names nothing and was not eaglectl's is still refused
-    foreign = tmp_path / "foreign"
-    shutil.copytree(conv, foreign)
-    cfg = _config(foreign)
-    del cfg["eaglectl_provenance"]
-    (foreign / "config.json").write_text(json.dumps(cfg))
+    foreign = edited(conv, tmp_path, name="foreign", config=lambda cfg: cfg.pop("eaglectl_provenance"))
     r = invoke("upgrade", foreign, tmp_path / "up2", "--no-fidelity")
     assert r.exit_code == 7 and "--base-model" in r.stderr
 
@@ -139,9 +129,7 @@ def test_upgrade_carries_eaglectls_own_null_verifier_with_a_warning(invoke, tmp_
 
 @pytest.fixture
 def drafter(tmp_path):
-    d = tmp_path / "head-31"
-    shutil.copytree(DRAFTERS / "speculators-3.1", d)
-    return d
+    return edited(DRAFTERS / "speculators-3.1", tmp_path, name="head-31")
 
 
 @pytest.fixture
@@ -207,14 +195,12 @@ def test_upload_commits_once_with_the_real_operations(invoke, drafter, no_networ
 
 
 def test_upload_refuses_a_failing_gate_and_a_local_path_before_the_network(invoke, tmp_path, no_network):
-    bad = tmp_path / "bad"
-    shutil.copytree(FIXTURES / "defects" / "d2t-range", bad)
+    bad = edited(FIXTURES / "defects" / "d2t-range", tmp_path, name="bad")
     r = invoke("upload", bad, "acme/bad", "--json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 1 and doc["refused"] == "the gate failed" and no_network == []
-    leaky = tmp_path / "leaky"
-    shutil.copytree(DRAFTERS / "speculators-3.1", leaky)
-    (leaky / "notes.md").write_text("trained from /home/alice/data/run-3\n")
+    leaky = edited(DRAFTERS / "speculators-3.1", tmp_path, name="leaky",
+                   files={"notes.md": "trained from /home/alice/data/run-3\n"})
     r = invoke("upload", leaky, "acme/leaky", "--target", TARGET)
     assert r.exit_code == 1 and "not uploaded" in r.stdout and "local-path" in r.stdout and no_network == []
     r = invoke("upload", leaky, "acme/leaky", "--target", TARGET, "--dry-run", "--json")

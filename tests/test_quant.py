@@ -4,12 +4,11 @@ the bf16 source, and conversions that keep every scale with its weight."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglectl import formats
 from eaglectl.drafter import open_drafter
@@ -17,6 +16,7 @@ from eaglectl.io.quant import excluded, layout_of, rewrite_entries, vllm_module
 from eaglectl.model.loader import load_reference
 
 from .conftest import DEFECTS, DRAFTERS, ROOT
+from .helpers import edited
 
 FP8 = DRAFTERS / "speculators-fp8"
 TRAINED = ROOT / "fixtures" / "trained"
@@ -120,11 +120,10 @@ def _tensor_bytes(folder) -> dict[str, tuple[str, bytes]]:
 
 def test_convert_round_trip_keeps_every_scale_bit_identical(invoke, tmp_path):
     """speculators -> specforge (layers.0. -> midlayer.) -> speculators: scales follow their weights."""
-    src = tmp_path / "src"
-    shutil.copytree(FP8, src)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"]["ignore"] = ["lm_head", "*layers.0.self_attn*"]  # a name with a dialect prefix
-    (src / "config.json").write_text(json.dumps(cfg))
+    def prefixed(cfg):
+        cfg["quantization_config"]["ignore"] = ["lm_head", "*layers.0.self_attn*"]  # a name with a dialect prefix
+
+    src = edited(FP8, tmp_path, name="src", config=prefixed)
     r = invoke("convert", src, tmp_path / "sf", "--to", "specforge", "--json")
     assert r.exit_code == 0, r.stderr
     sf = _tensor_bytes(tmp_path / "sf")
@@ -165,25 +164,17 @@ def test_verify_fp8_against_its_bf16_source_passes_under_low_precision(invoke):
 def _nvfp4(tmp_path):
     """The fp32 drafter with fc in NVFP4 (packed E2M1 values, FP8 block scales, a global scale): the values
     are chosen on the E2M1 grid, so the expected dequantisation is known without any quantiser."""
-    src = DRAFTERS / "speculators-3"
-    d = tmp_path / "nvfp4"
-    shutil.copytree(src, d)
-    t = load_file(d / "model.safetensors")
-    rows, k = t["fc.weight"].shape
+    rows, k = load_file(DRAFTERS / "speculators-3" / "model.safetensors")["fc.weight"].shape
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
     g = torch.Generator().manual_seed(3)
     codes = torch.randint(0, 16, (rows, k), generator=g)
     block = torch.tensor([0.25, 0.5, 1.0, 2.0])[torch.randint(0, 4, (rows, k // 16), generator=g)]
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)  # low nibble: the even element
-    t["fc.weight"] = packed
-    t["fc.weight_scale"] = block.to(torch.float8_e4m3fn)
-    t["fc.weight_scale_2"] = torch.tensor(0.125)
-    t["fc.input_scale"] = torch.tensor(1.0)
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "modelopt_fp4", "quant_algo": "NVFP4",
-                                  "ignore": ["lm_head", "*layers*"]}
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = edited(DRAFTERS / "speculators-3", tmp_path, name="nvfp4", tensors={
+        "fc.weight": packed, "fc.weight_scale": block.to(torch.float8_e4m3fn),
+        "fc.weight_scale_2": torch.tensor(0.125), "fc.input_scale": torch.tensor(1.0)},
+        config={"quantization_config": {"quant_method": "modelopt_fp4", "quant_algo": "NVFP4",
+                                        "ignore": ["lm_head", "*layers*"]}})
     expected = grid[codes] * block.repeat_interleave(16, dim=1) * 0.125
     return d, expected
 
@@ -199,21 +190,15 @@ def test_nvfp4_dequantises_as_vllm_unpacks_it(invoke, tmp_path):
 
 
 def test_an_unsupported_scheme_is_named(invoke, tmp_path):
-    d = tmp_path / "awq"
-    shutil.copytree(FP8, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"].update(quant_method="awq", quant_algo="W4A16_AWQ")
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = edited(FP8, tmp_path, name="awq",
+               config=lambda cfg: cfg["quantization_config"].update(quant_method="awq", quant_algo="W4A16_AWQ"))
     (d / "hf_quant_config.json").unlink()
     ids = [f["rule_id"] for f in _json(invoke("inspect", d, "--json"))["findings"]]
     assert "quant-unsupported" in ids and "exotic-dtype" in ids  # not a layout eaglectl recognises
 
 
 def test_the_reference_refuses_what_it_cannot_dequantise(invoke, tmp_path):
-    d = tmp_path / "e5m2"
-    shutil.copytree(FP8, d)
-    t = load_file(d / "model.safetensors")
-    t["fc.weight"] = t["fc.weight"].float().to(torch.float8_e5m2)
-    save_file(t, d / "model.safetensors", metadata={"format": "pt"})
+    e5m2 = load_file(FP8 / "model.safetensors")["fc.weight"].float().to(torch.float8_e5m2)
+    d = edited(FP8, tmp_path, name="e5m2", tensors={"fc.weight": e5m2})
     r = invoke("verify", d, "--dtype", "bfloat16")
     assert r.exit_code == 13 and "F8_E5M2" in r.stderr and "NVFP4" in r.stderr, r.stderr

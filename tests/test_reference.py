@@ -194,8 +194,21 @@ def test_both_norms_apply_both_like_vllm():
 
 
 def test_norm_before_residual_changes_the_residual_only():
+    """Step 0 by hand from the same weights: one attention output; the residual added to it is fc(aux) itself, or
+    hidden_norm(fc(aux)) with the flag. Everything else is shared."""
     raw, normed = make(seed=8), make(seed=8, norm_before_residual=True)
     aux, tokens = inputs()
+    layer, T = raw.layers[0], aux.shape[1]
+    x = raw.combine(aux)
+    h = layer.hidden_norm(x)
+    attn_in = torch.cat([layer.input_layernorm(raw.embed_tokens(tokens[:, 1: 1 + T])), h], -1)
+    q, k, v = layer.self_attn.project(attn_in, torch.arange(T)[None], raw.inv_freq)
+    attended = layer.self_attn.attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())
+    for model, residual in ((raw, x), (normed, h)):
+        s1 = residual + attended
+        out = s1 + layer.mlp(layer.post_attention_layernorm(s1))
+        torch.testing.assert_close(model.run(aux, tokens, 1)[0].logits, model.lm_head(model.norm(out)),
+                                   rtol=1e-10, atol=1e-10)
     assert not torch.allclose(raw.run(aux, tokens, 1)[0].logits, normed.run(aux, tokens, 1)[0].logits)
 
 
@@ -232,9 +245,26 @@ def test_all_anchor_run_equals_incremental_chain_drafting(flags):
 
 
 def test_qwen3_qk_norm_is_applied():
+    """q and k are RMS-normed per head (over head_dim) before RoPE: by hand, and doubling q_norm's weight doubles q
+    (RoPE is linear) and leaves k as it was."""
     d = make(seed=11, qk_norm=True)
+    attn = d.layers[0].self_attn
+    x = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(3), dtype=torch.float64)  # layer 0: 2H wide
+    pos = torch.arange(5)[None]
+
+    def per_head(proj, norm, heads):
+        y = proj(x).view(1, 5, heads, 8)
+        y = y / torch.sqrt((y * y).mean(-1, keepdim=True) + 1e-6) * norm.weight
+        return apply_rope(y.transpose(1, 2), pos, d.inv_freq)
+
+    q, k, _ = attn.project(x, pos, d.inv_freq)
+    torch.testing.assert_close(q, per_head(attn.q_proj, attn.q_norm, 4), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(k, per_head(attn.k_proj, attn.k_norm, 2), rtol=1e-10, atol=1e-10)
     aux, tokens = inputs()
     before = d.run(aux, tokens, 1)[0].logits
     with torch.no_grad():
-        d.layers[0].self_attn.q_norm.weight.mul_(2.0)
+        attn.q_norm.weight.mul_(2.0)
+    q2, k2, _ = attn.project(x, pos, d.inv_freq)
+    torch.testing.assert_close(q2, 2 * q, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(k2, k, rtol=0, atol=0)
     assert not torch.allclose(before, d.run(aux, tokens, 1)[0].logits)

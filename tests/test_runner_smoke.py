@@ -182,16 +182,14 @@ def test_no_split_runs_one_runner_quietly(invoke):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path):
+def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path, vllm_py):
     """One worker run: V1 and V2 (emulated: the staged copy) of the split drafter, and a copy pinned by hand."""
     from eaglectl.smoke import Baseline
     from eaglectl.smoke import run as smoke
 
-    from .test_smoke import EXPECTED, vllm_python
+    from .test_smoke import EXPECTED
 
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     source = plant(tmp_path / "split")
     by_hand = plant(tmp_path / "by-hand", top_level=[2, 4, 5])
     before = _digest(source)

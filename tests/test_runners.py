@@ -19,7 +19,7 @@ from eaglectl.engines import RUNNERS
 from eaglectl.runners import Request, read_batch, select, table_readings, vllm_view
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
-from .test_smoke import vllm_python
+from .helpers import edited
 
 TRAINED = FIXTURES / "trained"
 
@@ -192,10 +192,8 @@ def _row(name, got, table):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke):
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, vllm_py):
+    python = vllm_py
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     cases = _fixtures() + _published(tmp_path)
     asked = read_batch([r for _, r in cases], vllm_python=python)  # one worker run (the cache starts empty)
@@ -248,13 +246,8 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke):
 
 @pytest.mark.parametrize("alias", ["enable_fc_norm", "use_aux_norm"])
 def test_fc_norm_aliases_are_read_on_input_and_vllm_reads_only_fc_norm(invoke, tmp_path, alias):
-    src = tmp_path / "alias"
-    import shutil
-
-    shutil.copytree(DEFECTS / "fc-norm-alias", src)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg[alias] = cfg.pop("enable_fc_norm")
-    (src / "config.json").write_text(json.dumps(cfg))
+    src = edited(DEFECTS / "fc-norm-alias", tmp_path, name="alias",
+                 config=lambda cfg: cfg.update({alias: cfg.pop("enable_fc_norm")}))
     doc = json.loads(invoke("inspect", src, "--json").stdout)
     assert doc["spec"]["fc_norm"] is True and doc["spec"]["eagle_version"] == "3.1"  # what it was trained with
     assert doc["spec_sources"]["fc_norm"] == f"config: {alias} (an alias vLLM does not read)"

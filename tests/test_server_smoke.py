@@ -12,7 +12,6 @@ import pytest
 from eaglectl.server_smoke import parse_metrics
 
 from .conftest import FIXTURES, free_port, vllm_server
-from .test_smoke import vllm_python
 
 TRAINED = FIXTURES / "trained"
 TARGET = TRAINED / "target"
@@ -112,10 +111,8 @@ def test_parse_metrics_sums_label_sets_and_orders_positions():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_real_vllm_server_counts_like_the_reference_loop(tmp_path, invoke):
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+def test_a_real_vllm_server_counts_like_the_reference_loop(tmp_path, invoke, vllm_py):
+    python = vllm_py
     drafter = str(Path(TRAINED / "eagle3.1").resolve())  # vLLM needs absolute local paths
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}
     serve = ["--model", str(TARGET.resolve()), "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -21,23 +20,14 @@ from eaglectl.target import open_target
 from eaglectl.smoke import Baseline, parse_baselines
 from eaglectl.smoke import run as smoke
 
-from .conftest import ROOT
+from .conftest import ROOT, vllm_python  # noqa: F401 (vllm_python: read from here by other tests)
+from .helpers import edited
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
 EXPECTED = json.loads((TRAINED / "expected.json").read_text()) if (TRAINED / "expected.json").exists() else {}
+SHIFTED = {"eagle_aux_hidden_state_layer_ids": [3, 5, 6]}  # eagle3.1's ids, each one layer too deep
 COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position_acceptance")
-
-
-def vllm_python() -> str | None:
-    """The vLLM interpreter CI exported as EAGLECTL_VLLM_PYTHON (conftest moves it to EAGLECTL_TEST_VLLM_PYTHON,
-    so that the library does not find it implicitly); tests pass it explicitly."""
-    python = os.environ.get("EAGLECTL_TEST_VLLM_PYTHON")
-    if python and os.path.exists(python):
-        return python
-    if os.environ.get("EAGLECTL_REQUIRE_VLLM"):
-        pytest.fail("EAGLECTL_REQUIRE_VLLM is set but EAGLECTL_VLLM_PYTHON names no interpreter")
-    return None
 
 
 @pytest.mark.parametrize("case", sorted(EXPECTED))
@@ -78,11 +68,8 @@ def test_red_flag_when_the_aux_ids_are_wrong(invoke, tmp_path):
     """The classic silent failure: valid files, wrong aux layers; acceptance drops and the gate trips."""
     args = ["--target", TARGET, "--engine", "reference", "--num-prompts", "4", "--max-tokens", "32", "--json"]
     good = json.loads(invoke("smoke", TRAINED / "eagle3.1", *args).stdout)["mean_acceptance_length"]
-    dest = tmp_path / "wrong-ids"
-    shutil.copytree(TRAINED / "eagle3.1", dest)
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 8]
-    (dest / "config.json").write_text(json.dumps(cfg))
+    wrong = {"eagle_aux_hidden_state_layer_ids": [0, 1, 8]}
+    dest = edited(TRAINED / "eagle3.1", tmp_path, name="wrong-ids", config=wrong)
     r = invoke("smoke", dest, *args, "--min-acceptance", f"{good - 0.3:.2f}")
     doc = json.loads(r.stdout)
     assert doc["mean_acceptance_length"] < good - 0.5
@@ -91,11 +78,8 @@ def test_red_flag_when_the_aux_ids_are_wrong(invoke, tmp_path):
 
 
 def test_pre_flight_inspect_stops_before_vllm(invoke, tmp_path):
-    dest = tmp_path / "broken"
-    shutil.copytree(TRAINED / "eagle3.1", dest)
-    cfg = json.loads((dest / "config.json").read_text())
-    cfg["fc_norm"] = False  # fc_norm weights without the flag: vLLM load error
-    (dest / "config.json").write_text(json.dumps(cfg))
+    # fc_norm weights without the flag: vLLM load error
+    dest = edited(TRAINED / "eagle3.1", tmp_path, name="broken", config={"fc_norm": False})
     r = invoke("smoke", dest, "--target", TARGET, "--engine", "reference")
     assert r.exit_code == 9 and "pre-flight" in r.stderr and "fc-norm-weights-without-flag" in r.stderr
     assert r.stdout == ""  # stopped before running anything
@@ -143,24 +127,27 @@ def parity_drafters(tmp_path_factory):
     for to in ("speculators", "modelopt"):
         convert.run(str(TRAINED / "eagle3-output"), str(out / f"eagle3-output->{to}"), to, target=str(TARGET))
         made[f"eagle3-output->{to}"] = out / f"eagle3-output->{to}"
-    # dtype round trip: bf16 -> fp32 -> bf16 is bit-identical
-    s = open_drafter(str(made["eagle3->fp32"]))
-    execute(plan_conversion(s, out / "eagle3->fp32->bf16", "eagle", dtype="bfloat16"), s)
-    made["eagle3->fp32->bf16"] = out / "eagle3->fp32->bf16"
+    # (the bf16 -> fp32 -> bf16 round trip gives eagle3's bytes back: tests/test_convert.py checks them, so vLLM,
+    # which would load the same bytes, is not asked again)
     return made
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters):
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters, tmp_path, vllm_py):
+    """One vLLM worker for every parity drafter; the same run writes the speculation profile of vLLM's counters
+    (its checks are test_profile's: the profile's numbers are the headline counts, which the context-length groups
+    do not change)."""
+    from eaglectl import profile as sp
+
+    python = vllm_py
     names = list(parity_drafters)
     first, *rest = names
     baselines = [Baseline(n, "eagle3", str(parity_drafters[n])) for n in rest] + [Baseline("none", "none")]
+    out = tmp_path / sp.FILE
     rep = smoke(str(parity_drafters[first]), str(TARGET), engine="vllm", k=3, num_prompts=16, max_tokens=64,
-                concurrency=(1,), baselines=baselines, vllm_python=python, context_lengths=(128, 384)).to_json()
+                concurrency=(1,), baselines=baselines, vllm_python=python, context_lengths=(128, 384),
+                profile=str(out)).to_json()
     by_name = {first: rep, **{b["name"]: b for b in rep["baselines"]}}
     # per request and per context length too (vLLM's per-request metrics against the reference loop's)
     ref = smoke(str(parity_drafters[first]), str(TARGET), engine="reference", k=3, num_prompts=16, max_tokens=64,
@@ -180,20 +167,23 @@ def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters):
     reading = rep["engine_reading"]
     assert reading["matched"] is not None and reading["matched"]["boundary_ids"] == reading["intended"]["boundary_ids"]
     assert reading["intended"]["boundary_ids"] == [2, 4, 5]
+    # the profile from vLLM's counters validates and equals the committed reference counts
+    p = json.loads(out.read_text())
+    assert first == "eagle3.1" and sp.validate(p) == [] and rep["profile"] == str(out)
+    e = EXPECTED["eagle3.1-k3-short"]
+    assert p["marginal_accept_rates"] == [round(x, 6) for x in e["per_position_acceptance"]]
+    assert sum(p["acceptance_length_histogram"].values()) == e["num_drafts"]
+    cond = p["measurement_conditions"]
+    assert cond["engine"] == "vllm" and cond["engine_version"] == rep["versions"]["vllm_version"]
+    assert cond["runner"] == "vLLM V1 (CPU)"
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_reading_other_layers_is_a_red_flag(tmp_path):
+def test_vllm_reading_other_layers_is_a_red_flag(tmp_path, vllm_py):
     """A speculators copy whose ids are shifted by one: vLLM serves it, and smoke names what it read."""
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
-    shifted = tmp_path / "shifted"
-    shutil.copytree(TRAINED / "eagle3.1", shifted)
-    cfg = json.loads((shifted / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = [3, 5, 6]
-    (shifted / "config.json").write_text(json.dumps(cfg))
+    python = vllm_py
+    shifted = edited(TRAINED / "eagle3.1", tmp_path, name="shifted", config=SHIFTED)
     rep = smoke(str(shifted), str(TARGET), engine="vllm", k=3, num_prompts=8, max_tokens=48, concurrency=(1,),
                 vllm_python=python).to_json()
     reading = rep["engine_reading"]

@@ -156,15 +156,13 @@ def test_a_worker_that_exits_leaves_no_child_running(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_a_timeout_while_vllm_loads_leaves_no_engine_behind():
+def test_a_timeout_while_vllm_loads_leaves_no_engine_behind(vllm_py):
     """vLLM's EngineCore (and its worker) are children of our worker: the timeout must end them too."""
     from eaglectl.smoke import engine_path
 
-    from .test_smoke import TARGET, vllm_python
+    from .test_smoke import TARGET
 
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     request = {"target": engine_path(str(TARGET)), "dtype": "float32", "max_model_len": 256, "seed": 0,
                "kv_cache_gib": 1, "tensor_parallel_size": 1, "max_tokens": 8, "concurrency": [1],
                "prompts": [[1, 2, 3, 4]], "groups": [], "configs": [{"name": "none", "speculative_config": None}]}

@@ -252,16 +252,12 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path):
+def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path, vllm_py):
     """`upgrade --prompts P` then real vLLM on DEST with P: the AL after the upgrade that upgrade printed is
     vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
     from eaglectl.smoke import run as smoke
 
-    from .test_smoke import vllm_python
-
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+    python = vllm_py
     prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)
     dest = tmp_path / "up"
     res = upgrade(str(TRAINED / "eagle3"), str(dest), target=str(TRAINED_TARGET), to="speculators",

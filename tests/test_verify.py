@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eaglectl.model.hf import capture_aux, load_model
 from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
+from .helpers import edited, same_weights
 
-# the same weights written in several dialects by fixtures/make_fixtures.py
-SAME_31 = ["speculators-3.1", "speculators-sharded", "specforge-3.1", "torchspec-3.1", "nemo-3.1"]
-SAME_3 = ["eagle-3", "eagle-3-bin", "specforge-3", "speculators-3"]
+# the same weights written in several dialects by fixtures/make_fixtures.py (its DIALECT_FIXTURES table)
+SAME_31 = same_weights("d31")
+SAME_3 = same_weights("d3")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in DRAFTERS.iterdir()))
@@ -35,13 +35,9 @@ def test_the_same_checkpoint_in_two_dialects_is_bit_identical(a, b):
 
 
 def test_a_single_perturbed_tensor_fails_with_the_report(invoke, tmp_path):
-    dest = tmp_path / "perturbed"
-    shutil.copytree(DRAFTERS / "speculators-3.1", dest)
-    tensors = load_file(dest / "model.safetensors")
-    w = tensors["layers.0.mlp.up_proj.weight"].clone()
+    w = load_file(DRAFTERS / "speculators-3.1" / "model.safetensors")["layers.0.mlp.up_proj.weight"].clone()
     w[3, 5] += 0.25
-    tensors["layers.0.mlp.up_proj.weight"] = w
-    save_file(tensors, dest / "model.safetensors", metadata={"format": "pt"})
+    dest = edited(DRAFTERS / "speculators-3.1", tmp_path, name="perturbed", tensors={"layers.0.mlp.up_proj.weight": w})
     r = invoke("verify", dest, "--against", DRAFTERS / "speculators-3.1", "--json")
     assert r.exit_code == 8
     doc = json.loads(r.stdout)  # the report is printed, then the error
@@ -53,10 +49,8 @@ def test_a_single_perturbed_tensor_fails_with_the_report(invoke, tmp_path):
 
 
 def test_a_dtype_change_is_held_to_the_precision_tolerance(tmp_path):
-    dest = tmp_path / "fp16"
-    shutil.copytree(DRAFTERS / "speculators-3.1", dest)
-    tensors = {k: (v.half() if v.is_floating_point() else v) for k, v in load_file(dest / "model.safetensors").items()}
-    save_file(tensors, dest / "model.safetensors", metadata={"format": "pt"})
+    dest = edited(DRAFTERS / "speculators-3.1", tmp_path, name="fp16",
+                  tensors=lambda t: {k: (v.half() if v.is_floating_point() else v) for k, v in t.items()})
     rep = verify(str(dest), against=str(DRAFTERS / "speculators-3.1"), tokens=32)
     assert rep.regime == "low-precision" and not rep.identical_tensors and rep.passed
     assert rep.metrics[0].logits_max_abs > 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from eaglectl.errors import ConversionError
 from eaglectl.runners import Request, read_batch
 
 from .conftest import FIXTURES
-from .test_smoke import vllm_python
+from .helpers import edited
 
 TRAINED = FIXTURES / "trained"
 # fixture -> (its target, the boundaries its weights were trained on: tests/test_measured.py measures them)
@@ -112,10 +111,8 @@ def test_every_written_dialect_is_read_alike_by_both_runners_table(written):
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_every_written_dialect_is_read_alike_by_vllms_own_runner_code(written, tmp_path, monkeypatch):
-    python = vllm_python()
-    if python is None:
-        pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
+def test_every_written_dialect_is_read_alike_by_vllms_own_runner_code(written, tmp_path, monkeypatch, vllm_py):
+    python = vllm_py
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     out, _ = written
     got = read_batch([r for _, r in _requests(out)], vllm_python=python)  # one worker run for every output
@@ -181,14 +178,12 @@ def test_a_flag_the_runners_would_not_apply_fails_closed(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------ upgrade keeps ids
 
 def _with_ids(tmp_path: Path, top: list[int] | None, ec: list[int]) -> Path:
-    src = tmp_path / "src"
-    shutil.copytree(TRAINED / "eagle3-output", src)
-    cfg = json.loads((src / "config.json").read_text())
-    if top is not None:
-        cfg["eagle_aux_hidden_state_layer_ids"] = top
-    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ec
-    (src / "config.json").write_text(json.dumps(cfg, indent=2))
-    return src
+    def ids(cfg):
+        if top is not None:
+            cfg["eagle_aux_hidden_state_layer_ids"] = top
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ec
+
+    return edited(TRAINED / "eagle3-output", tmp_path, name="src", config=ids)
 
 
 def test_upgrade_keeps_the_sources_top_level_ids(invoke, tmp_path):
