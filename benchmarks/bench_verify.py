@@ -76,11 +76,13 @@ VERIFY = ("from eaglectl.cli import main\n"
 def split(folder: Path) -> dict[str, float]:
     import torch
 
-    from eaglectl import parity
+    from eaglectl import verify as parity
+    from eaglectl.drafter import open_drafter
+    from eaglectl.model.loader import load_reference
 
     times = {}
     t = time.perf_counter()
-    d = parity.load_drafter(str(folder))
+    d = load_reference(open_drafter(str(folder)))
     times["load"] = time.perf_counter() - t
     t = time.perf_counter()
     inputs = parity.synthetic_inputs(d.args, d.spec.aux_layer_ids_vllm, 128, 3, 0)

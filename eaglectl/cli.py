@@ -19,7 +19,7 @@ from typing import Any
 import click
 
 from . import __version__, formats, report, threads
-from .drift import DEFAULT_SYSTEM, PROTOCOLS, TEMPLATES
+from .drift import DEFAULT_SYSTEM, PROTOCOLS
 from .errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -29,6 +29,7 @@ from .errors import (
     UsageError,
     filesystem_error,
 )
+from .workload import TEMPLATES
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
 COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "upload", "capture", "drift",

@@ -15,22 +15,28 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import IncompatibleDrafterError, InvalidStatesError, UsageError
-from .progress import passthrough
+from .progress import Progress, passthrough
 from .target import Target
+from .workload import load_prompts, template_prompts
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from .io.states import States
     from .model.loader import LoadedDrafter
+    from .model.reference import Attention, Drafter, StepOutput
+    from .model.specloop import LoopCounts
 
 SCHEMA = "eaglectl.drift/1"
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
-TEMPLATES = ("training", "changed", "none")
 DEFAULT_SYSTEM = "You are a careful assistant. Think before answering, then answer briefly."
 
 
@@ -59,14 +65,14 @@ class Chains:
     """One sequence's anchors × depths (× heads) measurements; NaN where a chain was cut."""
 
     anchors: list[int]
-    masses: dict[str, Any]  # metric -> float64 [anchors, depth, heads] (heads = layers × attention heads)
-    state_rms: Any  # float64 [anchors, depth]
-    drafts: Any  # int64 [anchors, depth] target ids
+    masses: dict[str, np.ndarray]  # metric -> float64 [anchors, depth, heads] (heads = layers × attention heads)
+    state_rms: np.ndarray  # float64 [anchors, depth]
+    drafts: np.ndarray  # int64 [anchors, depth] target ids
     cut: int = 0  # chains stopped at a token the capture has no embedding row for
 
 
-def masses(probs: Any, anchors: Any, sink_tokens: int, recent_window: int, ctx_len: int,
-           self_cols: Any) -> dict[str, Any]:
+def masses(probs: torch.Tensor, anchors: torch.Tensor, sink_tokens: int, recent_window: int, ctx_len: int,
+           self_cols: torch.Tensor) -> dict[str, np.ndarray]:
     """Attention masses of softmax rows `probs` [A, heads, keys]: keys 0..ctx_len-1 are context positions
     (row a sees those ≤ anchors[a]); `self_cols` [A, keys] marks each row's own chain entries.
 
@@ -91,106 +97,143 @@ def masses(probs: Any, anchors: Any, sink_tokens: int, recent_window: int, ctx_l
     return {k: v.numpy() for k, v in out.items()}
 
 
-def measure_chains(model: Any, aux: Any, tokens: Any, anchors: list[int], depth: int, *, sink_tokens: int,
-                   recent_window: int, embed: Any = None, token_rows: Any = None, chunk: int = 256,
-                   group: int = 64, attention: bool = True) -> Chains:
+def measure_chains(model: Drafter, aux: torch.Tensor, tokens: torch.Tensor, anchors: list[int], depth: int, *,
+                   sink_tokens: int, recent_window: int, embed: torch.Tensor | None = None,
+                   token_rows: torch.Tensor | None = None, chunk: int = 256, group: int = 64,
+                   attention: bool = True) -> Chains:
     """Draft `depth` tokens from every anchor (≤ T−2) of one sequence: aux [1, T, W], tokens [1, T].
 
     `token_rows` maps a target id to a row of `embed` (−1: no row; the chain stops there) when the table
     is a capture's compact one; None when `embed` (or the drafter's own table) covers the vocabulary.
     `attention=False` drafts the same chains without reading attention (the benchmark's baseline)."""
-    import numpy as np
     import torch
-    import torch.nn.functional as F
-
-    from .model.reference import ChainCache, LayerKV, prefill
 
     T = tokens.shape[1]
-    n_ctx = T - 1
     if not anchors or max(anchors) > T - 2:
         raise ValueError(f"anchors must lie in 0..{T - 2}")
-    attns = [layer.self_attn for layer in model.layers]
-    heads = len(attns) * model.a.num_heads
-    A = len(anchors)
-    res = {m: np.full((A, depth, heads), np.nan) for m in ("sink_mass", "self_mass", "recent_mass", "prompt_mass",
-                                                            "entropy")}
-    state = np.full((A, depth), np.nan)
-    drafts = np.full((A, depth), -1, dtype=np.int64)
-    at = torch.tensor(anchors)
-    table = model.table(embed)
+    run = _ChainRun(model, anchors, depth, (sink_tokens, recent_window), token_rows, attention)
+    with torch.no_grad(), run.keeping_probs():
+        context, first = run.context_step(aux, tokens[0], embed, T - 1, chunk)
+        table = model.table(embed)
+        cut = sum(run.chain_steps(context, first, table, idx, T - 1) for idx in torch.arange(len(anchors)).split(group))
+    return Chains(anchors, run.masses, run.state, run.drafts, cut)
 
-    def rows_of(ids: Any) -> tuple[Any, Any]:
-        if token_rows is None:
+
+class _ChainRun:
+    """One sequence's chains as they are drafted, and what they fill in: per mass metric [anchors, depth, heads],
+    the fed-back state's RMS and the drafted target ids [anchors, depth]; NaN (-1) where a chain was cut."""
+
+    def __init__(self, model: Drafter, anchors: list[int], depth: int, window: tuple[int, int],
+                 token_rows: torch.Tensor | None, attention: bool) -> None:
+        import numpy as np
+        import torch
+
+        self.model, self.at, self.depth, self.window = model, torch.tensor(anchors), depth, window
+        self.token_rows, self.attention = token_rows, attention
+        self.attns: list[Attention] = [layer.self_attn for layer in model.layers]
+        shape, heads = (len(anchors), depth), len(self.attns) * model.a.num_heads
+        self.masses = {m: np.full((*shape, heads), np.nan) for m in METRICS if m != "state_rms"}
+        self.state, self.drafts = np.full(shape, np.nan), np.full(shape, -1, dtype=np.int64)
+
+    @contextmanager
+    def keeping_probs(self) -> Iterator[None]:
+        """The drafter's attention layers keep their softmax rows (when attention is read) while inside."""
+        try:
+            for a in self.attns:
+                a.kept_probs = [] if self.attention else None
+            yield
+        finally:
+            for a in self.attns:
+                a.kept_probs = None
+
+    def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the embedding rows of target ids `ids`, which of them have one)."""
+        import torch
+
+        if self.token_rows is None:
             return ids, torch.ones_like(ids, dtype=torch.bool)
-        r = token_rows[ids.clamp(0, len(token_rows) - 1)]
-        return r.clamp(min=0), (r >= 0) & (ids < len(token_rows))
+        r = self.token_rows[ids.clamp(0, len(self.token_rows) - 1)]
+        return r.clamp(min=0), (r >= 0) & (ids < len(self.token_rows))
 
-    def record(idx: Any, d: int, kept: list[Any], ctx_len: int, self_cols: Any, out: Any, alive: Any) -> None:
-        dead = ~alive.numpy()
-        if attention:
+    def take(self, queries: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Each layer's softmax rows of the last forward (the query rows `queries` when given), then cleared."""
+        kept = [a.kept_probs[-1] if queries is None else a.kept_probs[-1][:, :, queries]
+                for a in self.attns if a.kept_probs is not None]
+        for a in self.attns:
+            if a.kept_probs is not None:
+                a.kept_probs.clear()
+        return kept
+
+    def record(self, idx: torch.Tensor, d: int, kept: list[torch.Tensor], ctx_len: int, self_cols: torch.Tensor,
+               out: StepOutput, alive: torch.Tensor) -> None:
+        """Step `d` of the chains from anchors `idx`; a chain no longer `alive` is NaN."""
+        import numpy as np
+        import torch
+
+        dead, rows = ~alive.numpy(), idx.numpy()
+        if self.attention:
             probs = torch.cat([k[0].transpose(0, 1) for k in kept], dim=1)  # [rows, layers·heads, keys]
-            for name, v in masses(probs, at[idx], sink_tokens, recent_window, ctx_len, self_cols).items():
+            for name, v in masses(probs, self.at[idx], *self.window, ctx_len, self_cols).items():
                 v[dead] = np.nan
-                res[name][idx.numpy(), d] = v
+                self.masses[name][rows, d] = v
         rms = out.feedback[0].double().pow(2).mean(-1).sqrt().numpy()
         rms[dead] = np.nan
-        state[idx.numpy(), d] = rms
-        drafts[idx.numpy(), d] = out.target_ids[0].numpy()
+        self.state[rows, d] = rms
+        self.drafts[rows, d] = out.target_ids[0].numpy()
 
-    with torch.no_grad():
-        try:
-            for a in attns:
-                a.kept_probs = [] if attention else None
-            cache = ChainCache()
-            first_fb, first_ids = torch.zeros(A, model.a.hidden_size), torch.zeros(A, dtype=torch.long)
-            tok_rows, _ = rows_of(tokens[0])
-            for s in range(0, n_ctx, chunk):  # step 0: context entries (features p, token p+1), chunked
-                e = min(n_ctx, s + chunk)
-                out = prefill(model, aux[:, s:e], tok_rows[None, s + 1:e + 1], torch.arange(s, e)[None], cache, embed)
-                sel = ((at >= s) & (at < e)).nonzero().flatten()
-                if len(sel):
-                    kept = [a.kept_probs[-1][:, :, at[sel] - s] for a in attns] if attention else []
-                    rows = at[sel] - s
-                    sub = type(out)(out.logits[:, rows], out.feedback[:, rows], out.target_ids[:, rows],
-                                    out.pre_norm[:, rows])
-                    record(sel, 0, kept, e, torch.zeros(len(sel), e, dtype=torch.bool), sub,
-                           torch.ones(len(sel), dtype=torch.bool))
-                    first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
-                for a in attns:
-                    if a.kept_probs is not None:
-                        a.kept_probs.clear()
-            context = [(kv.k, kv.v) for kv in cache.layers]
-            cut = 0
-            for g0 in range(0, A, group):  # chain steps 1..depth-1, a group of anchors at a time
-                idx = torch.arange(g0, min(A, g0 + group))
-                G = len(idx)
-                kvs = [LayerKV(k, v) for k, v in context]
-                hidden, ids = first_fb[idx][None], first_ids[idx][None]
-                alive = torch.ones(G, dtype=torch.bool)
-                causal = torch.arange(n_ctx)[None, :] <= at[idx][:, None]
-                for d in range(1, depth):
-                    rows, ok = rows_of(ids[0])
-                    cut += int((alive & ~ok).sum())
-                    alive &= ok
-                    mask = torch.cat([causal] + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
-                    out = model(hidden, F.embedding(rows[None], table), (at[idx] + d)[None], kvs, mask)
-                    self_cols = torch.cat([torch.zeros(G, n_ctx, dtype=torch.bool)]
-                                          + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
-                    record(idx, d, [a.kept_probs[-1] for a in attns] if attention else [], n_ctx, self_cols, out,
-                           alive)
-                    for a in attns:
-                        if a.kept_probs is not None:
-                            a.kept_probs.clear()
-                    hidden, ids = out.feedback, out.target_ids
-        finally:
-            for a in attns:
-                a.kept_probs = None
-    return Chains(anchors, res, state, drafts, cut)
+    def context_step(self, aux: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor | None, n_ctx: int,
+                     chunk: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+        """Step 0: the context entries (features p, token p+1), `chunk` positions at a time, recording each
+        anchor's first draft. (each layer's context keys and values, (each anchor's fed-back state, drafted id))."""
+        import torch
+
+        from .model.reference import ChainCache, StepOutput, prefill
+
+        at, cache, tok_rows = self.at, ChainCache(), self.rows(tokens)[0]
+        first_fb, first_ids = torch.zeros(len(at), self.model.a.hidden_size), torch.zeros(len(at), dtype=torch.long)
+        for s in range(0, n_ctx, chunk):
+            e = min(n_ctx, s + chunk)
+            out = prefill(self.model, aux[:, s:e], tok_rows[None, s + 1:e + 1], torch.arange(s, e)[None], cache, embed)
+            sel = ((at >= s) & (at < e)).nonzero().flatten()
+            rows = at[sel] - s
+            kept = self.take(rows)
+            if len(sel):
+                sub = StepOutput(out.logits[:, rows], out.feedback[:, rows], out.target_ids[:, rows],
+                                 out.pre_norm[:, rows])
+                self.record(sel, 0, kept, e, torch.zeros(len(sel), e, dtype=torch.bool), sub,
+                            torch.ones(len(sel), dtype=torch.bool))
+                first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
+        return [(kv.k, kv.v) for kv in cache.layers], (first_fb, first_ids)  # type: ignore[misc]
+
+    def chain_steps(self, context: list[tuple[torch.Tensor, torch.Tensor]], first: tuple[torch.Tensor, torch.Tensor],
+                    table: torch.Tensor, idx: torch.Tensor, n_ctx: int) -> int:
+        """Chain steps 1..depth-1 from the anchors `idx` (drafted together, each seeing the context up to its
+        anchor and its own chain); returns how many chains were cut at a token without an embedding row."""
+        import torch
+        import torch.nn.functional as F
+
+        from .model.reference import LayerKV
+
+        G, at = len(idx), self.at[idx]
+        kvs = [LayerKV(k, v) for k, v in context]
+        hidden, ids = first[0][idx][None], first[1][idx][None]
+        alive, cut = torch.ones(G, dtype=torch.bool), 0
+        causal = torch.arange(n_ctx)[None, :] <= at[:, None]
+        for d in range(1, self.depth):
+            rows, ok = self.rows(ids[0])
+            cut += int((alive & ~ok).sum())
+            alive &= ok
+            mask = torch.cat([causal] + [torch.eye(G, dtype=torch.bool)] * d, dim=1)
+            out = self.model(hidden, F.embedding(rows[None], table), (at + d)[None], kvs, mask)
+            self_cols = torch.cat([torch.zeros(G, n_ctx, dtype=torch.bool)] + [torch.eye(G, dtype=torch.bool)] * d, 1)
+            self.record(idx, d, self.take(), n_ctx, self_cols, out, alive)
+            hidden, ids = out.feedback, out.target_ids
+        return cut
 
 
 # -------------------------------------------------------------------------------------- statistics
 
-def bootstrap(values: list[Any], reps: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap(values: list[np.ndarray], reps: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean over prompts of the mean over anchors, with a 95 % interval from resampling prompts and then
     anchors within each (values: one 1-D array per prompt, NaN = missing)."""
     import numpy as np
@@ -215,7 +258,7 @@ def bootstrap(values: list[Any], reps: int = 1000, seed: int = 0) -> tuple[float
     return point, float(lo), float(hi)
 
 
-def summarize(chains: list[Chains], depth: int, loop: Any, reps: int, seed: int) -> list[dict[str, Any]]:
+def summarize(chains: list[Chains], depth: int, loop: LoopCounts | None, reps: int, seed: int) -> list[dict[str, Any]]:
     """The `depths` objects: per depth, each metric's mean, its 95 % interval, its spread over heads,
     and the loop's per-position acceptance where depth < k."""
     import numpy as np
@@ -236,13 +279,18 @@ def summarize(chains: list[Chains], depth: int, loop: Any, reps: int, seed: int)
         row["drift_ratio"] = (_f(row["self_mass"] / row["sink_mass"])
                               if row["sink_mass"] and row["self_mass"] is not None else None)
         row["anchors"] = int(sum(np.sum(~np.isnan(c.state_rms[:, d])) for c in chains))
-        rates = loop.per_position if loop is not None else []
+        rates = _per_position(loop)
         row["acceptance_rate"] = _f(rates[d]) if d < len(rates) else None
         out.append(row)
     return out
 
 
-def _nanmean(x: Any, axis: int) -> Any:
+def _per_position(loop: LoopCounts | None) -> list[float]:
+    """The loop's acceptance rate at each draft position ([] without drafts)."""
+    return [a / loop.num_drafts for a in loop.accepted_per_pos] if loop and loop.num_drafts else []
+
+
+def _nanmean(x: np.ndarray, axis: int) -> np.ndarray:
     """Mean over non-NaN entries (NaN where there are none), without numpy's empty-slice warning."""
     import numpy as np
 
@@ -252,27 +300,12 @@ def _nanmean(x: Any, axis: int) -> Any:
     return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
-def _f(x: Any) -> float | None:
+def _f(x: float) -> float | None:
     x = float(x)
     return None if math.isnan(x) else round(x, 6)  # JSON has no NaN; 6 places is far below the intervals
 
 
 # ------------------------------------------------------------------------------------------ report
-
-@dataclass
-class LoopResult:
-    """The reference speculative loop of the same run (smoke --engine reference's loop)."""
-
-    k: int
-    num_drafts: int
-    num_accepted_tokens: int
-    per_position: list[float]
-    per_request: list[float]
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
-
 
 @dataclass
 class DriftRun:
@@ -281,7 +314,7 @@ class DriftRun:
     template: str | None
     prompts: int
     depths: list[dict[str, Any]]
-    loop: LoopResult | None
+    loop: LoopCounts | None  # the reference speculative loop of the same run (smoke --engine reference's)
     aux_chunk_rms: list[float]
     fc_rms: float | None
     chains_cut: int = 0
@@ -289,15 +322,15 @@ class DriftRun:
 
     def to_json(self) -> dict[str, Any]:
         loop = self.loop
+        per_request = [r.mean_acceptance_length for r in loop.per_request if r.num_drafts] if loop else []
         return {
             "drafter": self.drafter, "context_length": self.context_length, "template": self.template,
             "prompts": self.prompts, "depths": self.depths,
-            "mean_acceptance_length": loop.mean_acceptance_length if loop else None,
-            "mean_acceptance_length_per_request": (sum(loop.per_request) / len(loop.per_request)
-                                                   if loop and loop.per_request else None),
+            "mean_acceptance_length": loop.mean_acceptance_length if loop and loop.num_drafts else None,
+            "mean_acceptance_length_per_request": sum(per_request) / len(per_request) if per_request else None,
             "num_drafts": loop.num_drafts if loop else None,
             "num_accepted_tokens": loop.num_accepted_tokens if loop else None,
-            "per_position_acceptance": loop.per_position if loop else None,
+            "per_position_acceptance": _per_position(loop) if loop else None,
             "aux_chunk_rms": self.aux_chunk_rms, "fc_rms": self.fc_rms, "chains_cut": self.chains_cut,
             "notes": self.notes,
         }
@@ -340,7 +373,7 @@ class DriftReport:
 @dataclass
 class Sequence:
     tokens: list[int]
-    aux: Any  # torch [1, T, W] at the drafter's aux ids
+    aux: torch.Tensor  # [1, T, W] at the drafter's aux ids
     anchors: list[int]
 
 
@@ -353,12 +386,13 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         depth: int = 8, k: int = 3, prompts: str = "builtin:short", num_prompts: int = 16, max_tokens: int = 64,
         context_lengths: tuple[int, ...] = (), templates: tuple[str, ...] = (), system_prompt: str = DEFAULT_SYSTEM,
         sink_tokens: int | None = None, recent_window: int | None = None, anchor_every: int | None = None,
-        bootstrap_reps: int = 1000, seed: int = 0, plot: str | None = None, progress: Any = None) -> DriftReport:
+        bootstrap_reps: int = 1000, seed: int = 0, plot: str | None = None,
+        progress: Progress = passthrough) -> DriftReport:
     """Measure drift for each drafter under each condition (context length × template)."""
     import torch
 
     from .drafter import open_drafter
-    from .verify import measured_layers
+    from .probe import measured_layers
 
     base = PROTOCOLS[protocol]
     proto = Protocol(base.name, sink_tokens if sink_tokens is not None else base.sink_tokens,
@@ -370,7 +404,6 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         raise UsageError("--context-lengths and --templates are separate axes: run one at a time")
     if (target is None) == (states is None):
         raise UsageError("pass --target (runs the target and the acceptance loop) or --states (a capture)")
-    progress = progress or passthrough
     if states is not None and (context_lengths or templates):
         raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
                          "capture's requests are the workload")
@@ -413,8 +446,6 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
 def _conditions(tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int, k: int, seed: int,
                 context_lengths: tuple[int, ...], templates: tuple[str, ...],
                 system_prompt: str, vocab: int | None = None) -> list[tuple[int | None, str | None, list[list[int]]]]:
-    from .workload import load_prompts
-
     def load(length: int | None) -> list[list[int]]:
         room = (length or 0) + max_tokens + k + 2
         return load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
@@ -426,33 +457,6 @@ def _conditions(tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int,
         return [(None, t, template_prompts(prompts, tokenizer, t, system_prompt, num_prompts, vocab))
                 for t in templates]
     return [(None, None, load(None))]
-
-
-def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: str, count: int,
-                     vocab: int | None = None) -> list[list[int]]:
-    """The chat prompts of a JSONL `messages` file under the training template (as written), a changed
-    system prompt, or none. Read by the workload's prompt reader (the same checks as every prompt file)."""
-    from .errors import PromptFileError
-    from .workload import chat_ids, check_ids, messages_of, prompt_lines
-
-    if template not in TEMPLATES:
-        raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template")
-    out = []
-    for where, obj in prompt_lines(path, count):
-        if "messages" not in obj:
-            raise PromptFileError(f"{where}: --templates needs chat 'messages'", path=path)
-        messages = messages_of(where, obj["messages"])
-        rest = [m for m in messages if m["role"] != "system"]
-        if template == "changed":
-            messages = [{"role": "system", "content": system_prompt}, *rest]
-        elif template == "none":
-            messages = rest
-        out.append(check_ids(where, chat_ids(tokenizer, messages, where), vocab))
-    if not out:
-        raise PromptFileError(f"{path}: no prompts", path=path)
-    return out
 
 
 def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], length: int | None,
@@ -468,10 +472,7 @@ def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], leng
     ids = ids or d.spec.capture_ids(tgt.num_layers)  # type: ignore[arg-type]  # the measured layers when given
     embed = None if d.has_embed else tgt.model().embedding().float()
     conts = tgt.continuations(prompt_ids, max_tokens=max_tokens, k=k, boundaries=ids)
-    counts = replay(model, conts, aux_ids=ids, embed=embed)
-    loop = LoopResult(k, counts.num_drafts, counts.num_accepted_tokens,
-                      [a / counts.num_drafts for a in counts.accepted_per_pos] if counts.num_drafts else [],
-                      [r.mean_acceptance_length for r in counts.per_request if r.num_drafts])
+    loop = replay(model, conts, aux_ids=ids, embed=embed)
     seqs = []
     for prompt, c in zip(prompt_ids, conts, strict=True):
         tokens = prompt + c.output
@@ -511,7 +512,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
         notes.append("embedding rows read off the capture's boundary 0; a chain stops at a token the capture "
                      "never saw (chains_cut)")
 
-    def sequences() -> Any:
+    def sequences() -> Iterator[Sequence]:
         for r in captured.requests(fetch, slice(0, count), vocab=d.args.vocab_size):
             T = len(r.token_ids)
             aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
@@ -525,9 +526,9 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
     return run
 
 
-def _measure(d: Any, model: Any, seqs: Iterable[Sequence], proto: Protocol, depth: int, reps: int, seed: int, embed: Any,
-             token_rows: Any, loop: LoopResult | None, length: int | None, template: str | None,
-             notes: list[str]) -> DriftRun:
+def _measure(d: LoadedDrafter, model: Drafter, seqs: Iterable[Sequence], proto: Protocol, depth: int, reps: int,
+             seed: int, embed: torch.Tensor | None, token_rows: torch.Tensor | None, loop: LoopCounts | None,
+             length: int | None, template: str | None, notes: list[str]) -> DriftRun:
     import torch
 
     chains = []

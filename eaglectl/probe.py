@@ -37,6 +37,7 @@ from .model.replay import Continuation, replay
 from .model.specloop import LoopCounts
 from .progress import Progress, passthrough
 from .target import Target
+from .workload import heldout_prompts
 
 MARGIN = 0.02  # absolute top-1 agreement between the best reading and the runner-up
 ALPHA = 1e-3  # two-sided sign test over tokens: which reading gives the target's token more probability
@@ -48,8 +49,6 @@ LOOP_PROMPTS, LOOP_TOKENS, LOOP_SEED = 4, 64, 0
 
 
 def probe_prompts(tokenizer: Any, count: int = LOOP_PROMPTS) -> list[list[int]]:
-    from .workload import heldout_prompts
-
     return heldout_prompts(tokenizer, count, 64, LOOP_SEED)
 
 
@@ -61,8 +60,8 @@ class Candidate:
     agreement: list[float] = field(default_factory=list)  # teacher-forced top-1 agreement per draft step
     loglik: list[float] = field(default_factory=list)  # mean log-probability of the target's token per step
     acceptance_length: float | None = None
-    correct: Any = None  # bool (steps, tokens) and float (steps, tokens): kept for the decision, not reported
-    logp: Any = None
+    correct: torch.Tensor | None = None  # bool (steps, tokens) and float (steps, tokens): kept for the decision,
+    logp: torch.Tensor | None = None  # not reported
 
     def on(self, steps: list[int]) -> tuple[float, float]:
         """(top-1 agreement, mean log-probability) over the given draft steps."""
@@ -406,6 +405,20 @@ def try_measure(d: DrafterCheckpoint, target: Target | None, **kw: Any) -> tuple
         raise  # a capture the user gave is broken: that is the answer, not "not measured"
     except EaglectlError as e:
         return None, f"not measured: {e.message}"
+
+
+def measured_layers(d: DrafterCheckpoint, target: Target) -> tuple[tuple[int, ...] | None, dict[str, Any]]:
+    """The target boundaries the drafter reads, from the one measured reading (`measure`, teacher-forced on
+    the target's states; no acceptance loop) when it decides them, else the files' reading (None): the inputs
+    are the target's states at those layers. (ids or None, {"boundary_ids", "how"} for the report)."""
+    m, why = try_measure(d, target, loop_prompts=0)
+    if m is not None and m.boundary_ids is not None and not m.at_chance:
+        return m.boundary_ids, {"boundary_ids": list(m.boundary_ids), "how": f"measured ({m.aux.reason})"}
+    L = target.num_layers
+    ids = d.spec.capture_ids(L) if L is not None else None
+    reason = why or (("the drafter is at chance" if m.at_chance else f"not decided: {m.aux.reason}") if m else "")
+    return None, {"boundary_ids": list(ids) if ids is not None else None,
+                  "how": "as the files say" + (f" ({reason})" if reason else "")}
 
 
 def acceptance(loaded: LoadedDrafter, target: Target, prompts: list[list[int]], *, boundaries: tuple[int, ...],

@@ -22,14 +22,17 @@ if TYPE_CHECKING:
     from .target import Target
 
 
+ReadingKey = tuple[tuple[int, ...], tuple[tuple[str, bool], ...]]  # boundaries, sorted flags
+
+
 @dataclass
 class Reading:
     name: str
     boundary_ids: tuple[int, ...]
     flags: dict[str, bool]
-    counts: dict[str, Any] | None = None
+    counts: dict[str, int | list[int]] | None = None
 
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> ReadingKey:
         return self.boundary_ids, tuple(sorted(self.flags.items()))
 
     def to_json(self) -> dict[str, Any]:
@@ -88,7 +91,7 @@ def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Readi
             continue  # an engine cannot apply norm weights the files do not have
         out.append(Reading(f"{flag} {'off' if flags[flag] else 'on'}", expected.boundary_ids,
                            {**flags, flag: not flags[flag]}))
-    unique: dict[tuple[Any, ...], Reading] = {}
+    unique: dict[ReadingKey, Reading] = {}
     for r in out:
         unique.setdefault(r.key(), r)
     return list(unique.values())

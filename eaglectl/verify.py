@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,8 +32,14 @@ from .errors import (
 from .io.states import States
 from .model.loader import DTYPES, LoadedDrafter, load_reference
 from .model.reference import DrafterArgs, StepOutput
+from .probe import measured_layers
 from .progress import Progress, passthrough
 from .target import Target
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .io.jsonio import ConfigView
 
 SCHEMA = "eaglectl.verify/1"
 NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
@@ -51,10 +57,6 @@ TOLERANCES: dict[str, dict[str, float]] = {
 }
 UPGRADE_ADDS = ("fc_norm.",)  # tensors an upgrade adds (docs/upgrade.md)
 UPGRADE_REWRITES = ("fc.weight",)  # tensors an upgrade may rewrite (refit, fit --fit-fc), when its provenance says so
-
-
-def load_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False) -> LoadedDrafter:
-    return load_reference(open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle))
 
 
 # --------------------------------------------------------------------------------------- inputs
@@ -257,7 +259,7 @@ class WarmStart:
         return m.kl_mean <= kl_max and m.top1_agreement >= top1_min
 
 
-def values_digest(values: Any) -> str:
+def values_digest(values: torch.Tensor | np.ndarray) -> str:
     """sha256 of a tensor's values as little-endian float32 (exact for the F32/BF16/F16 an upgrade writes)."""
     import hashlib
 
@@ -268,7 +270,7 @@ def values_digest(values: Any) -> str:
     return "sha256:" + hashlib.sha256(np.ascontiguousarray(values, dtype="<f4").tobytes()).hexdigest()
 
 
-def upgrade_provenance(config: Any) -> dict[str, Any] | None:
+def upgrade_provenance(config: ConfigView | None) -> dict[str, Any] | None:
     """eaglectl's own record of an upgrade in a config (`eaglectl_provenance`, operation upgrade), else None."""
     prov = config.raw("eaglectl_provenance") if config is not None else None
     return prov if isinstance(prov, dict) and prov.get("operation") == "upgrade" else None
@@ -469,22 +471,6 @@ def run(
     return report
 
 
-def measured_layers(d: Any, target: Target) -> tuple[tuple[int, ...] | None, dict[str, Any]]:
-    """The target boundaries the drafter reads, from the one measured reading (probe.measure, teacher-forced on
-    the target's states; no acceptance loop) when it decides them, else the files' reading (None): the inputs
-    are the target's states at those layers. (ids or None, {"boundary_ids", "how"} for the report)."""
-    from .probe import try_measure
-
-    m, why = try_measure(d, target, loop_prompts=0)
-    if m is not None and m.boundary_ids is not None and not m.at_chance:
-        return m.boundary_ids, {"boundary_ids": list(m.boundary_ids), "how": f"measured ({m.aux.reason})"}
-    L = target.num_layers
-    ids = d.spec.capture_ids(L) if L is not None else None
-    reason = why or (("the drafter is at chance" if m.at_chance else f"not decided: {m.aux.reason}") if m else "")
-    return None, {"boundary_ids": list(ids) if ids is not None else None,
-                  "how": "as the files say" + (f" ({reason})" if reason else "")}
-
-
 def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, run_at: tuple[str, str],
             ref_at: tuple[str, str], steps: int, tokens: int, seed: int,
             upgrade: dict[str, Any] | None = None) -> ParityReport:
@@ -502,8 +488,8 @@ def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, 
     with torch.no_grad():
         ref_out = _run(ref, *ref_at, inputs, embed, steps)
         cand_out = _run(cand, *run_at, inputs, embed, steps)
-    report = ParityReport(mode, _side(cand, *run_at), _side(ref, *ref_at), inputs.description,
-                          steps, tokens, seed, regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
+    report = ParityReport(mode, _side(cand, *run_at), _side(ref, *ref_at), inputs.description, steps, tokens, seed,
+                          regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
                           differing_tensors=differing[:20], warm_start=warm, inputs_real=inputs.real)
     for j, (r, c) in enumerate(zip(ref_out, cand_out, strict=True)):
         m = step_metrics(j, r, c)

@@ -10,6 +10,10 @@ object through the bounded JSON parser, fields of the right types (`prompt` a st
 `prompt_token_ids` integer ids, `messages` role/content objects), token ids within the target's
 vocabulary, 1 to `prompt_tokens` tokens per prompt. Any problem is a PromptFileError naming the
 file and line (exit 20), never a crash.
+
+This module is also the one home of the bundled text (`data/`): the calibration text and held-out code
+that the probe, the parity inputs and calibration read (`measurement_text`, `text_token_ids`, whose
+byte-token fallback serves a target without a tokenizer, and `heldout_prompts`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .errors import (
     CorruptCheckpointError,
+    IncompatibleDrafterError,
     MissingDependencyError,
     PromptFileError,
     UsageError,
@@ -47,11 +52,12 @@ class PromptSet:
 
 
 BUILTIN_PROMPTS = ("short", "long", "calibration")
+TEMPLATES = ("training", "changed", "none")  # drift --templates: the chat template as trained, changed, none
 
 
 def _calibration_windows(tokenizer: Any, count: int, length: int) -> PromptSet:
-    text = CALIBRATION.read_text() + "\n" + HELDOUT.read_bytes().decode("utf-8", errors="replace")[:200_000]
-    ids = tokenizer(text, add_special_tokens=False).input_ids
+    head, tail, _ = measurement_text()
+    ids = tokenizer(head + tail, add_special_tokens=False).input_ids
     bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
     step = length - len(bos)
     prompts = [bos + ids[i * step:(i + 1) * step] for i in range(count) if (i + 1) * step <= len(ids)]
@@ -74,27 +80,7 @@ def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_
     if Path(spec).is_dir():
         return _speed_bench(Path(spec), tokenizer, count, max_tokens, max_model_len, k, length, vocab)
     if spec.startswith("builtin:"):
-        kind = spec.split(":", 1)[1]
-        if kind not in BUILTIN_PROMPTS:
-            raise PromptFileError(f"{spec}: built-in prompt sets are "
-                                  + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
-        if tokenizer is None:
-            raise MissingDependencyError("built-in prompts need the target's tokenizer (tokenizer.json)")
-        if kind == "calibration":
-            ps = _calibration_windows(tokenizer, count, length or max_model_len - max_tokens - k - 2)
-            for i, p in enumerate(ps.prompts):
-                check_ids(f"{spec} (window {i})", p, vocab)
-            return ps
-        text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
-        n = count if kind == "short" or length else max(1, count // 4)
-        length = length or (64 if kind == "short" else max(64, max_model_len - max_tokens - k - 2))
-        rng = random.Random(seed)
-        prompts = []
-        for i in range(n):
-            start = rng.randrange(0, max(1, len(text) - 8 * length))
-            ids = tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length]
-            prompts.append(check_ids(f"{spec} (prompt {i})", ids, vocab))
-        return PromptSet(spec, prompts, f"{n} held-out code windows of {length} tokens (seed {seed})")
+        return _builtin(spec, tokenizer, count, max_model_len - max_tokens - k - 2, seed, length, vocab)
     path = Path(spec)
     prompts = [prompt_ids(where, obj, tokenizer, vocab) for where, obj in prompt_lines(spec, count)]
     if not prompts:
@@ -106,11 +92,31 @@ def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_
     return PromptSet(str(path), prompts, f"{len(prompts)} prompts from {path.name}")
 
 
+def _builtin(spec: str, tokenizer: Any, count: int, room: int, seed: int, length: int | None,
+             vocab: int | None) -> PromptSet:
+    """A built-in set; `room`: the most prompt tokens max_model_len leaves."""
+    kind = spec.split(":", 1)[1]
+    if kind not in BUILTIN_PROMPTS:
+        raise PromptFileError(f"{spec}: built-in prompt sets are " + ", ".join(f"builtin:{b}" for b in BUILTIN_PROMPTS))
+    if tokenizer is None:
+        raise MissingDependencyError("built-in prompts need the target's tokenizer (tokenizer.json)")
+    if kind == "calibration":
+        ps = _calibration_windows(tokenizer, count, length or room)
+        for i, p in enumerate(ps.prompts):
+            check_ids(f"{spec} (window {i})", p, vocab)
+        return ps
+    n = count if kind == "short" or length else max(1, count // 4)
+    length = length or (64 if kind == "short" else max(64, room))
+    prompts = [check_ids(f"{spec} (prompt {i})", ids, vocab)
+               for i, ids in enumerate(heldout_prompts(tokenizer, n, length, seed))]
+    return PromptSet(spec, prompts, f"{n} held-out code windows of {length} tokens (seed {seed})")
+
+
 _KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
          bool: "true or false", type(None): "null"}
 
 
-def _opened(spec: str) -> Any:
+def _opened(spec: str) -> BinaryIO:
     """The prompt file, opened for binary reads after its kind and size are checked."""
     path = Path(spec)
     try:
@@ -233,6 +239,30 @@ def check_ids(where: str, ids: list[int], vocab: int | None) -> list[int]:
     if bad is not None:
         raise PromptFileError(f"{where}: token id {bad} is outside the target's vocabulary [0, {bound})")
     return ids
+
+
+def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: str, count: int,
+                     vocab: int | None = None) -> list[list[int]]:
+    """The chat prompts of a JSONL `messages` file under the training template (as written), a changed
+    system prompt, or none. Read by `prompt_lines` (the same checks as every prompt file): drift's `--templates`."""
+    if template not in TEMPLATES:
+        raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template")
+    out = []
+    for where, obj in prompt_lines(path, count):
+        if "messages" not in obj:
+            raise PromptFileError(f"{where}: --templates needs chat 'messages'", path=path)
+        messages = messages_of(where, obj["messages"])
+        rest = [m for m in messages if m["role"] != "system"]
+        if template == "changed":
+            messages = [{"role": "system", "content": system_prompt}, *rest]
+        elif template == "none":
+            messages = rest
+        out.append(check_ids(where, chat_ids(tokenizer, messages, where), vocab))
+    if not out:
+        raise PromptFileError(f"{path}: no prompts", path=path)
+    return out
 
 
 def at_length(prompts: list[list[int]], length: int) -> list[list[int]]:
@@ -416,7 +446,7 @@ def measurement_text(text: str | None = None) -> tuple[str, str, str]:
     """(the text calibration reads, the text the probe and parity read after it, description): the given text,
     else the bundled calibration text; then held-out code, so a long read never runs out."""
     head = text if text is not None else CALIBRATION.read_text()
-    tail = "\n" + HELDOUT.read_bytes().decode("utf-8", errors="replace")[:200_000]
+    tail = "\n" + _heldout_text()[:200_000]
     return head, tail, "given text" if text is not None else "bundled text"
 
 
@@ -430,10 +460,15 @@ def text_token_ids(tokenizer: Any, vocab_size: int, text: str) -> list[int]:
 
 def heldout_prompts(tokenizer: Any, count: int, length: int, seed: int) -> list[list[int]]:
     """`count` windows of `length` tokens at seeded offsets of the held-out code (never the calibration text)."""
-    text = HELDOUT.read_bytes().decode("utf-8", errors="replace")
-    rng = random.Random(seed)
+    text = _heldout_text()
+    rng = random.Random(seed)  # noqa: S311 - seeded windows of text, not a secret
     prompts = []
     for _ in range(count):
         start = rng.randrange(0, max(1, len(text) - 8 * length))
         prompts.append(tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length])
     return prompts
+
+
+def _heldout_text() -> str:
+    """The bundled held-out code (never calibration text), undecodable bytes replaced."""
+    return HELDOUT.read_bytes().decode("utf-8", errors="replace")

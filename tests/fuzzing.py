@@ -544,11 +544,12 @@ class Parts:
     run. The full commands (`consume`) run on a share of the cases."""
 
     def __init__(self) -> None:
+        from eaglectl.drafter import open_drafter
+        from eaglectl.model.loader import load_reference
         from eaglectl.drift import PROTOCOLS
-        from eaglectl.verify import load_drafter
 
-        self.eagle3 = load_drafter(str(TRAINED / "eagle3"))
-        self.no_table = load_drafter(str(TRAINED / "eagle3.1"))  # ships no embedding: reads boundary 0
+        self.eagle3 = load_reference(open_drafter(str(TRAINED / "eagle3")))
+        self.no_table = load_reference(open_drafter(str(TRAINED / "eagle3.1")))  # ships no embedding: reads boundary 0
         self.proto = PROTOCOLS["paper-v1"]
 
     def run(self, name: str, case: Path) -> Any:
@@ -764,7 +765,7 @@ def write_prompt_case(path: Path, rng: random.Random) -> str:
 def fuzz_prompt_files(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
     """`cases` hostile prompt files through the workload reader (smoke's, capture's and drift's), with a plain
     tokenizer, a chat one (template that may raise) or none."""
-    from eaglectl import drift, workload
+    from eaglectl import workload
 
     rng = random.Random(seed)
     rep = FuzzReport()
@@ -777,9 +778,9 @@ def fuzz_prompt_files(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
         label = f"#{i} " + write_prompt_case(path, rng)
         tok = rng.choice([plain, chat, chat, None])
         if rng.random() < 0.15:
-            template = rng.choice(drift.TEMPLATES)
+            template = rng.choice(workload.TEMPLATES)
             code, _ = _timed(rep, label + f" [templates {template}]",
-                             lambda path=path, template=template: drift.template_prompts(
+                             lambda path=path, template=template: workload.template_prompts(
                                  str(path), chat, template, "Be brief.", 3, VOCAB))
         else:
             count, length = rng.choice([0, 1, 3, 16]), rng.choice([None, None, 40])

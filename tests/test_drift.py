@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from eaglectl import capture, drift, workload
+from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.io.states import open_states
 from eaglectl.model.hf import forward, load_model
 from eaglectl.model.reference import ChainCache, chain_step, prefill
-from eaglectl.verify import load_drafter
 
 from .conftest import ROOT
 from .helpers import edited
@@ -69,7 +70,7 @@ def test_bootstrap_interval_covers_the_mean_and_shrinks_with_data():
 @pytest.fixture(scope="module")
 def fixture_sequence():
     tgt = load_model(str(TARGET))
-    d = load_drafter(str(TRAINED / "eagle3"))
+    d = load_reference(open_drafter(str(TRAINED / "eagle3")))
     ids = d.spec.capture_ids(tgt.num_layers)
     tokens = tgt.tokenizer((ROOT / "eaglectl" / "data" / "calibration.txt").read_text()[:3000]).input_ids[:160]
     _, aux = forward(tgt, torch.tensor([tokens]), ids)
@@ -190,7 +191,7 @@ def test_template_axis_needs_and_uses_the_chat_template(tmp_path, invoke):
                        "training,changed,none", "--depth", 3, "--bootstrap", 100, "--json"))
     assert [r["template"] for r in doc["runs"]] == ["training", "changed", "none"]
     tok = load_model(str(chat_target)).tokenizer
-    variants = [drift.template_prompts(str(prompts), tok, t, "Be brief.", 3) for t in drift.TEMPLATES]
+    variants = [workload.template_prompts(str(prompts), tok, t, "Be brief.", 3) for t in workload.TEMPLATES]
     assert variants[0] != variants[1] != variants[2]
     assert all(len(a) > len(c) for a, c in zip(variants[0], variants[2], strict=True))  # no system prompt: shorter
     # the plain fixture tokenizer has no chat template: one line, a stable code, nothing run
@@ -208,7 +209,7 @@ def test_drift_on_a_capture_has_masses_but_no_loop(tmp_path, invoke):
     assert all(0 <= d["sink_mass"] <= 1 for d in doc["depths"])
     # the same anchors through the running target give the same masses: the capture stands in for it
     tgt = load_model(str(TARGET))
-    d = load_drafter(str(TRAINED / "eagle3"))
+    d = load_reference(open_drafter(str(TRAINED / "eagle3")))
     req = next(iter(open_states(str(states)).requests()))
     tokens = req.token_ids.tolist()
     _, aux = forward(tgt, torch.tensor([tokens]), d.spec.capture_ids(8))

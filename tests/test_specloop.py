@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eaglectl.drafter import open_drafter
+from eaglectl.model.loader import load_reference
 from eaglectl.model.hf import HFModel, croppable, forward, load_model, new_cache
 from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step, prefill
 from eaglectl.model.specloop import (
@@ -22,7 +24,6 @@ from eaglectl.model.specloop import (
     greedy_generate,
     speculative_generate,
 )
-from eaglectl.verify import load_drafter
 from eaglectl.workload import load_prompts, tokenizer_of
 
 from .conftest import ROOT
@@ -72,7 +73,7 @@ def full_recompute(target: HFModel, drafter: Drafter, prompts: list[list[int]], 
 
 def _fixture(drafter: str, target: str) -> tuple[HFModel, Drafter, tuple[int, ...], torch.Tensor | None]:
     tgt = load_model(str(TRAINED / target))
-    d = load_drafter(str(TRAINED / drafter))
+    d = load_reference(open_drafter(str(TRAINED / drafter)))
     embed = None if d.has_embed else tgt.embedding().float()
     return tgt, d.build(torch.float32, "cpu"), d.spec.capture_ids(tgt.num_layers), embed
 
