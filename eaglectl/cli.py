@@ -1,6 +1,7 @@
-"""The command line. Each command parses its options (validated here, at parse time), calls one
-library function (`<command>.run`) and hands the result to `report.finish`. torch is never
-imported here; heavy modules are imported inside command bodies.
+"""The command line: the command table. Each command declares its options (types and shared options
+from `cli_params`, validated at parse time), calls one library function (`<command>.run`) and hands
+the result to `report.finish` (through `batch.single_or_batch` where a --manifest can run a batch).
+torch is never imported here; heavy modules are imported inside command bodies.
 
 One error funnel (`EaglectlGroup.invoke`): eaglectl's own errors are one line and their exit code;
 an OSError naming a path is a filesystem error (15); Ctrl-C is 130, SIGTERM 143; anything else is
@@ -110,7 +111,6 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
 
 # -------------------------------------------------------------------------------- the commands, in help order
 
-
 @cli.command("inspect", short_help="Name a drafter's dialect and check its files.", epilog="""\b
 Examples:
   eaglectl inspect ./my-drafter
@@ -128,8 +128,8 @@ Examples:
 @params.engine_version_option
 @params.measure_option
 @params.states_option
-@params.vllm_python_option("Interpreter with vLLM, asked what each model runner reads (default: $EAGLECTL_VLLM_PYTHON, "
-                    "then this one if it has vLLM; else eaglectl's table).")
+@params.vllm_python_option("Interpreter with vLLM, asked what each model runner reads (default: "
+                           "$EAGLECTL_VLLM_PYTHON, then this one if it has vLLM; else eaglectl's table).")
 @params.allow_pickle_option
 @params.json_option
 def inspect_cmd(source: str, **options: Any) -> None:
