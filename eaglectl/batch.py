@@ -16,11 +16,26 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import click
+
+from . import report
+from .cli_params import Number
 from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
 from .io.jsonio import loads
 from .limits import limit
+
+
+class Outcome(Protocol):
+    """What a command's library call returns: an exit code, a one-line summary and a JSON document."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def summary_line(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -130,3 +145,93 @@ def run_batch(items: list[dict[str, Any]], fn: Callable[[dict[str, Any]], tuple[
         if fail_fast and row["exit_code"]:
             break
     return out
+
+
+# ------------------------------------------------------------------- the command line's side
+
+def _manifest_keys(cmd: click.Command) -> dict[str, click.Parameter]:
+    """Per-item keys a manifest may use: the command's own options (as their flag names)."""
+    keys = {}
+    for p in cmd.params:
+        if isinstance(p, click.Option) and p.name not in ("manifest", "fail_fast", "dry_run", "force") \
+                and p.expose_value and p.name is not None:
+            flag = max(p.opts, key=len).lstrip("-").replace("-", "_")
+            keys[flag] = p
+    return keys
+
+
+def _item_options(ctx: click.Context, item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A manifest item's options, validated by the same parameter types as the command line."""
+    params = _manifest_keys(ctx.command)
+    out = {}
+    for key, value in item.items():
+        if key in ("source", "dest"):
+            out[key] = value
+            continue
+        p = params[key]
+        expected = _manifest_kind(p)
+        values = value if p.multiple and isinstance(value, list) else [value]
+        if not all(_manifest_fits(p, v) for v in values):
+            raise ManifestError(f"{where}: '{key}' must be {expected}" + (" (or a list of them)" if p.multiple else ""))
+        try:
+            out[p.name] = p.type_cast_value(ctx, value)  # type: ignore[index]
+        except click.BadParameter as e:
+            raise ManifestError(f"{where}: '{key}': {e.message}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ManifestError(f"{where}: '{key}': {e}") from None
+    return out
+
+
+def _manifest_numeric(p: click.Parameter) -> bool:
+    return isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, Number))
+
+
+def _manifest_kind(p: click.Parameter) -> str:
+    if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
+        return "true or false"
+    return "a number (or a string)" if _manifest_numeric(p) else "a string"
+
+
+def _manifest_fits(p: click.Parameter, value: Any) -> bool:
+    """A manifest value of the kind the command line would give this option (text, or the JSON equivalent)."""
+    if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return _manifest_numeric(p)
+    return isinstance(value, str)
+
+
+def single_or_batch(command: str, one: Callable[[dict[str, Any]], Outcome], need_dest: bool = True) -> None:
+    """The current command's SOURCE [DEST] (or one of SOURCES...) runs once and renders; its --manifest, or
+    several SOURCES, runs a batch with one summary and the worst item's exit code. `one` gets the command's
+    options, an item's over them."""
+    ctx = click.get_current_context()
+    sources = ctx.params.get("sources") or ()
+    source = ctx.params.get("source", sources[0] if len(sources) == 1 else None)
+    dest, manifest, fail_fast = (ctx.params.get(k) for k in ("dest", "manifest", "fail_fast"))
+    items = [{"source": s} for s in sources] if len(sources) > 1 else None
+    defaults = {k: v for k, v in ctx.params.items() if k not in ("source", "sources", "dest", "manifest", "fail_fast")}
+    if items is not None:
+        if manifest is not None:
+            raise click.UsageError("give SOURCES or --manifest, not both")
+        report.finish_batch(command, run_batch(items, lambda item: _row(one({**defaults, **item})), fail_fast))
+        return
+    if manifest is None:
+        if source is None or (need_dest and dest is None):
+            raise click.UsageError("give SOURCE and DEST, or --manifest FILE" if need_dest else
+                                   "give SOURCE, or --manifest FILE")
+        report.finish(command, one({**defaults, "source": source, "dest": dest}))
+        return
+    if source is not None or dest is not None:
+        raise click.UsageError("give either SOURCE/DEST or --manifest, not both")
+    keys = frozenset(_manifest_keys(ctx.command))
+    lines = read_manifest(manifest, keys, need_dest)
+    options = {id(item): _item_options(ctx, item, f"{manifest}:{n}") for n, item in lines}  # all, before any work
+    report.finish_batch(command, run_batch([item for _, item in lines],
+                                           lambda item: _row(one({**defaults, **options[id(item)]})), fail_fast))
+
+
+def _row(result: Outcome) -> tuple[int, str, dict[str, Any]]:
+    return result.exit_code, result.summary_line(), result.to_json()

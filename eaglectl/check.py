@@ -8,15 +8,23 @@ carries the findings for code-scanning UIs.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
+from .io.atomic import write_file_atomic
 from .progress import Progress, passthrough
 from .rules import RULES, Finding
+
+if TYPE_CHECKING:
+    from .drafter import DrafterCheckpoint
+    from .inspection import InspectReport
 
 SCHEMA = "eaglectl.check/1"
 
@@ -63,7 +71,7 @@ class CheckReport:
                 "passed": self.exit_code == 0, "exit_code": self.exit_code}
 
 
-def _timed(fn: Any) -> Stage:
+def _timed(fn: Callable[[], Stage]) -> Stage:
     t = time.perf_counter()
     stage = fn()
     stage.seconds = time.perf_counter() - t
@@ -115,7 +123,35 @@ def run(source: str, *, target: str | None = None, run_smoke: bool = False, card
     return out
 
 
-def _publish(out: CheckReport, rep: Any) -> Stage:
+def run_options(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
+    """`run` with the gate's options as the command line names them (`check`'s, `upload`'s or a manifest line's)."""
+    smoke = {"engine": o["smoke_engine"], "k": o["smoke_k"], "prompts": o["smoke_prompts"],
+             "num_prompts": o["smoke_num_prompts"], "timeout_s": o["smoke_timeout_s"]}
+    return run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"], strict=o["strict"],
+               min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"], allow_pickle=o["allow_pickle"],
+               base_model=o["base_model"], measure=o["measure"], states=o["states"],
+               engine_version=o["engine_version"], progress=progress, smoke_options=smoke)
+
+
+@contextlib.contextmanager
+def gates(sarif_path: str | None,
+          progress: Progress = passthrough) -> Iterator[Callable[[dict[str, Any]], CheckReport]]:
+    """Yield `run_options` that keeps each report; when the block ends (an error or an exit included), the
+    reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
+    reports: list[CheckReport] = []
+
+    def gate(o: dict[str, Any]) -> CheckReport:
+        reports.append(run_options(o, progress))
+        return reports[-1]
+
+    try:
+        yield gate
+    finally:
+        if sarif_path and reports:
+            write_file_atomic(sarif_path, (json.dumps(sarif(reports), indent=1) + "\n").encode())
+
+
+def _publish(out: CheckReport, rep: InspectReport) -> Stage:
     """The files an upload would send (after the card stage wrote README.md): no local path, and a drafter
     the loaders it meets on the Hub can load (rules/publish.py)."""
     from .publish import upload_files
@@ -141,7 +177,7 @@ def _publish(out: CheckReport, rep: Any) -> Stage:
                  data={"files": [rel for rel, _ in files]})
 
 
-def _parity(rep: Any) -> Stage:
+def _parity(rep: InspectReport) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
     from .errors import MissingDependencyError
@@ -167,7 +203,7 @@ def _parity(rep: Any) -> Stage:
                  f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
 
 
-def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float | None,
+def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptance: float | None,
            vllm_python: str | None, progress: Progress, options: dict[str, Any]) -> Stage:
     if not requested:
         return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM, --engine reference "
@@ -198,17 +234,16 @@ def _smoke(rep: Any, target: str | None, requested: bool, min_acceptance: float 
     return Stage("smoke", "pass", detail, data=sm, requested=True)
 
 
-def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, Any] | None,
+def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
     from .card import base_model, load_card, render_card, write_card
     from .rules.card import lint_card, lint_profile
 
     if card is False:
         return Stage("card", "skipped", "--no-card")
-    if rep.drafter.ckpt.hub_ref is not None:
-        if card:
-            return Stage("card", "fail", "requested but cannot run: cards are written into local folders, not Hub repos",
-                         requested=True)
+    if rep.drafter.ckpt.hub_ref is not None and card:
+        return Stage("card", "fail", "requested but cannot run: cards are written into local folders, not Hub repos",
+                     requested=True)
     folder = Path(rep.drafter.root)
     base = base_model(rep, explicit_base)
     profile, profile_findings = lint_profile(folder, rep.drafter) if folder.is_dir() else (None, [])
@@ -246,7 +281,7 @@ def _card(out: CheckReport, rep: Any, card: bool | None, smoke_doc: dict[str, An
                  "warning(s)" + note, requested=bool(card))
 
 
-def _unnamed_verifier(d: Any) -> bool:
+def _unnamed_verifier(d: DrafterCheckpoint) -> bool:
     """A speculators config whose verifier is null or a local path (vllm serve DRAFTER cannot find the target)."""
     from .publish import is_local_path
 
@@ -257,7 +292,7 @@ def _unnamed_verifier(d: Any) -> bool:
     return name is None or (isinstance(name, str) and is_local_path(name))
 
 
-def name_verifier(d: Any, base: str) -> str | None:
+def name_verifier(d: DrafterCheckpoint, base: str) -> str | None:
     """Write `base` (a Hub id) as the speculators verifier into the drafter's config.json when it is null or a
     local path; the file is replaced atomically, its other keys untouched. The path written, or None."""
     import json

@@ -32,7 +32,7 @@ from .conversion_write import (
     tensor_entry,
 )
 from .drafter import DrafterCheckpoint, open_drafter
-from .errors import ConversionError, filesystem_error
+from .errors import ConversionError, UsageError, filesystem_error
 from .io.atomic import _fsync_dir, check_destination, staged_output
 from .io.safetensors import Written, write_safetensors
 from .progress import Progress, passthrough
@@ -79,6 +79,10 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
     table, and the written output must draft exactly like the source under the reference loop, read the
     way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST). Whatever can
     be refused without measuring (the destination, the dialect) is refused before the target is touched."""
+    if bool(to) == bool(for_engine):  # exactly one of them (the CLI's --to / --for, or a manifest line's keys)
+        raise UsageError("give --to DIALECT or --for ENGINE (or a 'to' / 'for' key per manifest line), not both"
+                         if to else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key per manifest "
+                         "line)", hint="eaglectl convert SOURCE DEST --for vllm")
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
     tgt = Target.open(target, states, progress=progress)
     checkpoint = tgt.checkpoint if tgt is not None else None

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import click
-from eaglectl.cli import COMMAND_ORDER, PATH_PARAMS, cli
+
+from eaglectl.cli import COMMAND_ORDER, cli
+from eaglectl.cli_params import PATH_PARAMS
 
 from .conftest import FIXTURES
 

@@ -12,6 +12,7 @@ reads goes through the drafter's typed `ConfigView`.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import shlex
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..drafter import DrafterCheckpoint
+from ..errors import UsageError
 from ..target import TargetCheckpoint
 
 
@@ -226,6 +228,17 @@ def run_checks(ctx: Context) -> list[Finding]:
     files.invalid_fields(ctx)  # last: any check may have read an invalid field
     ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return ctx.findings
+
+
+def explain(rule_id: str | None = None) -> list[Rule]:
+    """The rule `rule_id` (every rule with None); an unknown id is a usage error naming the closest ones."""
+    if rule_id is None:
+        return list(RULES.values())
+    if rule_id not in RULES:
+        near = difflib.get_close_matches(rule_id, list(RULES), n=3, cutoff=0.5)
+        raise UsageError(f"no rule '{rule_id}'", hint=(f"did you mean {' or '.join(near)}? " if near else "")
+                         + "eaglectl rules lists them all")
+    return [RULES[rule_id]]
 
 
 def summarise(findings: list[Finding]) -> dict[str, int]:
