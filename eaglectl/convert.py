@@ -395,7 +395,7 @@ def plan_conversion(
     for flag in FLAGS:
         if getattr(spec, flag) and flag not in w.flag_paths:
             fail(f"{dialect.title} cannot express {flag}=true (the drafter would be served without it)")
-    if w.style == "speculators" and spec.norm_before_fc and spec.fc_norm:
+    if dialect.config_style == "speculators" and spec.norm_before_fc and spec.fc_norm:
         fail("the speculators format rejects norm_before_fc together with fc_norm")
 
     quantized = layout_of(src)
@@ -611,7 +611,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
-    if w.style == "speculators":
+    if dialect.config_style == "speculators":
         verifier = _verifier(src, target, base_model)
         if verifier is None:
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..io.jsonio import MISSING, config_get
 
 # vLLM's own key for a drafter's aux ids: both of its model runners read it first, as boundary ids
 # (docs/engines.md#runners), so every dialect that can carry it gets it, in that numbering (docs/convert.md#aux-ids).
 VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+
+# How a dialect's config.json is laid out: "hf", the decoder fields at the top level (read by vLLM's EAGLEConfig,
+# sglang, TRT-LLM), or "speculators", the speculators format (decoder config nested in transformer_layer_config)
+ConfigStyle = Literal["hf", "speculators"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,6 @@ class Writer:
     conversion that needs it fails with the reason (never a silent default)."""
 
     architectures: dict[str, str]  # arch family -> `architectures` entry; a missing family cannot be written
-    style: str = "hf"  # hf: decoder fields at the top level | speculators: nested transformer_layer_config
     aux_ids_paths: tuple[str, ...] = ()  # where aux ids go; () = cannot record
     aux_convention: str | None = None  # convention of the ids written (None: the dialect's own)
     # path -> its own convention, where it differs from `aux_convention` (vLLM's top-level key: boundary;
@@ -137,8 +140,7 @@ class Dialect:
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
-    # HF-style config (read by vLLM's EAGLEConfig, sglang, TRT-LLM) vs the speculators format
-    hf_style: bool = True
+    config_style: ConfigStyle = "hf"  # how it reads and eaglectl writes config.json
     owned_config_keys: tuple[str, ...] = ()  # top-level keys of this dialect's wrapping (not decoder config)
     d2t_order: str = "sorted"  # sorted (ids ascending) | frequency (ModelOpt: most frequent first)
     caveats: tuple[Caveat, ...] = ()

@@ -36,10 +36,9 @@ DIALECT = Dialect(
     },
     writer=Writer(
         architectures={"llama": "Eagle3Speculator", "qwen3": "Eagle3Speculator"},
-        style="speculators",
         aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
         flag_paths={f: (f,) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
     ),
-    hf_style=False,
+    config_style="speculators",
     notes=("norm_before_fc together with fc_norm is rejected by speculators",),
 )
