@@ -162,6 +162,12 @@ class ServerReplyError(EaglectlError, exit_code=22, reference="server-reply"):
     replied non-JSON, oversized, malformed or 5xx, or its /metrics counters went backwards."""
 
 
+def first_line(e: BaseException, most: int | None = None) -> str:
+    """An exception's message as one line (at most `most` characters), or its type's name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0][:most] if text else type(e).__name__
+
+
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
     """One line for an OSError: what was attempted, on which path, and the system's reason. A `doing`
     that ends in a preposition ("create a staging folder in") is about the path: "PATH: cannot create a

@@ -6,10 +6,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..io.jsonio import MISSING, config_get
+from ..spec import FLAGS
 
 # vLLM's own key for a drafter's aux ids: both of its model runners read it first, as boundary ids
 # (docs/engines.md#runners), so every dialect that can carry it gets it, in that numbering (docs/convert.md#aux-ids).
 VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# The training frameworks' own field for them (ModelOpt, SpecForge, TorchSpec, NeMo), in their own numbering
+EAGLE_CONFIG_AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
+# A writer that gives vLLM its key in vLLM's numbering and the framework its own field in the framework's
+# (output-of-layer) numbering: the provenance records each field's numbering (docs/convert.md#aux-ids)
+BOTH_AUX_KEYS = (VLLM_AUX_KEY, EAGLE_CONFIG_AUX_KEY)
+BOTH_NUMBERINGS = {VLLM_AUX_KEY: "boundary", EAGLE_CONFIG_AUX_KEY: "output"}
 
 # How a dialect's config.json is laid out: "hf", the decoder fields at the top level (read by vLLM's EAGLEConfig,
 # sglang, TRT-LLM), or "speculators", the speculators format (decoder config nested in transformer_layer_config)
@@ -63,6 +70,21 @@ class Signal:
             "metadata-key": f"safetensors metadata has '{self.arg}'",
             "file": f"file '{self.arg}' present",
         }[self.kind]
+
+
+# SafeAILab's naming of the one decoder layer, kept by SpecForge and TorchSpec: its detection signal and its rename
+MIDLAYER = Signal("tensor-prefix", "midlayer.", weight=2)
+MIDLAYER_KEYS = (("layers.0.", "midlayer."),)
+
+
+def flag_defaults(producer: str, *, raw_residual: bool = False, **why: str) -> dict[str, tuple[bool, str]]:
+    """Every flag off when absent, each with why: "<producer> default", or (`raw_residual`) the producer has no
+    option for norm_before_residual and no input_norm; `why` overrides one flag's reason."""
+    out = {f: (False, f"{producer} default") for f in FLAGS}
+    if raw_residual:
+        out["norm_before_residual"] = (False, f"{producer} has no such option: raw residual")
+        out["norm_before_fc"] = (False, f"{producer} has no input_norm")
+    return out | {f: (False, reason) for f, reason in why.items()}
 
 
 @dataclass(frozen=True)

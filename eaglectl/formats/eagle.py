@@ -6,7 +6,7 @@ definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnet
 `eagle/traineagle3/config.json` (docs/hazards.md#dialects).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import FLAGS, MIDLAYER, MIDLAYER_KEYS, Dialect, Signal, Writer
 
 _ALL_OFF = "SafeAILab layout cannot express it: EAGLE-3 semantics"
 
@@ -14,7 +14,7 @@ DIALECT = Dialect(
     name="eagle",
     title="SafeAILab/EAGLE",
     producers="SafeAILab EAGLE-3 training (yuhuili/EAGLE3-* heads)",
-    required=(Signal("tensor-prefix", "midlayer.", weight=2),),
+    required=(MIDLAYER,),
     supporting=(
         Signal("config-value", "architectures", "LlamaForCausalLM"),
         Signal("file", "pytorch_model.bin"),
@@ -26,9 +26,9 @@ DIALECT = Dialect(
         Signal("config-key", "norm_output"),
         Signal("tensor-prefix", "fc_norm."),
     ),
-    key_rules=(("layers.0.", "midlayer."),),
+    key_rules=MIDLAYER_KEYS,
     aux_convention="boundary",
-    flag_defaults={f: (False, _ALL_OFF) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+    flag_defaults={f: (False, _ALL_OFF) for f in FLAGS},
     writer=Writer(
         architectures={"llama": "LlamaForCausalLM"},
         max_layers=1,
