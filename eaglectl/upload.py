@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .check import CheckReport
 from .errors import CheckpointNotFoundError, MissingDependencyError, UsageError, first_line
 from .io.hub import hub_failure
 from .publish import upload_files
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo, CommitOperationAdd
+
+    from .rules import Finding
 
 SCHEMA = "eaglectl.upload/1"
 
@@ -30,7 +35,7 @@ class UploadReport:
     source: str
     repo_id: str
     gate: CheckReport
-    operations: list[Any]  # huggingface_hub CommitOperationAdd, in upload order
+    operations: list[CommitOperationAdd]  # in upload order
     commit_message: str
     commit_description: str
     dry_run: bool
@@ -44,7 +49,7 @@ class UploadReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def findings(self) -> list[Any]:
+    def findings(self) -> list[Finding]:
         return self.gate.findings  # -q names the failing rules
 
     @property
@@ -77,7 +82,7 @@ class UploadReport:
                 "notes": self.notes, "exit_code": self.exit_code}
 
 
-def plan_operations(folder: str | Path) -> list[Any]:
+def plan_operations(folder: str | Path) -> list[CommitOperationAdd]:
     """huggingface_hub's commit operations for every file an upload of `folder` sends (publish.upload_files)."""
     from huggingface_hub import CommitOperationAdd
 
@@ -134,7 +139,7 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
     return rep
 
 
-def _commit(rep: UploadReport) -> Any:
+def _commit(rep: UploadReport) -> CommitInfo:
     """The network part: repo (and branch) when missing, then one commit. Every failure is one line."""
     from huggingface_hub import HfApi, constants, get_token
 

@@ -27,6 +27,8 @@ from ..spec import DrafterSpec
 from ..target import TargetCheckpoint
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..probe import Measurement
 
 
@@ -179,7 +181,7 @@ class Context:
     engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
     progress: Progress = passthrough
     findings: list[Finding] = field(default_factory=list)
-    _arrays: dict[str, Any] = field(default_factory=dict)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict)
     # the drafter's parts every check reads, taken from `drafter`
     spec: DrafterSpec = field(init=False)
     view: CanonicalView = field(init=False)
@@ -194,7 +196,7 @@ class Context:
     def emit(self, r: Rule, message: str, locator: str | None = None) -> None:
         self.findings.append(Finding(r, message, locator, hint_values(self.drafter, self.target)))
 
-    def array(self, canon: str) -> Any:
+    def array(self, canon: str) -> np.ndarray:
         if canon not in self._arrays:
             self._arrays[canon] = self.view.read(canon)
         return self._arrays[canon]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from ..drafter import DrafterCheckpoint
@@ -12,6 +12,9 @@ from ..errors import EaglectlError
 from . import Finding, hint_values
 from . import catalogue as rule
 from .target import same_model
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
 
 
 def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, Any] | None, list[Finding]]:
@@ -35,7 +38,7 @@ def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, An
     return profile, []
 
 
-def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
+def lint_card(card: ModelCard, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
     """Claims of an existing card that contradict the checkpoint. `base_model` is the drafter's target
     as a Hub id (None when unknown), `k` the speculators config's proposal length."""
     where = f"{Path(drafter.root) / 'README.md'}"
