@@ -72,6 +72,11 @@ class Signal:
         }[self.kind]
 
 
+def architectures(*names: str, weight: float = 1.0) -> tuple[Signal, ...]:
+    """One signal per class name: config `architectures` names it."""
+    return tuple(Signal("config-value", "architectures", n, weight) for n in names)
+
+
 # SafeAILab's naming of the one decoder layer, kept by SpecForge and TorchSpec: its detection signal and its rename
 MIDLAYER = Signal("tensor-prefix", "midlayer.", weight=2)
 MIDLAYER_KEYS = (("layers.0.", "midlayer."),)

@@ -6,7 +6,7 @@ definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnet
 `eagle/traineagle3/config.json` (docs/hazards.md#dialects).
 """
 
-from ._base import FLAGS, MIDLAYER, MIDLAYER_KEYS, Dialect, Signal, Writer
+from ._base import FLAGS, MIDLAYER, MIDLAYER_KEYS, Dialect, Signal, Writer, architectures
 
 _ALL_OFF = "SafeAILab layout cannot express it: EAGLE-3 semantics"
 
@@ -15,10 +15,7 @@ DIALECT = Dialect(
     title="SafeAILab/EAGLE",
     producers="SafeAILab EAGLE-3 training (yuhuili/EAGLE3-* heads)",
     required=(MIDLAYER,),
-    supporting=(
-        Signal("config-value", "architectures", "LlamaForCausalLM"),
-        Signal("file", "pytorch_model.bin"),
-    ),
+    supporting=(*architectures("LlamaForCausalLM"), Signal("file", "pytorch_model.bin")),
     forbidden=(  # the layout stores no aux ids and no 3.1 flags
         Signal("config-key", "eagle_config"),
         Signal("config-key", "eagle_aux_hidden_state_layer_ids"),

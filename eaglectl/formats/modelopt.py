@@ -7,7 +7,7 @@ the training data was generated (HF hooks: output-of-layer; vLLM dumps: boundary
 reported as unverifiable unless measured (docs/hazards.md#aux-ids).
 """
 
-from ._base import BOTH_AUX_KEYS, BOTH_NUMBERINGS, FLAGS, Dialect, Signal, Writer, flag_defaults
+from ._base import BOTH_AUX_KEYS, BOTH_NUMBERINGS, FLAGS, Dialect, Signal, Writer, architectures, flag_defaults
 
 DIALECT = Dialect(
     name="modelopt",
@@ -18,10 +18,8 @@ DIALECT = Dialect(
         Signal("config-key", "eagle_config.use_mtp_layernorm"),
         Signal("config-key", "eagle_config.parallel_draft_step"),
         Signal("config-key", "eagle_config"),
-        Signal("config-value", "architectures", "LlamaForCausalLMEagle3", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3LlamaForCausalLM", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3DeepseekV2ForCausalLM", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3Qwen3ForCausalLM", weight=0.5),
+        *architectures("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3DeepseekV2ForCausalLM",
+                       "Eagle3Qwen3ForCausalLM", weight=0.5),
     ),
     forbidden=(Signal("tensor-prefix", "model."), Signal("tensor-prefix", "midlayer.")),
     markers=(Signal("config-key", "eagle_config.next_layer_regular"),),

@@ -6,17 +6,14 @@ which vLLM cannot load (it adds its own `model.`: docs/hazards.md#names-and-arch
 output-of-layer). Source: NVIDIA-NeMo/Automodel `components/speculative/` (docs/hazards.md#dialects).
 """
 
-from ._base import BOTH_AUX_KEYS, Dialect, Signal, flag_defaults
+from ._base import BOTH_AUX_KEYS, Dialect, Signal, architectures, flag_defaults
 
 DIALECT = Dialect(
     name="nemo",
     title="NeMo Automodel",
     producers="NVIDIA-NeMo/Automodel `train_eagle3` recipes",
     required=(Signal("tensor-prefix", "model.", weight=2),),
-    supporting=(
-        Signal("config-value", "architectures", "LlamaEagle3DraftModel", weight=2),
-        Signal("file", "eagle_meta.pt"),
-    ),
+    supporting=(*architectures("LlamaEagle3DraftModel", weight=2), Signal("file", "eagle_meta.pt")),
     key_rules=(
         ("lm_head.", "lm_head."),
         ("d2t", "d2t"),

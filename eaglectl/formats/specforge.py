@@ -12,6 +12,7 @@ writer leaves a False `norm_output` out, as SpecForge's own configs do (docs/haz
 from ._base import (
     BOTH_AUX_KEYS,
     BOTH_NUMBERINGS,
+    EAGLE_CONFIG_AUX_KEY,
     MIDLAYER,
     MIDLAYER_KEYS,
     VLLM_AUX_KEY,
@@ -19,6 +20,7 @@ from ._base import (
     Dialect,
     Signal,
     Writer,
+    architectures,
     flag_defaults,
 )
 
@@ -28,8 +30,8 @@ DIALECT = Dialect(
     producers="sgl-project/SpecForge `specforge export`, sglang drafts",
     required=(MIDLAYER,),
     supporting=(
-        Signal("config-value", "architectures", "LlamaForCausalLMEagle3"),
-        Signal("config-key", "eagle_config.eagle_aux_hidden_state_layer_ids", weight=2),
+        *architectures("LlamaForCausalLMEagle3"),
+        Signal("config-key", EAGLE_CONFIG_AUX_KEY, weight=2),
         Signal("config-key", "fc_norm", weight=0.5),
     ),
     key_rules=MIDLAYER_KEYS,
