@@ -39,7 +39,7 @@ def card_tags(rep: InspectReport) -> list[str]:
     tags = ["speculative-decoding", "eagle3"]
     if rep.spec.eagle_version.startswith("3.1"):
         tags.append("eagle3.1")
-    if not rep.dialect.hf_style:
+    if rep.dialect.config_style == "speculators":
         tags.append("speculators")
     return [*tags, "vllm"]
 

@@ -285,7 +285,7 @@ def _unnamed_verifier(d: DrafterCheckpoint) -> bool:
     """A speculators config whose verifier is null or a local path (vllm serve DRAFTER cannot find the target)."""
     from .publish import is_local_path
 
-    verifier = None if d.dialect.hf_style else d.config.dict("speculators_config.verifier")
+    verifier = None if d.dialect.config_style == "hf" else d.config.dict("speculators_config.verifier")
     if verifier is None:
         return False
     name = verifier.get("name_or_path")

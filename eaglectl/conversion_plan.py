@@ -169,7 +169,7 @@ def _refuse_unwritable(spec: DrafterSpec, dialect: Dialect, fail: Fail) -> None:
     for flag in FLAGS:
         if getattr(spec, flag) and flag not in w.flag_paths:
             fail(f"{dialect.title} cannot express {flag}=true (the drafter would be served without it)")
-    if w.style == "speculators" and spec.norm_before_fc and spec.fc_norm:
+    if dialect.config_style == "speculators" and spec.norm_before_fc and spec.fc_norm:
         fail("the speculators format rejects norm_before_fc together with fc_norm")
 
 
@@ -411,7 +411,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
-    if w.style == "speculators":
+    if dialect.config_style == "speculators":
         verifier = _verifier(src, target, base_model)
         if verifier is None:
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")

@@ -9,6 +9,7 @@ streamed in row blocks, never a whole large tensor at once).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .inspection import inputs
+from .progress import Progress, passthrough
 
 SCHEMA = "eaglectl.diff/1"
 BLOCK_BYTES = 16 << 20  # per side, per read
@@ -76,7 +78,8 @@ def _side(d: DrafterCheckpoint) -> dict[str, Any]:
 
 
 def run(a: str, b: str, *, from_a: str | None = None, from_b: str | None = None, values: bool = True,
-        atol: float = 0.0, target: str | None = None, allow_pickle: bool = False, progress: Any = None) -> DiffReport:
+        atol: float = 0.0, target: str | None = None, allow_pickle: bool = False,
+        progress: Progress = passthrough) -> DiffReport:
     """Compare A and B. With `target` (its config is enough), aux ids are compared as the boundaries
     vLLM captures on it: a drafter listing no ids and one listing the engine default are the same."""
     da = open_drafter(a, from_dialect=from_a, allow_pickle=allow_pickle)
@@ -92,8 +95,8 @@ def run(a: str, b: str, *, from_a: str | None = None, from_b: str | None = None,
     na, nb = set(da.view.names()), set(db.view.names())
     rep.only_in_a, rep.only_in_b = sorted(na - nb), sorted(nb - na)
     common = sorted(na & nb)
-    items: Any = common
-    if progress is not None and values:
+    items: Iterable[str] = common
+    if values:
         items = progress(common, label="comparing tensors", total=sum(da.view.info(c).nbytes for c in common),
                          weight=lambda c: da.view.info(c).nbytes, unit="B")
     for canon in items:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .spec import default_aux_ids
+from .formats import ConfigStyle
+from .io.jsonio import ConfigView
+from .spec import DrafterSpec, default_aux_ids
 
 
 @dataclass(frozen=True)
@@ -53,8 +55,8 @@ AUX_READINGS: tuple[AuxReading, ...] = (
 AUX_KEYS: dict[str, tuple[str, ...]] = {"sglang": ("eagle_config.eagle_aux_hidden_state_layer_ids",)}
 
 
-def engine_ids(engine: str, config: Any, stored: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The ids `engine` reads from a drafter's config (a jsonio view with `int_list`): its own keys (AUX_KEYS),
+def engine_ids(engine: str, config: ConfigView | None, stored: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The ids `engine` reads from a drafter's config: its own keys (AUX_KEYS),
     else `stored` (the ids as the dialect reads them)."""
     for key in AUX_KEYS.get(engine, ()):
         ids = config.int_list(key) if config is not None else None
@@ -181,13 +183,13 @@ class FeatureSupport:
     note: str
     release: str | None = None
     flags: tuple[str, ...] = ()
-    style: str | None = None
+    style: ConfigStyle | None = None  # the config style it concerns (None: both)
     arch: str | None = None
 
-    def applies(self, spec: Any, hf_style: bool) -> bool:
+    def applies(self, spec: DrafterSpec, style: ConfigStyle) -> bool:
         if self.arch is not None and spec.arch != self.arch:
             return False
-        if self.style is not None and self.style != ("hf" if hf_style else "speculators"):
+        if self.style is not None and self.style != style:
             return False
         return not self.flags or any(getattr(spec, f, False) for f in self.flags)
 
@@ -295,9 +297,9 @@ def version_key(release: str | None) -> tuple[int, ...]:
     return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
 
 
-def needed_features(engine: str, spec: Any, hf_style: bool) -> list[FeatureSupport]:
+def needed_features(engine: str, spec: DrafterSpec, style: ConfigStyle) -> list[FeatureSupport]:
     """The features `engine` must serve correctly for this drafter in a dialect of that config style."""
-    return [f for f in FEATURES if f.engine == engine and f.applies(spec, hf_style)]
+    return [f for f in FEATURES if f.engine == engine and f.applies(spec, style)]
 
 
 # The version eaglectl's checks and engine-parity tests are pinned to.

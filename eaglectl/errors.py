@@ -41,9 +41,19 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 class EaglectlError(Exception):
+    """The base, never raised directly. Each subclass names its exit code and reference in its class line; its
+    docstring is its summary (its line in docs/errors.md)."""
+
     exit_code: ClassVar[int] = 1
     reference: ClassVar[str] = "error"
     summary: ClassVar[str] = ""
+
+    def __init_subclass__(cls, *, exit_code: int | None = None, reference: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.exit_code = cls.exit_code if exit_code is None else exit_code
+        cls.reference = cls.reference if reference is None else reference
+        if "summary" not in cls.__dict__:
+            cls.summary = " ".join((cls.__doc__ or "").split())
 
     def __init__(self, message: str, *, hint: str | None = None, reported: bool = False, **context: Any) -> None:
         super().__init__(message)
@@ -62,138 +72,100 @@ class EaglectlError(Exception):
         }
 
 
-class UsageError(EaglectlError):
-    """Bad arguments found by the library (a manifest line, an option value): Click's exit code 2."""
-
-    exit_code = 2
-    reference = "usage"
-    summary = "Bad flags, arguments or manifest lines."
+# bad arguments found by the library (a manifest line, an option value): Click's own usage exit code
+class UsageError(EaglectlError, exit_code=2, reference="usage"):
+    """Bad flags, arguments or manifest lines."""
 
 
-class CheckpointNotFoundError(EaglectlError):
-    exit_code = 3
-    reference = "checkpoint-not-found"
-    summary = "A path, Hub repo, revision or file is missing (or not in the cache when offline)."
+class CheckpointNotFoundError(EaglectlError, exit_code=3, reference="checkpoint-not-found"):
+    """A path, Hub repo, revision or file is missing (or not in the cache when offline)."""
 
 
-class CorruptCheckpointError(EaglectlError):
-    exit_code = 4
-    reference = "corrupt-checkpoint"
-    summary = "A safetensors header, shard index or config cannot be parsed or fails validation."
+class CorruptCheckpointError(EaglectlError, exit_code=4, reference="corrupt-checkpoint"):
+    """A safetensors header, shard index or config cannot be parsed or fails validation."""
 
 
-class UnknownFormatError(EaglectlError):
-    exit_code = 5
-    reference = "unknown-format"
-    summary = "No registered dialect matches the checkpoint."
+class UnknownFormatError(EaglectlError, exit_code=5, reference="unknown-format"):
+    """No registered dialect matches the checkpoint."""
 
 
-class AmbiguousFormatError(EaglectlError):
-    exit_code = 6
-    reference = "ambiguous-format"
-    summary = "Two or more dialects match equally well; pass --from."
+class AmbiguousFormatError(EaglectlError, exit_code=6, reference="ambiguous-format"):
+    """Two or more dialects match equally well; pass --from."""
 
 
-class ConversionError(EaglectlError):
-    exit_code = 7
-    reference = "conversion-failed"
-    summary = "A tensor or config field cannot be mapped faithfully."
+class ConversionError(EaglectlError, exit_code=7, reference="conversion-failed"):
+    """A tensor or config field cannot be mapped faithfully."""
 
 
-class ParityMismatchError(EaglectlError):
-    exit_code = 8
-    reference = "parity-mismatch"
-    summary = "Numerical outputs exceed the stated tolerance (the report is printed first)."
+class ParityMismatchError(EaglectlError, exit_code=8, reference="parity-mismatch"):
+    """Numerical outputs exceed the stated tolerance (the report is printed first)."""
 
 
-class SmokeFailedError(EaglectlError):
-    exit_code = 9
-    reference = "smoke-failed"
-    summary = "vLLM crashed or timed out, or acceptance shows a red flag."
+class SmokeFailedError(EaglectlError, exit_code=9, reference="smoke-failed"):
+    """vLLM crashed or timed out, or acceptance shows a red flag."""
 
 
-class MissingDependencyError(EaglectlError):
-    exit_code = 10
-    reference = "missing-dependency"
-    summary = ("This machine lacks what a requested step needs: a vLLM interpreter, a CUDA device, an optional "
-               "package, a Hub token or connection (`check` with a smoke stage that cannot run here; `upload`).")
+class MissingDependencyError(EaglectlError, exit_code=10, reference="missing-dependency"):
+    """This machine lacks what a requested step needs: a vLLM interpreter, a CUDA device, an optional package, a Hub
+    token or connection (`check` with a smoke stage that cannot run here; `upload`)."""
 
 
-class PickleNotAllowedError(EaglectlError):
-    exit_code = 11
-    reference = "pickle-not-allowed"
-    summary = "A pickle checkpoint (.bin) was given without --allow-pickle."
+class PickleNotAllowedError(EaglectlError, exit_code=11, reference="pickle-not-allowed"):
+    """A pickle checkpoint (.bin) was given without --allow-pickle."""
 
 
-class OutputExistsError(EaglectlError):
-    exit_code = 12
-    reference = "output-exists"
-    summary = ("The destination exists; --force replaces only a folder holding nothing but checkpoint files, "
-               "never a file, link or device.")
+class OutputExistsError(EaglectlError, exit_code=12, reference="output-exists"):
+    """The destination exists; --force replaces only a folder holding nothing but checkpoint files, never a file, link
+    or device."""
 
 
-class IncompatibleDrafterError(EaglectlError):
-    exit_code = 13
-    reference = "incompatible-drafter"
-    summary = "The reference drafter cannot run this checkpoint (architecture, missing or extra tensor)."
+class IncompatibleDrafterError(EaglectlError, exit_code=13, reference="incompatible-drafter"):
+    """The reference drafter cannot run this checkpoint (architecture, missing or extra tensor)."""
 
 
-class OutputBusyError(EaglectlError):
-    exit_code = 14
-    reference = "output-busy"
-    summary = "Another eaglectl run holds the lock on this destination; nothing was written."
+class OutputBusyError(EaglectlError, exit_code=14, reference="output-busy"):
+    """Another eaglectl run holds the lock on this destination; nothing was written."""
 
 
-class FilesystemError(EaglectlError):
-    exit_code = 15
-    reference = "filesystem-error"
-    summary = "A read or write was refused by the operating system (permissions, missing folder, name too long)."
+class FilesystemError(EaglectlError, exit_code=15, reference="filesystem-error"):
+    """A read or write was refused by the operating system (permissions, missing folder, name too long)."""
 
 
-class SourceChangedError(EaglectlError):
-    exit_code = 16
-    reference = "source-changed"
-    summary = "A source file changed (size, mtime, inode) while it was read; the output was discarded."
+class SourceChangedError(EaglectlError, exit_code=16, reference="source-changed"):
+    """A source file changed (size, mtime, inode) while it was read; the output was discarded."""
 
 
-class BehaviourChangedError(EaglectlError):
-    exit_code = 17
-    reference = "behaviour-changed"
-    summary = "The written drafter drafts differently from its source under the reference loop; discarded."
+class BehaviourChangedError(EaglectlError, exit_code=17, reference="behaviour-changed"):
+    """The written drafter drafts differently from its source under the reference loop; discarded."""
 
 
-class CaptureFailedError(EaglectlError):
-    exit_code = 18
-    reference = "capture-failed"
-    summary = "The engine capturing target hidden states crashed, timed out or wrote no dumps (log named)."
+class CaptureFailedError(EaglectlError, exit_code=18, reference="capture-failed"):
+    """The engine capturing target hidden states crashed, timed out or wrote no dumps (log named)."""
 
 
-class InvalidStatesError(EaglectlError):
-    exit_code = 19
-    reference = "invalid-states"
-    summary = ("A capture folder (--states) or the target states computed for calibration are malformed, out of "
-               "range, inconsistent or non-finite, or too few / too degenerate to use; nothing was written.")
+class InvalidStatesError(EaglectlError, exit_code=19, reference="invalid-states"):
+    """A capture folder (--states) or the target states computed for calibration are malformed, out of range,
+    inconsistent or non-finite, or too few / too degenerate to use; nothing was written."""
 
 
-class PromptFileError(EaglectlError):
-    exit_code = 20
-    reference = "prompt-file"
-    summary = ("A --prompts value is missing or bad: a JSONL line that is not a prompt object, wrong types, token "
-               "ids outside the target's vocabulary, invalid UTF-8, over a size limit, or a SPEED-Bench folder with "
-               "the wrong schema.")
+class PromptFileError(EaglectlError, exit_code=20, reference="prompt-file"):
+    """A --prompts value is missing or bad: a JSONL line that is not a prompt object, wrong types, token ids outside
+    the target's vocabulary, invalid UTF-8, over a size limit, or a SPEED-Bench folder with the wrong schema."""
 
 
-class ManifestError(EaglectlError):
-    exit_code = 21
-    reference = "manifest"
-    summary = "A batch manifest (--manifest) line is not a valid item: bad JSON, wrong types, an unknown key or value."
+class ManifestError(EaglectlError, exit_code=21, reference="manifest"):
+    """A batch manifest (--manifest) line is not a valid item: bad JSON, wrong types, an unknown key or value."""
 
 
-class ServerReplyError(EaglectlError):
-    exit_code = 22
-    reference = "server-reply"
-    summary = ("A running server (smoke --server, capture --engine server) refused, timed out, redirected to "
-               "another host, replied non-JSON, oversized, malformed or 5xx, or its /metrics counters went backwards.")
+class ServerReplyError(EaglectlError, exit_code=22, reference="server-reply"):
+    """A running server (smoke --server, capture --engine server) refused, timed out, redirected to another host,
+    replied non-JSON, oversized, malformed or 5xx, or its /metrics counters went backwards."""
+
+
+def first_line(e: BaseException, most: int | None = None) -> str:
+    """An exception's message as one line (at most `most` characters), or its type's name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0][:most] if text else type(e).__name__
 
 
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:

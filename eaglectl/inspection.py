@@ -208,7 +208,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
 
             measured, note = try_measure(d, t, progress=progress)
     ctx = Context(d, checkpoint, scan, measured, readings=readings)
-    ctx.engine_version = engine_version  # type: ignore[attr-defined]  # rules/engine.py
+    ctx.engine_version = engine_version
     ctx.progress = progress
     return InspectReport(d, t, scope(run_checks(ctx), for_engine), strict, measured, note, readings, engine_version,
                          for_engine)

@@ -38,7 +38,7 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) ->
         except ConversionError as e:
             rows.append({"dialect": d.name, "refused": e.message})
             continue
-        feats = needed_features(engine, src.spec, d.hf_style)
+        feats = needed_features(engine, src.spec, d.config_style)
         newest = max((f for f in feats), key=lambda f: version_key(f.release), default=None)
         needs = newest.release if newest is not None and newest.release else (
             f"unconfirmed release with {newest.since}" if newest is not None else "any")

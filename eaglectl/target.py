@@ -10,6 +10,7 @@ imported when the target runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,7 +171,7 @@ class MemoryStates(States):
         return len(self.held)
 
     def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
-                 vocab: int | None = None) -> Any:
+                 vocab: int | None = None) -> Iterator[Request]:
         """The held requests (computed here, from the target's own run: nothing to check)."""
         if ids is not None:
             self.require(ids)
@@ -248,13 +249,13 @@ class Target:
         assert self._model is not None
         return self._model
 
-    def need(self, boundaries: Any = (), tokens: int = 0) -> None:
+    def need(self, boundaries: Iterable[int] = (), tokens: int = 0) -> None:
         """Declare boundaries (and a text length) the command will read, before the first capture, so one
         forward pass serves every measurement."""
         self._boundaries |= set(boundaries)
         self._tokens = max(self._tokens, tokens)
 
-    def text_states(self, boundaries: Any, tokens: int) -> States:
+    def text_states(self, boundaries: Iterable[int], tokens: int) -> States:
         """The target's states over the measurement text at `boundaries` (>= `tokens` positions, target argmax
         labels): the capture given with --states, else one forward pass of the model (again only when a
         boundary or a length was not declared before the first one)."""
@@ -292,7 +293,7 @@ class Target:
         out.meta["calibration_tokens"] = calibration
         return out
 
-    def continuations(self, prompts: list[list[int]], *, max_tokens: int, k: int, boundaries: Any
+    def continuations(self, prompts: list[list[int]], *, max_tokens: int, k: int, boundaries: Iterable[int]
                       ) -> list[Continuation]:
         """Each prompt's greedy continuation (max_tokens + k tokens) with the states at `boundaries`: decoded
         once per prompt for the command, whatever the drafter or reading (model/replay.py)."""

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .check import CheckReport
-from .errors import CheckpointNotFoundError, MissingDependencyError, UsageError
+from .errors import CheckpointNotFoundError, MissingDependencyError, UsageError, first_line
+from .io.hub import hub_failure
 from .publish import upload_files
+
+if TYPE_CHECKING:
+    from huggingface_hub import CommitInfo, CommitOperationAdd
+
+    from .rules import Finding
 
 SCHEMA = "eaglectl.upload/1"
 
@@ -29,7 +35,7 @@ class UploadReport:
     source: str
     repo_id: str
     gate: CheckReport
-    operations: list[Any]  # huggingface_hub CommitOperationAdd, in upload order
+    operations: list[CommitOperationAdd]  # in upload order
     commit_message: str
     commit_description: str
     dry_run: bool
@@ -43,7 +49,7 @@ class UploadReport:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def findings(self) -> list[Any]:
+    def findings(self) -> list[Finding]:
         return self.gate.findings  # -q names the failing rules
 
     @property
@@ -76,7 +82,7 @@ class UploadReport:
                 "notes": self.notes, "exit_code": self.exit_code}
 
 
-def plan_operations(folder: str | Path) -> list[Any]:
+def plan_operations(folder: str | Path) -> list[CommitOperationAdd]:
     """huggingface_hub's commit operations for every file an upload of `folder` sends (publish.upload_files)."""
     from huggingface_hub import CommitOperationAdd
 
@@ -133,10 +139,9 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
     return rep
 
 
-def _commit(rep: UploadReport) -> Any:
+def _commit(rep: UploadReport) -> CommitInfo:
     """The network part: repo (and branch) when missing, then one commit. Every failure is one line."""
     from huggingface_hub import HfApi, constants, get_token
-    from huggingface_hub import errors as hf_errors
 
     if constants.HF_HUB_OFFLINE:
         raise MissingDependencyError("HF_HUB_OFFLINE is set: nothing can be uploaded",
@@ -154,25 +159,18 @@ def _commit(rep: UploadReport) -> Any:
         return api.create_commit(rep.repo_id, rep.operations, commit_message=rep.commit_message,
                                  commit_description=rep.commit_description, repo_type="model",
                                  revision=rep.revision, create_pr=rep.create_pr or None)
-    except (hf_errors.RepositoryNotFoundError, hf_errors.GatedRepoError) as e:
-        raise CheckpointNotFoundError(f"{rep.repo_id}: repository not found or not writable ({_first_line(e)})",
-                                      repo=rep.repo_id, hint="check the id and that HF_TOKEN can write to it") from None
-    except hf_errors.RevisionNotFoundError:
-        raise CheckpointNotFoundError(f"{where}: revision not found", repo=rep.repo_id) from None
-    except hf_errors.HfHubHTTPError as e:
-        status = getattr(getattr(e, "response", None), "status_code", None)
-        if status in (401, 403):
-            raise MissingDependencyError(f"{rep.repo_id}: the token may not write here ({_first_line(e)})",
-                                         hint="use a write token for this org (HF_TOKEN)") from None
-        raise MissingDependencyError(f"{where}: the Hub refused the upload ({_first_line(e)})") from None
-    except OSError as e:
-        raise MissingDependencyError(f"{where}: cannot reach the Hub ({_first_line(e)})") from None
-    except Exception as e:  # httpx transport errors, caught by module so httpx need not be imported here
-        if type(e).__module__.startswith(("httpx", "httpcore", "requests", "urllib3")):
-            raise MissingDependencyError(f"{where}: cannot reach the Hub ({_first_line(e)})") from None
+    except Exception as e:
+        failure, why = hub_failure(e), first_line(e)
+        if failure == "repository":
+            raise CheckpointNotFoundError(f"{rep.repo_id}: repository not found or not writable ({why})",
+                                          repo=rep.repo_id,
+                                          hint="check the id and that HF_TOKEN can write to it") from None
+        if failure == "revision":
+            raise CheckpointNotFoundError(f"{where}: revision not found", repo=rep.repo_id) from None
+        refusals = {"forbidden": f"{rep.repo_id}: the token may not write here ({why})",
+                    "refused": f"{where}: the Hub refused the upload ({why})",
+                    "unreachable": f"{where}: cannot reach the Hub ({why})"}
+        if failure in refusals:
+            raise MissingDependencyError(refusals[failure], hint="use a write token for this org (HF_TOKEN)"
+                                         if failure == "forbidden" else None) from None
         raise
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
-from ._base import VLLM_AUX_KEY, Caveat, Detection, Dialect, Probe, Signal, Writer
+from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
 
-__all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "Detection", "Dialect", "Probe", "Signal", "Writer", "detect",
-           "evaluate", "get", "names", "register", "unregister", "writable"]
+__all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
+           "detect", "evaluate", "get", "names", "register", "unregister", "writable"]
 
 DIALECTS: dict[str, Dialect] = {}
 

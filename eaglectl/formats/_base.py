@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..io.jsonio import MISSING, config_get
+from ..spec import FLAGS
 
 # vLLM's own key for a drafter's aux ids: both of its model runners read it first, as boundary ids
 # (docs/engines.md#runners), so every dialect that can carry it gets it, in that numbering (docs/convert.md#aux-ids).
 VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# The training frameworks' own field for them (ModelOpt, SpecForge, TorchSpec, NeMo), in their own numbering
+EAGLE_CONFIG_AUX_KEY = "eagle_config.eagle_aux_hidden_state_layer_ids"
+# A writer that gives vLLM its key in vLLM's numbering and the framework its own field in the framework's
+# (output-of-layer) numbering: the provenance records each field's numbering (docs/convert.md#aux-ids)
+BOTH_AUX_KEYS = (VLLM_AUX_KEY, EAGLE_CONFIG_AUX_KEY)
+BOTH_NUMBERINGS = {VLLM_AUX_KEY: "boundary", EAGLE_CONFIG_AUX_KEY: "output"}
+
+# How a dialect's config.json is laid out: "hf", the decoder fields at the top level (read by vLLM's EAGLEConfig,
+# sglang, TRT-LLM), or "speculators", the speculators format (decoder config nested in transformer_layer_config)
+ConfigStyle = Literal["hf", "speculators"]
 
 
 @dataclass(frozen=True)
@@ -61,13 +72,32 @@ class Signal:
         }[self.kind]
 
 
+def architectures(*names: str, weight: float = 1.0) -> tuple[Signal, ...]:
+    """One signal per class name: config `architectures` names it."""
+    return tuple(Signal("config-value", "architectures", n, weight) for n in names)
+
+
+# SafeAILab's naming of the one decoder layer, kept by SpecForge and TorchSpec: its detection signal and its rename
+MIDLAYER = Signal("tensor-prefix", "midlayer.", weight=2)
+MIDLAYER_KEYS = (("layers.0.", "midlayer."),)
+
+
+def flag_defaults(producer: str, *, raw_residual: bool = False, **why: str) -> dict[str, tuple[bool, str]]:
+    """Every flag off when absent, each with why: "<producer> default", or (`raw_residual`) the producer has no
+    option for norm_before_residual and no input_norm; `why` overrides one flag's reason."""
+    out = {f: (False, f"{producer} default") for f in FLAGS}
+    if raw_residual:
+        out["norm_before_residual"] = (False, f"{producer} has no such option: raw residual")
+        out["norm_before_fc"] = (False, f"{producer} has no input_norm")
+    return out | {f: (False, reason) for f, reason in why.items()}
+
+
 @dataclass(frozen=True)
 class Writer:
     """How eaglectl writes a dialect. What is absent here the dialect cannot represent, and a
     conversion that needs it fails with the reason (never a silent default)."""
 
     architectures: dict[str, str]  # arch family -> `architectures` entry; a missing family cannot be written
-    style: str = "hf"  # hf: decoder fields at the top level | speculators: nested transformer_layer_config
     aux_ids_paths: tuple[str, ...] = ()  # where aux ids go; () = cannot record
     aux_convention: str | None = None  # convention of the ids written (None: the dialect's own)
     # path -> its own convention, where it differs from `aux_convention` (vLLM's top-level key: boundary;
@@ -137,8 +167,7 @@ class Dialect:
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
-    # HF-style config (read by vLLM's EAGLEConfig, sglang, TRT-LLM) vs the speculators format
-    hf_style: bool = True
+    config_style: ConfigStyle = "hf"  # how it reads and eaglectl writes config.json
     owned_config_keys: tuple[str, ...] = ()  # top-level keys of this dialect's wrapping (not decoder config)
     d2t_order: str = "sorted"  # sorted (ids ascending) | frequency (ModelOpt: most frequent first)
     caveats: tuple[Caveat, ...] = ()

@@ -6,7 +6,7 @@ definition. Ships `pytorch_model.bin`. Source: SafeAILab/EAGLE `eagle/model/cnet
 `eagle/traineagle3/config.json` (docs/hazards.md#dialects).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import FLAGS, MIDLAYER, MIDLAYER_KEYS, Dialect, Signal, Writer, architectures
 
 _ALL_OFF = "SafeAILab layout cannot express it: EAGLE-3 semantics"
 
@@ -14,11 +14,8 @@ DIALECT = Dialect(
     name="eagle",
     title="SafeAILab/EAGLE",
     producers="SafeAILab EAGLE-3 training (yuhuili/EAGLE3-* heads)",
-    required=(Signal("tensor-prefix", "midlayer.", weight=2),),
-    supporting=(
-        Signal("config-value", "architectures", "LlamaForCausalLM"),
-        Signal("file", "pytorch_model.bin"),
-    ),
+    required=(MIDLAYER,),
+    supporting=(*architectures("LlamaForCausalLM"), Signal("file", "pytorch_model.bin")),
     forbidden=(  # the layout stores no aux ids and no 3.1 flags
         Signal("config-key", "eagle_config"),
         Signal("config-key", "eagle_aux_hidden_state_layer_ids"),
@@ -26,9 +23,9 @@ DIALECT = Dialect(
         Signal("config-key", "norm_output"),
         Signal("tensor-prefix", "fc_norm."),
     ),
-    key_rules=(("layers.0.", "midlayer."),),
+    key_rules=MIDLAYER_KEYS,
     aux_convention="boundary",
-    flag_defaults={f: (False, _ALL_OFF) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+    flag_defaults={f: (False, _ALL_OFF) for f in FLAGS},
     writer=Writer(
         architectures={"llama": "LlamaForCausalLM"},
         max_layers=1,

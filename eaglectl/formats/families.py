@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._base import Probe, Signal
+from ._base import architectures as _archs
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,6 @@ class Family:
     def evidence(self, probe: Probe) -> tuple[str, ...] | None:
         held = [s for s in self.signals if s.holds(probe)]
         return tuple(s.describe() for s in held) if sum(s.weight for s in held) >= self.threshold else None
-
-
-def _archs(*names: str) -> tuple[Signal, ...]:
-    return tuple(Signal("config-value", "architectures", n) for n in names)
 
 
 # vLLM 0.32's registered MTP architectures (model_executor/models/registry.py), and other MTP markers

@@ -7,9 +7,7 @@ the training data was generated (HF hooks: output-of-layer; vLLM dumps: boundary
 reported as unverifiable unless measured (docs/hazards.md#aux-ids).
 """
 
-from ._base import VLLM_AUX_KEY, Dialect, Signal, Writer
-
-_EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
+from ._base import BOTH_AUX_KEYS, BOTH_NUMBERINGS, FLAGS, Dialect, Signal, Writer, architectures, flag_defaults
 
 DIALECT = Dialect(
     name="modelopt",
@@ -20,14 +18,12 @@ DIALECT = Dialect(
         Signal("config-key", "eagle_config.use_mtp_layernorm"),
         Signal("config-key", "eagle_config.parallel_draft_step"),
         Signal("config-key", "eagle_config"),
-        Signal("config-value", "architectures", "LlamaForCausalLMEagle3", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3LlamaForCausalLM", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3DeepseekV2ForCausalLM", weight=0.5),
-        Signal("config-value", "architectures", "Eagle3Qwen3ForCausalLM", weight=0.5),
+        *architectures("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3DeepseekV2ForCausalLM",
+                       "Eagle3Qwen3ForCausalLM", weight=0.5),
     ),
     forbidden=(Signal("tensor-prefix", "model."), Signal("tensor-prefix", "midlayer.")),
     markers=(Signal("config-key", "eagle_config.next_layer_regular"),),
-    aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
+    aux_ids_paths=BOTH_AUX_KEYS,
     aux_convention="output",
     aux_convention_note=(
         "ModelOpt ids are output-of-layer when the training data came from HF hooks and boundary when it "
@@ -41,9 +37,9 @@ DIALECT = Dialect(
         # HF EAGLE module hooks the output of decoder layer k for id k (`register_forward_hook` on
         # `layers[k]`; default ids (1, L//2-1, L-4)), one layer later than vLLM reads the same number
         # (docs/convert.md#aux-ids). The provenance records each field's numbering.
-        aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
+        aux_ids_paths=BOTH_AUX_KEYS,
         aux_convention="boundary",
-        aux_conventions={VLLM_AUX_KEY: "boundary", _EC_IDS: "output"},
+        aux_conventions=BOTH_NUMBERINGS,
         flag_paths={"norm_before_residual": ("norm_before_residual",),
                     "norm_before_fc": ("norm_before_fc", "eagle_config.norm_before_fc"),  # both places (docs/hazards.md#flags)
                     "fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
@@ -63,11 +59,6 @@ DIALECT = Dialect(
     # `eagle_export_rope_scaling`: ModelOpt writes this into the exported config even when training used
     # default RoPE (docs/hazards.md#rope)
     exported_rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048},
-    flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
-    flag_defaults={
-        "norm_before_residual": (False, "vLLM default for HF-style configs"),
-        "norm_before_fc": (False, "vLLM default"),
-        "fc_norm": (False, "vLLM default"),
-        "norm_output": (False, "vLLM default"),
-    },
+    flag_fields=frozenset(FLAGS),
+    flag_defaults=flag_defaults("vLLM", norm_before_residual="vLLM default for HF-style configs"),
 )

@@ -9,33 +9,40 @@ EAGLE-3 feedback, and an explicit False meant no final norm before `lm_head` —
 writer leaves a False `norm_output` out, as SpecForge's own configs do (docs/hazards.md#norm-output-window).
 """
 
-from ._base import VLLM_AUX_KEY, Caveat, Dialect, Signal, Writer
-
-_EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
+from ._base import (
+    BOTH_AUX_KEYS,
+    BOTH_NUMBERINGS,
+    EAGLE_CONFIG_AUX_KEY,
+    MIDLAYER,
+    MIDLAYER_KEYS,
+    VLLM_AUX_KEY,
+    Caveat,
+    Dialect,
+    Signal,
+    Writer,
+    architectures,
+    flag_defaults,
+)
 
 DIALECT = Dialect(
     name="specforge",
     title="SpecForge / sglang",
     producers="sgl-project/SpecForge `specforge export`, sglang drafts",
-    required=(Signal("tensor-prefix", "midlayer.", weight=2),),
+    required=(MIDLAYER,),
     supporting=(
-        Signal("config-value", "architectures", "LlamaForCausalLMEagle3"),
-        Signal("config-key", "eagle_config.eagle_aux_hidden_state_layer_ids", weight=2),
+        *architectures("LlamaForCausalLMEagle3"),
+        Signal("config-key", EAGLE_CONFIG_AUX_KEY, weight=2),
         Signal("config-key", "fc_norm", weight=0.5),
     ),
-    key_rules=(("layers.0.", "midlayer."),),
+    key_rules=MIDLAYER_KEYS,
     # SpecForge writes its ids in eagle_config only; the top-level key is vLLM's, added for vLLM (by eaglectl
     # or by hand), and read first, as vLLM reads it
-    aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
+    aux_ids_paths=BOTH_AUX_KEYS,
     aux_convention="output",
     aux_path_conventions={VLLM_AUX_KEY: ("boundary", "vLLM's own key (SpecForge never writes it): vLLM's numbering")},
     flag_fields=frozenset({"fc_norm", "norm_output"}),
-    flag_defaults={
-        "norm_before_residual": (False, "SpecForge has no such option: raw residual"),
-        "norm_before_fc": (False, "SpecForge has no input_norm"),
-        "fc_norm": (False, "SpecForge default"),
-        "norm_output": (False, "SpecForge default since PR #879 (True in the #568..#879 window)"),
-    },
+    flag_defaults=flag_defaults("SpecForge", raw_residual=True,
+                                norm_output="SpecForge default since PR #879 (True in the #568..#879 window)"),
     owned_config_keys=("eagle_config",),
     caveats=(Caveat("specforge-norm-output-window", {"fc_norm": True}, "norm_output",
                     "its meaning depends on the SpecForge commit that trained it"),
@@ -48,8 +55,8 @@ DIALECT = Dialect(
         architectures={"llama": "LlamaForCausalLMEagle3"},
         # vLLM's key in vLLM's numbering (both runners read it; V2 never reads eagle_config's ids), and
         # SpecForge's own field in its numbering (sglang and SpecForge read it as output-of-layer ids)
-        aux_ids_paths=(VLLM_AUX_KEY, _EC_IDS),
-        aux_conventions={VLLM_AUX_KEY: "boundary", _EC_IDS: "output"},
+        aux_ids_paths=BOTH_AUX_KEYS,
+        aux_conventions=BOTH_NUMBERINGS,
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         explicit_false=("norm_before_residual", "norm_before_fc"),
         # SpecForge's own configs leave norm_output out when it is off: 0.2.0 reads an explicit false as "no

@@ -6,7 +6,7 @@ vLLM's reader treats a missing `norm_before_residual` as **True** (the speculato
 is False), so that default is the one recorded here (docs/hazards.md#flags).
 """
 
-from ._base import Dialect, Signal, Writer
+from ._base import FLAGS, Dialect, Signal, Writer, flag_defaults
 
 _MARKER = Signal("config-key", "speculators_config", weight=3)
 
@@ -27,19 +27,14 @@ DIALECT = Dialect(
     layer_config_path="transformer_layer_config",
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
     aux_convention="boundary",
-    flag_fields=frozenset({"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}),
-    flag_defaults={
-        "norm_before_residual": (True, "vLLM's speculators reader assumes True when absent"),
-        "norm_before_fc": (False, "vLLM default"),
-        "fc_norm": (False, "vLLM default"),
-        "norm_output": (False, "vLLM default"),
-    },
+    flag_fields=frozenset(FLAGS),
+    flag_defaults=flag_defaults("vLLM") | {
+        "norm_before_residual": (True, "vLLM's speculators reader assumes True when absent")},
     writer=Writer(
         architectures={"llama": "Eagle3Speculator", "qwen3": "Eagle3Speculator"},
-        style="speculators",
         aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
-        flag_paths={f: (f,) for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")},
+        flag_paths={f: (f,) for f in FLAGS},
     ),
-    hf_style=False,
+    config_style="speculators",
     notes=("norm_before_fc together with fc_norm is rejected by speculators",),
 )

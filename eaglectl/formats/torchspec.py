@@ -6,7 +6,7 @@ Marked by `_torchspec_version` in the config and `torchspec_version` in the safe
 shifted +1 to vLLM's boundary convention (docs/hazards.md#dialects, TorchSpec commit ec1eeab2).
 """
 
-from ._base import VLLM_AUX_KEY, Dialect, Signal, Writer
+from ._base import BOTH_AUX_KEYS, BOTH_NUMBERINGS, MIDLAYER_KEYS, Dialect, Signal, Writer, flag_defaults
 
 _MARKERS = (Signal("config-key", "_torchspec_version", weight=3), Signal("metadata-key", "torchspec_version", weight=3))
 
@@ -20,8 +20,8 @@ DIALECT = Dialect(
     markers=_MARKERS,
     owned_config_keys=("_torchspec_version", "eagle_config"),
     consumer="sglang",
-    key_rules=(("layers.0.", "midlayer."),),
-    aux_ids_paths=("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids"),
+    key_rules=MIDLAYER_KEYS,
+    aux_ids_paths=BOTH_AUX_KEYS,
     aux_convention="output",
     aux_convention_when=(
         (
@@ -33,8 +33,8 @@ DIALECT = Dialect(
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3", "mla": "Eagle3DeepseekV2ForCausalLM"},
         # vLLM's key in vLLM's numbering, and TorchSpec's own field in its post-layer numbering
-        aux_ids_paths=(VLLM_AUX_KEY, "eagle_config.eagle_aux_hidden_state_layer_ids"),
-        aux_conventions={VLLM_AUX_KEY: "boundary", "eagle_config.eagle_aux_hidden_state_layer_ids": "output"},
+        aux_ids_paths=BOTH_AUX_KEYS,
+        aux_conventions=BOTH_NUMBERINGS,
         flag_paths={"fc_norm": ("fc_norm",), "norm_output": ("norm_output",)},
         explicit_false=("norm_before_residual", "norm_before_fc"),
         extra_config={"eagle_config.use_aux_hidden_state": True, "_torchspec_version": "eaglectl"},
@@ -42,10 +42,5 @@ DIALECT = Dialect(
         allowed_tensors=(r"(?!input_norm).*",),
     ),
     flag_fields=frozenset({"fc_norm", "norm_output"}),
-    flag_defaults={
-        "norm_before_residual": (False, "TorchSpec has no such option: raw residual"),
-        "norm_before_fc": (False, "TorchSpec has no input_norm"),
-        "fc_norm": (False, "TorchSpec default"),
-        "norm_output": (False, "TorchSpec default"),
-    },
+    flag_defaults=flag_defaults("TorchSpec", raw_residual=True),
 )

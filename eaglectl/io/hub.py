@@ -11,8 +11,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError, first_line
 
 _HUB_ID = re.compile(
     r"^(?P<scheme>hf://)?(?:models/)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)"
@@ -99,25 +100,46 @@ def _from_cache(ref: HubRef, reason: str) -> Resolved:
     return Resolved(replace(ref, sha=folder.name), local_dir=local)
 
 
+HubFailure = Literal["repository", "revision", "forbidden", "refused", "unreachable"]
+
+
+def hub_failure(e: Exception) -> HubFailure | None:
+    """What a failed huggingface_hub call means: the repository is missing or not accessible, the revision is
+    missing, the Hub refused (401/403: "forbidden") or answered an error, or it cannot be reached. None: the
+    exception is not the Hub's (re-raise it)."""
+    from huggingface_hub import errors as hf_errors
+
+    if isinstance(e, (hf_errors.RepositoryNotFoundError, hf_errors.GatedRepoError)):
+        return "repository"
+    if isinstance(e, hf_errors.RevisionNotFoundError):
+        return "revision"
+    if isinstance(e, hf_errors.HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        return "forbidden" if status in (401, 403) else "refused"
+    # connection refused, DNS, timeouts; httpx transport errors derive from no OSError: caught by module, so
+    # httpx need not be imported here
+    if isinstance(e, OSError) or type(e).__module__.startswith(("httpx", "httpcore", "requests", "urllib3")):
+        return "unreachable"
+    return None
+
+
 def _online(ref: HubRef) -> Resolved:
     from huggingface_hub import HfApi, HfFileSystem, hf_hub_download
-    from huggingface_hub import errors as hf_errors
 
     api = HfApi()
     try:
         info = api.model_info(ref.repo_id, revision=ref.revision)
-    except (hf_errors.RepositoryNotFoundError, hf_errors.GatedRepoError) as e:
-        raise CheckpointNotFoundError(f"{ref.repo_id}: repository not found or not accessible ({_first_line(e)})",
-                                      repo=ref.repo_id, hint="check the id, or set HF_TOKEN for a private repo") from None
-    except hf_errors.RevisionNotFoundError:
-        raise CheckpointNotFoundError(f"{ref.repo_id}: revision '{ref.revision}' not found", repo=ref.repo_id) from None
-    except hf_errors.HfHubHTTPError as e:
-        raise _Unreachable(_first_line(e)) from None
-    except OSError as e:  # connection refused, DNS, timeouts (httpx errors derive from neither; see below)
-        raise _Unreachable(_first_line(e)) from None
-    except Exception as e:  # httpx transport errors: caught by name so httpx need not be imported here
-        if type(e).__module__.startswith(("httpx", "httpcore", "requests", "urllib3")):
-            raise _Unreachable(_first_line(e)) from None
+    except Exception as e:
+        failure = hub_failure(e)
+        if failure == "repository":
+            raise CheckpointNotFoundError(f"{ref.repo_id}: repository not found or not accessible ({first_line(e)})",
+                                          repo=ref.repo_id,
+                                          hint="check the id, or set HF_TOKEN for a private repo") from None
+        if failure == "revision":
+            raise CheckpointNotFoundError(f"{ref.repo_id}: revision '{ref.revision}' not found",
+                                          repo=ref.repo_id) from None
+        if failure is not None:
+            raise _Unreachable(first_line(e)) from None
         raise
     resolved = replace(ref, sha=info.sha)
     prefix = f"{ref.subfolder}/" if ref.subfolder else ""
@@ -139,11 +161,6 @@ def _online(ref: HubRef) -> Resolved:
     return Resolved(resolved, files=files, read_small=read_small, remote_file=remote_file)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
 def local_snapshot(source: str, patterns: list[str]) -> Path:
     """A local folder holding a Hub repo's files matching `patterns` (downloaded into the cache, or the
     cached snapshot offline); what running a target with HF transformers needs."""
@@ -155,6 +172,6 @@ def local_snapshot(source: str, patterns: list[str]) -> Path:
     try:
         folder = Path(snapshot_download(ref.repo_id, revision=ref.revision, allow_patterns=patterns))
     except Exception as e:  # noqa: BLE001 - huggingface_hub raises many types for "not available"
-        raise CheckpointNotFoundError(f"{ref.display}: cannot get the files ({_first_line(e)})", repo=ref.repo_id,
+        raise CheckpointNotFoundError(f"{ref.display}: cannot get the files ({first_line(e)})", repo=ref.repo_id,
                                       hint="download it once with `hf download` while online") from None
     return folder / ref.subfolder if ref.subfolder else folder

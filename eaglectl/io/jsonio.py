@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, first_line
 from ..limits import limit
 
 MISSING = object()
@@ -35,7 +35,7 @@ def loads(raw: bytes, name: str, *, object_pairs_hook: Any = None, max_bytes: in
         raise CorruptCheckpointError(f"{name}: JSON nested deeper than {limit('json_depth')} levels",
                                      file=name) from None
     except ValueError as e:  # JSONDecodeError, over-long integers, duplicate keys from the hook
-        raise CorruptCheckpointError(f"{name}: not valid JSON ({_first_line(e)})", file=name) from None
+        raise CorruptCheckpointError(f"{name}: not valid JSON ({first_line(e, most=200)})", file=name) from None
     if depth(obj) > limit("json_depth"):
         raise CorruptCheckpointError(f"{name}: JSON nested deeper than {limit('json_depth')} levels", file=name)
     return obj
@@ -63,9 +63,8 @@ def depth(obj: Any) -> int:
     return deepest
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def config_get(config: Any, path: str) -> Any:
@@ -131,75 +130,52 @@ class ConfigView:
 
     # -- typed getters ---------------------------------------------------------------------------
 
+    def _typed(self, key: str, ok: Callable[[Any], bool], expected: str) -> Any:
+        """The value at `key` when `ok(value)`; None when it is absent, or invalid (recorded as a problem)."""
+        v = self.raw(key)
+        if v is MISSING:
+            return None
+        if not ok(v):
+            self._bad(key, expected, v)
+            return None
+        return v
+
     def int(self, key: str, *, lo: int = 0, hi: int | None = None) -> int | None:
         hi = limit("config_int") if hi is None else hi
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            self._bad(key, f"an integer in [{lo}, {hi}]", v)
-            return None
-        return v
+        return self._typed(key, lambda v: _is_int(v) and lo <= v <= hi, f"an integer in [{lo}, {hi}]")
 
     def float(self, key: str, *, lo: float = -math.inf, hi: float = math.inf) -> float | None:
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300  # huge ints overflow floats
-        if not ok or not math.isfinite(v) or not lo <= v <= hi:
-            self._bad(key, "a finite number" + (f" in [{lo:g}, {hi:g}]" if (lo, hi) != (-math.inf, math.inf) else ""), v)
-            return None
-        return float(v)
+        v = self._typed(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                        and abs(v) < 1e300 and math.isfinite(v) and lo <= v <= hi,  # huge ints overflow floats
+                        "a finite number" + (f" in [{lo:g}, {hi:g}]" if (lo, hi) != (-math.inf, math.inf) else ""))
+        return None if v is None else float(v)
 
     def bool(self, key: str) -> bool | None:
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not isinstance(v, bool):
-            self._bad(key, "true or false", v)
-            return None
-        return v
+        return self._typed(key, lambda v: isinstance(v, bool), "true or false")
 
     def str(self, key: str) -> str | None:
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not isinstance(v, str) or len(v) > limit("config_string_chars"):
-            self._bad(key, f"a string of at most {limit('config_string_chars')} characters", v)
-            return None
-        return v
+        most = limit("config_string_chars")
+        return self._typed(key, lambda v: isinstance(v, str) and len(v) <= most,
+                           f"a string of at most {most} characters")
 
     def int_list(self, key: str, *, max_len: int | None = None, lo: int = 0, hi: int | None = None
                  ) -> tuple[int, ...] | None:
         max_len = limit("aux_ids") if max_len is None else max_len
         hi = limit("config_int") if hi is None else hi
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not (isinstance(v, list) and len(v) <= max_len
-                and all(isinstance(i, int) and not isinstance(i, bool) and lo <= i <= hi for i in v)):
-            self._bad(key, f"a list of at most {max_len} integers in [{lo}, {hi}]", v)
-            return None
-        return tuple(v)
+        v = self._typed(key, lambda v: isinstance(v, list) and len(v) <= max_len
+                        and all(_is_int(i) and lo <= i <= hi for i in v),
+                        f"a list of at most {max_len} integers in [{lo}, {hi}]")
+        return None if v is None else tuple(v)
 
     def str_list(self, key: str, *, max_len: int = 64) -> tuple[str, ...] | None:
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not (isinstance(v, list) and len(v) <= max_len
-                and all(isinstance(s, str) and len(s) <= limit("config_string_chars") for s in v)):
-            self._bad(key, f"a list of at most {max_len} strings", v)
-            return None
-        return tuple(v)
+        most = limit("config_string_chars")
+        v = self._typed(key, lambda v: isinstance(v, list) and len(v) <= max_len
+                        and all(isinstance(s, str) and len(s) <= most for s in v),
+                        f"a list of at most {max_len} strings")
+        return None if v is None else tuple(v)
 
     def dict(self, key: str) -> dict[str, Any] | None:
-        v = self.raw(key)
-        if v is MISSING:
-            return None
-        if not isinstance(v, dict):
-            self._bad(key, "an object", v)
-            return None
-        return v
+        return self._typed(key, lambda v: isinstance(v, dict), "an object")
 
     def keys(self) -> Iterator[str]:
         return iter(self.data)

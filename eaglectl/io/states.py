@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import (
     CheckpointNotFoundError,
@@ -35,6 +35,10 @@ from ..errors import (
 from ..limits import limit
 from .jsonio import ConfigView, load_object
 from .safetensors import LocalFile, read_header, read_tensor
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 CAPTURE_JSON = "capture.json"
 SCHEMA = "eaglectl.capture/1"
@@ -49,12 +53,12 @@ SCALED_EMBEDDINGS = ("gemma", "gemma2", "gemma3", "gemma3_text", "granite", "min
 @dataclass
 class Request:
     name: str
-    token_ids: Any  # numpy int64 [seq]
-    hidden: Any  # numpy float [seq, n_layers, hidden]
-    target_argmax: Any = None  # numpy int64 [seq]: the target's greedy next token after each position
+    token_ids: NDArray[np.int64]  # [seq]
+    hidden: NDArray[np.floating]  # [seq, n_layers, hidden]
+    target_argmax: NDArray[np.int64] | None = None  # [seq]: the target's greedy next token after each position
 
     @property
-    def labels(self) -> Any:
+    def labels(self) -> NDArray[np.int64]:
         """The target's next token after each position when the capture recorded it, else the text's
         next token (one position shorter)."""
         return self.target_argmax if self.target_argmax is not None else self.token_ids[1:]
@@ -173,7 +177,7 @@ class States:
         return None
 
 
-def _ids(path: Path, name: str, values: Any, bound: int) -> Any:
+def _ids(path: Path, name: str, values: NDArray[np.integer], bound: int) -> NDArray[np.int64]:
     """Integer ids as int64, each within [0, bound)."""
     import numpy as np
 
@@ -185,7 +189,8 @@ def _ids(path: Path, name: str, values: Any, bound: int) -> Any:
     return values.astype(np.int64)
 
 
-def compact_embedding(token_ids: Any, h0: Any) -> tuple[Any, Any]:
+def compact_embedding(token_ids: NDArray[np.integer], h0: NDArray[np.floating]
+                      ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
     """(ids, table) with table[ids[t]] = h0[t]: the target's embedding rows of the tokens seen, read off
     boundary 0 (the decoder's input), so a drafter without its own table can run on a capture."""
     import numpy as np

@@ -4,10 +4,10 @@ Severity policy: **error** = vLLM 0.32 (our reference consumer) fails to load th
 serves it silently degraded; **warning** = another engine or tool misreads it, or the files
 cannot settle a fact that decides acceptance; **info** = worth knowing, nothing to fix.
 
-Each rule is declared once, as a module constant next to the check that emits it (`rule(...)`),
-with exactly one severity; checks emit the constant, so a rule id cannot be misspelt. The
-catalogue (`RULES`) generates `docs/rules.md` and `eaglectl rules`. Every config value a check
-reads goes through the drafter's typed `ConfigView`.
+Each rule is declared once, with exactly one severity, in the table `catalogue.toml` (read by
+`catalogue.py`); a check emits it as the constant named after its id (`rule.AUX_IDS_MISSING`), so
+a rule id cannot be misspelt. The catalogue (`RULES`) generates `docs/rules.md` and `eaglectl rules`.
+Every config value a check reads goes through the drafter's typed `ConfigView`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,21 @@ import enum
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..drafter import DrafterCheckpoint
+from ..drafter import CanonicalView, DrafterCheckpoint
 from ..errors import UsageError
+from ..formats import Dialect
+from ..io.checkpoint import Checkpoint
+from ..io.jsonio import ConfigView
+from ..progress import Progress, passthrough
+from ..spec import DrafterSpec
 from ..target import TargetCheckpoint
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..probe import Measurement
 
 
 class Severity(str, enum.Enum):
@@ -72,7 +82,7 @@ class Rule:
                 "repaired_by_convert": self.repaired_by_convert, "engine": self.engine}
 
 
-def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
+def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = None) -> dict[str, str]:
     """The placeholders filled in for this drafter (and target, when one was given)."""
     from .. import formats
 
@@ -96,7 +106,7 @@ def hint_values(drafter: Any, target: Any = None) -> dict[str, str]:
                           f"{tgt}{pickle}"}
 
 
-def _top_level_dialect(drafter: Any, own: str) -> str:
+def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
     from .. import formats
 
     writer = formats.get(own).writer if own in formats.writable() else None
@@ -168,36 +178,27 @@ class Context:
     drafter: DrafterCheckpoint
     target: TargetCheckpoint | None = None
     scan: bool = False
-    measured: Any = None  # a probe.Measurement when --target could be run
+    measured: Measurement | None = None  # when --target could be run
     readings: Any = None  # runners.Readings: each vLLM runner's reading (None: not computed; runner rules skip)
-    progress: Callable[..., Any] = lambda it, **kw: it
+    engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
+    progress: Progress = passthrough
     findings: list[Finding] = field(default_factory=list)
-    _arrays: dict[str, Any] = field(default_factory=dict)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # the drafter's parts every check reads, taken from `drafter`
+    spec: DrafterSpec = field(init=False)
+    view: CanonicalView = field(init=False)
+    ckpt: Checkpoint = field(init=False)
+    dialect: Dialect = field(init=False)
+    config: ConfigView = field(init=False)
 
-    @property
-    def spec(self) -> Any:
-        return self.drafter.spec
-
-    @property
-    def view(self) -> Any:
-        return self.drafter.view
-
-    @property
-    def ckpt(self) -> Any:
-        return self.drafter.ckpt
-
-    @property
-    def dialect(self) -> Any:
-        return self.drafter.dialect
-
-    @property
-    def config(self) -> Any:
-        return self.drafter.config
+    def __post_init__(self) -> None:
+        d = self.drafter
+        self.spec, self.view, self.ckpt, self.dialect, self.config = d.spec, d.view, d.ckpt, d.dialect, d.config
 
     def emit(self, r: Rule, message: str, locator: str | None = None) -> None:
         self.findings.append(Finding(r, message, locator, hint_values(self.drafter, self.target)))
 
-    def array(self, canon: str) -> Any:
+    def array(self, canon: str) -> np.ndarray:
         if canon not in self._arrays:
             self._arrays[canon] = self.view.read(canon)
         return self._arrays[canon]
@@ -248,7 +249,8 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
     return out
 
 
-# Check modules, in report order; importing them registers their rules and checks.
+# The catalogue (catalogue.toml, in report order), then the check modules; importing them registers their checks.
+from . import catalogue  # noqa: E402, F401, I001
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
 from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)

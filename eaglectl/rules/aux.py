@@ -5,35 +5,8 @@ from __future__ import annotations
 from ..drafter import AUX_ID_PATHS
 from ..limits import limit
 from ..spec import default_aux_ids
-from . import ERROR, INFO, WARNING, Context, check, rule
-
-AUX_IDS_IMPLICIT = rule("aux-ids-implicit", INFO, "The layout cannot store aux ids; engines use their default", None)
-AUX_IDS_MISSING = rule("aux-ids-missing", WARNING, "No aux layer ids: each engine falls back to its own heuristic",
-                       "write eagle_aux_hidden_state_layer_ids explicitly")
-AUX_IDS_CONFLICT = rule("aux-ids-conflict", ERROR, "Top-level and eagle_config aux ids differ (vLLM captures one, "
-                        "sizes with the other)", "keep one list")
-AUX_IDS_DUPLICATE = rule("aux-ids-duplicate", ERROR, "Aux ids repeat (vLLM de-duplicates, fc expects more states)",
-                         "list distinct ids")
-AUX_IDS_UNSORTED = rule("aux-ids-unsorted", ERROR, "Aux ids are not ascending (vLLM sorts them; chunks reorder)",
-                        "sort them and fc's columns")
-AUX_IDS_RANGE = rule("aux-ids-range", ERROR, "An aux id is negative or beyond the target's layers",
-                     "fix the ids for the target")
-AUX_IDS_COUNT = rule("aux-ids-count", ERROR, "Number of aux ids differs from fc's in-features / target_hidden_size",
-                     "fix ids or fc")
-AUX_COUNT_UNSIZED = rule("aux-count-unsized", ERROR, "N != 3 aux states but vLLM sizes fc for 3 "
-                         "(no num_aux_hidden_states)", "{convert} (writes num_aux_hidden_states and "
-                         "eagle_config.eagle_aux_hidden_state_layer_ids)", repaired_by_convert=True)
-AUX_COUNT_NOT_3 = rule("aux-count-not-3", WARNING, "N != 3 aux states: older engines hard-code 3",
-                       "serve with vLLM >= 0.22 or sglang with N-aux support")
-AUX_IDS_OUTPUT_CONVENTION = rule("aux-ids-output-convention", WARNING, "Aux ids are output-of-layer ids: vLLM reads "
-                                 "the same numbers as boundary ids, one layer too early",
-                                 "for vLLM: {to_vllm} (translates them)", wrong_layers=True, engine="vllm")
-AUX_CONVENTION_UNVERIFIABLE = rule("aux-convention-unverifiable", WARNING,
-                                   "The aux-id convention cannot be known from the files",
-                                   "eaglectl inspect {source} --target {target}{pickle} (measures it); or "
-                                   "pass --source-aux-convention when converting")
-TARGET_HIDDEN_SIZE = rule("target-hidden-size", ERROR, "fc's in-features do not fit target_hidden_size x aux count",
-                          "set target_hidden_size to the target's hidden size")
+from . import Context, check
+from . import catalogue as rule
 
 
 def _in_vllm_numbering(ctx: Context, lists: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -54,12 +27,12 @@ def aux(ctx: Context) -> None:
     Ht = spec.aux_width
     fc = ctx.view.shape("fc.weight")
     if fc is not None and len(fc) == 2 and Ht and fc[1] % Ht:
-        ctx.emit(TARGET_HIDDEN_SIZE, f"fc.weight has {fc[1]} in-features, not a multiple of "
+        ctx.emit(rule.TARGET_HIDDEN_SIZE, f"fc.weight has {fc[1]} in-features, not a multiple of "
                  f"target_hidden_size {Ht}", ctx.view.locate("fc.weight"))
     lists = {p: v for p in AUX_ID_PATHS if (v := cfg.int_list(p, lo=-limit("target_layers"), hi=limit("target_layers")))
              is not None}
     if len(lists) == 2 and len(set(lists.values())) == 2 and len(set(_in_vllm_numbering(ctx, lists).values())) == 2:
-        ctx.emit(AUX_IDS_CONFLICT, " vs ".join(f"{p} {list(v)}" for p, v in lists.items()), ctx.where)
+        ctx.emit(rule.AUX_IDS_CONFLICT, " vs ".join(f"{p} {list(v)}" for p, v in lists.items()), ctx.where)
     if ids is None:
         if spec.sources.get("aux_layer_ids", "").startswith("invalid"):
             return
@@ -70,31 +43,32 @@ def aux(ctx: Context) -> None:
             heuristics = (f"for this {L}-layer target vLLM captures {list(default_aux_ids(L, 'boundary'))} "
                           f"(= sglang {list(default_aux_ids(L, 'output'))} output-of-layer); right only if the "
                           "drafter was trained on them")
-        r = AUX_IDS_MISSING if ctx.dialect.aux_ids_paths else AUX_IDS_IMPLICIT
+        r = rule.AUX_IDS_MISSING if ctx.dialect.aux_ids_paths else rule.AUX_IDS_IMPLICIT
         ctx.emit(r, f"no aux layer ids; {heuristics}", ctx.where)
     else:
         loc = ctx.at(spec.sources.get("aux_layer_ids", "").removeprefix("config: "))
         if len(set(ids)) != len(ids):
-            ctx.emit(AUX_IDS_DUPLICATE, f"aux ids {list(ids)} repeat", loc)
+            ctx.emit(rule.AUX_IDS_DUPLICATE, f"aux ids {list(ids)} repeat", loc)
         elif list(ids) != sorted(ids):
-            ctx.emit(AUX_IDS_UNSORTED, f"aux ids {list(ids)} are not ascending", loc)
+            ctx.emit(rule.AUX_IDS_UNSORTED, f"aux ids {list(ids)} are not ascending", loc)
         if any(i < 0 for i in ids):
-            ctx.emit(AUX_IDS_RANGE, f"aux ids {list(ids)} include a negative id", loc)
+            ctx.emit(rule.AUX_IDS_RANGE, f"aux ids {list(ids)} include a negative id", loc)
         if n is not None and len(ids) != n:
-            ctx.emit(AUX_IDS_COUNT, f"{len(ids)} aux ids but fc.weight takes {n} states of {Ht}", loc)
+            ctx.emit(rule.AUX_IDS_COUNT, f"{len(ids)} aux ids but fc.weight takes {n} states of {Ht}", loc)
     declared = cfg.int("num_aux_hidden_states", lo=1, hi=limit("aux_ids"))
     if declared is not None and n is not None and declared != n:
-        ctx.emit(AUX_IDS_COUNT, f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
+        ctx.emit(rule.AUX_IDS_COUNT, f"num_aux_hidden_states is {declared} but fc.weight takes {n} states of {Ht}",
                  ctx.at("num_aux_hidden_states"))
     decided = ctx.measured is not None and ctx.measured.boundary_ids is not None  # measured: rules/measured.py
     if ids is not None and spec.aux_convention == "output" and not ctx.dialect.aux_convention_note and not decided:
-        ctx.emit(AUX_IDS_OUTPUT_CONVENTION, f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; "
+        ctx.emit(rule.AUX_IDS_OUTPUT_CONVENTION,
+                 f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; "
                  f"vLLM would capture {list(ids)}", ctx.where)
     if ctx.measured is not None and not decided and not ctx.measured.at_chance:
-        ctx.emit(AUX_CONVENTION_UNVERIFIABLE, f"measured but undecided: {ctx.measured.aux.reason}", ctx.where)
+        ctx.emit(rule.AUX_CONVENTION_UNVERIFIABLE, f"measured but undecided: {ctx.measured.aux.reason}", ctx.where)
     elif ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith(
             "dialect") and not decided:
-        ctx.emit(AUX_CONVENTION_UNVERIFIABLE, ctx.dialect.aux_convention_note, ctx.where)
+        ctx.emit(rule.AUX_CONVENTION_UNVERIFIABLE, ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
     if count is not None and count != 3:
         # what vLLM sizes fc / fc_norm from (docs/engines.md); the Qwen3 path reads more places
@@ -102,6 +76,6 @@ def aux(ctx: Context) -> None:
         if spec.arch == "qwen3":
             sizing += [cfg.int("num_aux_layers"), len(lists.get("eagle_aux_hidden_state_layer_ids") or ())]
         if count not in sizing:
-            ctx.emit(AUX_COUNT_UNSIZED, f"{count} aux states; vLLM builds fc for 3", ctx.where)
+            ctx.emit(rule.AUX_COUNT_UNSIZED, f"{count} aux states; vLLM builds fc for 3", ctx.where)
         else:
-            ctx.emit(AUX_COUNT_NOT_3, f"{count} aux states", ctx.where)
+            ctx.emit(rule.AUX_COUNT_NOT_3, f"{count} aux states", ctx.where)

@@ -4,32 +4,17 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from ..drafter import DrafterCheckpoint
 from ..errors import EaglectlError
-from . import ERROR, WARNING, Finding, hint_values, rule
+from . import Context, Finding
+from . import catalogue as rule
 from .target import same_model
 
-CARD_BASE_MODEL = rule("card-base-model", ERROR, "The card's base_model is not the drafter's target",
-                       "eaglectl check {source} --card --base-model ORG/NAME (the target's Hub id)")
-CARD_EAGLE_VERSION = rule("card-eagle-version", ERROR, "The card claims another EAGLE version than the files",
-                          "fix the eagle3 / eagle3.1 tags")
-CARD_TAGS = rule("card-tags", WARNING, "The card lacks the speculative-decoding / eagle3 tags",
-                 "eaglectl check {source} --card (adds them)")
-CARD_K = rule("card-k", ERROR, "The card's vLLM snippet uses another k than the speculators config", "fix the snippet")
-CARD_DIALECT = rule("card-dialect", ERROR, "The card claims another checkpoint layout than the files", "fix the card")
-CARD_PROVENANCE = rule("card-provenance", WARNING, "An upgraded drafter's card does not say it needs fine-tuning",
-                       "eaglectl check {source} --card (says so)")
-CARD_LOCAL_PATH = rule("card-local-path", ERROR, "The card names a local path as a model identity",
-                       "eaglectl check {source} --card --base-model ORG/NAME (the target's Hub id)")
-PROFILE_INVALID = rule("profile-invalid", ERROR, "speculation_profile.json beside the drafter breaks ModelOpt's "
-                       "schema (rates, lengths, mean consistency)", "rewrite it: eaglectl smoke {source} --target "
-                       "{target} --profile {source}/speculation_profile.json")
-PROFILE_UNMEASURED = rule("profile-unmeasured", WARNING, "speculation_profile.json beside the drafter is an "
-                          "unmeasured stub (measured: false)", "measure it: eaglectl smoke {source} --target {target} "
-                          "--profile {source}/speculation_profile.json")
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
 
 
 def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, Any] | None, list[Finding]]:
@@ -39,56 +24,53 @@ def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, An
     path = folder / FILE
     if not path.is_file():
         return None, []
-    values = hint_values(drafter)
+    ctx = Context(drafter)
     try:
         profile = read(path)
     except EaglectlError as e:
-        return None, [Finding(PROFILE_INVALID, e.message, str(path), values)]
+        ctx.emit(rule.PROFILE_INVALID, e.message, str(path))
+        return None, ctx.findings
     problems = validate(profile)
     if problems:
-        return None, [Finding(PROFILE_INVALID, f"{FILE}: {problems[0]}"
-                              + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), str(path), values)]
-    if profile.get("measured") is False:
-        return None, [Finding(PROFILE_UNMEASURED, f"{FILE} says measured: false", str(path), values)]
-    return profile, []
+        ctx.emit(rule.PROFILE_INVALID, f"{FILE}: {problems[0]}"
+                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""), str(path))
+    elif profile.get("measured") is False:
+        ctx.emit(rule.PROFILE_UNMEASURED, f"{FILE} says measured: false", str(path))
+    return (None if ctx.findings else profile), ctx.findings
 
 
-def lint_card(card: Any, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
+def lint_card(card: ModelCard, drafter: DrafterCheckpoint, base_model: str | None, k: int | None) -> list[Finding]:
     """Claims of an existing card that contradict the checkpoint. `base_model` is the drafter's target
     as a Hub id (None when unknown), `k` the speculators config's proposal length."""
     where = f"{Path(drafter.root) / 'README.md'}"
-    out: list[Finding] = []
+    ctx = Context(drafter)
     data = card.data.to_dict()
     tags = {t for t in (data.get("tags") or []) if isinstance(t, str)}
     claimed = data.get("base_model")
     if isinstance(claimed, list):
         claimed = claimed[0] if claimed else None
     if isinstance(claimed, str) and claimed.startswith(("/", "./", "../", "~")):
-        out.append(Finding(CARD_LOCAL_PATH, f"card says base_model '{claimed}', a local path", f"{where}:base_model"))
+        ctx.emit(rule.CARD_LOCAL_PATH, f"card says base_model '{claimed}', a local path", f"{where}:base_model")
     elif base_model and isinstance(claimed, str) and not same_model(claimed, base_model):
-        out.append(Finding(CARD_BASE_MODEL, f"card says base_model '{claimed}', the drafter's target is '{base_model}'",
-                           f"{where}:base_model"))
+        ctx.emit(rule.CARD_BASE_MODEL, f"card says base_model '{claimed}', the drafter's target is '{base_model}'",
+                 f"{where}:base_model")
     version = drafter.spec.eagle_version
     is31 = version.startswith("3.1")
     if "eagle3.1" in tags and not is31:
-        out.append(Finding(CARD_EAGLE_VERSION, f"card tags eagle3.1, the files are EAGLE-{version}", f"{where}:tags"))
+        ctx.emit(rule.CARD_EAGLE_VERSION, f"card tags eagle3.1, the files are EAGLE-{version}", f"{where}:tags")
     if is31 and "eagle3.1" not in tags:
-        out.append(Finding(CARD_EAGLE_VERSION, f"the files are EAGLE-{version}, the card does not say eagle3.1",
-                           f"{where}:tags"))
+        ctx.emit(rule.CARD_EAGLE_VERSION, f"the files are EAGLE-{version}, the card does not say eagle3.1",
+                 f"{where}:tags")
     if not {"speculative-decoding", "eagle3"} <= tags:
-        out.append(Finding(CARD_TAGS, "card lacks the speculative-decoding / eagle3 tags", f"{where}:tags"))
+        ctx.emit(rule.CARD_TAGS, "card lacks the speculative-decoding / eagle3 tags", f"{where}:tags")
     ks = {int(m) for m in re.findall(r'"num_speculative_tokens"\s*:\s*(\d{1,3})', card.text)}
-    if not drafter.dialect.hf_style and ks and k not in ks:
-        out.append(Finding(CARD_K, f"card snippet uses num_speculative_tokens {sorted(ks)}, the speculators config "
-                           f"says {k}", where))
+    if drafter.dialect.config_style == "speculators" and ks and k not in ks:
+        ctx.emit(rule.CARD_K, f"card snippet uses num_speculative_tokens {sorted(ks)}, the speculators config "
+                 f"says {k}", where)
     for name in formats.names():
         if name != drafter.dialect.name and re.search(rf"`{re.escape(name)}` layout", card.text):
-            out.append(Finding(CARD_DIALECT, f"card claims the {name} layout, the files are {drafter.dialect.name}",
-                               where))
+            ctx.emit(rule.CARD_DIALECT, f"card claims the {name} layout, the files are {drafter.dialect.name}", where)
     if drafter.config.bool("eaglectl_provenance.needs_fine_tuning") and "fine-tun" not in card.text.lower():
-        out.append(Finding(CARD_PROVENANCE, "the drafter was structurally upgraded and needs fine-tuning; the card "
-                           "does not say so", where))
-    values = hint_values(drafter)
-    for f in out:
-        f.values = values
-    return out
+        ctx.emit(rule.CARD_PROVENANCE, "the drafter was structurally upgraded and needs fine-tuning; the card "
+                 "does not say so", where)
+    return ctx.findings

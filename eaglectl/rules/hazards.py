@@ -18,33 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from . import ERROR, WARNING, Context, check, rule
-
-NEMO_CLAIMS_31 = rule("nemo-claims-3.1", WARNING, "A NeMo drafter named EAGLE-3.1 has no fc_norm weights and no 3.1 "
-                      "flags: NeMo Automodel runs before PR #2897 (2026-07-03) trained plain EAGLE-3",
-                      "publish and serve it as EAGLE-3 (what its weights are), or retrain with NeMo Automodel after "
-                      "2026-07-03")
-UNTRAINED_NORMS = rule("untrained-norms", WARNING, "speculators checkpoint with a norm weight of exactly 1.0 "
-                       "everywhere: speculators' converter (<= 0.9.0, issue #1114) keeps the init value of every key "
-                       "it did not match", "reconvert from the training checkpoint with a converter that refuses "
-                       "unmatched keys (speculators PR #1131 is unreleased); inspect --scan checks the matrices too")
-RANDOM_WEIGHTS = rule("random-weights", ERROR, "A weight matrix looks untrained: its values follow an initialiser's "
-                      "distribution (--scan)", "re-export it from the training checkpoint (speculators' converter "
-                      "<= 0.9.0 writes init values for keys it did not match, issue #1114)")
-MOE_DRAFTER = rule("moe-drafter", ERROR, "MoE EAGLE-3 drafter (use_moe, TorchSpec): vLLM <= 0.33 builds a dense "
-                   "MLP only and cannot load the experts", "serve it with an engine that builds the MoE drafter "
-                   "layer (TorchSpec's sglang path), or train a dense drafter for vLLM")
-MLA_K3_VARIANT = rule("mla-k3-variant", ERROR, "Kimi-K3 MLA drafter (mla_use_nope / mla_use_output_gate): vLLM <= "
-                      "0.33's Eagle3DeepseekV2ForCausalLM ignores both and serves another attention",
-                      "serve it with an engine that implements the K3 MLA deltas (NoPE attention, sigmoid output "
-                      "gate), not vLLM <= 0.33")
-NULL_TEMPLATE_FIELD = rule("null-template-field", WARNING, "A config field of a non-optional type is null (an "
-                           "export template left unfilled): strict config loaders reject it",
-                           "{convert} (drops the null field)", repaired_by_convert=True)
-TOKENSPEED_TARGET_HIDDEN = rule("tokenspeed-target-hidden", WARNING, "target_hidden_size differs from hidden_size: "
-                                "TokenSpeed sizes fc (and fc_norm) from the draft hidden_size and cannot load it",
-                                "serve it with vLLM or sglang; TokenSpeed loads drafters whose target_hidden_size "
-                                "equals hidden_size", engine="tokenspeed")
+from . import Context, check
+from . import catalogue as rule
 
 # Typed fields of transformers' PretrainedConfig / LlamaConfig that an export template may leave null. Each has a
 # non-optional type (a null is not its default), and no other rule names it: `hidden_size: null` and friends are
@@ -101,7 +76,7 @@ def nemo_claims_31(ctx: Context) -> None:
         return
     claims = _claims(ctx)
     if claims:
-        ctx.emit(NEMO_CLAIMS_31, f"named EAGLE-3.1 ({'; '.join(claims)}) but no fc_norm.* weights and fc_norm / "
+        ctx.emit(rule.NEMO_CLAIMS_3_1, f"named EAGLE-3.1 ({'; '.join(claims)}) but no fc_norm.* weights and fc_norm / "
                  "norm_output false: the weights are plain EAGLE-3", ctx.where)
 
 
@@ -121,7 +96,7 @@ def untrained_norms(ctx: Context) -> None:
         if values.size and bool(np.all(values == 1.0)):
             ones.append(ctx.view.stored[canon])
     if ones:
-        ctx.emit(UNTRAINED_NORMS, f"{len(ones)} norm weight(s) exactly 1.0: {', '.join(ones[:4])}"
+        ctx.emit(rule.UNTRAINED_NORMS, f"{len(ones)} norm weight(s) exactly 1.0: {', '.join(ones[:4])}"
                  + (" ..." if len(ones) > 4 else ""), ctx.view.locate(ctx.dialect.to_canonical(ones[0])))
 
 
@@ -164,7 +139,7 @@ def random_weights(ctx: Context) -> None:
             where = ctx.view.stored[canon]
             who = "speculators' converter (<= 0.9.0) keeps init values for unmatched keys; " \
                 if ctx.dialect.name == "speculators" else ""
-            ctx.emit(RANDOM_WEIGHTS, f"'{where}' looks drawn from {looks}: {who}vLLM would serve it untrained",
+            ctx.emit(rule.RANDOM_WEIGHTS, f"'{where}' looks drawn from {looks}: {who}vLLM would serve it untrained",
                      ctx.view.locate(canon))
 
 
@@ -174,14 +149,14 @@ def moe_and_k3(ctx: Context) -> None:
     if layer.bool("use_moe") or ctx.config.bool("use_moe"):
         experts = sum(1 for c in ctx.view.stored if ".experts." in c)
         n = layer.int("n_routed_experts", lo=1)
-        ctx.emit(MOE_DRAFTER, "use_moe is true" + (f" ({n} routed experts)" if n else "")
+        ctx.emit(rule.MOE_DRAFTER, "use_moe is true" + (f" ({n} routed experts)" if n else "")
                  + (f", {experts} expert tensors" if experts else "") + ": vLLM's EAGLE-3 decoder layer has a dense "
                  "MLP, so the expert weights are parameters it does not have", ctx.at(layer.path("use_moe")))
     keys = [k for k in ("mla_use_nope", "mla_use_output_gate") if layer.bool(k)]
     if keys:
         what = {"mla_use_nope": "applies RoPE the drafter never saw (NoPE)",
                 "mla_use_output_gate": "drops the sigmoid output gate"}
-        ctx.emit(MLA_K3_VARIANT, "; ".join(f"{k} is true: vLLM {what[k]}" for k in keys),
+        ctx.emit(rule.MLA_K3_VARIANT, "; ".join(f"{k} is true: vLLM {what[k]}" for k in keys),
                  ctx.at(layer.path(keys[0])))
 
 
@@ -191,7 +166,7 @@ def null_template_fields(ctx: Context) -> None:
         data = view.data if isinstance(view.data, dict) else {}
         for key, kind in TYPED_TEMPLATE_FIELDS.items():
             if key in data and data[key] is None:
-                ctx.emit(NULL_TEMPLATE_FIELD, f"'{view.path(key)}' is null (a {kind} field; absent means the "
+                ctx.emit(rule.NULL_TEMPLATE_FIELD, f"'{view.path(key)}' is null (a {kind} field; absent means the "
                          "class default)", ctx.at(view.path(key)))
 
 
@@ -202,5 +177,6 @@ def tokenspeed_sizes(ctx: Context) -> None:
     if hidden is None or target_hidden is None or hidden == target_hidden:
         return
     what = "fc and fc_norm" if spec.fc_norm else "fc"
-    ctx.emit(TOKENSPEED_TARGET_HIDDEN, f"target_hidden_size {target_hidden} != hidden_size {hidden}: TokenSpeed builds "
+    ctx.emit(rule.TOKENSPEED_TARGET_HIDDEN,
+             f"target_hidden_size {target_hidden} != hidden_size {hidden}: TokenSpeed builds "
              f"{what} for {hidden}-wide aux states, the weights take {target_hidden}", ctx.at("target_hidden_size"))

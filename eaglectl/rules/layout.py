@@ -6,53 +6,8 @@ import re
 
 from ..spec import DrafterSpec
 from ..target import is_hub_id
-from . import ERROR, WARNING, Context, check, rule
-from .files import CONFIG_FIELD_MISSING
-
-ARCHITECTURES_MISSING = rule("architectures-missing", WARNING, "config has no 'architectures'",
-                             "{convert} (writes the registered class)", repaired_by_convert=True)
-ARCHITECTURES_PLAIN = rule("architectures-plain", WARNING, "architectures names a plain target class",
-                           "for sglang: eaglectl convert {source} DEST --to specforge{pickle} (writes "
-                           "an EAGLE-3 class; sglang/SpecForge route a plain class to the target loader)",
-                           repaired_by_convert=True, engine="sglang")
-ARCHITECTURES_UNREGISTERED = rule("architectures-unregistered", ERROR, "architectures names a class no engine registers",
-                                  "{convert} (writes the registered class)", repaired_by_convert=True)
-ARCHITECTURES_MISMATCH = rule("architectures-mismatch", ERROR, "architectures disagrees with the weights' family",
-                              "fix architectures / model_type")
-VERIFIER_LOCAL_PATH = rule("verifier-local-path", WARNING, "The speculators verifier is a local path, no identity",
-                           "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} (names the "
-                           "target's Hub repo; vllm serve DRAFTER alone cannot find a local target)",
-                           repaired_by_convert=True, engine="vllm")
-VERIFIER_LOCAL_PATH_REJECTED = rule("verifier-local-path-rejected", ERROR,
-                                    "The speculators verifier is a local path: vLLM >= 0.33 refuses to serve the "
-                                    "drafter alone (--engine-version)",
-                                    "eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle} "
-                                    "(or serve the target with --speculative-config)", repaired_by_convert=True)
-VERIFIER_UNNAMED = rule("verifier-unnamed", WARNING, "The speculators verifier has no Hub id (null): the speculators "
-                        "library's SpeculatorModel.from_pretrained raises OSError on it, and vllm serve DRAFTER alone "
-                        "cannot find the target",
-                        "name it: eaglectl convert --to speculators --base-model ORG/NAME (or serve the target with "
-                        "--speculative-config, the line inspect prints)")
-SPECULATORS_CONFIG = rule("speculators-config", ERROR, "speculators_config lacks a key vLLM needs", "add the nested key")
-MODEL_PREFIX = rule("model-prefix", ERROR, "Keys carry a 'model.' prefix, which vLLM doubles and rejects",
-                    "{convert} (strips it)", repaired_by_convert=True)
-MULTI_LAYER_MIDLAYER = rule("multi-layer-midlayer", ERROR,
-                            "midlayer.N.* keys (TRT-LLM naming) become layers.0.N.* in vLLM and fail",
-                            "rename to layers.N.* and check which norm layers >= 1 were trained with")
-UNKNOWN_TENSOR = rule("unknown-tensor", ERROR,
-                      "A tensor matches no EAGLE-3 canonical name (vLLM raises on unknown names)", "drop or rename it")
-DUPLICATE_TENSOR = rule("duplicate-tensor", ERROR, "Two stored names map to the same canonical tensor", "keep one of them")
-MISSING_TENSOR = rule("missing-tensor", ERROR, "A tensor the architecture needs is absent (vLLM leaves it at its init "
-                      "value)", "export it from the training checkpoint")
-LAYER_COUNT = rule("layer-count", ERROR, "num_hidden_layers disagrees with the layer blocks present",
-                   "fix num_hidden_layers")
-TENSOR_SHAPE = rule("tensor-shape", ERROR, "A tensor's shape disagrees with the config", "fix the config or the tensor")
-ARCHITECTURES_SPELLING = rule("architectures-spelling", ERROR, "architectures spells the MLA EAGLE-3 class the way "
-                              "another tool does; vLLM 0.32 registers only Eagle3DeepseekV2ForCausalLM and "
-                              "Eagle3DeepseekV3ForCausalLM", "eaglectl convert {source} DEST --to modelopt{pickle} "
-                              "(writes the registered name)", repaired_by_convert=True)
-BIAS_IGNORED = rule("bias-ignored", WARNING, "A .bias tensor vLLM silently ignores",
-                    "drop it, or serve with an engine that uses it")
+from . import Context, check
+from . import catalogue as rule
 
 _PLAIN = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 # Registered EAGLE-3 classes in vLLM 0.32 (docs/engines.md), by weight family.
@@ -82,37 +37,37 @@ MLA_SPELLINGS = {
 def architectures(ctx: Context) -> None:
     if ctx.ckpt.config is None:
         return
-    if not ctx.dialect.hf_style:
+    if ctx.dialect.config_style == "speculators":
         _speculators_config(ctx)
         return
     archs = ctx.config.str_list("architectures")
     loc = ctx.at("architectures")
     if not archs:
         if not ctx.config.problems.get("architectures"):
-            ctx.emit(ARCHITECTURES_MISSING, "config has no architectures", loc)
+            ctx.emit(rule.ARCHITECTURES_MISSING, "config has no architectures", loc)
         return
     arch = archs[0]
     known = {a for names in REGISTERED.values() for a in names}
     if arch in _PLAIN or arch in _PLAIN_MLA:
         family = "mla" if arch in _PLAIN_MLA else "qwen3" if arch.startswith("Qwen3") else "llama"
         if family != ctx.spec.arch:
-            ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+            ctx.emit(rule.ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
         else:
-            ctx.emit(ARCHITECTURES_PLAIN, f"'{arch}' is a target class (vLLM renames it Eagle3{arch} with method "
+            ctx.emit(rule.ARCHITECTURES_PLAIN, f"'{arch}' is a target class (vLLM renames it Eagle3{arch} with method "
                      "eagle3)", loc)
         return
     if arch in MLA_SPELLINGS and arch not in known:
         if ctx.spec.arch != "mla":
-            ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+            ctx.emit(rule.ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
         else:
-            ctx.emit(ARCHITECTURES_SPELLING, f"'{arch}' is not a vLLM 0.32 class; vLLM's name for it is "
+            ctx.emit(rule.ARCHITECTURES_SPELLING, f"'{arch}' is not a vLLM 0.32 class; vLLM's name for it is "
                      f"'{MLA_SPELLINGS[arch]}'", loc)
         return
     if arch not in known:
-        ctx.emit(ARCHITECTURES_UNREGISTERED, f"'{arch}' is registered in no engine", loc)
+        ctx.emit(rule.ARCHITECTURES_UNREGISTERED, f"'{arch}' is registered in no engine", loc)
         return
     if arch not in REGISTERED[ctx.spec.arch] and not (ctx.spec.arch == "qwen3" and arch in REGISTERED["llama"]):
-        ctx.emit(ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
+        ctx.emit(rule.ARCHITECTURES_MISMATCH, f"'{arch}' but the weights are {ctx.spec.arch}-style", loc)
 
 
 def _speculators_config(ctx: Context) -> None:
@@ -122,37 +77,38 @@ def _speculators_config(ctx: Context) -> None:
     for path in ("speculators_config.proposal_methods", "speculators_config.verifier.name_or_path",
                  "speculators_model_type", "transformer_layer_config"):
         if cfg.raw(path) in ([], "") or not (cfg.has(path) or (path.endswith("name_or_path") and named)):
-            ctx.emit(SPECULATORS_CONFIG, f"speculators config lacks '{path}'", ctx.at(path))
+            ctx.emit(rule.SPECULATORS_CONFIG, f"speculators config lacks '{path}'", ctx.at(path))
     name = verifier.get("name_or_path")
     where = ctx.at("speculators_config.verifier.name_or_path")
     if named and name is None:
-        ctx.emit(VERIFIER_UNNAMED, "verifier name_or_path is null: speculators 0.9.0's SpeculatorModel.from_pretrained "
+        ctx.emit(rule.VERIFIER_UNNAMED,
+                 "verifier name_or_path is null: speculators 0.9.0's SpeculatorModel.from_pretrained "
                  "raises OSError on it, and vllm serve DRAFTER alone cannot find the target", where)
     elif isinstance(name, str) and (name.startswith(("/", ".", "~")) or ("/" in name and not is_hub_id(name))):
         if _from_0_33(ctx):
-            ctx.emit(VERIFIER_LOCAL_PATH_REJECTED, f"verifier name_or_path '{name}' is a local path: vLLM "
+            ctx.emit(rule.VERIFIER_LOCAL_PATH_REJECTED, f"verifier name_or_path '{name}' is a local path: vLLM "
                      f"{ctx.engine_version} raises 'Speculators verifier must name a remote model repository'",
                      where)
         else:
-            ctx.emit(VERIFIER_LOCAL_PATH, f"verifier name_or_path '{name}' is a local path (from vLLM 0.33 on "
+            ctx.emit(rule.VERIFIER_LOCAL_PATH, f"verifier name_or_path '{name}' is a local path (from vLLM 0.33 on "
                      "`vllm serve DRAFTER` refuses it: --engine-version 0.33 makes this an error)", where)
     methods = cfg.raw("speculators_config.proposal_methods")
     if isinstance(methods, list) and methods and isinstance(methods[0], dict) and "speculative_tokens" not in methods[0]:
-        ctx.emit(SPECULATORS_CONFIG, "proposal_methods[0] lacks 'speculative_tokens'",
+        ctx.emit(rule.SPECULATORS_CONFIG, "proposal_methods[0] lacks 'speculative_tokens'",
                  ctx.at("speculators_config.proposal_methods[0]"))
     mt = cfg.str("transformer_layer_config.model_type")
     if mt not in (None, "llama", "qwen3"):
-        ctx.emit(SPECULATORS_CONFIG, f"transformer_layer_config.model_type '{mt}': vLLM accepts llama or qwen3",
+        ctx.emit(rule.SPECULATORS_CONFIG, f"transformer_layer_config.model_type '{mt}': vLLM accepts llama or qwen3",
                  ctx.at("transformer_layer_config.model_type"))
     elif (mt == "qwen3") != (ctx.spec.arch == "qwen3"):
-        ctx.emit(ARCHITECTURES_MISMATCH, f"transformer_layer_config.model_type is {mt or 'absent (llama)'} "
+        ctx.emit(rule.ARCHITECTURES_MISMATCH, f"transformer_layer_config.model_type is {mt or 'absent (llama)'} "
                  f"but the weights are {ctx.spec.arch}-style", ctx.at("transformer_layer_config.model_type"))
 
 
 def _from_0_33(ctx: Context) -> bool:
     from ..engines import version_key
 
-    version = getattr(ctx, "engine_version", None)
+    version = ctx.engine_version
     return version is not None and version_key(version) >= (0, 33)
 
 
@@ -165,10 +121,10 @@ def required_fields(ctx: Context) -> None:
         need.append("rms_norm_eps")
     for name in need:
         if getattr(ctx.spec, name) is None and not ctx.spec.sources.get(name, "").startswith("invalid"):
-            ctx.emit(CONFIG_FIELD_MISSING, f"config lacks '{name}'", ctx.at(name))
+            ctx.emit(rule.CONFIG_FIELD_MISSING, f"config lacks '{name}'", ctx.at(name))
     s = ctx.spec
     if s.arch != "mla" and s.head_dim is None and s.hidden_size and s.num_attention_heads:
-        ctx.emit(CONFIG_FIELD_MISSING, f"config lacks 'head_dim' and hidden_size {s.hidden_size} is not divisible "
+        ctx.emit(rule.CONFIG_FIELD_MISSING, f"config lacks 'head_dim' and hidden_size {s.hidden_size} is not divisible "
                  f"by num_attention_heads {s.num_attention_heads}", ctx.at("head_dim"))
 
 
@@ -194,13 +150,13 @@ def names(ctx: Context) -> None:
     quantized = ctx.config.has("quantization_config") or "hf_quant_config.json" in ctx.ckpt.file_names
     prefixed = [n for n in stored if n.startswith("model.")]
     if prefixed:
-        ctx.emit(MODEL_PREFIX, f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
+        ctx.emit(rule.MODEL_PREFIX, f"{len(prefixed)} keys start with 'model.' (e.g. '{prefixed[0]}')",
                  ctx.ckpt.locate(prefixed[0]))
     mid = [n for n in stored if re.match(r"midlayer\.[0-9]+\.", n)]
     if mid:
-        ctx.emit(MULTI_LAYER_MIDLAYER, f"'{mid[0]}' and {len(mid) - 1} more", ctx.ckpt.locate(mid[0]))
+        ctx.emit(rule.MULTI_LAYER_MIDLAYER, f"'{mid[0]}' and {len(mid) - 1} more", ctx.ckpt.locate(mid[0]))
     for canon, first, second in ctx.view.collisions[:_MAX_NAME_FINDINGS]:
-        ctx.emit(DUPLICATE_TENSOR, f"'{first}' and '{second}' are both '{canon}'", ctx.ckpt.locate(second))
+        ctx.emit(rule.DUPLICATE_TENSOR, f"'{first}' and '{second}' are both '{canon}'", ctx.ckpt.locate(second))
     unknown = 0
     for canon in ctx.view.names():
         if mid and ctx.view.stored[canon] in mid:
@@ -210,11 +166,12 @@ def names(ctx: Context) -> None:
         if not any(p.match(canon) for p in CANONICAL):
             unknown += 1
             if unknown <= _MAX_NAME_FINDINGS:
-                ctx.emit(UNKNOWN_TENSOR, f"'{ctx.view.stored[canon]}' is not an EAGLE-3 tensor", ctx.view.locate(canon))
+                ctx.emit(rule.UNKNOWN_TENSOR,
+                         f"'{ctx.view.stored[canon]}' is not an EAGLE-3 tensor", ctx.view.locate(canon))
         elif canon.endswith(".bias") and (canon == "fc.bias" or not ctx.spec.attention_bias):
-            ctx.emit(BIAS_IGNORED, f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
+            ctx.emit(rule.BIAS_IGNORED, f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
     if unknown > _MAX_NAME_FINDINGS:
-        ctx.emit(UNKNOWN_TENSOR, f"and {unknown - _MAX_NAME_FINDINGS} more unknown tensors")
+        ctx.emit(rule.UNKNOWN_TENSOR, f"and {unknown - _MAX_NAME_FINDINGS} more unknown tensors")
 
 
 def mla_dims(ctx: Context) -> dict[str, int | None]:
@@ -291,7 +248,7 @@ def layers(ctx: Context) -> None:
     declared = spec.num_hidden_layers
     if declared is not None and (len(present) != declared or present != list(range(declared))):
         shown = present if len(present) <= 8 else [*present[:8], "..."]
-        ctx.emit(LAYER_COUNT, f"num_hidden_layers is {declared}, layer blocks present: {shown or 'none'}",
+        ctx.emit(rule.LAYER_COUNT, f"num_hidden_layers is {declared}, layer blocks present: {shown or 'none'}",
                  ctx.at("num_hidden_layers"))
     expected: dict[str, tuple[int | None, ...]] = {}
     mla = mla_dims(ctx)
@@ -312,10 +269,10 @@ def layers(ctx: Context) -> None:
     for canon, shape in expected.items():
         if canon not in view:
             if canon.startswith(("layers.", "fc.", "norm.")):
-                ctx.emit(MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
+                ctx.emit(rule.MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
             continue
         actual = view.shape(canon)
         if actual is not None and not _shape_ok(actual, shape):
-            ctx.emit(TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
+            ctx.emit(rule.TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
                      view.locate(canon))
 

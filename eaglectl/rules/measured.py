@@ -5,24 +5,8 @@ predicts this target at all (docs/math.md#reading-probe, docs/engines.md#aux-ids
 from __future__ import annotations
 
 from ..engines import aux_reading, engine_boundaries, engine_ids
-from . import ERROR, INFO, Context, check, rule
-
-AUX_READING_MISMATCH = rule("aux-reading-mismatch", ERROR, "The engine that serves this dialect reads other target "
-                            "layers than the drafter was trained on (measured with --target)",
-                            "for vLLM: {to_vllm} (writes the measured layers)",
-                            repaired_by_convert=True, wrong_layers=True)
-EMBEDDING_MISMATCH = rule("embedding-mismatch", ERROR, "The shipped embed_tokens is not the one the drafter was "
-                          "trained with: it predicts better with the target's (measured)",
-                          "export the trained embed_tokens, or drop it so engines share the target's")
-LM_HEAD_MISMATCH = rule("lm-head-mismatch", ERROR, "The shipped lm_head predicts worse than the target's head at the "
-                        "mapped ids: it is untrained or from another model (measured)", "export the trained lm_head")
-FLAG_READING_MISMATCH = rule("flag-reading-mismatch", ERROR, "A flag in the config contradicts how the drafter was "
-                             "trained (measured)", "{convert_t} (writes the measured value)",
-                             repaired_by_convert=True)
-DRAFTER_AT_CHANCE = rule("drafter-at-chance", ERROR, "The drafter predicts this target no better than chance: the "
-                         "wrong target, or untrained weights (measured)", "check --target and the export")
-MEASURED_READING = rule("measured-reading", INFO, "What the weights say about the facts the files cannot settle",
-                        None)
+from . import Context, check
+from . import catalogue as rule
 
 
 @check
@@ -32,7 +16,8 @@ def measured(ctx: Context) -> None:
         return
     spec = ctx.spec
     if m.at_chance:
-        ctx.emit(DRAFTER_AT_CHANCE, f"best top-1 agreement {m.best_agreement:.1%} against {m.chance:.1%} for always "
+        ctx.emit(rule.DRAFTER_AT_CHANCE,
+                 f"best top-1 agreement {m.best_agreement:.1%} against {m.chance:.1%} for always "
                  f"guessing the most frequent token ({m.inputs})", ctx.target.source)
         return
     trained = m.boundary_ids
@@ -51,12 +36,10 @@ def measured(ctx: Context) -> None:
             message = (f"{engine} (since {aux_reading(engine).since}) reads boundaries {list(reads)}; the drafter "
                        f"was trained on {list(trained)}{stake}")
             if engine == ctx.dialect.consumer:
-                ctx.emit(AUX_READING_MISMATCH, message, ctx.where)
+                ctx.emit(rule.AUX_READING_MISMATCH, message, ctx.where)
             else:
-                from .aux import AUX_IDS_OUTPUT_CONVENTION
-
-                ctx.emit(AUX_IDS_OUTPUT_CONVENTION, message, ctx.where)
-    for name, r in (("embedding", EMBEDDING_MISMATCH), ("lm_head", LM_HEAD_MISMATCH)):
+                ctx.emit(rule.AUX_IDS_OUTPUT_CONVENTION, message, ctx.where)
+    for name, r in (("embedding", rule.EMBEDDING_MISMATCH), ("lm_head", rule.LM_HEAD_MISMATCH)):
         fact = m.facts.get(name)
         if fact is not None and fact.measured == "target":
             ctx.emit(r, fact.reason, ctx.view.locate(f"{'embed_tokens' if name == 'embedding' else 'lm_head'}.weight"))
@@ -64,9 +47,9 @@ def measured(ctx: Context) -> None:
         if name in ("aux_convention", "embedding", "lm_head"):
             continue
         if fact.measured not in ("undecided", fact.declared):
-            ctx.emit(FLAG_READING_MISMATCH, f"'{name}' is {fact.declared} in the config; the drafter was trained "
+            ctx.emit(rule.FLAG_READING_MISMATCH, f"'{name}' is {fact.declared} in the config; the drafter was trained "
                      f"with {fact.measured}: {fact.reason}", ctx.at(name))
     if trained is not None:
         how = (f"{m.convention} numbering of the stored ids {list(spec.aux_layer_ids)}" if spec.aux_layer_ids is not None
                else "no ids stored: every engine's default for this target")
-        ctx.emit(MEASURED_READING, f"trained on boundaries {list(trained)} ({how}; {m.aux.reason})", ctx.where)
+        ctx.emit(rule.MEASURED_READING, f"trained on boundaries {list(trained)} ({how}; {m.aux.reason})", ctx.where)

@@ -6,47 +6,13 @@ from __future__ import annotations
 import re
 
 from ..drafter import FLAG_ALIASES
-from . import ERROR, INFO, RULES, WARNING, Context, check, rule
-
-FC_NORM_WEIGHTS_WITHOUT_FLAG = rule("fc-norm-weights-without-flag", ERROR,
-                                    "fc_norm.N weights present but fc_norm is false (vLLM load error)", "set fc_norm: true")
-FC_NORM_ALIAS = rule("fc-norm-alias", ERROR, "fc_norm is set only under an alias (enable_fc_norm, use_aux_norm); "
-                     "vLLM reads only fc_norm, builds no fc_norm and fails on the fc_norm.N weights",
-                     "{convert} (writes fc_norm)", repaired_by_convert=True)
-FC_NORM_FLAG_WITHOUT_WEIGHTS = rule("fc-norm-flag-without-weights", ERROR,
-                                    "fc_norm true but no fc_norm.N weights (vLLM runs with ones)",
-                                    "export the trained fc_norm weights, or set fc_norm: false (then `upgrade` adds "
-                                    "untrained ones)")
-FC_NORM_COUNT = rule("fc-norm-count", ERROR, "fc_norm.N indices do not match the aux count",
-                     "one fc_norm per aux state, 0..N-1")
-INPUT_NORM_WITHOUT_FLAG = rule("input-norm-without-flag", ERROR,
-                               "input_norm.weight present but norm_before_fc false (vLLM drops it silently)",
-                               "set norm_before_fc: true (top level and eagle_config)")
-NORM_BEFORE_FC_WITHOUT_WEIGHTS = rule("norm-before-fc-without-weights", ERROR,
-                                      "norm_before_fc true but no input_norm.weight (vLLM runs with ones)",
-                                      "export input_norm.weight")
-DOUBLE_NORM = rule("double-norm", ERROR, "norm_before_fc and fc_norm both true: vLLM applies both, TRT-LLM one, "
-                   "speculators rejects", "keep exactly one")
-NORM_BEFORE_FC_PLACEMENT = rule("norm-before-fc-placement", WARNING, "norm_before_fc stored in one place only (TRT-LLM "
-                                "reads eagle_config, speculators the top level)", "{convert} (writes it in both places)",
-                                repaired_by_convert=True)
-MLA_NORM_BEFORE_FC = rule("mla-norm-before-fc", ERROR, "MLA drafter with norm_before_fc / input_norm (vLLM's DeepSeek "
-                          "path cannot load it)", "drop input_norm; MLA supports fc_norm only")
-FLAG_ABSENT = rule("flag-absent", WARNING, "A semantic flag is absent and engines disagree on its default",
-                   "{convert} (writes every flag the dialect records)",
-                   repaired_by_convert=True)
-FLAGS_IMPLICIT = rule("flags-implicit", INFO, "The layout cannot record the 3.1 flags; they are off by definition",
-                      None)
-SPECFORGE_NORM_OUTPUT_WINDOW = rule("specforge-norm-output-window", WARNING,
-                                    "SpecForge checkpoint (3.1, or norm_output false): norm_output meant something "
-                                    "else before PR #879, and still does in specforge 0.2.0 (PyPI)",
-                                    "check the SpecForge release or commit: 0.2.0 or 2026-07-20..09-15 means "
-                                    "norm_output true was plain EAGLE-3 feedback (serve with norm_output false) and "
-                                    "false meant no final norm before lm_head")
+from ..formats import ConfigStyle
+from . import RULES, Context, check
+from . import catalogue as rule
 
 # (reader, config style it reads, default when the flag is absent). "hf" = HF-style configs,
 # "speculators" = the speculators format. Only readers of the dialect's style can disagree.
-ENGINE_DEFAULTS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+ENGINE_DEFAULTS: dict[str, tuple[tuple[str, ConfigStyle, bool], ...]] = {
     "norm_before_residual": (("vLLM", "hf", False), ("sglang / TRT-LLM", "hf", False),
                              ("vLLM speculators reader", "speculators", True),
                              ("speculators class", "speculators", False)),
@@ -68,44 +34,44 @@ def norms(ctx: Context) -> None:
     fc_norms = sorted(int(c.split(".")[1]) for c in view.names() if re.match(r"fc_norm\.[0-9]{1,6}\.weight$", c))
     alias = spec.sources.get("fc_norm", "").removeprefix("config: ").split(" ")[0]
     if alias in FLAG_ALIASES and spec.fc_norm and fc_norms:
-        ctx.emit(FC_NORM_ALIAS, f"{alias} is true ({FLAG_ALIASES[alias]}) and there are {len(fc_norms)} fc_norm "
+        ctx.emit(rule.FC_NORM_ALIAS, f"{alias} is true ({FLAG_ALIASES[alias]}) and there are {len(fc_norms)} fc_norm "
                  "weights, but no fc_norm key: vLLM reads only fc_norm", ctx.at(alias))
     if fc_norms and not spec.fc_norm:
-        ctx.emit(FC_NORM_WEIGHTS_WITHOUT_FLAG, f"{len(fc_norms)} fc_norm weights, fc_norm is false",
+        ctx.emit(rule.FC_NORM_WEIGHTS_WITHOUT_FLAG, f"{len(fc_norms)} fc_norm weights, fc_norm is false",
                  view.locate(f"fc_norm.{fc_norms[0]}.weight"))
     if spec.fc_norm and not fc_norms:
-        ctx.emit(FC_NORM_FLAG_WITHOUT_WEIGHTS, "fc_norm is true, no fc_norm.N.weight", ctx.at("fc_norm"))
+        ctx.emit(rule.FC_NORM_FLAG_WITHOUT_WEIGHTS, "fc_norm is true, no fc_norm.N.weight", ctx.at("fc_norm"))
     n = spec.num_aux_hidden_states
     if fc_norms and n is not None and fc_norms != list(range(n)):
         shown = fc_norms if len(fc_norms) <= 8 else [*fc_norms[:8], "..."]
-        ctx.emit(FC_NORM_COUNT, f"fc_norm indices {shown}, expected 0..{n - 1}", ctx.where)
+        ctx.emit(rule.FC_NORM_COUNT, f"fc_norm indices {shown}, expected 0..{n - 1}", ctx.where)
     has_input_norm = "input_norm.weight" in view
     if has_input_norm and not spec.norm_before_fc:
-        ctx.emit(INPUT_NORM_WITHOUT_FLAG, "input_norm.weight present, norm_before_fc false",
+        ctx.emit(rule.INPUT_NORM_WITHOUT_FLAG, "input_norm.weight present, norm_before_fc false",
                  view.locate("input_norm.weight"))
     if spec.norm_before_fc and not has_input_norm:
-        ctx.emit(NORM_BEFORE_FC_WITHOUT_WEIGHTS, "norm_before_fc true, no input_norm.weight", ctx.at("norm_before_fc"))
+        ctx.emit(rule.NORM_BEFORE_FC_WITHOUT_WEIGHTS,
+                 "norm_before_fc true, no input_norm.weight", ctx.at("norm_before_fc"))
     if spec.norm_before_fc and spec.fc_norm:
-        ctx.emit(DOUBLE_NORM, "norm_before_fc and fc_norm are both true", ctx.where)
+        ctx.emit(rule.DOUBLE_NORM, "norm_before_fc and fc_norm are both true", ctx.where)
     if spec.norm_before_fc:
         places = [p for p in ("norm_before_fc", "eagle_config.norm_before_fc") if cfg.bool(p) is True]
-        if len(places) == 1 and ctx.dialect.hf_style:  # TRT-LLM reads no speculators-format config
-            ctx.emit(NORM_BEFORE_FC_PLACEMENT, f"norm_before_fc only at '{places[0]}'", ctx.at(places[0]))
+        if len(places) == 1 and ctx.dialect.config_style == "hf":  # TRT-LLM reads no speculators-format config
+            ctx.emit(rule.NORM_BEFORE_FC_PLACEMENT, f"norm_before_fc only at '{places[0]}'", ctx.at(places[0]))
         if spec.arch == "mla":
-            ctx.emit(MLA_NORM_BEFORE_FC, "MLA drafter with norm_before_fc", ctx.where)
+            ctx.emit(rule.MLA_NORM_BEFORE_FC, "MLA drafter with norm_before_fc", ctx.where)
     elif spec.arch == "mla" and has_input_norm:
-        ctx.emit(MLA_NORM_BEFORE_FC, "MLA drafter with input_norm.weight", view.locate("input_norm.weight"))
+        ctx.emit(rule.MLA_NORM_BEFORE_FC, "MLA drafter with input_norm.weight", view.locate("input_norm.weight"))
 
     if not ctx.dialect.flag_fields:
-        ctx.emit(FLAGS_IMPLICIT, f"{ctx.dialect.title} layout: " + ", ".join(
+        ctx.emit(rule.FLAGS_IMPLICIT, f"{ctx.dialect.title} layout: " + ", ".join(
             f"{f}={str(getattr(spec, f)).lower()}" for f in ENGINE_DEFAULTS), ctx.where)
-    style = "hf" if ctx.dialect.hf_style else "speculators"
     for flag, readers in ENGINE_DEFAULTS.items():
         absent = spec.sources.get(flag, "").startswith("default")
-        defaults = {name: value for name, kind, value in readers if kind == style}
+        defaults = {name: value for name, kind, value in readers if kind == ctx.dialect.config_style}
         if absent and flag in ctx.dialect.flag_fields and len(set(defaults.values())) > 1:
             named = ", ".join(f"{k} {str(v).lower()}" for k, v in defaults.items())
-            ctx.emit(FLAG_ABSENT, f"'{flag}' absent (read as {str(getattr(spec, flag)).lower()}); "
+            ctx.emit(rule.FLAG_ABSENT, f"'{flag}' absent (read as {str(getattr(spec, flag)).lower()}); "
                      f"defaults: {named}", ctx.at(flag))
     said: set[str] = set()
     for caveat in ctx.dialect.caveats:

@@ -7,33 +7,26 @@ from pathlib import Path
 
 from ..drafter import DrafterCheckpoint
 from ..publish import LocalPath, local_paths
-from . import ERROR, WARNING, Finding, hint_values, rule
-
-LOCAL_PATH = rule("local-path", ERROR, "A file that would be uploaded holds a path of this machine",
-                  "remove it, or write the drafter again: {convert} --base-model ORG/NAME (eaglectl writes Hub ids "
-                  "and basenames only)")
-SPECULATORS_NULL_VERIFIER = rule(
-    "speculators-null-verifier", WARNING,
-    "The speculators library cannot load this drafter: it ships no embed_tokens and names no verifier to take "
-    "them from",
-    "eaglectl check {source} --card --base-model ORG/NAME (writes the verifier into config.json)")
+from . import Context, Finding
+from . import catalogue as rule
 
 
 def lint_publish(drafter: DrafterCheckpoint, folder: Path) -> list[Finding]:
     """Findings about publishing `folder` (the drafter's local root) as it is."""
-    values = hint_values(drafter)
-    out = [Finding(LOCAL_PATH, _say(p), f"{p.file}:{p.where}", values) for p in local_paths(folder)]
-    if not drafter.dialect.hf_style and not drafter.spec.has_embed_tokens:
+    ctx = Context(drafter)
+    for p in local_paths(folder):
+        ctx.emit(rule.LOCAL_PATH, _say(p), f"{p.file}:{p.where}")
+    if drafter.dialect.config_style == "speculators" and not drafter.spec.has_embed_tokens:
         name = (drafter.config.dict("speculators_config.verifier") or {}).get("name_or_path")
         from ..publish import is_local_path
 
         if name is None or (isinstance(name, str) and is_local_path(name)):
-            out.append(Finding(SPECULATORS_NULL_VERIFIER, "no embed_tokens.weight and the verifier is "
-                               + ("null" if name is None else f"the local path '{name}'")
-                               + ": the speculators library fetches the verifier for the missing embeddings and "
-                               "fails (vLLM serves it with --speculative-config)",
-                               "config.json:speculators_config.verifier.name_or_path", values))
-    return out
+            ctx.emit(rule.SPECULATORS_NULL_VERIFIER, "no embed_tokens.weight and the verifier is "
+                     + ("null" if name is None else f"the local path '{name}'")
+                     + ": the speculators library fetches the verifier for the missing embeddings and "
+                     "fails (vLLM serves it with --speculative-config)",
+                     "config.json:speculators_config.verifier.name_or_path")
+    return ctx.findings
 
 
 def _say(p: LocalPath) -> str:

@@ -4,39 +4,8 @@
 from __future__ import annotations
 
 from ..io.quant import SCHEMES, QuantLayout, dialect_names, excluded, layout_of, matches_any, vllm_module, vllm_modules
-from . import ERROR, INFO, WARNING, Context, check, rule
-
-QUANTIZED = rule("quantized", INFO, "A quantised drafter: its scheme, what is quantised and what vLLM leaves "
-                 "unquantised; the reference dequantises it (weight x scale)", None)
-QUANT_CONFIG_MISSING = rule("quant-config-missing", ERROR, "Scale tensors but no quantization_config (config.json) "
-                            "or hf_quant_config.json: vLLM loads the drafter unquantised and fails on the scales",
-                            "add the quantization_config the drafter was exported with (quant_method, quant_algo, "
-                            "ignore)")
-QUANT_METHOD_MISSING = rule("quant-method-missing", ERROR, "quantization_config has no quant_method: vLLM cannot "
-                            "tell how the drafter is quantised", "set quant_method (modelopt for FP8, modelopt_fp4 "
-                            "for NVFP4)")
-QUANT_UNSUPPORTED = rule("quant-unsupported", WARNING, "A quantisation scheme eaglectl does not check or dequantise "
-                         "(ModelOpt FP8 and NVFP4 only)", "check the drafter with its producer's tools; verify and "
-                         "smoke --engine reference cannot run it")
-QUANT_EXCLUDE_IGNORED = rule("quant-exclude-modules-ignored", ERROR, "quantization_config lists exclude_modules but "
-                             "no ignore: vLLM reads only ignore there, so it quantises every layer",
-                             "name the exclusions under ignore (vLLM's module names, e.g. lm_head, *fc, *self_attn*)")
-QUANT_MODULE_MISMATCH = rule("quant-module-mismatch", ERROR, "The exclusions disagree with the tensors under vLLM's "
-                             "module names: a quantised layer is excluded, an unquantised one is not, or only some "
-                             "shards of a fused layer are listed", "list unquantised layers by vLLM's names: lm_head, "
-                             "*fc, *qkv_proj / *self_attn*, *gate_up_proj / *mlp* (fused shards together)")
-QUANT_IGNORE_UNMATCHED = rule("quant-ignore-unmatched", WARNING, "An exclusion entry names no layer of this drafter "
-                              "under vLLM's module names (e.g. a training-time name)", "rename it to vLLM's module "
-                              "name (lm_head, *fc, *qkv_proj, *gate_up_proj) or drop it")
-QUANT_EMBED_TOKENS = rule("quant-embed-tokens", ERROR, "embed_tokens is quantised: vLLM never quantises the "
-                          "embedding and fails (KeyError: 'embed_tokens.weight_scale')",
-                          "keep embed_tokens unquantised (export it in bf16, or exclude it)")
-QUANT_SCALE_MISSING = rule("quant-scale-missing", ERROR, "A quantised weight lacks a scale its scheme needs, or a "
-                           "scale has no weight: vLLM leaves the scale uninitialised or rejects the key",
-                           "re-export the scales with their weights")
-QUANT_CONFIG_DISAGREE = rule("quant-config-disagree", WARNING, "config.json quantization_config and "
-                             "hf_quant_config.json disagree (vLLM reads the first, TensorRT-LLM and older readers "
-                             "the second)", "make both say the same (quant_algo, ignore = exclude_modules)")
+from . import Context, check
+from . import catalogue as rule
 
 
 def quant_layout(ctx: Context) -> QuantLayout | None:
@@ -69,23 +38,25 @@ def quantization(ctx: Context) -> None:
         return
     eff = q.effective
     if eff is None:
-        ctx.emit(QUANT_CONFIG_MISSING, f"{len(q.scales)} weight(s) carry scales (e.g. "
+        ctx.emit(rule.QUANT_CONFIG_MISSING, f"{len(q.scales)} weight(s) carry scales (e.g. "
                  f"'{ctx.view.stored[next(iter(q.scales))] if q.scales else q.orphans[0]}') and no config says how",
                  ctx.where)
         return
     where = ctx.at("quantization_config") if q.config is not None else eff.where
     for cfg in (q.config, q.side):
         for problem in (cfg.problems if cfg is not None else ()):
-            ctx.emit(QUANT_MODULE_MISMATCH, f"{cfg.where}: {problem}", where)
+            ctx.emit(rule.QUANT_MODULE_MISMATCH, f"{cfg.where}: {problem}", where)
     if q.config is not None and q.config.style == "flat" and q.config.quant_method is None:
-        ctx.emit(QUANT_METHOD_MISSING, f"quantization_config has quant_algo {q.config.quant_algo or 'absent'} and no "
+        ctx.emit(rule.QUANT_METHOD_MISSING,
+                 f"quantization_config has quant_algo {q.config.quant_algo or 'absent'} and no "
                  "quant_method", ctx.at("quantization_config.quant_method"))
     supported = eff.scheme is not None and (eff.quant_method or "").lower().startswith("modelopt")
     if not supported and not (q.config is not None and q.config.quant_method is None):
-        ctx.emit(QUANT_UNSUPPORTED, f"quant_method {eff.quant_method or 'absent'}, quant_algo "
+        ctx.emit(rule.QUANT_UNSUPPORTED, f"quant_method {eff.quant_method or 'absent'}, quant_algo "
                  f"{eff.quant_algo or 'absent'} ({eff.where})", where)
     if q.config is not None and q.config.style == "flat" and q.config.exclusions is None and q.config.exclude_modules:
-        ctx.emit(QUANT_EXCLUDE_IGNORED, f"exclude_modules {list(q.config.exclude_modules)[:4]} and no ignore",
+        ctx.emit(rule.QUANT_EXCLUDE_MODULES_IGNORED,
+                 f"exclude_modules {list(q.config.exclude_modules)[:4]} and no ignore",
                  ctx.at("quantization_config.exclude_modules"))
     _disagree(ctx, q)
     _embed(ctx, q)
@@ -105,13 +76,13 @@ def _disagree(ctx: Context, q: QuantLayout) -> None:
         differs.append(f"exclusions {sorted(a.exclusions or a.exclude_modules or ())[:4]} vs "
                        f"{sorted(b.exclusions or ())[:4]}")
     if differs:
-        ctx.emit(QUANT_CONFIG_DISAGREE, "; ".join(differs), b.where)
+        ctx.emit(rule.QUANT_CONFIG_DISAGREE, "; ".join(differs), b.where)
 
 
 def _embed(ctx: Context, q: QuantLayout) -> None:
     canon = "embed_tokens.weight"
     if canon in ctx.view and (canon in q.quantized or canon in q.scales):
-        ctx.emit(QUANT_EMBED_TOKENS, f"'{ctx.view.stored[canon]}' is {ctx.view.info(canon).dtype}"
+        ctx.emit(rule.QUANT_EMBED_TOKENS, f"'{ctx.view.stored[canon]}' is {ctx.view.info(canon).dtype}"
                  + (f" with {', '.join(s.lstrip('.') for s in q.scales.get(canon, {}))}" if canon in q.scales else ""),
                  ctx.view.locate(canon))
 
@@ -125,10 +96,10 @@ def _scales(ctx: Context, q: QuantLayout) -> None:
         if lacks:
             missing.append((canon, lacks))
     for canon, lacks in missing[:20]:
-        ctx.emit(QUANT_SCALE_MISSING, f"'{ctx.view.stored[canon]}' ({ctx.view.info(canon).dtype}) has no "
+        ctx.emit(rule.QUANT_SCALE_MISSING, f"'{ctx.view.stored[canon]}' ({ctx.view.info(canon).dtype}) has no "
                  f"{', '.join(s.lstrip('.') for s in lacks)}", ctx.view.locate(canon))
     for canon in q.orphans[:20]:
-        ctx.emit(QUANT_SCALE_MISSING, f"'{ctx.view.stored[canon]}' scales a weight the checkpoint does not have",
+        ctx.emit(rule.QUANT_SCALE_MISSING, f"'{ctx.view.stored[canon]}' scales a weight the checkpoint does not have",
                  ctx.view.locate(canon))
 
 
@@ -152,16 +123,16 @@ def _modules(ctx: Context, q: QuantLayout, entries: tuple[str, ...], where: str)
                        f"{ctx.view.info(weights[0]).dtype} values into it")
         (quantised if states == {True} else plain).append(prefix)
     for message in bad[:20]:
-        ctx.emit(QUANT_MODULE_MISMATCH, message, where)
+        ctx.emit(rule.QUANT_MODULE_MISMATCH, message, where)
     prefixes = [p for p in modules if p != "model.embed_tokens"]
     own = dialect_names(prefixes, ctx.dialect)  # a midlayer layout's own engine (sglang) names them so
     unmatched = [e for e in entries if not matches_any(e, prefixes) and not matches_any(e, own)]
     for e in unmatched[:20]:
-        ctx.emit(QUANT_IGNORE_UNMATCHED, f"entry '{e}' excludes none of vLLM's modules for this drafter "
+        ctx.emit(rule.QUANT_IGNORE_UNMATCHED, f"entry '{e}' excludes none of vLLM's modules for this drafter "
                  f"({', '.join(sorted(prefixes)[:6])})", where)
     eff = q.effective
     assert eff is not None
-    ctx.emit(QUANTIZED, f"{eff.quant_algo} ({eff.quant_method or 'no quant_method'}, {eff.where}): "
+    ctx.emit(rule.QUANTIZED, f"{eff.quant_algo} ({eff.quant_method or 'no quant_method'}, {eff.where}): "
              f"{len(quantised)} of {len(quantised) + len(plain)} linear layers quantised"
              + (f"; unquantised: {', '.join(plain[:6])}" if plain else "")
              + "; the reference drafter dequantises the weights (activation scales are not simulated)", where)

@@ -4,21 +4,8 @@ readings were computed (`inspect`, `check`)."""
 
 from __future__ import annotations
 
-from . import ERROR, Context, check, rule
-
-AUX_IDS_RUNNER_SPLIT = rule("aux-ids-runner-split", ERROR,
-                            "vLLM's two model runners capture different target layers (V1 on CPU, V2 on GPU): "
-                            "one of them serves the drafter on the wrong layers",
-                            "{to_runners} (writes the ids at the top level, which both runners read; modelopt for "
-                            "MLA)",
-                            repaired_by_convert=True, wrong_layers=True,
-                            engine="vllm")
-AUX_IDS_RUNNER_COUNT = rule("aux-ids-runner-count", ERROR,
-                            "A vLLM runner captures another number of layers than fc is built for (V2 captures "
-                            "the target's 3 default layers when the ids are only in eagle_config): it fails on "
-                            "GPU only", "{to_runners} (writes the ids at the top level; modelopt for MLA)",
-                            repaired_by_convert=True, wrong_layers=True,
-                            engine="vllm")
+from . import Context, check
+from . import catalogue as rule
 
 _ROLE = {"v1": "V1 (CPU)", "v2": "V2 (GPU default)"}
 
@@ -45,18 +32,18 @@ def runners(ctx: Context) -> None:
             right = [x.runner.upper() for x in (v1, v2) if x.boundary_ids == tuple(trained)]
             message += f"; measured: trained on {list(trained)}, " + (
                 f"{' and '.join(right)} right" if right else "neither runner captures them")
-        ctx.emit(AUX_IDS_RUNNER_SPLIT, message, ctx.where)
+        ctx.emit(rule.AUX_IDS_RUNNER_SPLIT, message, ctx.where)
     fc = ctx.spec.num_aux_hidden_states or v1.num_aux
     if fc is None:
         return
     for x, other in ((v2, v1), (v1, v2)):
         if x.boundary_ids is not None and len(x.boundary_ids) != fc and (
                 other.boundary_ids is None or len(other.boundary_ids) == fc):
-            ctx.emit(AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures {len(x.boundary_ids)} layers "
+            ctx.emit(rule.AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures {len(x.boundary_ids)} layers "
                      f"{list(x.boundary_ids)} ({_where(x)}) but fc takes {fc} aux states", ctx.where)
         elif x.boundary_ids is None and x.default and fc != 3 and (
                 other.boundary_ids is None or len(other.boundary_ids) == fc):
-            ctx.emit(AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures the target's 3 default layers but fc "
+            ctx.emit(rule.AUX_IDS_RUNNER_COUNT, f"{_ROLE[x.runner]} captures the target's 3 default layers but fc "
                      f"takes {fc} aux states", ctx.where)
 
 

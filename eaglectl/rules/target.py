@@ -5,20 +5,8 @@ from __future__ import annotations
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable
 from ..spec import default_aux_ids
-from . import ERROR, INFO, WARNING, Context, check, rule
-
-TARGET_VOCAB_MISMATCH = rule("target-vocab-mismatch", ERROR, "Drafter vocab differs from the target's vocab_size",
-                             "use the drafter trained for this target")
-TARGET_HIDDEN_MISMATCH = rule("target-hidden-mismatch", ERROR, "Aux width differs from the target's hidden_size",
-                              "use the drafter trained for this target")
-TARGET_AUX_RANGE = rule("target-aux-range", ERROR, "An aux id is beyond the target's layers", "fix the ids for this target")
-TARGET_AUX_DEFAULT_COLLISION = rule("target-aux-default-collision", ERROR, "No aux ids and the target's default ids "
-                                    "collide (few layers)", "write explicit ids")
-TARGET_ROPE_DIFFERS = rule("target-rope-differs", INFO, "Drafter RoPE differs from the target's (normal for SafeAILab "
-                           "heads, right if the drafter was trained so)", None)
-TARGET_EMBEDDINGS = rule("target-embeddings", INFO, "Whether embed_tokens / lm_head rows equal the target's", None)
-TARGET_VERIFIER_MISMATCH = rule("target-verifier-mismatch", WARNING, "speculators verifier differs from --target",
-                                "serve with the intended target")
+from . import Context, check
+from . import catalogue as rule
 
 
 @check
@@ -32,9 +20,9 @@ def against_target(ctx: Context) -> None:
     if "t2d" in ctx.view and len(ctx.view.shape("t2d") or ()) == 1:
         vocab = ctx.view.shape("t2d")[0]  # type: ignore[index]
     if tv is not None and vocab is not None and vocab != tv:
-        ctx.emit(TARGET_VOCAB_MISMATCH, f"drafter vocab {vocab}, target vocab_size {tv}", ctx.at("vocab_size"))
+        ctx.emit(rule.TARGET_VOCAB_MISMATCH, f"drafter vocab {vocab}, target vocab_size {tv}", ctx.at("vocab_size"))
     if th is not None and spec.aux_width is not None and spec.aux_width != th:
-        ctx.emit(TARGET_HIDDEN_MISMATCH, f"aux width {spec.aux_width}, target hidden_size {th}",
+        ctx.emit(rule.TARGET_HIDDEN_MISMATCH, f"aux width {spec.aux_width}, target hidden_size {th}",
                  ctx.at("target_hidden_size"))
     if L is not None:
         ids = spec.aux_layer_ids
@@ -42,21 +30,21 @@ def against_target(ctx: Context) -> None:
             top = L if spec.aux_convention == "boundary" else L - 1
             bad = [i for i in ids if i > top]
             if bad:
-                ctx.emit(TARGET_AUX_RANGE, f"aux ids {bad} exceed {top} ({spec.aux_convention} convention, "
+                ctx.emit(rule.TARGET_AUX_RANGE, f"aux ids {bad} exceed {top} ({spec.aux_convention} convention, "
                          f"{L}-layer target)", ctx.where)
         elif spec.num_aux_hidden_states:
             default = default_aux_ids(L, "boundary")
             if len(default) < spec.num_aux_hidden_states:
-                ctx.emit(TARGET_AUX_DEFAULT_COLLISION, f"default ids for {L} layers are {list(default)}, "
+                ctx.emit(rule.TARGET_AUX_DEFAULT_COLLISION, f"default ids for {L} layers are {list(default)}, "
                          f"fc expects {spec.num_aux_hidden_states} states", ctx.where)
     t_theta = t.rope_theta
     d_theta = spec.rope_theta or 10000.0
     if t_theta is not None and t_theta != d_theta:
-        ctx.emit(TARGET_ROPE_DIFFERS, f"drafter rope_theta {d_theta:g}, target {t_theta:g}", ctx.where)
+        ctx.emit(rule.TARGET_ROPE_DIFFERS, f"drafter rope_theta {d_theta:g}, target {t_theta:g}", ctx.where)
     verifier = ctx.config.str("speculators_config.verifier.name_or_path")
     # only a Hub id names a model anywhere; local paths in a published config are placeholders
     if verifier and parse_hub_id(verifier) and not same_model(verifier, t.hub_id or t.source):
-        ctx.emit(TARGET_VERIFIER_MISMATCH, f"verifier '{verifier}', --target '{t.source}'", ctx.where)
+        ctx.emit(rule.TARGET_VERIFIER_MISMATCH, f"verifier '{verifier}', --target '{t.source}'", ctx.where)
     _fingerprint(ctx)
 
 
@@ -109,4 +97,4 @@ def _fingerprint(ctx: Context) -> None:
             parts.append("lm_head " + ("rows equal the target head at the mapped ids" if same
                                        else "trained separately"))
     if parts:
-        ctx.emit(TARGET_EMBEDDINGS, "; ".join(parts), t.source)
+        ctx.emit(rule.TARGET_EMBEDDINGS, "; ".join(parts), t.source)
