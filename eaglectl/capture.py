@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .engine_process import WORKERS, WorkerRun, engine_path, find_vllm_python
 from .errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
 from .io.atomic import staged_output
 from .io.safetensors import LocalFile, read_header
@@ -29,7 +30,7 @@ from .io.states import CAPTURE_JSON, SCHEMA
 from .spec import default_aux_ids
 from .target import TargetCheckpoint, open_target
 
-WORKER = Path(__file__).with_name("workers") / "vllm_capture.py"
+WORKER = WORKERS / "vllm_capture.py"
 
 
 @dataclass
@@ -165,8 +166,6 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
 def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, tp: int,
           max_model_len: int | None, args: dict[str, Any], vllm_python: str | None, timeout_s: float,
           progress: Any) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
-    from .smoke import WorkerRun, engine_path, find_vllm_python
-
     python = find_vllm_python(vllm_python)
     request = {"target": engine_path(target), "dtype": dtype, "layer_ids": list(ids),
                "prompts": prompts, "out_dir": str(stage), "tensor_parallel_size": tp,
@@ -195,9 +194,8 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
     a dump is used, and removed, only when it is a regular file holding exactly the prompt sent."""
     import numpy as np
 
-    from .http_json import Deadline, check_url, post_json
+    from .http_json import Deadline, check_url, post_json, server_model
     from .io.safetensors import ByteRange, TensorEntry, entry_from_bytes, read_tensor, write_safetensors
-    from .server_smoke import server_model
 
     started = time.perf_counter()
     deadline = Deadline(timeout_s)
@@ -342,7 +340,7 @@ def recipe(target: str, layers: str, drafter: str | None, out: str, tensor_paral
     storage = str(Path(out).resolve()) + ".raw"
     serve = ["vllm", "serve", name, "--tensor-parallel-size", str(tensor_parallel_size), *server_args(ids, storage)]
     cpu = server_args(ids, storage, cpu=True)[3]
-    connector = Path(__file__).with_name("workers")
+    connector = WORKERS
     drive = ["eaglectl", "capture", target, "--engine", "server", "--server-url", "http://localhost:8000",
              "--layers", ",".join(map(str, ids)), "--out", out, *capture_flags]
     text = f"""# 1. serve the target, dumping hidden states at boundaries {list(ids)} (vLLM's numbering) into {storage}

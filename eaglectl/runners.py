@@ -19,23 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
 from .limits import LIMITS
 
-WORKER = Path(__file__).with_name("workers") / "vllm_reading.py"
+WORKER = WORKERS / "vllm_reading.py"
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were read from
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
 FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
@@ -267,27 +265,6 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 
 # ------------------------------------------------------------------------------------------ asking vLLM
 
-def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:
-    """(interpreter, why not): `explicit`, else $EAGLECTL_VLLM_PYTHON, else this interpreter when it can import
-    vllm (a cheap find_spec). Never raises: without vLLM the readings come from the table, and say why."""
-    if explicit:
-        from .smoke import find_vllm_python
-
-        try:
-            return find_vllm_python(explicit), None
-        except MissingDependencyError as e:
-            return None, e.message
-    env = os.environ.get("EAGLECTL_VLLM_PYTHON")
-    if env:
-        path = os.path.abspath(env) if os.sep in env else (shutil.which(env) or env)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path, None
-        return None, f"$EAGLECTL_VLLM_PYTHON names no interpreter ({env})"
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable, None
-    return None, "no vLLM interpreter here (--vllm-python, $EAGLECTL_VLLM_PYTHON)"
-
-
 _VERSIONS: dict[str, str | None] = {}
 
 
@@ -402,8 +379,6 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
 
 def ask_vllm(requests: list[dict[str, Any]], python: str, timeout_s: float = 600.0) -> dict[str, Any]:
     """One worker run for a batch of requests ({drafter_dir, target_dir, target_layers}); vLLM's raw answer."""
-    from .smoke import WorkerRun
-
     payload = {"method": "eagle3", "requests": [
         {"drafter_dir": os.path.abspath(r["drafter_dir"]),
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,

