@@ -20,16 +20,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
+from . import __version__, runner_smoke
 from .drafter import DrafterCheckpoint
 from .engine_process import WorkerRun, engine_path, find_vllm_python
-from .errors import EaglectlError, SmokeFailedError, UsageError
+from .errors import SmokeFailedError, UsageError
 from .progress import Progress, passthrough
+from .runner_smoke import RunnerRun
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 if TYPE_CHECKING:
     from .probe import Measurement
     from .reading import EngineReading
+    from .runners import Readings
     from .target import Target
 
 SCHEMA = "eaglectl.smoke/1"
@@ -180,13 +182,13 @@ class SmokeReport:
     red_flags: list[str]
     log: str | None = None
     min_acceptance: float | None = None
-    engine_reading: Any = None  # reading.EngineReading (vLLM engine only)
+    engine_reading: EngineReading | None = None  # vLLM engine only
     engine_reading_note: str | None = None
     plot: str | None = None
     profile: str | None = None  # --profile: the speculation_profile.json written
     runner: str | None = None  # --runner as given (None: the default)
-    runs: list[Any] = field(default_factory=list)  # runner_smoke.RunnerRun, one per vLLM runner measured
-    readings: Any = None  # runners.Readings of the drafter on the target
+    runs: list[RunnerRun] = field(default_factory=list)  # one per vLLM runner measured
+    readings: Readings | None = None  # the runners' readings of the drafter on the target
     intended: dict[str, Any] | None = None  # the drafter's intended reading: boundary_ids, basis
     serving: dict[str, Any] | None = None  # the serving options that make AL comparable (runner_smoke)
     reference_layers: dict[str, Any] | None = None  # --engine reference: the layers it ran and where from
@@ -319,53 +321,28 @@ def measure(
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
-    drafter = d.source
-    baselines = baselines or []
-    if server is not None:
-        engine = "server"
-        baselines = [b for b in baselines if b.kind != "none"]  # the default: no server without a drafter here
-        if baselines or context_lengths:
-            raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
-                                   "--context-lengths (each would need its own server)")
+    engine, baselines = _engine_for(engine, server, baselines or [], context_lengths, serving_options)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
-    tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
-    vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
-    prompt_set = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
-                              max_model_len=max_model_len, k=k, seed=seed, vocab=vocab)
-    groups = [{"label": {"context_length": n}, "prompts": load_prompts(
-        prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
-        length=n, vocab=vocab).prompts} for n in context_lengths]
-    from . import runner_smoke
-
-    if serving_options and engine != "vllm":
-        why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
-            "a running server keeps its own"
-        raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
-                         f"vLLM (--engine vllm); {why}")
+    prompt_set, groups = _prompt_sets(target, prompts, num_prompts, max_tokens, max_model_len, k, seed,
+                                      context_lengths)
     serving = runner_smoke.serving_request(serving_options or {})
-    runs: list[runner_smoke.RunnerRun] = []
+    runs: list[RunnerRun] = []
     readings, intended = None, None
     if server is None:
-        readings, runs, measured, intended = _plan_runners(d, target, engine, runner, reference_layers, python,
-                                                          vllm_python, measured)
+        readings, runs, measured, intended = runner_smoke.prepare(d, target, engine, runner, reference_layers, python,
+                                                                  vllm_python, measured)
     active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
     if runs and not active:
         raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",
                                hint="eaglectl convert SOURCE DEST --to speculators (writes the ids at the top level, "
                                     "which both runners read)")
-    drafter_configs = [Baseline(r.name, "eagle3", drafter, d) for r in active] or [Baseline("drafter", "eagle3",
-                                                                                          drafter, d)]
-    configs = [*drafter_configs, *baselines]
-    staged: list[Path] = []
+    configs = [*([Baseline(r.name, "eagle3", d.source, d) for r in active]
+                 or [Baseline("drafter", "eagle3", d.source, d)]), *baselines]
+    applied = None
     if server is not None:
-        from . import server_smoke
-
-        got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
-        results, log = [ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
-                                     generate_seconds=got["generate_seconds"])], None
-        versions = {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]}
+        results, log, versions = _by_server(server, d.source, prompt_set, max_tokens, timeout_s)
     elif python is not None:
         request = {"target": engine_path(target.source), "dtype": dtype, "max_model_len": max_model_len,
                    "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size,
@@ -373,33 +350,8 @@ def measure(
                    "groups": groups, "serving_options": serving,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
-        try:
-            for entry, run in zip(request["configs"], active, strict=False):
-                entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
-                if run.runner == "v2" and run.boundary_ids is not None:
-                    folder = _local_folder(d)
-                    if folder is None:
-                        raise SmokeFailedError(f"{drafter}: --runner v2 emulates Model Runner V2 on a local folder "
-                                               "(a staged copy with V2's ids pinned); this drafter has none")
-                    staged.append(runner_smoke.stage_pinned(folder, run.boundary_ids))
-                    runner_smoke.check_staged(staged[-1], run.boundary_ids, target.num_layers)
-                    entry["pinned_model"] = str(staged[-1])
-                    run.staged = str(staged[-1])
-            worker = WorkerRun(python, request, timeout_s)
-            # the worker rewrites its result file after each configuration: progress by configurations done
-            for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)),
-                              label="smoke (vLLM): configurations", total=len(configs), weight=lambda grew: grew):
-                pass
-            raw, log = worker.result()
-        finally:  # the staged copies hold links only: removing them never touches the source
-            for folder_ in staged:
-                shutil.rmtree(folder_, ignore_errors=True)
-        results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
-                                r["throughput"], r["load_seconds"], r["generate_seconds"],
-                                requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
-                   for c, r in zip(configs, raw["configs"], strict=True)]
-        _attach_vllm(active, results, raw, log, readings)
-        versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
+        results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
+                                                   readings, timeout_s, progress)
     else:
         ids = _reference_ids(configs, active, target, vllm_python)
         results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress, ids), None
@@ -411,23 +363,109 @@ def measure(
     versions["eaglectl_version"] = __version__
     if len(active) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
         results = [results[0], *results[len(active):]]
-    rep = SmokeReport(drafter, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
+    rep = SmokeReport(d.source, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
     rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
-    rep.serving = runner_smoke.serving_record(serving, raw["configs"][0].get("serving_applied") if python else None,
-                                              k=k, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
+    rep.serving = runner_smoke.serving_record(serving, applied, k=k, dtype=dtype, max_model_len=max_model_len,
+                                              seed=seed, engine=engine)
     if engine == "reference" and active:
-        rep.reference_layers = _reference_layers(active, reference_layers, measured)
-    if python is not None:
+        rep.reference_layers = runner_smoke.reference_record(active, reference_layers)
+    return _judged(rep, d, target, active, measured, reference_layers, plot, profile, vllm=python is not None)
+
+
+def _engine_for(engine: str, server: str | None, baselines: list[Baseline], context_lengths: tuple[int, ...],
+                serving_options: dict[str, str] | None) -> tuple[str, list[Baseline]]:
+    """The engine that measures (`server` with --server) and the baselines it can measure; refuses what it cannot."""
+    if server is not None:
+        engine = "server"
+        baselines = [b for b in baselines if b.kind != "none"]  # the default: no server without a drafter here
+        if baselines or context_lengths:
+            raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
+                                   "--context-lengths (each would need its own server)")
+    if serving_options and engine != "vllm":
+        why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
+            "a running server keeps its own"
+        raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
+                         f"vLLM (--engine vllm); {why}")
+    return engine, baselines
+
+
+def _prompt_sets(target: Target, prompts: str, count: int, max_tokens: int, max_model_len: int, k: int, seed: int,
+                 context_lengths: tuple[int, ...]) -> tuple[PromptSet, list[dict[str, Any]]]:
+    """The prompts measured, tokenized with the target's tokenizer, and one more set per --context-lengths."""
+    tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
+    vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
+
+    def load(length: int | None = None) -> PromptSet:
+        return load_prompts(prompts, tokenizer, count=count, max_tokens=max_tokens, max_model_len=max_model_len,
+                            k=k, seed=seed, length=length, vocab=vocab)
+
+    return load(), [{"label": {"context_length": n}, "prompts": load(n).prompts} for n in context_lengths]
+
+
+def _by_server(server: str, drafter: str, prompt_set: PromptSet, max_tokens: int, timeout_s: float
+               ) -> tuple[list[ConfigResult], None, dict[str, Any]]:
+    from . import server_smoke
+
+    got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
+    return ([ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
+                          generate_seconds=got["generate_seconds"])], None,
+            {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]})
+
+
+def _by_vllm(python: str, request: dict[str, Any], configs: list[Baseline], d: DrafterCheckpoint, target: Target,
+             runs: list[RunnerRun], active: list[RunnerRun], runner: str | None, readings: Readings | None,
+             timeout_s: float, progress: Progress
+             ) -> tuple[list[ConfigResult], str, dict[str, Any], dict[str, Any] | None]:
+    """Every configuration through the vLLM worker: the results, the log, the versions and the serving options
+    vLLM applied. A V2 run emulated on V1 serves a staged copy, removed afterwards."""
+    staged: list[Path] = []
+    try:
+        for entry, run in zip(request["configs"], active, strict=False):
+            entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
+            if run.runner == "v2" and run.boundary_ids is not None:
+                folder = _local_folder(d)
+                if folder is None:
+                    raise SmokeFailedError(f"{d.source}: --runner v2 emulates Model Runner V2 on a local folder "
+                                           "(a staged copy with V2's ids pinned); this drafter has none")
+                staged.append(runner_smoke.stage_pinned(folder, run.boundary_ids))
+                runner_smoke.check_staged(staged[-1], run.boundary_ids, target.num_layers)
+                entry["pinned_model"] = run.staged = str(staged[-1])
+        worker = WorkerRun(python, request, timeout_s)
+        # the worker rewrites its result file after each configuration: progress by configurations done
+        for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)),
+                          label="smoke (vLLM): configurations", total=len(configs), weight=lambda grew: grew):
+            pass
+        raw, log = worker.result()
+    finally:  # the staged copies hold links only: removing them never touches the source
+        for folder_ in staged:
+            shutil.rmtree(folder_, ignore_errors=True)
+    results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
+                            r["throughput"], r["load_seconds"], r["generate_seconds"],
+                            requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
+               for c, r in zip(configs, raw["configs"], strict=True)]
+    runner_smoke.attach(active, results, raw, log, readings)
+    versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
+    return results, log, versions, raw["configs"][0].get("serving_applied")
+
+
+def _judged(rep: SmokeReport, d: DrafterCheckpoint, target: Target, active: list[RunnerRun],
+            measured: Measurement | None, reference_layers: str, plot: str | None, profile: str | None, *,
+            vllm: bool) -> SmokeReport:
+    """The report's readings and red flags, then its plot and profile."""
+    if vllm:
         for run in active:
             if run.result is not None and run.result.counters and run.result.counters["num_drafts"]:
-                run.engine_reading, run.engine_reading_note = _engine_reading(rep, d, target, dtype, measured, run)
+                run.engine_reading, run.engine_reading_note = runner_smoke.replayed(
+                    run, d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens, dtype=rep.dtype,
+                    measured=measured)
         if active:
             rep.engine_reading, rep.engine_reading_note = active[0].engine_reading, active[0].engine_reading_note
-    if readings is not None and intended is not None:
-        rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
-                                                     else [], readings, tuple(intended["boundary_ids"]),
-                                                     intended["basis"], only=runner if runner != "both" else None)
+    if rep.readings is not None and rep.intended is not None:
+        runner = rep.runner
+        rep.runner_flags = runner_smoke.runner_flags(
+            rep.runs if reference_layers == "runner" or rep.engine != "reference" else [], rep.readings,
+            tuple(rep.intended["boundary_ids"]), rep.intended["basis"], only=runner if runner != "both" else None)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke
@@ -441,91 +479,10 @@ def measure(
     return rep
 
 
-def _engine_reading(rep: SmokeReport, d: DrafterCheckpoint, target: Target, dtype: str,
-                    measured: Measurement | None, run: Any) -> tuple[EngineReading | None, str | None]:
-    """Which reading of the drafter one vLLM runner ran (replayed in fp32 only: other precisions do not
-    reproduce vLLM's kernels bit for bit)."""
-    if dtype != "float32":
-        return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
-    from .reading import engine_reading
-    from .runner_smoke import ROLE
-
-    try:
-        assert run.result.counters is not None
-        engine = f"vLLM {ROLE[run.runner]}" + (" (emulated on V1)" if run.emulated else "")
-        return engine_reading(d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
-                              engine_counts=run.result.counters, measured=measured, runner=run.reading,
-                              engine=engine), None
-    except EaglectlError as e:
-        return None, f"not replayed: {e.message}"
-
-
 def _local_folder(d: DrafterCheckpoint) -> str | None:
     from .runners import _config_folder
 
     return _config_folder(d.ckpt.config_name)
-
-
-def _plan_runners(d: DrafterCheckpoint, target: Target, engine: str, runner: str | None, reference_layers: str,
-                  python: str | None, vllm_python: str | None, measured: Measurement | None
-                  ) -> tuple[Any, list[Any], Measurement | None, dict[str, Any] | None]:
-    """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
-    intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
-    reading is in question or --reference-layers measured), else as the files declare it."""
-    from . import runner_smoke
-    from .probe import try_measure
-    from .runners import readings_for
-
-    if reference_layers not in ("runner", "measured"):
-        raise SmokeFailedError(f"--reference-layers {reference_layers}: one of runner, measured")
-    readings = readings_for(d, target, vllm_python=python or vllm_python)
-    try:
-        runs = runner_smoke.plan(runner, readings)
-    except ValueError as e:
-        raise SmokeFailedError(str(e)) from None
-    L = target.num_layers
-    declared = d.spec.capture_ids(L) if L is not None else None
-    in_question = readings.split or any(r.boundary_ids is not None and r.boundary_ids != declared for r in runs)
-    why = None
-    if measured is None and (engine == "vllm" or in_question or reference_layers == "measured"):
-        measured, why = try_measure(d, target)
-    if measured is not None and measured.boundary_ids is not None:
-        intended = {"boundary_ids": list(measured.boundary_ids), "basis": "measured by the probe"}
-    elif declared is not None:
-        intended = {"boundary_ids": list(declared), "basis": "as the files declare them, not measured"
-                    + (f": {why}" if why else "")}
-    else:
-        intended = None
-    if engine == "reference" and reference_layers == "measured":
-        if measured is None or measured.boundary_ids is None:
-            raise SmokeFailedError("--reference-layers measured: the probe could not measure this drafter's layers"
-                                   + (f" ({why})" if why else ""))
-        runs = runs[:1]
-        runs[0].boundary_ids, runs[0].skipped = tuple(measured.boundary_ids), None
-    return readings, runs, measured, intended
-
-
-def _attach_vllm(runs: list[Any], results: list[ConfigResult], raw: dict[str, Any], log: str | None,
-                 readings: Any) -> None:
-    """Each runner's result, the runner vLLM reports it used, and its own aux-layers log line."""
-    from .runner_smoke import aux_line, log_sections
-
-    sections = log_sections(Path(log).read_text(errors="replace")) if log else {}
-    for run, res, got in zip(runs, results, raw["configs"], strict=False):
-        run.result = res
-        run.emulated = got.get("mode") == "emulated"
-        run.used = got.get("runner_used")
-        line, implied = aux_line(sections.get(run.name, ""))
-        run.aux_log = line
-        if run.used in ("v1", "v2") and run.used != run.runner and not run.emulated:
-            if len(runs) == 1 and readings is not None and readings.get(run.used) is not None:
-                # the default with no split: vLLM chose the runner (V2 on a GPU); its reading is the same layers
-                run.runner, run.reading = run.used, readings.get(run.used)
-                run.boundary_ids = run.reading.boundary_ids
-            else:
-                run.notes.append(f"asked for {run.runner}, vLLM reports it ran {run.used}")
-        if implied is not None and implied != (run.used or "v1"):
-            run.notes.append(f"vLLM's log implies runner {implied}: {line}")
 
 
 def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
@@ -547,24 +504,6 @@ def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
         ids[c.name] = tuple(got.boundary_ids) if got is not None and got.boundary_ids is not None \
             else opened.spec.capture_ids(L)
     return ids
-
-
-def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -> dict[str, Any]:
-    from .runner_smoke import ROLE
-
-    if how == "measured":
-        return {"from": f"measured by the probe {list(runs[0].boundary_ids)} (--reference-layers measured)",
-                "boundary_ids": list(runs[0].boundary_ids), "flags": "as the files declare them"}
-    def one(r: Any) -> str:
-        if r.boundary_ids is None or r.reading is None:
-            why = r.reading.error if r.reading is not None and r.reading.error else "not read"
-            return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
-        how = "asked of vLLM" if r.reading.asked else "assumed"
-        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({how})"
-
-    return {"from": "; ".join(one(r) for r in runs),
-            "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},
-            "flags": "as the files declare them"}
 
 
 def _configs_done(path: Path) -> int:
