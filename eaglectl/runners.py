@@ -26,12 +26,16 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
 from .limits import LIMITS
+
+if TYPE_CHECKING:
+    from .drafter import DrafterCheckpoint
+    from .target import Target, TargetCheckpoint
 
 WORKER = WORKERS / "vllm_reading.py"
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were read from
@@ -487,12 +491,11 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
     return out
 
 
-def readings_for(drafter: Any, target: Any = None, *, vllm_python: str | None = None, ask: bool = True,
-                 cache: bool = True) -> Readings:
-    """The readings of an opened drafter (drafter.DrafterCheckpoint) on an opened target (target.Target or
-    TargetCheckpoint; or none)."""
+def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
+                 vllm_python: str | None = None, ask: bool = True, cache: bool = True) -> Readings:
+    """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
-    checkpoint = getattr(target, "checkpoint", target)
+    checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
     target_dir = _config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = _config_folder(drafter.ckpt.config_name)
     got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
