@@ -12,7 +12,7 @@ import json
 import os
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import formats
 from .drafter import DrafterCheckpoint
@@ -21,9 +21,10 @@ from .errors import ConversionError
 from .target import TargetCheckpoint, is_hub_id
 
 ENGINES = tuple(SERVE_PREFERENCE)
+P = TypeVar("P")  # what `pick`'s caller plans a dialect into
 
 
-def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) -> tuple[str, Any, dict[str, Any]]:
+def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], P]) -> tuple[str, P, dict[str, Any]]:
     """(dialect, its plan, the record of the choice). `plan_for(dialect)` plans the conversion (raising
     ConversionError when the dialect cannot hold this drafter)."""
     order = [name for name, _ in SERVE_PREFERENCE[engine]]
@@ -31,7 +32,7 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) ->
     candidates = [d for d in formats.DIALECTS.values() if d.writer is not None and d.consumer == engine]
     candidates.sort(key=lambda d: order.index(d.name) if d.name in order else len(order))
     rows: list[dict[str, Any]] = []
-    fits: list[tuple[Any, str, Any]] = []
+    fits: list[tuple[tuple[tuple[int, ...], int], str, P]] = []
     for d in candidates:
         try:
             plan = plan_for(d.name)

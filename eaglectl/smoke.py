@@ -29,6 +29,7 @@ from .runner_smoke import RunnerRun
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 if TYPE_CHECKING:
+    from .model.replay import LoopCounts
     from .probe import Measurement
     from .reading import EngineReading
     from .runners import Readings
@@ -485,7 +486,7 @@ def _local_folder(d: DrafterCheckpoint) -> str | None:
     return _config_folder(d.ckpt.config_name)
 
 
-def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
+def _reference_ids(configs: list[Baseline], runs: list[RunnerRun], target: Target,
                    vllm_python: str | None) -> dict[str, tuple[int, ...]]:
     """The layers the reference loop runs for each EAGLE configuration: each runner's reading of the drafter
     (or the measured layers), and for an EAGLE baseline the first runner's reading of it; never the dialect
@@ -537,7 +538,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
             model = loaded.build(dtype, "cpu")
             embed = None if loaded.has_embed else target.model().embedding().to(dtype)
 
-            def loop(prompts: list[list[int]]) -> Any:
+            def loop(prompts: list[list[int]]) -> LoopCounts:
                 conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=ids[c.name])
                 return replay(model, conts, aux_ids=ids[c.name], embed=embed)  # noqa: B023
 
@@ -557,7 +558,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
     return results
 
 
-def _counters(counts: Any) -> dict[str, Any]:
+def _counters(counts: LoopCounts) -> dict[str, Any]:
     return {"num_drafts": counts.num_drafts, "num_draft_tokens": counts.num_draft_tokens,
             "num_accepted_tokens": counts.num_accepted_tokens, "accepted_per_pos": counts.accepted_per_pos}
 
