@@ -354,8 +354,8 @@ def measure(
         results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
                                                    readings, timeout_s, progress)
     else:
-        ids = _reference_ids(configs, active, target, vllm_python)
-        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress, ids), None
+        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress,
+                                  _reference_ids(configs, active, target, vllm_python)), None
         for run, res in zip(active, results, strict=False):
             run.result, run.used = res, "reference loop"
         import torch
