@@ -16,6 +16,7 @@ from typing import Any
 from .errors import ServerReplyError, SmokeFailedError
 from .http_json import Deadline, check_url, get_json, get_text, post_json, server_model
 
+# vLLM's spec-decode counters; workers/vllm_smoke.py reads the same names from LLM.get_metrics()
 METRICS = {"num_drafts": "vllm:spec_decode_num_drafts", "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
            "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
