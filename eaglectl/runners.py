@@ -496,15 +496,15 @@ def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint |
     """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
-    target_dir = _config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
-    folder = _config_folder(drafter.ckpt.config_name)
+    target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
+    folder = config_folder(drafter.ckpt.config_name)
     got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
                       vllm_python=vllm_python, ask=ask and folder is not None, cache=cache)[0]
     got.drafter = drafter.source
     return got
 
 
-def _config_folder(config_name: str | None) -> str | None:
+def config_folder(config_name: str | None) -> str | None:
     """The local folder holding this config.json (what vLLM is given), or None."""
     if not config_name or os.path.basename(config_name) != "config.json" or not os.path.isfile(config_name):
         return None

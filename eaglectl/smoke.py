@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, runner_smoke
-from .drafter import DrafterCheckpoint
+from .drafter import DrafterCheckpoint, open_drafter
 from .engine_process import WorkerRun, engine_path, find_vllm_python
 from .errors import SmokeFailedError, UsageError
 from .progress import Progress, passthrough
 from .runner_smoke import RunnerRun
+from .runners import Readings, config_folder, readings_for
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 if TYPE_CHECKING:
     from .model.replay import LoopCounts
     from .probe import Measurement
     from .reading import EngineReading
-    from .runners import Readings
     from .target import Target
 
 SCHEMA = "eaglectl.smoke/1"
@@ -273,7 +273,6 @@ def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, p
         dtype: str = "float32", progress: Progress = passthrough, **options: Any) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first.
     `options` are `measure`'s."""
-    from .drafter import open_drafter
     from .inspection import inspect_opened
     from .target import Target
 
@@ -322,13 +321,13 @@ def measure(
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
-    engine, baselines = _engine_for(engine, server, baselines or [], context_lengths, serving_options)
+    engine, baselines = _engine_for(engine, server, baselines or [], context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set, groups = _prompt_sets(target, prompts, num_prompts, max_tokens, max_model_len, k, seed,
                                       context_lengths)
-    serving = runner_smoke.serving_request(serving_options or {})
+    serving = _serving(engine, serving_options)
     runs: list[RunnerRun] = []
     readings, intended = None, None
     if server is None:
@@ -341,7 +340,7 @@ def measure(
                                     "which both runners read)")
     configs = [*([Baseline(r.name, "eagle3", d.source, d) for r in active]
                  or [Baseline("drafter", "eagle3", d.source, d)]), *baselines]
-    applied = None
+    applied = None  # the serving options vLLM reports it applied
     if server is not None:
         results, log, versions = _by_server(server, d.source, prompt_set, max_tokens, timeout_s)
     elif python is not None:
@@ -374,8 +373,8 @@ def measure(
     return _judged(rep, d, target, active, measured, reference_layers, plot, profile, vllm=python is not None)
 
 
-def _engine_for(engine: str, server: str | None, baselines: list[Baseline], context_lengths: tuple[int, ...],
-                serving_options: dict[str, str] | None) -> tuple[str, list[Baseline]]:
+def _engine_for(engine: str, server: str | None, baselines: list[Baseline], context_lengths: tuple[int, ...]
+                ) -> tuple[str, list[Baseline]]:
     """The engine that measures (`server` with --server) and the baselines it can measure; refuses what it cannot."""
     if server is not None:
         engine = "server"
@@ -383,12 +382,17 @@ def _engine_for(engine: str, server: str | None, baselines: list[Baseline], cont
         if baselines or context_lengths:
             raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
                                    "--context-lengths (each would need its own server)")
+    return engine, baselines
+
+
+def _serving(engine: str, serving_options: dict[str, str] | None) -> dict[str, dict[str, Any]]:
+    """The serving options vLLM is given (the standard ones, then the user's); only eaglectl's vLLM takes any."""
     if serving_options and engine != "vllm":
         why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
             "a running server keeps its own"
         raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
                          f"vLLM (--engine vllm); {why}")
-    return engine, baselines
+    return runner_smoke.serving_request(serving_options or {})
 
 
 def _prompt_sets(target: Target, prompts: str, count: int, max_tokens: int, max_model_len: int, k: int, seed: int,
@@ -425,7 +429,7 @@ def _by_vllm(python: str, request: dict[str, Any], configs: list[Baseline], d: D
         for entry, run in zip(request["configs"], active, strict=False):
             entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
             if run.runner == "v2" and run.boundary_ids is not None:
-                folder = _local_folder(d)
+                folder = config_folder(d.ckpt.config_name)
                 if folder is None:
                     raise SmokeFailedError(f"{d.source}: --runner v2 emulates Model Runner V2 on a local folder "
                                            "(a staged copy with V2's ids pinned); this drafter has none")
@@ -463,10 +467,10 @@ def _judged(rep: SmokeReport, d: DrafterCheckpoint, target: Target, active: list
         if active:
             rep.engine_reading, rep.engine_reading_note = active[0].engine_reading, active[0].engine_reading_note
     if rep.readings is not None and rep.intended is not None:
-        runner = rep.runner
         rep.runner_flags = runner_smoke.runner_flags(
             rep.runs if reference_layers == "runner" or rep.engine != "reference" else [], rep.readings,
-            tuple(rep.intended["boundary_ids"]), rep.intended["basis"], only=runner if runner != "both" else None)
+            tuple(rep.intended["boundary_ids"]), rep.intended["basis"],
+            only=rep.runner if rep.runner != "both" else None)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke
@@ -480,20 +484,11 @@ def _judged(rep: SmokeReport, d: DrafterCheckpoint, target: Target, active: list
     return rep
 
 
-def _local_folder(d: DrafterCheckpoint) -> str | None:
-    from .runners import _config_folder
-
-    return _config_folder(d.ckpt.config_name)
-
-
 def _reference_ids(configs: list[Baseline], runs: list[RunnerRun], target: Target,
                    vllm_python: str | None) -> dict[str, tuple[int, ...]]:
     """The layers the reference loop runs for each EAGLE configuration: each runner's reading of the drafter
     (or the measured layers), and for an EAGLE baseline the first runner's reading of it; never the dialect
     table's, unless no runner reads the drafter at all."""
-    from .drafter import open_drafter
-    from .runners import readings_for
-
     L = target.num_layers
     ids = {r.name: tuple(r.boundary_ids) for r in runs if r.boundary_ids is not None}
     first = runs[0].runner if runs else "v1"
@@ -519,7 +514,6 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
                ids: dict[str, tuple[int, ...]]) -> list[ConfigResult]:
     """The reference loop for every configuration on one set of the target's greedy continuations (decoded
     once, model/replay.py): each EAGLE drafter costs one teacher-forced pass, `none` is the continuation."""
-    from .drafter import open_drafter
     from .model.loader import DTYPES
     from .model.replay import replay
 
