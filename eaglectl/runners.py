@@ -17,13 +17,11 @@ No torch import here: `inspect` stays light.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
+from .io.atomic import write_file_atomic
 from .limits import LIMITS
 
 if TYPE_CHECKING:
@@ -331,21 +330,6 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 _MEMO: dict[str, dict[str, Any]] = {}
 
 
@@ -365,8 +349,9 @@ def _from_cache(key: str) -> dict[str, Any] | None:
 def _to_cache(key: str, result: dict[str, Any]) -> None:
     _MEMO[key] = result
     try:
-        _write_atomic(cache_dir() / f"{key}.json", json.dumps(result))
-    except OSError:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        write_file_atomic(cache_dir() / f"{key}.json", json.dumps(result).encode())
+    except (OSError, EaglectlError):
         pass  # a read-only cache is no reason to fail
 
 
