@@ -12,6 +12,9 @@ drafter folder (every file linked, never copied or modified, except a config.jso
 acceptance a GPU server gets. On a GPU the worker sets `VLLM_USE_V2_MODEL_RUNNER` and runs the runner asked
 for, unstaged.
 
+For `smoke.measure` this module also plans the runs (`prepare`: readings, runners, the intended reading),
+attaches what vLLM reports to each (`attach`) and replays the reading each ran (`replayed`).
+
 The serving options that change acceptance without any change to the checkpoint are forced to their
 standard values and recorded (`SERVING_OPTIONS`); a user's `--serving-option KEY=VALUE` is recorded as an
 override.
