@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .engine_process import WORKERS, WorkerRun, engine_path, find_vllm_python
 from .errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
 from .io.atomic import staged_output
 from .io.safetensors import LocalFile, read_header
 from .io.states import CAPTURE_JSON, SCHEMA
+from .progress import Progress, passthrough
 from .spec import default_aux_ids
 from .target import TargetCheckpoint, open_target
 
-WORKER = Path(__file__).with_name("workers") / "vllm_capture.py"
+WORKER = WORKERS / "vllm_capture.py"
 
 
 @dataclass
@@ -99,7 +101,7 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
         prompts: str = "builtin:calibration", num_prompts: int = 16, length: int = 256, dtype: str = "float32",
         tensor_parallel_size: int = 1, max_model_len: int | None = None, vllm_args: dict[str, Any] | None = None,
         vllm_python: str | None = None, server_url: str | None = None, seed: int = 0, force: bool = False,
-        timeout_s: float = 1800.0, progress: Any = None) -> CaptureResult:
+        timeout_s: float = 1800.0, progress: Progress = passthrough) -> CaptureResult:
     """Capture `target`'s states at boundaries `layers` for the prompts into OUT (staged, then renamed)."""
     if engine == "server" and not server_url:
         raise UsageError("--engine server needs --server-url (a vllm serve started as --print-recipe says)")
@@ -130,7 +132,7 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
                          log)
 
 
-def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, progress: Any
+def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, progress: Progress
         ) -> tuple[dict[str, Any], dict[str, float]]:
     import torch
 
@@ -144,8 +146,7 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
     model = load_model(target, dtype=DTYPES[dtype])
     loaded = time.perf_counter()
     st_dtype = CONFIG_NAMES[dtype]
-    wrap = progress or (lambda it, **kw: it)
-    for i, p in enumerate(wrap(prompts, label="capturing (HF)", total=len(prompts))):
+    for i, p in enumerate(progress(prompts, label="capturing (HF)", total=len(prompts))):
         with torch.no_grad():
             logits, aux = forward(model, torch.tensor([p]), ids)
         hidden = aux[0].reshape(len(p), len(ids), -1).numpy()  # (seq, n_layers, H): concatenation order = ids
@@ -164,9 +165,7 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
 
 def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, tp: int,
           max_model_len: int | None, args: dict[str, Any], vllm_python: str | None, timeout_s: float,
-          progress: Any) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
-    from .smoke import WorkerRun, engine_path, find_vllm_python
-
+          progress: Progress) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
     python = find_vllm_python(vllm_python)
     request = {"target": engine_path(target), "dtype": dtype, "layer_ids": list(ids),
                "prompts": prompts, "out_dir": str(stage), "tensor_parallel_size": tp,
@@ -177,8 +176,7 @@ def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int
         return sum(1 for _ in (stage / ".vllm_hidden_states").glob("*.safetensors")) + \
             sum(1 for _ in stage.glob("*.safetensors"))
 
-    wrap = progress or (lambda it, **kw: it)
-    for _ in wrap(run.ticks(written), label="capturing (vLLM)", total=len(prompts), weight=lambda n: n):
+    for _ in progress(run.ticks(written), label="capturing (vLLM)", total=len(prompts), weight=lambda n: n):
         pass
     result, log = run.result()
     if not result.get("ok"):
@@ -186,7 +184,7 @@ def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int
     return (result.get("versions", {}), result.get("timings_s", {})), log
 
 
-def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], timeout_s: float, progress: Any,
+def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], timeout_s: float, progress: Progress,
             hidden_size: int | None = None, vocab: int | None = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Through a running `vllm serve` with hidden-state extraction (the --print-recipe flags): each prompt
     as token ids with max_tokens=1 and prompt_logprobs=1; the server writes the dump into its storage
@@ -195,17 +193,15 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
     a dump is used, and removed, only when it is a regular file holding exactly the prompt sent."""
     import numpy as np
 
-    from .http_json import Deadline, check_url, post_json
+    from .http_json import Deadline, check_url, post_json, server_model
     from .io.safetensors import ByteRange, TensorEntry, entry_from_bytes, read_tensor, write_safetensors
-    from .server_smoke import server_model
 
     started = time.perf_counter()
     deadline = Deadline(timeout_s)
     base = check_url(url)
     model = server_model(base, timeout_s, deadline, CaptureFailedError)
-    wrap = progress or (lambda it, **kw: it)
     endpoint = f"{base}/v1/completions"
-    for i, p in enumerate(wrap(prompts, label="capturing (server)", total=len(prompts))):
+    for i, p in enumerate(progress(prompts, label="capturing (server)", total=len(prompts))):
         r = post_json(endpoint, {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
                                  "prompt_logprobs": 1, "return_token_ids": True},
                       timeout_s=timeout_s, deadline=deadline)
@@ -342,7 +338,7 @@ def recipe(target: str, layers: str, drafter: str | None, out: str, tensor_paral
     storage = str(Path(out).resolve()) + ".raw"
     serve = ["vllm", "serve", name, "--tensor-parallel-size", str(tensor_parallel_size), *server_args(ids, storage)]
     cpu = server_args(ids, storage, cpu=True)[3]
-    connector = Path(__file__).with_name("workers")
+    connector = WORKERS
     drive = ["eaglectl", "capture", target, "--engine", "server", "--server-url", "http://localhost:8000",
              "--layers", ",".join(map(str, ids)), "--out", out, *capture_flags]
     text = f"""# 1. serve the target, dumping hidden states at boundaries {list(ids)} (vLLM's numbering) into {storage}

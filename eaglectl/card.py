@@ -7,7 +7,6 @@ A local path is never written as an identity. Linting an existing card lives in 
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -132,7 +131,7 @@ def _upgrade_acceptance(acc: dict[str, Any] | None) -> list[str]:
 
 def _serve(rep: InspectReport, base: str | None) -> str:
     """The vLLM line for the published repo: a local folder's path means nothing on the Hub."""
-    from .inspection import speculative_config
+    from .serving import serve_line, speculative_config
 
     if rep.wrong_layers():  # the line would serve other layers than the drafter reads: say what to run instead
         fix = rep.serve_fix()
@@ -141,7 +140,7 @@ def _serve(rep: InspectReport, base: str | None) -> str:
     cfg = speculative_config(rep.drafter)
     if rep.drafter.ckpt.hub_ref is None:
         cfg["model"] = "<org>/<this-drafter>"
-    return f"vllm serve {base or '<target-model>'} --speculative-config '{json.dumps(cfg)}'"
+    return serve_line(base or "<target-model>", cfg)
 
 
 def write_card(folder: Path, text: str) -> Path:

@@ -265,9 +265,7 @@ def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: di
         return Stage("card", "skipped", "no README.md (--card writes one)" + (
             "; the config's verifier stays null (--card --base-model writes it)"
             if explicit_base and _unnamed_verifier(rep.drafter) else ""))
-    from .inspection import speculative_config
-
-    found = lint_card(existing, rep.drafter, base, speculative_config(rep.drafter)["num_speculative_tokens"])
+    found = lint_card(existing, rep.drafter, base, rep.drafter.speculative_tokens)
     out.findings.extend(found)
     found = profile_findings + found
     errors = [f for f in found if f.severity == "error"]

@@ -421,11 +421,6 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
                             "and vllm serve needs --speculative-config and the target; pass --base-model ORG/NAME "
                             "to name it")
-        methods = src.config.raw("speculators_config.proposal_methods")
-        tokens = 3
-        if isinstance(methods, list) and methods and isinstance(methods[0], dict):
-            k = methods[0].get("speculative_tokens")
-            tokens = k if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64 else 3
         layer["model_type"] = "qwen3" if spec.arch == "qwen3" else "llama"
         layer["architectures"] = ["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"]
         layer["torch_dtype"] = torch_dtype
@@ -435,7 +430,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
             "speculators_version": "eaglectl-" + __version__,
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": src.speculative_tokens}],
                 "verifier": verifier,
             },
             "transformer_layer_config": layer,

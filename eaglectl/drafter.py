@@ -35,6 +35,8 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
 # spec says what the drafter was trained with; the rule `fc-norm-alias` says vLLM would not see it.
 FLAG_ALIASES: dict[str, str] = {"enable_fc_norm": "the EAGLE-4 harness's name for fc_norm",
                                 "use_aux_norm": "an sglang fork's legacy name for fc_norm"}
+# k when the files record none: what the serve line's num_speculative_tokens and a written speculators config say
+DEFAULT_SPECULATIVE_TOKENS = 3
 # Aux ids: vLLM captures the top-level list first, then eagle_config's.
 AUX_ID_PATHS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
 
@@ -132,6 +134,15 @@ class DrafterCheckpoint:
 
     def float_dtypes(self) -> set[str]:
         return {t.dtype for t in self.ckpt.tensors.values() if t.dtype in FLOAT_DTYPES}
+
+    @property
+    def speculative_tokens(self) -> int:
+        """k, the draft tokens per step: what the files record (speculators' `proposal_methods[0].speculative_tokens`,
+        an integer in 1..64), else DEFAULT_SPECULATIVE_TOKENS. Every reader of k asks here."""
+        methods = self.config.raw("speculators_config.proposal_methods")
+        k = methods[0].get("speculative_tokens") if isinstance(methods, list) and methods and \
+            isinstance(methods[0], dict) else None
+        return k if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64 else DEFAULT_SPECULATIVE_TOKENS
 
 
 def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False,

@@ -1,4 +1,5 @@
-"""One small HTTP client for the servers eaglectl drives (`smoke --server`, `capture --engine server`).
+"""One small HTTP client for the servers eaglectl drives (`smoke --server`, `capture --engine server`), and
+the one lookup both make: the model a server serves (`server_model`, the first of `/v1/models`).
 
 A server is untrusted input, like a file. Every call has a connect timeout (`http_connect_timeout_s`)
 and a time limit for the whole reply (the caller's `timeout_s`, at most `http_read_timeout_s`, and
@@ -21,7 +22,7 @@ import time
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from .errors import CorruptCheckpointError, ServerReplyError
+from .errors import CorruptCheckpointError, EaglectlError, ServerReplyError, SmokeFailedError
 from .io.jsonio import loads
 from .limits import limit
 
@@ -55,6 +56,20 @@ def get_text(url: str, *, timeout_s: float, max_bytes: int | None = None, deadli
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ServerReplyError(f"{url}: the reply is not UTF-8 text (byte {e.start})", url=url) from None
+
+
+def server_model(base: str, timeout_s: float, deadline: Deadline, empty: type[EaglectlError] = SmokeFailedError) -> str:
+    """The first model a server lists (`/v1/models`); a server that lists none is an `empty` error."""
+    doc = get_json(f"{base}/v1/models", timeout_s=timeout_s, deadline=deadline)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        raise ServerReplyError(f"{base}/v1/models: the reply has no 'data' list (not an OpenAI-compatible server?)")
+    if not data:
+        raise empty(f"{base}/v1/models: the server lists no model")
+    model = data[0].get("id") if isinstance(data[0], dict) else None
+    if not isinstance(model, str) or not model or len(model) > 4096:
+        raise ServerReplyError(f"{base}/v1/models: the first model has no 'id' string")
+    return model
 
 
 def check_url(url: str) -> str:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +11,7 @@ from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
 from .progress import Progress, passthrough
 from .rules import Context, Finding, run_checks, scope, summarise
+from .serving import serve_line, speculative_config
 from .target import Target, TargetCheckpoint
 
 SCHEMA = "eaglectl.inspect/1"
@@ -117,8 +115,7 @@ class InspectReport:
         if cfg is None or self.wrong_layers() or self.for_engine != "vllm":
             return None
         verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
-        served = self.target.source if self.target else (verifier or "<target-model>")
-        return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(cfg))}"
+        return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
 
     def readings_note(self) -> str | None:
         from .runners import scope_note
@@ -244,25 +241,3 @@ def tensor_summary(d: DrafterCheckpoint) -> dict[str, Any]:
         "dtypes": dict(sorted(Counter(i.dtype for i in infos).items())),
         "files": len(d.ckpt.files),
     }
-
-
-def speculative_config(d: DrafterCheckpoint) -> dict[str, Any]:
-    """The vLLM `--speculative-config` for this drafter: method is always explicit (a path with
-    'eagle-' would otherwise run as EAGLE-1)."""
-    methods = d.config.raw("speculators_config.proposal_methods")
-    tokens = 3
-    if isinstance(methods, list) and methods and isinstance(methods[0], dict):
-        k = methods[0].get("speculative_tokens")
-        if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 64:
-            tokens = k
-    cfg: dict[str, Any] = {"method": "eagle3"}
-    ref = d.ckpt.hub_ref
-    if ref is not None:
-        cfg["model"] = ref.repo_id + (f"/{ref.subfolder}" if ref.subfolder else "")
-        if ref.sha:
-            cfg["revision"] = ref.sha
-    else:
-        cfg["model"] = os.path.abspath(d.root)
-    cfg["num_speculative_tokens"] = tokens
-    cfg["draft_tensor_parallel_size"] = 1
-    return cfg

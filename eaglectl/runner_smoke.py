@@ -12,6 +12,9 @@ drafter folder (every file linked, never copied or modified, except a config.jso
 acceptance a GPU server gets. On a GPU the worker sets `VLLM_USE_V2_MODEL_RUNNER` and runs the runner asked
 for, unstaged.
 
+For `smoke.measure` this module also plans the runs (`prepare`: readings, runners, the intended reading),
+attaches what vLLM reports to each (`attach`) and replays the reading each ran (`replayed`).
+
 The serving options that change acceptance without any change to the checkpoint are forced to their
 standard values and recorded (`SERVING_OPTIONS`); a user's `--serving-option KEY=VALUE` is recorded as an
 override.
@@ -28,10 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import SmokeFailedError
+from .errors import EaglectlError, SmokeFailedError
 
 if TYPE_CHECKING:
+    from .drafter import DrafterCheckpoint
+    from .probe import Measurement
+    from .reading import EngineReading
     from .runners import Readings, RunnerReading
+    from .target import Target
 
 RUNNER_CHOICES = ("v1", "v2", "both")
 ROLE = {"v1": "V1", "v2": "V2"}
@@ -121,7 +128,7 @@ class RunnerRun:
     used: str | None = None  # the runner vLLM reported it ran (worker), or the reference loop
     aux_log: str | None = None  # vLLM's "Using ... auxiliary layers from ..." line for this run
     result: Any = None  # smoke.ConfigResult
-    engine_reading: Any = None  # reading.EngineReading
+    engine_reading: EngineReading | None = None
     engine_reading_note: str | None = None
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None  # why this runner cannot serve the drafter (not run)
@@ -297,3 +304,101 @@ def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int,
     als = ", ".join(f"{ROLE[name]} {al(name)}" for name, _ in wrong)
     return [f"vLLM {names} read{'s' if len(wrong) == 1 else ''} {wrong[0][1].ids_text()} ({als}), not the drafter's "
             f"intended reading{want[len('; intended'):]}"]
+
+
+# ------------------------------------------------------------------------------------------ a smoke's runners
+
+def prepare(d: DrafterCheckpoint, target: Target, engine: str, runner: str | None, reference_layers: str,
+            python: str | None, vllm_python: str | None, measured: Measurement | None
+            ) -> tuple[Readings, list[RunnerRun], Measurement | None, dict[str, Any] | None]:
+    """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
+    intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
+    reading is in question or --reference-layers measured), else as the files declare it."""
+    from .probe import try_measure
+    from .runners import readings_for
+
+    if reference_layers not in ("runner", "measured"):
+        raise SmokeFailedError(f"--reference-layers {reference_layers}: one of runner, measured")
+    readings = readings_for(d, target, vllm_python=python or vllm_python)
+    try:
+        runs = plan(runner, readings)
+    except ValueError as e:
+        raise SmokeFailedError(str(e)) from None
+    L = target.num_layers
+    declared = d.spec.capture_ids(L) if L is not None else None
+    in_question = readings.split or any(r.boundary_ids is not None and r.boundary_ids != declared for r in runs)
+    why = None
+    if measured is None and (engine == "vllm" or in_question or reference_layers == "measured"):
+        measured, why = try_measure(d, target)
+    if measured is not None and measured.boundary_ids is not None:
+        intended = {"boundary_ids": list(measured.boundary_ids), "basis": "measured by the probe"}
+    elif declared is not None:
+        intended = {"boundary_ids": list(declared), "basis": "as the files declare them, not measured"
+                    + (f": {why}" if why else "")}
+    else:
+        intended = None
+    if engine == "reference" and reference_layers == "measured":
+        if measured is None or measured.boundary_ids is None:
+            raise SmokeFailedError("--reference-layers measured: the probe could not measure this drafter's layers"
+                                   + (f" ({why})" if why else ""))
+        runs = runs[:1]
+        runs[0].boundary_ids, runs[0].skipped = tuple(measured.boundary_ids), None
+    return readings, runs, measured, intended
+
+
+def attach(runs: list[RunnerRun], results: list[Any], raw: dict[str, Any], log: str | None,
+           readings: Readings | None) -> None:
+    """Each runner's result (a smoke.ConfigResult), the runner vLLM reports it used, and its own aux-layers log
+    line."""
+    sections = log_sections(Path(log).read_text(errors="replace")) if log else {}
+    for run, res, got in zip(runs, results, raw["configs"], strict=False):
+        run.result = res
+        run.emulated = got.get("mode") == "emulated"
+        run.used = got.get("runner_used")
+        line, implied = aux_line(sections.get(run.name, ""))
+        run.aux_log = line
+        if run.used in ("v1", "v2") and run.used != run.runner and not run.emulated:
+            if len(runs) == 1 and readings is not None and readings.get(run.used) is not None:
+                # the default with no split: vLLM chose the runner (V2 on a GPU); its reading is the same layers
+                run.runner, run.reading = run.used, readings.get(run.used)
+                run.boundary_ids = run.reading.boundary_ids
+            else:
+                run.notes.append(f"asked for {run.runner}, vLLM reports it ran {run.used}")
+        if implied is not None and implied != (run.used or "v1"):
+            run.notes.append(f"vLLM's log implies runner {implied}: {line}")
+
+
+def replayed(run: RunnerRun, d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int,
+             max_tokens: int, dtype: str, measured: Measurement | None) -> tuple[EngineReading | None, str | None]:
+    """Which reading of the drafter one vLLM runner ran (replayed in fp32 only: other precisions do not
+    reproduce vLLM's kernels bit for bit)."""
+    if dtype != "float32":
+        return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
+    from .reading import engine_reading
+
+    try:
+        assert run.result is not None and run.result.counters is not None
+        engine = f"vLLM {ROLE[run.runner]}" + (" (emulated on V1)" if run.emulated else "")
+        return engine_reading(d, target, prompts, k=k, max_tokens=max_tokens, engine_counts=run.result.counters,
+                              measured=measured, runner=run.reading, engine=engine), None
+    except EaglectlError as e:
+        return None, f"not replayed: {e.message}"
+
+
+def reference_record(runs: list[RunnerRun], how: str) -> dict[str, Any]:
+    """`--engine reference`: the layers the reference loop ran for each runner, and where they came from."""
+    if how == "measured":
+        ids = list(runs[0].boundary_ids or ())
+        return {"from": f"measured by the probe {ids} (--reference-layers measured)",
+                "boundary_ids": ids, "flags": "as the files declare them"}
+
+    def one(r: RunnerRun) -> str:
+        if r.boundary_ids is None or r.reading is None:
+            why = r.reading.error if r.reading is not None and r.reading.error else "not read"
+            return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
+        how = "asked of vLLM" if r.reading.asked else "assumed"
+        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({how})"
+
+    return {"from": "; ".join(one(r) for r in runs),
+            "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},
+            "flags": "as the files declare them"}

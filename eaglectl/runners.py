@@ -17,25 +17,26 @@ No torch import here: `inspect` stays light.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
+from .io.atomic import write_file_atomic
 from .limits import LIMITS
 
-WORKER = Path(__file__).with_name("workers") / "vllm_reading.py"
+if TYPE_CHECKING:
+    from .drafter import DrafterCheckpoint
+    from .target import Target, TargetCheckpoint
+
+WORKER = WORKERS / "vllm_reading.py"
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were read from
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
 FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
@@ -267,27 +268,6 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 
 # ------------------------------------------------------------------------------------------ asking vLLM
 
-def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:
-    """(interpreter, why not): `explicit`, else $EAGLECTL_VLLM_PYTHON, else this interpreter when it can import
-    vllm (a cheap find_spec). Never raises: without vLLM the readings come from the table, and say why."""
-    if explicit:
-        from .smoke import find_vllm_python
-
-        try:
-            return find_vllm_python(explicit), None
-        except MissingDependencyError as e:
-            return None, e.message
-    env = os.environ.get("EAGLECTL_VLLM_PYTHON")
-    if env:
-        path = os.path.abspath(env) if os.sep in env else (shutil.which(env) or env)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path, None
-        return None, f"$EAGLECTL_VLLM_PYTHON names no interpreter ({env})"
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable, None
-    return None, "no vLLM interpreter here (--vllm-python, $EAGLECTL_VLLM_PYTHON)"
-
-
 _VERSIONS: dict[str, str | None] = {}
 
 
@@ -350,21 +330,6 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
 _MEMO: dict[str, dict[str, Any]] = {}
 
 
@@ -384,8 +349,9 @@ def _from_cache(key: str) -> dict[str, Any] | None:
 def _to_cache(key: str, result: dict[str, Any]) -> None:
     _MEMO[key] = result
     try:
-        _write_atomic(cache_dir() / f"{key}.json", json.dumps(result))
-    except OSError:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        write_file_atomic(cache_dir() / f"{key}.json", json.dumps(result).encode())
+    except (OSError, EaglectlError):
         pass  # a read-only cache is no reason to fail
 
 
@@ -402,8 +368,6 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
 
 def ask_vllm(requests: list[dict[str, Any]], python: str, timeout_s: float = 600.0) -> dict[str, Any]:
     """One worker run for a batch of requests ({drafter_dir, target_dir, target_layers}); vLLM's raw answer."""
-    from .smoke import WorkerRun
-
     payload = {"method": "eagle3", "requests": [
         {"drafter_dir": os.path.abspath(r["drafter_dir"]),
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
@@ -512,21 +476,20 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
     return out
 
 
-def readings_for(drafter: Any, target: Any = None, *, vllm_python: str | None = None, ask: bool = True,
-                 cache: bool = True) -> Readings:
-    """The readings of an opened drafter (drafter.DrafterCheckpoint) on an opened target (target.Target or
-    TargetCheckpoint; or none)."""
+def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
+                 vllm_python: str | None = None, ask: bool = True, cache: bool = True) -> Readings:
+    """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
-    checkpoint = getattr(target, "checkpoint", target)
-    target_dir = _config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
-    folder = _config_folder(drafter.ckpt.config_name)
+    checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
+    target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
+    folder = config_folder(drafter.ckpt.config_name)
     got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
                       vllm_python=vllm_python, ask=ask and folder is not None, cache=cache)[0]
     got.drafter = drafter.source
     return got
 
 
-def _config_folder(config_name: str | None) -> str | None:
+def config_folder(config_name: str | None) -> str | None:
     """The local folder holding this config.json (what vLLM is given), or None."""
     if not config_name or os.path.basename(config_name) != "config.json" or not os.path.isfile(config_name):
         return None

