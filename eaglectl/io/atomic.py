@@ -14,6 +14,9 @@
   replaced DEST goes to `.<name>.eaglectl-old-<pid>-*` first. Folders left by a killed process are
   removed by the next run once their pid is gone. Outputs get the umask's mode, like `mkdir`.
 - SIGTERM becomes the same clean exit as Ctrl-C. Sources are never opened for writing.
+
+`write_file(path, data)` is the only way it writes a single file (a model card, a plot, SARIF, a sidecar):
+a temporary file beside it, fsynced, renamed over it, with the umask's mode.
 """
 
 from __future__ import annotations
@@ -92,9 +95,11 @@ def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
     _existing(final, force, replaceable)
 
 
-def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write one small file all or nothing: a temporary file beside it, fsynced, renamed over it. An existing
-    regular file is replaced (a sidecar such as speculation_profile.json); a link, folder or device never is."""
+def write_file(path: str | os.PathLike[str], data: bytes, *, doing: str = "write") -> Path:
+    """The one single-file writer (a card, a plot, SARIF, a sidecar such as speculation_profile.json): all or
+    nothing and durable: a temporary file beside it, fsynced, given the umask's mode, renamed over it, the folder
+    fsynced. An existing regular file is replaced; a link, folder or device never is. An OSError is one
+    FilesystemError line ("PATH: cannot `doing` (reason)")."""
     final = resolve_dest(path)
     try:
         st = os.lstat(final)
@@ -111,12 +116,12 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a file eaglectl writes follows the umask
         os.replace(tmp, final)
         tmp = None
         _fsync_dir(final.parent)
     except OSError as e:
-        raise filesystem_error(e, "write", final) from None
+        raise filesystem_error(e, doing, final) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -331,8 +336,6 @@ def _umask() -> int:
     os.umask(current)
     return current
 
-
-umask = _umask  # the process umask, for the single files eaglectl writes besides a staged folder (plot, card)
 
 
 @contextlib.contextmanager
