@@ -47,6 +47,7 @@ from .io.safetensors import (
     write_safetensors,
 )
 from .progress import Progress, passthrough
+from .result import Result
 from .rules import Context, run_checks
 from .rules.hazards import strip_null_template_fields
 from .spec import FLAGS, DrafterSpec, default_aux_ids
@@ -55,7 +56,6 @@ from .target import Target, TargetCheckpoint, is_hub_id
 if TYPE_CHECKING:
     from .probe import Measurement
 
-SCHEMA = "eaglectl.convert/1"
 # Keys of every config that describe the drafter as a whole, not its decoder layer.
 _DRAFTER_KEYS = frozenset({
     "architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
@@ -120,25 +120,22 @@ class ConversionPlan:
 
 
 @dataclass
-class ConversionResult:
+class ConversionResult(Result):
+    SCHEMA, COMMAND = "eaglectl.convert/1", "convert"
+
     plan: ConversionPlan
     written: bool
     checked: list[str]  # what the post-write check established
     source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
     serve: dict[str, Any] | None = None  # convert --for ENGINE: the choice and the serve line
 
-    @property
-    def exit_code(self) -> int:
-        return 0
-
     def summary_line(self) -> str:
         p = self.plan
         return f"{p.source_dialect} -> {p.dest_dialect}: {len(p.tensors)} tensors" + ("" if self.written else " (dry run)")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
-                "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
-                "serve": self.serve, "exit_code": self.exit_code}
+    def payload(self) -> dict[str, Any]:
+        return {"dry_run": not self.written, "plan": self.plan.to_json(), "checked": self.checked,
+                "source_digest": self.source_digest, "serve": self.serve}
 
 
 def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = None, dtype: str | None = None,
