@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .errors import MissingDependencyError
 from .io.atomic import write_file
 from .layout import short_names
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def require_matplotlib() -> Any:
+
+def require_matplotlib() -> ModuleType:
     """Checked before any work starts, so a missing extra never costs a long run."""
     try:
         import matplotlib
@@ -22,7 +26,7 @@ def require_matplotlib() -> Any:
     return plt
 
 
-def _save(fig: Any, path: str) -> None:
+def _save(fig: Figure, path: str) -> None:
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
     write_file(path, png.getvalue())

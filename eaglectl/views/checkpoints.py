@@ -221,7 +221,9 @@ def _upgrade_ending(result: UpgradeResult) -> None:
     elif result.changed:
         out.print("acceptance length: not measured (that needs a runnable --target: weights and a tokenizer)")
     if result.changed:
-        out.print(f"[yellow]{safe(result.payload()['warm_start'])}[/]")
+        from ..upgrade import WARM_START
+
+        out.print(f"[yellow]{safe(WARM_START)}[/]")
     if not result.conversion.written:
         out.print("dry run: nothing written; run again without --dry-run")
     elif result.next_command:

@@ -187,14 +187,13 @@ def render_capture(result: CaptureResult) -> None:
 
 
 def render_drift(rep: DriftReport) -> None:
-    out = console.stdout
-    doc = rep.payload()
-    source = f"target {doc['target']}" if doc["target"] else f"capture {doc['states']}"
-    say(f"[bold]drift[/] ({doc['protocol']})  ", items=[source, f"depth {doc['depth']}",
-        f"sink = first {doc['sink_tokens']} token(s)", f"recent = last {doc['recent_window']} context positions",
-        f"an anchor every {doc['anchor_every']} answer tokens"], indent=2)
-    say("", doc["protocol_note"], style="dim")
-    runs = doc["runs"]
+    out, p = console.stdout, rep.protocol
+    source = f"target {rep.target}" if rep.target else f"capture {rep.states}"
+    say(f"[bold]drift[/] ({p.name})  ", items=[source, f"depth {rep.depth}", f"sink = first {p.sink_tokens} token(s)",
+        f"recent = last {p.recent_window} context positions", f"an anchor every {p.anchor_every} answer tokens"],
+        indent=2)
+    say("", p.note, style="dim")
+    runs = [r.to_json() for r in rep.runs]  # each run's figures by depth
     names = dict(zip(dict.fromkeys(r["drafter"] for r in runs), short_names(list(dict.fromkeys(
         r["drafter"] for r in runs))), strict=True))
     conditions = list(dict.fromkeys((r["context_length"], r["template"]) for r in runs))
@@ -203,7 +202,7 @@ def render_drift(rep: DriftReport) -> None:
         what = (f"context {length} tokens" if length else f"template {template}" if template
                 else f"{group[0]['prompts']} prompts")
         rows = []
-        for d in range(doc["depth"]):
+        for d in range(rep.depth):
             cells = []
             for r in group:
                 x = r["depths"][d]
@@ -217,13 +216,13 @@ def render_drift(rep: DriftReport) -> None:
                 " / ".join(num(p, ".2f") for p in r["per_position_acceptance"] or []) or "-",
                 " ".join(num(x, ".2f") for x in r["aux_chunk_rms"])) for r in group]
         out.print(table(None, ["drafter", "AL pooled", "AL per request", "per position", "aux RMS"], als))
-    if doc["acceptance_note"]:
-        say("", doc["acceptance_note"], style="dim")
+    if rep.acceptance_note:
+        say("", rep.acceptance_note, style="dim")
     for r in runs:
         for note in r["notes"]:
             say("", f"{names[r['drafter']]}: {note}", style="dim", indent=2)
         if r["chains_cut"]:
             out.print(f"[yellow]{safe(names[r['drafter']])}: {r['chains_cut']} chains stopped at a token "
                       "without an embedding row[/]")
-    if doc["plot"]:
-        out.print(f"plot: {safe(doc['plot'])}")
+    if rep.plot:
+        out.print(f"plot: {safe(rep.plot)}")
