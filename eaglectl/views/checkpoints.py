@@ -11,7 +11,7 @@ import click
 from .. import console
 from ..console import SETTINGS, safe, say, table
 from ..layout import short_path
-from .parts import findings, human_size, json_short, shown, status_style
+from .parts import STATUS_STYLE, findings, human_size, json_short, shown
 
 if TYPE_CHECKING:
     from ..batch import BatchResult
@@ -236,7 +236,7 @@ def render_check(rep: CheckReport) -> None:
     out.print(f"[bold]check[/]  {safe(short_path(rep.source))}")
     out.print(table(None, ["stage", "status", "s", "what was checked"],
                     ((s.name, s.status, f"{s.seconds:.1f}", s.detail) for s in rep.stages),
-                    style={"status": status_style}))
+                    style={"status": STATUS_STYLE.get}))
     findings(rep.findings)
     if rep.card_written:
         say("card written: ", short_path(rep.card_written))

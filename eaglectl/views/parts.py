@@ -13,17 +13,7 @@ if TYPE_CHECKING:
 
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-
-
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
-
-
-def severity_style(text: str) -> str | None:
-    return SEVERITY_STYLE.get(text)
-
-
-def status_style(text: str) -> str | None:
-    return STATUS_STYLE.get(text)
 
 
 def human_size(n: int) -> str:
@@ -70,7 +60,7 @@ def findings(found: list[Finding], *, hide_info: bool | None = None) -> None:
         console.stdout.print()
         console.stdout.print(table("findings", ["severity", "rule", "where", "message"],
                            ((f.severity, f.rule_id, f.locator or "", f.message) for f in shown_),
-                           style={"severity": severity_style}))
+                           style={"severity": SEVERITY_STYLE.get}))
         hints = {f.rule_id: f.hint for f in shown_ if f.hint}  # commands filled in per finding
         if hints:
             console.stdout.print(table("fixes", ["rule", "fix"], hints.items()))
