@@ -3,7 +3,7 @@ the JSON form of the same result is its `to_json`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
@@ -83,11 +83,11 @@ def _config_label(name: str) -> str:
 
 def render_smoke(rep: SmokeReport) -> None:
     out = console.stdout
-    doc = rep.payload()
+    doc = rep.payload()  # the drafter's and the baselines' figures, as the JSON gives them
     say(f"[bold]smoke[/] ({rep.engine})  ", items=[f"{short_path(rep.drafter)} on {short_path(rep.target)}",
-                                                   f"k={rep.k}", rep.dtype, doc["prompts"]["description"],
+                                                   f"k={rep.k}", rep.dtype, rep.prompts.description,
                                                    f"{rep.max_tokens} new tokens", "greedy"], indent=2)
-    v = doc["versions"]
+    v = rep.versions
     say("versions: ", items=[f"{k} {v[k]}" for k in v if v[k] is not None], indent=2)
     al = doc.get("mean_acceptance_length")
     if al is not None:  # the one headline figure; the other conventions are named after it
@@ -128,14 +128,15 @@ def render_smoke(rep: SmokeReport) -> None:
         out.print("\nper-position acceptance (drafter):")
         for i, rate in enumerate(per):
             out.print(f"  {i + 1:2d} {_bar(rate)} {100 * rate:5.1f}%")
-    if doc["speedup"]:
+    speedups = rep.speedups()
+    if speedups:
         out.print("\nspeedup over no speculation (per-user output tokens/s, 1/TPOT: time to first token excluded):")
-        conc = sorted({s["concurrency"] for s in doc["speedup"]})
-        configs = list(dict.fromkeys(s["config"] for s in doc["speedup"]))
-        speedup = {(s["config"], s["concurrency"]): s["speedup"] for s in reversed(doc["speedup"])}  # the first wins
+        conc = sorted({s["concurrency"] for s in speedups})
+        configs = list(dict.fromkeys(s["config"] for s in speedups))
+        speedup = {(s["config"], s["concurrency"]): s["speedup"] for s in reversed(speedups)}  # the first wins
         rows = [(_config_label(c), *(f"{speedup[(c, n)]:.2f}x" for n in conc)) for c in configs]
         out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
-    _render_runners(rep, doc)
+    _render_runners(rep)
     for flag in rep.red_flags:
         say("[bold red]red flag:[/] ", flag, indent=2)
     if rep.log:
@@ -144,10 +145,10 @@ def render_smoke(rep: SmokeReport) -> None:
         out.print(f"plot: {safe(rep.plot)}")
 
 
-def _render_runners(rep: SmokeReport, doc: dict[str, Any]) -> None:
+def _render_runners(rep: SmokeReport) -> None:
     """smoke: one line per vLLM runner measured (shown when more than one, one asked for, or V2 emulated),
     and the serving options a user overrode."""
-    runs = doc.get("runners") or []
+    runs = [r.to_json() for r in rep.runs]
     if runs and (len(runs) > 1 or rep.runner is not None or any(r["emulated"] for r in runs)):
         console.stdout.print("\nvLLM runners measured:")
         for r in runs:
@@ -157,10 +158,10 @@ def _render_runners(rep: SmokeReport, doc: dict[str, Any]) -> None:
                 extra.append(f"vLLM: {r['aux_log_line']}")
             extra += r.get("notes") or []
             say(f"  {r['runner']}: ", f"{r['label']}; " + "; ".join(extra), indent=6)
-    layers = doc.get("reference_layers")
+    layers = rep.reference_layers
     if layers and layers.get("from"):
         say("reference layers: ", f"{layers['from']}; flags {layers['flags']}", indent=2)
-    serving = doc.get("serving_options") or {}
+    serving = rep.serving or {}
     if serving.get("overridden"):
         items = [f"{key}={serving['speculative'][key]['value']}" for key in serving["overridden"]]
         say("[yellow]serving options overridden:[/] ", ", ".join(items) + " (acceptance is not comparable with a "
