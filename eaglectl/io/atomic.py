@@ -119,7 +119,7 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, doing: str = "write
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a file eaglectl writes follows the umask
         os.replace(tmp, final)
         tmp = None
-        _fsync_dir(final.parent)
+        fsync(final.parent)
     except OSError as e:
         raise filesystem_error(e, doing, final) from None
     finally:
@@ -205,7 +205,7 @@ def _commit(staging: Path, final: Path, existing: bool) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             rename_noreplace(staging, final)
-        _fsync_dir(final.parent)
+        fsync(final.parent)
     except FileExistsError:
         raise OutputExistsError(f"{final}: appeared while eaglectl was writing; it was left as it is",
                                 path=str(final)) from None
@@ -358,17 +358,14 @@ def _fsync_tree(root: Path) -> None:
     try:
         for p in sorted(root.rglob("*")):
             if p.is_file():
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        _fsync_dir(root)
+                fsync(p)
+        fsync(root)
     except OSError as e:
         raise filesystem_error(e, "flush to disk") from None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to disk (an OSError is the caller's to word)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
