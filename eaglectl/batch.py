@@ -25,6 +25,7 @@ from .cli_params import Number
 from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
 from .io.jsonio import loads
 from .limits import limit
+from .result import envelope
 
 
 class Outcome(Protocol):
@@ -47,11 +48,9 @@ class BatchResult:
         return max((r["exit_code"] for r in self.rows), default=0)
 
     def to_json(self, command: str) -> dict[str, Any]:
-        from . import __version__
-
-        return {"schema": "eaglectl.batch/1", "tool_version": __version__, "command": command, "items": self.rows,
-                "summary": {"total": len(self.rows), "ok": sum(r["exit_code"] == 0 for r in self.rows),
-                            "failed": sum(r["exit_code"] != 0 for r in self.rows)}, "exit_code": self.exit_code}
+        return envelope("eaglectl.batch/1", command, self.exit_code, items=self.rows, summary={
+            "total": len(self.rows), "ok": sum(r["exit_code"] == 0 for r in self.rows),
+            "failed": sum(r["exit_code"] != 0 for r in self.rows)})
 
 
 def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tuple[int, dict[str, Any]]]:

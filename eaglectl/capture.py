@@ -28,6 +28,7 @@ from .io.atomic import staged_output
 from .io.safetensors import LocalFile, read_header
 from .io.states import CAPTURE_JSON, SCHEMA
 from .progress import Progress, passthrough
+from .result import Result
 from .spec import default_aux_ids
 from .target import TargetCheckpoint, open_target
 
@@ -35,7 +36,9 @@ WORKER = WORKERS / "vllm_capture.py"
 
 
 @dataclass
-class CaptureResult:
+class CaptureResult(Result):
+    SCHEMA, COMMAND = "eaglectl.capture-result/1", "capture"
+
     out: str
     engine: str
     layer_ids: tuple[int, ...]
@@ -46,19 +49,14 @@ class CaptureResult:
     log: str | None = None
     recipe: str | None = None  # --print-recipe: nothing was run
 
-    @property
-    def exit_code(self) -> int:
-        return 0
-
     def summary_line(self) -> str:
         return f"{self.requests} requests, {self.tokens} tokens, boundaries {list(self.layer_ids)}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": "eaglectl.capture-result/1", "tool_version": __version__, "command": "capture",
-                "out": self.out, "engine": self.engine, "layer_ids": list(self.layer_ids), "requests": self.requests,
+    def payload(self) -> dict[str, Any]:
+        return {"out": self.out, "engine": self.engine, "layer_ids": list(self.layer_ids), "requests": self.requests,
                 "tokens": self.tokens, "seconds": round(self.seconds, 3),
                 "tokens_per_second": round(self.tokens / self.seconds, 1) if self.seconds else None,
-                "capture": self.meta, "log": self.log, "recipe": self.recipe, "exit_code": 0}
+                "capture": self.meta, "log": self.log, "recipe": self.recipe}
 
 
 def choose_layers(t: TargetCheckpoint, layers: str, drafter: str | None) -> tuple[int, ...]:

@@ -8,13 +8,11 @@ A local path is never written as an identity. Linting an existing card lives in 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import filesystem_error
-from .io.atomic import umask
+from .io.atomic import write_file
 from .inspection import InspectReport
 from .target import is_hub_id
 
@@ -145,14 +143,7 @@ def _serve(rep: InspectReport, base: str | None) -> str:
 
 def write_card(folder: Path, text: str) -> Path:
     path = folder / CARD
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".README.", dir=folder)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~umask())  # as any file the user writes (mkstemp makes 0600)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise filesystem_error(e, "write the model card", path) from None
+    write_file(path, text.encode("utf-8"), doing="write the model card")
     return path
 
 

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
-from .io.atomic import write_file_atomic
+from .io.atomic import write_file
 from .progress import Progress, passthrough
+from .result import Result
 from .rules import RULES, Finding
 
 if TYPE_CHECKING:
     from .drafter import DrafterCheckpoint
     from .inspection import InspectReport
 
-SCHEMA = "eaglectl.check/1"
 
 
 @dataclass
@@ -41,7 +41,9 @@ class Stage:
 
 
 @dataclass
-class CheckReport:
+class CheckReport(Result):
+    SCHEMA, COMMAND = "eaglectl.check/1", "check"
+
     source: str
     stages: list[Stage]
     findings: list[Finding] = field(default_factory=list)
@@ -61,14 +63,14 @@ class CheckReport:
     def summary_line(self) -> str:
         return ", ".join(f"{s.name} {s.status}" for s in self.stages)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "tool_version": __version__, "command": "check", "source": self.source,
+    def payload(self) -> dict[str, Any]:
+        return {"source": self.source,
                 "stages": [{"name": s.name, "status": s.status, "detail": s.detail, "seconds": round(s.seconds, 3),
                             "requested": s.requested, "environment": s.environment, "data": s.data}
                            for s in self.stages],
                 "findings": [f.to_json() for f in self.findings], "card_written": self.card_written,
                 "config_written": self.config_written,
-                "passed": self.exit_code == 0, "exit_code": self.exit_code}
+                "passed": self.exit_code == 0}
 
 
 def _timed(fn: Callable[[], Stage]) -> Stage:
@@ -148,7 +150,7 @@ def gates(sarif_path: str | None,
         yield gate
     finally:
         if sarif_path and reports:
-            write_file_atomic(sarif_path, (json.dumps(sarif(reports), indent=1) + "\n").encode())
+            write_file(sarif_path, (json.dumps(sarif(reports), indent=1) + "\n").encode())
 
 
 def _publish(out: CheckReport, rep: InspectReport) -> Stage:

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, formats
+from . import formats
 from .conversion_plan import DIGEST_PLACEHOLDER, ConversionPlan, plan_conversion, writable_dialect
 from .conversion_write import (
     SourceDigest,
@@ -33,37 +33,34 @@ from .conversion_write import (
 )
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError, UsageError, filesystem_error
-from .io.atomic import _fsync_dir, check_destination, staged_output
+from .io.atomic import check_destination, fsync, staged_output
 from .io.safetensors import Written, write_safetensors
 from .progress import Progress, passthrough
 from .target import Target, TargetCheckpoint
+from .result import Result
 
 if TYPE_CHECKING:
     from .probe import Measurement
 
-SCHEMA = "eaglectl.convert/1"
 
 
 @dataclass
-class ConversionResult:
+class ConversionResult(Result):
+    SCHEMA, COMMAND = "eaglectl.convert/1", "convert"
+
     plan: ConversionPlan
     written: bool
     checked: list[str]  # what the post-write check established
     source_digest: str | None = None  # computed while writing (the plan holds a placeholder)
     serve: dict[str, Any] | None = None  # convert --for ENGINE: the choice and the serve line
 
-    @property
-    def exit_code(self) -> int:
-        return 0
-
     def summary_line(self) -> str:
         p = self.plan
         return f"{p.source_dialect} -> {p.dest_dialect}: {len(p.tensors)} tensors" + ("" if self.written else " (dry run)")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "tool_version": __version__, "command": "convert", "dry_run": not self.written,
-                "plan": self.plan.to_json(), "checked": self.checked, "source_digest": self.source_digest,
-                "serve": self.serve, "exit_code": self.exit_code}
+    def payload(self) -> dict[str, Any]:
+        return {"dry_run": not self.written, "plan": self.plan.to_json(), "checked": self.checked,
+                "source_digest": self.source_digest, "serve": self.serve}
 
 
 def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = None, dtype: str | None = None,
@@ -237,7 +234,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
                 written.append(write_safetensors(stage / file_name, entries, plan.metadata))
             # flush to disk (the device works) while this core re-reads and compares (the page cache works)
             with ThreadPoolExecutor(1, thread_name_prefix="eaglectl-fsync") as flusher:
-                flushed = [flusher.submit(_fsync_dir, w.path) for w in written]
+                flushed = [flusher.submit(fsync, w.path) for w in written]
                 checked = [check_tensors(plan, written, src)]
                 for f in flushed:
                     f.result()

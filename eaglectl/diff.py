@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .inspection import inputs
 from .progress import Progress, passthrough
+from .result import Result
 
-SCHEMA = "eaglectl.diff/1"
 BLOCK_BYTES = 16 << 20  # per side, per read
 # How a field's stored spelling maps to its meaning; fields not listed compare as stored.
 # spelling, or covered by the per-tensor comparison (tensor_dtypes)
@@ -30,7 +29,9 @@ DERIVED = {"t2d": "d2t"}  # a tensor fully determined by another: a dialect may 
 
 
 @dataclass
-class DiffReport:
+class DiffReport(Result):
+    SCHEMA, COMMAND = "eaglectl.diff/1", "diff"
+
     a: DrafterCheckpoint
     b: DrafterCheckpoint
     spec: list[dict[str, Any]] = field(default_factory=list)
@@ -57,9 +58,8 @@ class DiffReport:
         return (f"{len(self.spec)} spec field(s), {len(self.only_in_a)} only in A, {len(self.only_in_b)} only in B, "
                 f"{len(self.tensors)} tensor(s) differ")
 
-    def to_json(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "tool_version": __version__, "command": "diff",
             "inputs": {"a": inputs(self.a), "b": inputs(self.b)},
             "a": _side(self.a), "b": _side(self.b),
             "equivalent": self.equivalent,
@@ -69,7 +69,6 @@ class DiffReport:
             "tensors": self.tensors, "tensors_compared": self.compared,
             "summary": {"spec_fields": len(self.spec), "only_in_a": len(self.only_in_a),
                         "only_in_b": len(self.only_in_b), "tensors_differ": len(self.tensors)},
-            "exit_code": self.exit_code,
         }
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .errors import IncompatibleDrafterError, InvalidStatesError, UsageError
 from .progress import Progress, passthrough
+from .result import Result
 from .target import Target
 from .workload import load_prompts, template_prompts
 
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from .model.reference import Attention, Drafter, StepOutput
     from .model.specloop import LoopCounts
 
-SCHEMA = "eaglectl.drift/1"
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
 DEFAULT_SYSTEM = "You are a careful assistant. Think before answering, then answer briefly."
 
@@ -337,7 +337,9 @@ class DriftRun:
 
 
 @dataclass
-class DriftReport:
+class DriftReport(Result):
+    SCHEMA, COMMAND = "eaglectl.drift/1", "drift"
+
     target: str | None
     states: str | None
     protocol: Protocol
@@ -351,10 +353,9 @@ class DriftReport:
     plot: str | None = None
     exit_code: int = 0
 
-    def to_json(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         main = self.runs[0].to_json()
         return {
-            "schema": SCHEMA, "tool_version": __version__, "command": "drift",
             "protocol": self.protocol.name, "protocol_note": self.protocol.note,
             "sink_tokens": self.protocol.sink_tokens, "recent_window": self.protocol.recent_window,
             "anchor_every": self.protocol.anchor_every, "depth": self.depth, "num_speculative_tokens": self.k,
@@ -364,7 +365,6 @@ class DriftReport:
             "mean_acceptance_length_per_request": main["mean_acceptance_length_per_request"],
             "acceptance_note": self.acceptance_note,
             "runs": [r.to_json() for r in self.runs], "versions": self.versions, "plot": self.plot,
-            "exit_code": self.exit_code,
         }
 
 

@@ -6,19 +6,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
 from .progress import Progress, passthrough
+from .result import Result
 from .rules import Context, Finding, run_checks, scope, summarise
 from .serving import serve_line, speculative_config
 from .target import Target, TargetCheckpoint
 
-SCHEMA = "eaglectl.inspect/1"
-
 
 @dataclass
-class InspectReport:
+class InspectReport(Result):
+    SCHEMA, COMMAND = "eaglectl.inspect/1", "inspect"
+
     drafter: DrafterCheckpoint
     opened_target: Target | None  # what the command opened, loaded and ran of the target (check reuses it)
     findings: list[Finding]
@@ -62,6 +62,18 @@ class InspectReport:
     def summary_line(self) -> str:
         s = self.summary
         return f"{self.dialect.name}, EAGLE {self.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
+
+    def tensor_summary(self) -> dict[str, Any]:
+        """How many tensors in how many files, their parameters, bytes and dtypes."""
+        ckpt = self.drafter.ckpt
+        infos = ckpt.tensors.values()
+        return {
+            "count": len(ckpt.tensors),
+            "parameters": sum(i.numel for i in infos),
+            "bytes": sum(i.nbytes for i in infos),
+            "dtypes": dict(sorted(Counter(i.dtype for i in infos).items())),
+            "files": len(ckpt.files),
+        }
 
     def speculative_config(self) -> dict[str, Any] | None:
         return speculative_config(self.drafter) if self.servable else None
@@ -122,12 +134,9 @@ class InspectReport:
 
         return scope_note(self.readings, self.engine_version) if self.readings is not None else None
 
-    def to_json(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         d = self.drafter
         return {
-            "schema": SCHEMA,
-            "tool_version": __version__,
-            "command": "inspect",
             "inputs": inputs(d),
             "dialect": d.dialect.name,
             "dialect_evidence": list(d.evidence),
@@ -138,7 +147,7 @@ class InspectReport:
             "arch": d.spec.arch,
             "spec": d.spec.to_json(),
             "spec_sources": dict(d.spec.sources),
-            "tensors": tensor_summary(d),
+            "tensors": self.tensor_summary(),
             "findings": [f.to_json() for f in self.findings],
             "summary": self.summary,
             "speculative_config": self.speculative_config(),
@@ -156,7 +165,6 @@ class InspectReport:
                                        "rule_severity": f.rule.severity.value}
                                       for f in self.findings if f.other_engine is not None],
             "strict": self.strict,
-            "exit_code": self.exit_code,
         }
 
 
@@ -232,12 +240,3 @@ def inputs(d: DrafterCheckpoint) -> dict[str, Any]:
     return out
 
 
-def tensor_summary(d: DrafterCheckpoint) -> dict[str, Any]:
-    infos = d.ckpt.tensors.values()
-    return {
-        "count": len(d.ckpt.tensors),
-        "parameters": sum(i.numel for i in infos),
-        "bytes": sum(i.nbytes for i in infos),
-        "dtypes": dict(sorted(Counter(i.dtype for i in infos).items())),
-        "files": len(d.ckpt.files),
-    }

@@ -32,6 +32,13 @@ _SUBCOMMANDS = "inspect|convert|upgrade|verify|diff|smoke|check|upload|capture|d
 COMMAND = re.compile(rf"(?<![\w/.-])eaglectl (?:{_SUBCOMMANDS})\b(?:(?!, )[^(;])*[^(;\s,]")
 _HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+(?:/(.*))?$")
 SHORT_PATH = 40  # longer paths outside the working directory become …/last/two
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def printable(text: Any) -> str:
+    """`text` with lone surrogates as \\udXXXX and control characters as \\xNN (one line, any terminal)."""
+    s = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
 def short_path(path: Any) -> str:
@@ -53,6 +60,12 @@ def short_path(path: Any) -> str:
     if len(text) <= SHORT_PATH or len(parts) <= 2:
         return text
     return "…/" + "/".join(parts[-2:])
+
+
+def short_names(paths: list[str]) -> list[str]:
+    """Each path's last part when those tell them apart, else the paths (drift's tables and plot name drafters)."""
+    base = [os.path.basename(os.path.normpath(p)) or p for p in paths]
+    return base if len(set(base)) == len(set(paths)) else paths
 
 
 def glue(text: str) -> str:
@@ -197,8 +210,6 @@ def _styled(text: str, pick: Callable[[str], str | None] | None) -> str:
 
 
 def _plain(v: Any) -> str:
-    from .report import printable
-
     if v is None:
         return "-"
     if isinstance(v, bool):

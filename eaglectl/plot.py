@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-from typing import Any
+import io
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .errors import MissingDependencyError
-from .io.atomic import umask
+from .io.atomic import write_file
+from .layout import short_names
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
-def require_matplotlib() -> Any:
+def require_matplotlib() -> ModuleType:
     """Checked before any work starts, so a missing extra never costs a long run."""
     try:
         import matplotlib
@@ -23,17 +26,10 @@ def require_matplotlib() -> Any:
     return plt
 
 
-def _save(fig: Any, path: str) -> None:
-    dest = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".png", dir=dest.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; a plot is a file like any other the user writes
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def _save(fig: Figure, path: str) -> None:
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
+    write_file(path, png.getvalue())
 
 
 def _label(run: dict[str, Any], names: dict[str, str]) -> str:
@@ -45,12 +41,10 @@ def _label(run: dict[str, Any], names: dict[str, str]) -> str:
 def plot_drift(doc: dict[str, Any], path: str) -> None:
     """Sink, self and recent mass and the fed-back state's RMS by depth; one line per drafter and
     condition, the 95 % interval shaded."""
-    from .report import _short_names
-
     plt = require_matplotlib()
     runs = doc["runs"]
     paths = list(dict.fromkeys(r["drafter"] for r in runs))
-    names = dict(zip(paths, _short_names(paths), strict=True))
+    names = dict(zip(paths, short_names(paths), strict=True))
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     panels = [("sink_mass", "attention on the sink"), ("self_mass", "attention on own chain"),
               ("recent_mass", f"attention on last {doc['recent_window']} context"),

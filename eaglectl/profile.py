@@ -271,12 +271,12 @@ def read(path: str | Path) -> Any:
 
 def write(path: str | Path, profile: dict[str, Any]) -> Path:
     """Write a profile atomically (it must validate: eaglectl never writes one that does not)."""
-    from .io.atomic import write_file_atomic
+    from .io.atomic import write_file
 
     problems = validate(profile)
     if problems:  # a bug in the builder, not bad input
         raise AssertionError(f"eaglectl built an invalid speculation profile: {problems[0]}")
-    return write_file_atomic(path, (json.dumps(profile, indent=2) + "\n").encode())
+    return write_file(path, (json.dumps(profile, indent=2) + "\n").encode())
 
 
 def write_from_smoke(path: str | Path, doc: dict[str, Any]) -> str | None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
-from .io.atomic import write_file_atomic
+from .io.atomic import write_file
 from .limits import LIMITS
 
 if TYPE_CHECKING:
@@ -350,7 +350,7 @@ def _to_cache(key: str, result: dict[str, Any]) -> None:
     _MEMO[key] = result
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
-        write_file_atomic(cache_dir() / f"{key}.json", json.dumps(result).encode())
+        write_file(cache_dir() / f"{key}.json", json.dumps(result).encode())
     except (OSError, EaglectlError):
         pass  # a read-only cache is no reason to fail
 

@@ -27,6 +27,7 @@ from .errors import SmokeFailedError, UsageError
 from .progress import Progress, passthrough
 from .runner_smoke import RunnerRun
 from .runners import Readings, config_folder, readings_for
+from .result import Result, verdict
 from .workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from .reading import EngineReading
     from .target import Target
 
-SCHEMA = "eaglectl.smoke/1"
 GPU_RUNNER_RULES = ("aux-ids-runner-split", "aux-ids-runner-count")  # rules/runners.py
 NEAR_ONE = 1.05
 
@@ -170,7 +170,9 @@ def acceptance(counters: dict[str, Any] | None, requests: list[dict[str, Any]]) 
 
 
 @dataclass
-class SmokeReport:
+class SmokeReport(Result):
+    SCHEMA, COMMAND = "eaglectl.smoke/1", "smoke"
+
     drafter: str
     target: str
     engine: str
@@ -223,12 +225,16 @@ class SmokeReport:
     def failure(self) -> SmokeFailedError | None:
         return SmokeFailedError(self.red_flags[0], reported=True) if self.red_flags else None
 
-    def to_json(self) -> dict[str, Any]:
+    def summary_line(self) -> str:
+        al = self.payload()["mean_acceptance_length"]
+        return f"AL {'-' if al is None else f'{al:.3f}'}; {verdict(self.exit_code)}"
+
+    def payload(self) -> dict[str, Any]:
         ref = self.reference_outputs()
         labels, prompts = self.prompts.labels, self.prompts.prompts
         main = self.main.to_json(self.k, ref, labels, prompts)
         return {
-            "schema": SCHEMA, "tool_version": __version__, "command": "smoke", "engine": self.engine,
+            "engine": self.engine,
             "drafter": self.drafter, "target": self.target, "num_speculative_tokens": self.k, "dtype": self.dtype,
             "max_tokens": self.max_tokens, "prompts": {"set": self.prompts.name, "description": self.prompts.description,
                                                         "count": len(self.prompts.prompts)},
@@ -252,7 +258,6 @@ class SmokeReport:
             "intended_reading": self.intended, "serving_options": self.serving,
             "reference_layers": self.reference_layers, "log": self.log, "plot": self.plot,
             "profile": self.profile,
-            "exit_code": self.exit_code,
         }
 
 

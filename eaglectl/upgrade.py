@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import __version__
 from .acceptance import STEPS, VLLM_V1, Reading, Setup, before_after, check_written, rank_by_acceptance, workload_for
 from .calibration import Fit, Moments, accumulate, fit, held_out_error
 from .convert import ConversionPlan, ConversionResult, execute, plan_conversion, plan_inputs, writable_dialect
@@ -46,6 +45,7 @@ from .io import cast as casting
 from .io.atomic import check_destination
 from .io.states import States
 from .progress import Progress, passthrough
+from .result import Result
 from .target import Target
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from .spec import DrafterSpec
     from .verify import ParityReport
 
-SCHEMA = "eaglectl.upgrade/1"
 CLOSED_FORM = ("ones", "harmonic", "calibrated", "refit")
 INITS = (*CLOSED_FORM, "fit")
 NEEDS_TARGET = ("harmonic", "calibrated", "refit", "fit")
@@ -67,7 +66,9 @@ WARM_START = "warm start: fine-tune before publishing"
 
 
 @dataclass
-class UpgradeResult:
+class UpgradeResult(Result):
+    SCHEMA, COMMAND = "eaglectl.upgrade/1", "upgrade"
+
     source: str
     dest: str
     changed: bool
@@ -83,18 +84,14 @@ class UpgradeResult:
     fit: dict[str, Any] | None = None  # the `fit` init's report (steps, tokens, held-out gain, seconds)
     next_command: str | None = None  # what to run next, as printed
 
-    @property
-    def exit_code(self) -> int:
-        return 0
-
     def summary_line(self) -> str:
         return ", ".join(self.steps) or "nothing to change"
 
-    def to_json(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         fid = self.fidelity.to_json() if self.fidelity is not None else None
         acc = self.acceptance or {}
         return {
-            "schema": SCHEMA, "tool_version": __version__, "command": "upgrade", "source": self.source,
+            "source": self.source,
             "dest": self.dest, "changed": self.changed, "steps": self.steps, "init": self.init,
             "statistics": self.statistics, "needs_fine_tuning": self.changed, "dry_run": not self.conversion.written,
             "fidelity": None if fid is None else {"inputs": fid["inputs"], "per_step": [
@@ -105,7 +102,6 @@ class UpgradeResult:
             "acceptance": self.acceptance, "warm_start": WARM_START if self.changed else None,
             "next_command": self.next_command,
             "plan": self.conversion.plan.to_json(), "checked": self.conversion.checked, "notes": self.notes,
-            "exit_code": self.exit_code,
         }
 
 

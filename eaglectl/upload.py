@@ -21,17 +21,19 @@ from .check import CheckReport
 from .errors import CheckpointNotFoundError, MissingDependencyError, UsageError, first_line
 from .io.hub import hub_failure
 from .publish import upload_files
+from .result import Result
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo, CommitOperationAdd
 
     from .rules import Finding
 
-SCHEMA = "eaglectl.upload/1"
 
 
 @dataclass
-class UploadReport:
+class UploadReport(Result):
+    SCHEMA, COMMAND = "eaglectl.upload/1", "upload"
+
     source: str
     repo_id: str
     gate: CheckReport
@@ -72,14 +74,14 @@ class UploadReport:
         return [{"operation": "add", "path_in_repo": op.path_in_repo, "size": op.upload_info.size,
                  "sha256": op.upload_info.sha256.hex()} for op in self.operations]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "tool_version": __version__, "command": "upload", "source": self.source,
+    def payload(self) -> dict[str, Any]:
+        return {"source": self.source,
                 "repo_id": self.repo_id, "revision": self.revision, "create_pr": self.create_pr,
                 "private": self.private, "dry_run": self.dry_run, "gate": self.gate.to_json(),
                 "operations": self.operation_rows(), "commit_message": self.commit_message,
                 "commit_description": self.commit_description, "refused": self.refused,
                 "uploaded": self.uploaded, "commit_url": self.commit_url, "pr_url": self.pr_url,
-                "notes": self.notes, "exit_code": self.exit_code}
+                "notes": self.notes}
 
 
 def plan_operations(folder: str | Path) -> list[CommitOperationAdd]:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import __version__
 from .drafter import open_drafter
 from .errors import (
     IncompatibleDrafterError,
@@ -34,6 +33,7 @@ from .model.loader import DTYPES, LoadedDrafter, load_reference
 from .model.reference import DrafterArgs, StepOutput
 from .probe import measured_layers
 from .progress import Progress, passthrough
+from .result import Result
 from .target import Target
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
     from .io.jsonio import ConfigView
 
-SCHEMA = "eaglectl.verify/1"
 NEAR_TIE_NATS = 0.125  # top-2 log-prob margin below which a top-1 flip is not a disagreement
 
 # Tolerances (docs/math.md#tolerances). "exact": identical tensors, same precision: outputs bit-identical.
@@ -347,7 +346,9 @@ def _recorded_fidelity(prov: dict[str, Any] | None, inputs: Inputs, seed: int,
 # --------------------------------------------------------------------------------------- report
 
 @dataclass
-class ParityReport:
+class ParityReport(Result):
+    SCHEMA, COMMAND = "eaglectl.verify/1", "verify"
+
     mode: str  # conversion | precision | fidelity
     candidate: dict[str, Any]
     reference: dict[str, Any]
@@ -376,6 +377,9 @@ class ParityReport:
     def exit_code(self) -> int:
         return ParityMismatchError.exit_code if self.passed is False else 0
 
+    def summary_line(self) -> str:
+        return {True: "PASS", False: "FAIL", None: "measured"}[self.passed]
+
     def failure(self) -> ParityMismatchError | None:
         if self.passed is not False:
             return None
@@ -385,11 +389,8 @@ class ParityReport:
         return ParityMismatchError(f"{self.candidate['source']}: step(s) {', '.join(failed)} exceed the {self.regime} "
                                    "tolerance", reported=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def payload(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
-            "tool_version": __version__,
-            "command": "verify",
             "mode": self.mode,
             "candidate": self.candidate,
             "reference": self.reference,
@@ -406,7 +407,6 @@ class ParityReport:
             "layers": self.layers,
             "per_step": [asdict(m) for m in self.metrics],
             "passed": self.passed,
-            "exit_code": self.exit_code,
         }
 
 

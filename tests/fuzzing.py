@@ -161,16 +161,16 @@ def render(result: Any) -> None:
 
     from rich.console import Console
 
-    from eaglectl import report
+    from eaglectl import console, views
 
     json.dumps(result.to_json(), default=str).encode("utf-8")
-    saved = report.stdout
-    report.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
+    saved = console.stdout
+    console.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
     try:
-        report.render_inspect(result)
-        report.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
+        views.render_inspect(result)
+        console.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
     finally:
-        report.stdout = saved
+        console.stdout = saved
 
 
 def _timed(rep: FuzzReport, label: str, fn: Any) -> tuple[int, Any]:
@@ -509,16 +509,16 @@ def render_with(result: Any, renderer: str) -> None:
 
     from rich.console import Console
 
-    from eaglectl import report
+    from eaglectl import console, views
 
     json.dumps(result.to_json(), default=str).encode("utf-8")
-    saved = report.stdout
-    report.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
+    saved = console.stdout
+    console.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
     try:
-        getattr(report, renderer)(result)
-        report.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
+        getattr(views, renderer)(result)
+        console.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
     finally:
-        report.stdout = saved
+        console.stdout = saved
 
 
 def read_capture(case: Path) -> Any:

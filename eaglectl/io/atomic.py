@@ -14,6 +14,9 @@
   replaced DEST goes to `.<name>.eaglectl-old-<pid>-*` first. Folders left by a killed process are
   removed by the next run once their pid is gone. Outputs get the umask's mode, like `mkdir`.
 - SIGTERM becomes the same clean exit as Ctrl-C. Sources are never opened for writing.
+
+`write_file(path, data)` is the only way it writes a single file (a model card, a plot, SARIF, a sidecar):
+a temporary file beside it, fsynced, renamed over it, with the umask's mode.
 """
 
 from __future__ import annotations
@@ -92,9 +95,11 @@ def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
     _existing(final, force, replaceable)
 
 
-def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write one small file all or nothing: a temporary file beside it, fsynced, renamed over it. An existing
-    regular file is replaced (a sidecar such as speculation_profile.json); a link, folder or device never is."""
+def write_file(path: str | os.PathLike[str], data: bytes, *, doing: str = "write") -> Path:
+    """The one single-file writer (a card, a plot, SARIF, a sidecar such as speculation_profile.json): all or
+    nothing and durable: a temporary file beside it, fsynced, given the umask's mode, renamed over it, the folder
+    fsynced. An existing regular file is replaced; a link, folder or device never is. An OSError is one
+    FilesystemError line ("PATH: cannot `doing` (reason)")."""
     final = resolve_dest(path)
     try:
         st = os.lstat(final)
@@ -111,12 +116,12 @@ def write_file_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a file eaglectl writes follows the umask
         os.replace(tmp, final)
         tmp = None
-        _fsync_dir(final.parent)
+        fsync(final.parent)
     except OSError as e:
-        raise filesystem_error(e, "write", final) from None
+        raise filesystem_error(e, doing, final) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -200,7 +205,7 @@ def _commit(staging: Path, final: Path, existing: bool) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             rename_noreplace(staging, final)
-        _fsync_dir(final.parent)
+        fsync(final.parent)
     except FileExistsError:
         raise OutputExistsError(f"{final}: appeared while eaglectl was writing; it was left as it is",
                                 path=str(final)) from None
@@ -332,8 +337,6 @@ def _umask() -> int:
     return current
 
 
-umask = _umask  # the process umask, for the single files eaglectl writes besides a staged folder (plot, card)
-
 
 @contextlib.contextmanager
 def _sigterm_as_exit() -> Iterator[None]:
@@ -355,17 +358,14 @@ def _fsync_tree(root: Path) -> None:
     try:
         for p in sorted(root.rglob("*")):
             if p.is_file():
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        _fsync_dir(root)
+                fsync(p)
+        fsync(root)
     except OSError as e:
         raise filesystem_error(e, "flush to disk") from None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries, to disk (an OSError is the caller's to word)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -1,0 +1,39 @@
+"""The human views of every command's result, one renderer per result type (the JSON form is the result's own
+`to_json`). They draw on eaglectl/console.py; eaglectl/report.py picks the view when a command finishes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .checkpoints import (
+    render_batch,
+    render_check,
+    render_conversion,
+    render_diff,
+    render_inspect,
+    render_upgrade,
+    render_upload,
+)
+from .measurements import render_capture, render_drift, render_smoke, render_verify
+
+if TYPE_CHECKING:
+    from ..result import Result
+
+# Keyed by the result's class name: the classes are imported for annotations only (verify's brings torch, and
+# `eaglectl --help` never imports it).
+RENDERERS: dict[str, Callable[[Any], None]] = {
+    "InspectReport": render_inspect, "ParityReport": render_verify, "ConversionResult": render_conversion,
+    "UpgradeResult": render_upgrade, "SmokeReport": render_smoke, "CheckReport": render_check,
+    "CaptureResult": render_capture, "DriftReport": render_drift, "DiffReport": render_diff,
+    "UploadReport": render_upload,
+}
+
+
+def render(result: Result) -> None:
+    """The human view of a command's result."""
+    RENDERERS[type(result).__name__](result)
+
+
+__all__ = ["RENDERERS", "render", "render_batch", "render_capture", "render_check", "render_conversion", "render_diff",
+           "render_drift", "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]
