@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +24,7 @@ from .cli_params import Number
 from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
 from .io.jsonio import loads
 from .limits import limit
-from .result import envelope
+from .result import BatchResult
 
 
 class Outcome(Protocol):
@@ -37,20 +36,6 @@ class Outcome(Protocol):
     def summary_line(self) -> str: ...
 
     def to_json(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class BatchResult:
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return max((r["exit_code"] for r in self.rows), default=0)
-
-    def to_json(self, command: str) -> dict[str, Any]:
-        return envelope("eaglectl.batch/1", command, self.exit_code, items=self.rows, summary={
-            "total": len(self.rows), "ok": sum(r["exit_code"] == 0 for r in self.rows),
-            "failed": sum(r["exit_code"] != 0 for r in self.rows)})
 
 
 def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tuple[int, dict[str, Any]]]:

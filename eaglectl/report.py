@@ -22,7 +22,7 @@ from .layout import printable
 from .result import envelope
 
 if TYPE_CHECKING:
-    from .batch import BatchResult
+    from .result import BatchResult
     from .result import Result
 
 T = TypeVar("T")

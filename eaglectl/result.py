@@ -7,6 +7,7 @@ document starts and ends with (docs/json.md): schema, tool_version, command, the
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from . import __version__
@@ -46,3 +47,19 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         return envelope(self.SCHEMA, self.COMMAND, self.exit_code, **self.payload())
+
+
+@dataclass
+class BatchResult:
+    """A batch run (a list of sources or a manifest, batch.py): one row per item, the worst exit code."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return max((r["exit_code"] for r in self.rows), default=0)
+
+    def to_json(self, command: str) -> dict[str, Any]:
+        return envelope("eaglectl.batch/1", command, self.exit_code, items=self.rows, summary={
+            "total": len(self.rows), "ok": sum(r["exit_code"] == 0 for r in self.rows),
+            "failed": sum(r["exit_code"] != 0 for r in self.rows)})

@@ -14,7 +14,7 @@ from ..layout import short_path
 from .parts import STATUS_STYLE, findings, human_size, json_short, shown
 
 if TYPE_CHECKING:
-    from ..batch import BatchResult
+    from ..result import BatchResult
     from ..check import CheckReport
     from ..convert import ConversionResult
     from ..diff import DiffReport
