@@ -79,17 +79,14 @@ class Reading:
 
 
 def v1_boundaries(config: dict[str, Any], target_layers: int) -> tuple[int, ...]:
-    """vLLM's V1 runner (`_get_eagle3_aux_layers_from_config`): the top-level `eagle_aux_hidden_state_layer_ids`,
-    else `eagle_config.eagle_aux_hidden_state_layer_ids`, as boundaries; else the target's default
-    (2, L//2, L-3). Sorted and de-duplicated, as vLLM captures them."""
+    """vLLM's V1 runner's boundaries for these files, from the runner table (runners.select: the lookups of its
+    selection code), else the target's default; sorted and de-duplicated, as vLLM captures them."""
+    from .engines import RUNNERS
+    from .runners import select, vllm_view
     from .spec import default_aux_ids
 
-    for ids in (config.get("eagle_aux_hidden_state_layer_ids"),
-                (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-                if isinstance(config.get("eagle_config"), dict) else None):
-        if isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            return tuple(sorted(set(ids)))
-    return default_aux_ids(target_layers, "boundary")
+    ids, _, _ = select(vllm_view(config), next(t for t in RUNNERS if t.runner == "v1"))
+    return tuple(sorted(set(ids))) if ids else default_aux_ids(target_layers, "boundary")
 
 
 VLLM_V1 = Reading("vllm-v1", "as vLLM's V1 runner reads the files", v1_boundaries)
