@@ -136,6 +136,18 @@ def test_inspect_reports_the_same_spec(invoke, written, name):
     assert invoke("inspect", path, "--scan").exit_code == 0
 
 
+@pytest.mark.parametrize("name", ["eagle3", "eagle3-output"])
+def test_the_gguf_drafts_exactly_like_its_source(invoke, written, name):
+    """The reference drafter reads the GGUF (un-permuted q/k, relative d2t) and drafts bit-exactly as the source."""
+    path, _ = written[name]
+    r = invoke("verify", path, "--against", TRAINED / name, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = _json(r)
+    assert doc["passed"] is True and doc["regime"] == "exact"
+    d = _json(invoke("diff", path, TRAINED / name, "--target", TARGET, "--json"))  # values compared, atol 0
+    assert d["equivalent"] is True and d["spec"] == [] and d["tensors"] == [] and d["tensors_compared"] >= 13, d
+
+
 def test_detection_and_registry(written):
     from eaglectl import formats
 

@@ -91,6 +91,8 @@ class GGUFFile:
                 cfg[name] = self.metadata[key]
         if "d2t" in self.tensors:
             cfg["draft_vocab_size"] = self.tensors["d2t"].shape[0]
+        if "output.weight" in self.tensors:  # the draft's own head: not tied to token_embd
+            cfg["tie_word_embeddings"] = False
         return cfg
 
     def stored(self, name: str) -> np.ndarray:
