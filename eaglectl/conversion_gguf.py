@@ -46,7 +46,9 @@ def gguf_metadata(plan: ConversionPlan) -> dict[str, Any]:
     wanted = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
               "vocab_size", "rms_norm_eps", "rope_theta", "max_position_embeddings",
               "eagle_aux_hidden_state_layer_ids", "target_hidden_size", "norm_before_residual", "norm_before_fc")
-    meta: dict[str, Any] = {"general.name": Path(plan.source).name or "eagle3-draft"}
+    # llama.cpp's vocab loader requires tokenizer.ggml.model; "none" loads without a tokenizer (vocab_size dummy
+    # tokens). Its converter copies the target's tokenizer instead, which eaglectl does not (docs/gguf.md)
+    meta: dict[str, Any] = {"general.name": Path(plan.source).name or "eagle3-draft", "tokenizer.ggml.model": "none"}
     for name in wanted:
         value = c.get(name)
         if name == "target_hidden_size" and value is None:

@@ -86,6 +86,8 @@ def test_round_trip_is_bit_identical(written, name):
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     reader = gguf.GGUFReader(path)
     assert reader.fields["general.architecture"].contents() == "eagle3"
+    assert reader.fields["tokenizer.ggml.model"].contents() == "none"  # llama.cpp's vocab loader requires the key
+    assert reader.fields["eagle3.target_layers"].types[-1] == gguf.GGUFValueType.INT32
     stored = {t.name: t for t in reader.tensors}
     assert set(stored) == {NAMES[k] for k in src if k != "t2d"}  # t2d is left out, as llama.cpp's converter does
     for canon, tensor in src.items():
