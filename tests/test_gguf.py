@@ -179,3 +179,40 @@ def test_help_does_not_import_gguf():
             "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0\nprint('gguf' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+_LOAD = """
+import ctypes, sys
+import llama_cpp
+llama_cpp.llama_backend_init()
+params = llama_cpp.llama_model_default_params()
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+assert model, "llama.cpp refused the file"
+lib = llama_cpp._lib
+lib.llama_model_target_layer_ids.restype = ctypes.POINTER(ctypes.c_int32)
+lib.llama_model_target_layer_ids.argtypes = [ctypes.c_void_p]
+lib.llama_model_target_layer_ids_n.restype = ctypes.c_uint32
+lib.llama_model_target_layer_ids_n.argtypes = [ctypes.c_void_p]
+ids = lib.llama_model_target_layer_ids(model)
+print(llama_cpp.llama_model_n_embd(model), [ids[i] for i in range(lib.llama_model_target_layer_ids_n(model))])
+"""
+
+
+@pytest.mark.slow
+def test_llama_cpp_loads_the_output(written):
+    """llama.cpp's own loader (0c1e5709, built from llama-cpp-python 0.3.36's vendored copy) takes the file.
+    EAGLECTL_LLAMA_CPP_LIB: the folder holding libllama.so; EAGLECTL_LLAMA_CPP_PY: the folder holding the
+    `llama_cpp` Python package (the sdist's own)."""
+    import os
+
+    lib, py = os.environ.get("EAGLECTL_LLAMA_CPP_LIB"), os.environ.get("EAGLECTL_LLAMA_CPP_PY")
+    if not lib or not py:
+        pytest.skip("no llama.cpp build: set EAGLECTL_LLAMA_CPP_LIB and EAGLECTL_LLAMA_CPP_PY")
+    path, doc = written["eagle3"]
+    env = {**os.environ, "LLAMA_CPP_LIB_PATH": lib, "PYTHONPATH": py}
+    out = subprocess.run([sys.executable, "-c", _LOAD, str(path)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    n_embd, ids = out.stdout.split(maxsplit=1)
+    assert int(n_embd) == doc["plan"]["config"]["hidden_size"]
+    assert json.loads(ids) == doc["plan"]["config"]["eagle_aux_hidden_state_layer_ids"]
