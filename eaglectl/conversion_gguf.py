@@ -116,7 +116,7 @@ def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: Target
 
 
 def _check_round_trip(out: DrafterCheckpoint, wanted: dict[str, tuple[TensorAction, np.ndarray]]) -> str:
-    g = out.ckpt.files[0].gguf  # type: ignore[attr-defined]
+    g = out.ckpt.files[0].source.gguf  # type: ignore[union-attr]
     for name, (_, data) in wanted.items():
         back = g.raw(name)
         if back.shape != data.shape or back.astype(data.dtype).tobytes() != data.tobytes():

@@ -108,7 +108,7 @@ def test_round_trip_is_bit_identical(written, name):
     from eaglectl.drafter import open_drafter
 
     d = open_drafter(str(path))
-    g = d.ckpt.files[0].gguf
+    g = d.ckpt.files[0].source.gguf
     for canon, tensor in src.items():
         if canon != "t2d":
             assert g.raw(NAMES[canon]).tobytes() == _bits(tensor.contiguous()).astype(
@@ -148,6 +148,15 @@ def test_the_gguf_drafts_exactly_like_its_source(invoke, written, name):
     assert doc["passed"] is True and doc["regime"] == "exact"
     d = _json(invoke("diff", path, TRAINED / name, "--target", TARGET, "--json"))  # values compared, atol 0
     assert d["equivalent"] is True and d["spec"] == [] and d["tensors"] == [] and d["tensors_compared"] >= 13, d
+
+
+def test_a_gguf_converts_back_to_safetensors(invoke, written, tmp_path):
+    """GGUF -> modelopt streams the un-permuted tensors; the result equals the original fixture, values compared."""
+    path, _ = written["eagle3"]
+    r = invoke("convert", path, tmp_path / "back", "--to", "modelopt", "--no-measure")
+    assert r.exit_code == 0, r.stderr
+    d = _json(invoke("diff", tmp_path / "back", TRAINED / "eagle3", "--target", TARGET, "--json"))
+    assert d["equivalent"] is True and d["tensors"] == [] and d["tensors_compared"] >= 13, d
 
 
 def test_detection_and_registry(written):

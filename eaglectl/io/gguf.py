@@ -6,6 +6,7 @@ small d2t table). What llama.cpp stores differently from the HF layout is undone
 like any other dialect's: q/k rows are un-permuted (llama.cpp's converter permutes them for its RoPE), `d2t` is
 made relative again (it is stored as absolute target ids) and the `eagle3.*` keys become a synthesised config.
 Names stay as llama.cpp spells them; formats/gguf.py's key rules map them to canonical names.
+The checkpoint reads the GGUF through `HFLayout`, a byte source that lays those HF-layout tensors end to end.
 Source of truth: llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (docs/gguf.md).
 """
 
@@ -151,43 +152,45 @@ def read_gguf(path: Path) -> GGUFFile:
     return GGUFFile(path, reader, metadata, tensors)
 
 
+class HFLayout:
+    """A ByteSource over the tensors as the HF layout holds them (un-permuted q/k, relative d2t), laid end to end
+    at the offsets of the Checkpoint's TensorInfos: every reader of a checkpoint (read, read_rows, count_nonfinite,
+    the digest, convert's streamed copies) reads a GGUF like a safetensors file. The offsets are not the file's."""
+
+    def __init__(self, g: GGUFFile, tensors: dict[str, TensorInfo]) -> None:
+        self.gguf, self.name, self.size = g, str(g.path), sum(t.nbytes for t in tensors.values())
+        self._spans = sorted((t.begin, t.end, t.name) for t in tensors.values())
+        self._cached: tuple[str, bytes] | None = None
+
+    def _bytes(self, name: str) -> bytes:
+        if self._cached is None or self._cached[0] != name:
+            self._cached = (name, self.gguf.raw(name).tobytes())
+        return self._cached[1]
+
+    def read(self, offset: int, length: int) -> bytes:
+        out = bytearray()
+        for begin, end, name in self._spans:
+            if end <= offset or begin >= offset + length:
+                continue
+            lo, hi = max(offset, begin), min(offset + length, end)
+            out += self._bytes(name)[lo - begin:hi - begin]
+        return bytes(out)
+
+
 def open_gguf(source: str, path: Path) -> Checkpoint:
     """A Checkpoint over one `.gguf` file: llama.cpp's names, its metadata as config, no tensor bytes read."""
     g = read_gguf(path)
-    header = Header(str(path), g.tensors, None, 0, path.stat().st_size)  # no safetensors metadata
-    wf = GGUFWeightFile(path.name, None, header, gguf=g)
-    ckpt = Checkpoint(source, str(path.parent), "gguf", [wf], dict.fromkeys(g.tensors, wf), g.config(),
+    tensors, offset = {}, 0
+    for name, t in g.tensors.items():  # the HF layout's offsets: d2t widened to I64 as stored, nothing else resized
+        tensors[name] = TensorInfo(name, t.dtype, t.shape, offset, offset + t.nbytes)
+        offset += t.nbytes
+    header = Header(str(path), tensors, None, 0, offset)  # no safetensors metadata
+    wf = WeightFile(path.name, HFLayout(g, tensors), header)
+    ckpt = Checkpoint(source, str(path.parent), "gguf", [wf], dict.fromkeys(tensors, wf), g.config(),
                       f"{path} (GGUF metadata)")
     ckpt.file_names = (path.name,)
     ckpt.identities = {str(path): file_identity(path.stat())}
     return ckpt
-
-
-def _widen(data: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "BF16":
-        return (data.astype(np.uint32) << 16).view(np.float32)
-    return data
-
-
-class GGUFWeightFile(WeightFile):
-    """A WeightFile whose values come from a GGUF file, as the HF layout holds them."""
-
-    def __init__(self, name: str, source: None, header: Header, *, gguf: GGUFFile) -> None:
-        super().__init__(name, source, header)
-        self.gguf = gguf
-
-    def read(self, tensor: str) -> np.ndarray:
-        return _widen(self.gguf.raw(tensor), self.header.tensors[tensor].dtype)
-
-    def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
-        return self.read(tensor)[rows]
-
-    def count_nonfinite(self, tensor: str) -> int:
-        data = self.read(tensor)
-        return int((~np.isfinite(data)).sum()) if data.dtype.kind == "f" else 0
-
-    def byte_range(self, tensor: str) -> None:
-        return None  # stored bytes are permuted: never copied as they are
 
 
 def write_gguf(path: Path, metadata: dict[str, Any], tensors: Iterable[tuple[str, str, np.ndarray]]) -> None:
