@@ -225,3 +225,22 @@ def test_llama_cpp_loads_the_output(written):
     n_embd, ids = out.stdout.split(maxsplit=1)
     assert int(n_embd) == doc["plan"]["config"]["hidden_size"]
     assert json.loads(ids) == doc["plan"]["config"]["eagle_aux_hidden_state_layer_ids"]
+
+
+def test_hostile_gguf_files_fail_cleanly(invoke, written, tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF" + b"\xff" * 60)
+    r = invoke("inspect", junk)
+    assert r.exit_code == 4 and "not a readable GGUF file" in r.stderr, (r.exit_code, r.stderr)
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(written["eagle3"][0].read_bytes()[:5000])
+    assert invoke("inspect", truncated).exit_code == 4
+    other = tmp_path / "llama.gguf"  # a GGUF of another architecture: not an EAGLE-3 draft
+    w = gguf.GGUFWriter(other, "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = invoke("inspect", other)
+    assert r.exit_code == 5 and "not an EAGLE-3 draft" in r.stderr, (r.exit_code, r.stderr)
