@@ -90,6 +90,8 @@ class ConversionPlan:
 
     def file_names(self) -> list[str]:
         n = len(self.shards)
+        if self.dest_dialect == "gguf":  # one llama.cpp file (conversion_gguf.py)
+            return ["model.gguf"]
         return ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
 

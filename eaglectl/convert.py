@@ -220,6 +220,11 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
     """
     supplied = supplied or {}
     public_provenance(plan)
+    if plan.dest_dialect == "gguf":  # one llama.cpp file, not safetensors (conversion_gguf.py)
+        from .conversion_gguf import execute_gguf
+
+        return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force, inputs=inputs,
+                                                                replay=after_write is not None))
     by_name = {a.dest: a for a in plan.tensors}
     wrap = progress
     names = plan.file_names()

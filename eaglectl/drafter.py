@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from . import formats, loads
 from .errors import UnknownFormatError
 from .formats import Detection, Dialect, Probe
-from .io.checkpoint import Checkpoint, open_checkpoint
+from .io.checkpoint import Checkpoint, local_path, open_checkpoint
+from .io.gguf import gguf_entry, open_gguf
 from .io.jsonio import ConfigView
 from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
@@ -148,6 +149,9 @@ class DrafterCheckpoint:
 def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False,
                  revision: str | None = None) -> DrafterCheckpoint:
     """Open SOURCE (folder, file, index, .bin with allow_pickle, Hub id) and interpret it."""
+    path = local_path(source)
+    if path is not None and not revision and (entry := gguf_entry(path)) is not None:  # llama.cpp's one-file draft
+        return interpret(open_gguf(source, entry), from_dialect)
     ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
     return interpret(ckpt, from_dialect)
 

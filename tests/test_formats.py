@@ -42,8 +42,9 @@ def test_cli_choices_come_from_the_registry():
     choice = next(p for p in inspect_cmd.params if p.name == "from_dialect")
     assert list(choice.type.choices) == formats.names()
     # every registered dialect has a fixture drafter detected as it, and every fixture's dialect is registered
+    # (gguf, one llama.cpp file, is written from the trained fixtures and detected in tests/test_gguf.py)
     fixtures = [open_checkpoint(str(p), allow_pickle=True) for p in DRAFTERS.iterdir()]
-    assert {formats.detect(probe_of(ck))[0].name for ck in fixtures} == set(formats.names())
+    assert {formats.detect(probe_of(ck))[0].name for ck in fixtures} == set(formats.names()) - {"gguf"}
 
 
 def test_duplicate_registration_is_refused():

@@ -28,6 +28,8 @@ TRAINED = FIXTURES / "trained"
 # fixture -> (its target, the boundaries its weights were trained on: tests/test_measured.py measures them)
 CASES = {"eagle3": ("target", (2, 4, 5)), "eagle3-output": ("target", (3, 5, 6)),
          "eagle3.1-mla": ("target-mla", (2, 3, 4))}
+# the dialects written here: a GGUF draft has no config.json for vLLM's runners to read (tests/test_gguf.py)
+WRITTEN = [d for d in formats.writable() if d != "gguf"]
 # (fixture, dialect) -> the reason eaglectl refuses to write it (the rest are written)
 REFUSED = {("eagle3-output", "eagle"): "cannot record aux ids [3, 5, 6]",
            ("eagle3.1-mla", "eagle"): "cannot hold a mla drafter",
@@ -48,7 +50,7 @@ def written(tmp_path_factory):
     out: dict[tuple[str, str], Path] = {}
     refused: dict[tuple[str, str], str] = {}
     for name, (target, ids) in CASES.items():
-        for dialect in formats.writable():
+        for dialect in WRITTEN:
             dest = root / f"{name}-{dialect}"
             args = ["convert", str(TRAINED / name), str(dest), "--to", dialect, "--target", str(TRAINED / target),
                     "--base-model", "eaglectl-fixtures/target"]
@@ -85,7 +87,7 @@ def _assert_invariant(out, got) -> list[str]:
 
 def test_every_written_dialect_is_read_alike_by_both_runners_table(written):
     out, refused = written
-    assert set(out) | set(refused) == {(n, d) for n in CASES for d in formats.writable()}
+    assert set(out) | set(refused) == {(n, d) for n in CASES for d in WRITTEN}
     for key, why in REFUSED.items():
         assert key in refused and why in refused[key], (key, refused.get(key))
     assert set(refused) == set(REFUSED), refused

@@ -122,7 +122,7 @@ def looks_like_target(probe: Probe) -> str | None:
 
 
 # The registry: one line per dialect module.
-from . import eagle, modelopt, nemo, specforge, speculators, torchspec  # noqa: E402
+from . import eagle, gguf, modelopt, nemo, specforge, speculators, torchspec  # noqa: E402
 
-for _module in (eagle, specforge, speculators, torchspec, modelopt, nemo):
+for _module in (eagle, specforge, speculators, torchspec, modelopt, nemo, gguf):
     register(_module.DIALECT)
