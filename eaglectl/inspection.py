@@ -56,8 +56,8 @@ class InspectReport(Result):
 
     @property
     def servable(self) -> bool:
-        """vLLM can serve the files as they are: no error-level finding."""
-        return self.summary["error"] == 0
+        """vLLM can serve the files as they are: a dialect it loads, no error-level finding."""
+        return self.dialect.vllm_loads and self.summary["error"] == 0
 
     def summary_line(self) -> str:
         s = self.summary

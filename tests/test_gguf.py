@@ -136,6 +136,10 @@ def test_inspect_reports_the_same_spec(invoke, written, name):
     # the folder holding the one .gguf opens the same way; --scan reads every tensor (all finite)
     assert _json(invoke("inspect", path.parent, "--json"))["spec"] == s
     assert invoke("inspect", path, "--scan").exit_code == 0
+    # vLLM loads no GGUF drafter: no serve line, and the way to one
+    assert out["speculative_config"] is None
+    human = invoke("inspect", path).stdout
+    assert "vllm serve" not in human and "does not load llama.cpp GGUF files" in human and "--for vllm" in human
 
 
 @pytest.mark.parametrize("name", ["eagle3", "eagle3-output"])

@@ -173,6 +173,7 @@ class Dialect:
     caveats: tuple[Caveat, ...] = ()
     # the engine that serves this dialect's files and reads their aux ids (see engines.py)
     consumer: str = "vllm"
+    vllm_loads: bool = True  # vLLM can load these files as they are (a `vllm serve` line is printed for them)
     notes: tuple[str, ...] = ()
     # rope scaling this producer can inject into exported configs whatever training used (rules/mla.py)
     exported_rope_scaling: dict[str, Any] = field(default_factory=dict)

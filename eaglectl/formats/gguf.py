@@ -52,6 +52,7 @@ DIALECT = Dialect(
     ),
     owned_config_keys=("gguf_architecture",),
     consumer="llama.cpp",
+    vllm_loads=False,  # vLLM reads no GGUF drafter: convert it --for vllm first
     notes=("one .gguf file; header-only unless --scan", "q/k permuted for llama.cpp RoPE; d2t stored as absolute ids",
            "no tokenizer is written: llama.cpp's converter copies the target's"),
 )

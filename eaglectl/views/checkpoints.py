@@ -81,6 +81,9 @@ def render_inspect(report: InspectReport) -> None:
             out.print(f"  {safe(fix)}", soft_wrap=True)
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
+    elif not report.dialect.vllm_loads:
+        out.print(f"vLLM: no serve command: vLLM does not load {safe(report.dialect.title)} files "
+                  "(eaglectl convert SOURCE DEST --for vllm writes one it loads)")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
