@@ -144,7 +144,7 @@ class Size(Parsed):
     name, kind = "size", int
 
     def parse(self, text: str) -> int:
-        from .convert import parse_size
+        from .conversion_plan import parse_size
 
         return parse_size(text)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from eaglectl import inspection as inspect
 from eaglectl.errors import EaglectlError
+from eaglectl.progress import passthrough
 
 from .conftest import DRAFTERS, TARGET
 
@@ -1189,7 +1190,7 @@ def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2
                 stage.mkdir()
 
                 def go(url: str = url, stage: Path = stage) -> Any:
-                    return capture._server(url, stage, (2, 4, 5), [[1, 2, 3, 4], [5, 6, 7]], timeout_s, None,
+                    return capture._server(url, stage, (2, 4, 5), [[1, 2, 3, 4], [5, 6, 7]], timeout_s, passthrough,
                                            hidden_size=128, vocab=VOCAB)
             t = time.perf_counter()
             code, _ = _timed(rep, label, go)
