@@ -21,7 +21,7 @@ from eaglectl.verify import run as verify
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
 from .helpers import edited
 
-WRITABLE = formats.writable()
+WRITABLE = [n for n in formats.writable() if formats.get(n).vllm_loads]  # GGUF: tests/test_gguf.py
 # the writable dialects that can say fc_norm: an EAGLE-3.1 drafter goes there and back (the rest refuse it)
 WRITABLE_31 = [n for n in WRITABLE if "fc_norm" in formats.get(n).writer.flag_paths]
 

@@ -29,7 +29,7 @@ TARGET = TRAINED / "target"
 # fixture -> (numbering of its stored ids, the boundaries it was trained on)
 TRUTH = {"eagle3": ("boundary", [2, 4, 5]), "eagle3.1": ("boundary", [2, 4, 5]), "eagle3-output": ("output", [3, 5, 6])}
 # the writable dialects that record aux ids (eagle's layout cannot: its drafters run on the engines' default)
-WITH_IDS = [n for n in formats.writable() if formats.get(n).writer.aux_ids_paths]
+WITH_IDS = [n for n in formats.writable() if formats.get(n).writer.aux_ids_paths and formats.get(n).vllm_loads]
 SHIFTED = {"eagle_aux_hidden_state_layer_ids": [3, 5, 6]}  # eagle3.1's ids, each one layer too deep
 
 
