@@ -8,10 +8,12 @@ from typing import Any
 
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
+from .formats import Dialect
 from .progress import Progress, passthrough
 from .result import Result
 from .rules import Context, Finding, run_checks, scope, summarise
 from .serving import serve_line, speculative_config
+from .spec import DrafterSpec
 from .target import Target, TargetCheckpoint
 
 
@@ -34,11 +36,11 @@ class InspectReport(Result):
         return self.opened_target.checkpoint if self.opened_target is not None else None
 
     @property
-    def spec(self) -> Any:
+    def spec(self) -> DrafterSpec:
         return self.drafter.spec
 
     @property
-    def dialect(self) -> Any:
+    def dialect(self) -> Dialect:
         return self.drafter.dialect
 
     @property
