@@ -229,7 +229,7 @@ def test_vllm_capture_equals_the_hf_capture(hf_states, tmp_path, invoke, vllm_py
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke, vllm_py):
+def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke, vllm_py, vllm_default_processes):
     """The recipe's server flags (CPU connector variant) on a real `vllm serve`, driven by --engine server."""
     python = vllm_py
     storage = tmp_path / "raw"

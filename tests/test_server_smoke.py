@@ -111,7 +111,7 @@ def test_parse_metrics_sums_label_sets_and_orders_positions():
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_real_vllm_server_counts_like_the_reference_loop(tmp_path, invoke, vllm_py):
+def test_a_real_vllm_server_counts_like_the_reference_loop(tmp_path, invoke, vllm_py, vllm_default_processes):
     python = vllm_py
     drafter = str(Path(TRAINED / "eagle3.1").resolve())  # vLLM needs absolute local paths
     spec = {"method": "eagle3", "model": drafter, "num_speculative_tokens": 3}

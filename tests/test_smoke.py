@@ -180,7 +180,7 @@ def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters, tmp_path,
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_vllm_reading_other_layers_is_a_red_flag(tmp_path, vllm_py):
+def test_vllm_reading_other_layers_is_a_red_flag(tmp_path, vllm_py, vllm_default_processes):
     """A speculators copy whose ids are shifted by one: vLLM serves it, and smoke names what it read."""
     python = vllm_py
     shifted = edited(TRAINED / "eagle3.1", tmp_path, name="shifted", config=SHIFTED)

@@ -156,7 +156,7 @@ def test_a_worker_that_exits_leaves_no_child_running(tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
-def test_a_timeout_while_vllm_loads_leaves_no_engine_behind(vllm_py):
+def test_a_timeout_while_vllm_loads_leaves_no_engine_behind(vllm_py, vllm_default_processes):
     """vLLM's EngineCore (and its worker) are children of our worker: the timeout must end them too."""
     from eaglectl.smoke import engine_path
 
