@@ -17,7 +17,6 @@ from .formats import Detection, Dialect, Probe
 from .io.checkpoint import Checkpoint, local_path, open_checkpoint
 from .io.gguf import gguf_entry, open_gguf
 from .io.jsonio import ConfigView
-from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
 from .limits import limit
 from .spec import FLAGS, DrafterSpec, layer_index
@@ -132,9 +131,6 @@ class DrafterCheckpoint:
         if self.forced:
             return ("--from given",)
         return next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
-
-    def float_dtypes(self) -> set[str]:
-        return {t.dtype for t in self.ckpt.tensors.values() if t.dtype in FLOAT_DTYPES}
 
     @property
     def speculative_tokens(self) -> int:

@@ -90,11 +90,10 @@ class WorkerRun:
 
     `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
     tick, so a progress bar can follow it; `result()` waits for the end and reads the answer. The worker
-    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`).
-    `busy_threads`: threads eaglectl keeps computing while the worker runs (the worker gets the other cores)."""
+    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`)."""
 
     def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = SMOKE_WORKER,
-                 error: type[EaglectlError] = SmokeFailedError, busy_threads: int = 0) -> None:
+                 error: type[EaglectlError] = SmokeFailedError) -> None:
         from .threads import worker_env
 
         self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
@@ -104,7 +103,7 @@ class WorkerRun:
         self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
         self.grace_s = 5.0  # after SIGTERM, before SIGKILL
         env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                          "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
+                          "TOKENIZERS_PARALLELISM": "false"})
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,

@@ -179,25 +179,5 @@ def filesystem_error(e: OSError, doing: str, path: object | None = None) -> File
     return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
 
 
-ERROR_TYPES: tuple[type[EaglectlError], ...] = (
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    UnknownFormatError,
-    AmbiguousFormatError,
-    ConversionError,
-    ParityMismatchError,
-    SmokeFailedError,
-    MissingDependencyError,
-    PickleNotAllowedError,
-    OutputExistsError,
-    IncompatibleDrafterError,
-    OutputBusyError,
-    FilesystemError,
-    SourceChangedError,
-    BehaviourChangedError,
-    CaptureFailedError,
-    InvalidStatesError,
-    PromptFileError,
-    ManifestError,
-    ServerReplyError,
-)
+# every error type but UsageError (exit 2 is also Click's), in declaration order
+ERROR_TYPES: tuple[type[EaglectlError], ...] = tuple(c for c in EaglectlError.__subclasses__() if c is not UsageError)

@@ -102,14 +102,6 @@ class Readings:
     def basis(self) -> str:
         return self.runners[0].basis if self.runners else ASSUMED
 
-    def distinct(self) -> list[tuple[int, ...]]:
-        """The distinct boundary lists the runners capture (known ones), in runner order."""
-        out: list[tuple[int, ...]] = []
-        for r in self.runners:
-            if r.boundary_ids is not None and r.boundary_ids not in out:
-                out.append(r.boundary_ids)
-        return out
-
     @property
     def split(self) -> bool:
         """The runners capture different layers (or one reads the config and the other the target's default
@@ -366,14 +358,14 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def ask_vllm(requests: list[dict[str, Any]], python: str, timeout_s: float = 600.0) -> dict[str, Any]:
+def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
     """One worker run for a batch of requests ({drafter_dir, target_dir, target_layers}); vLLM's raw answer."""
     payload = {"method": "eagle3", "requests": [
         {"drafter_dir": os.path.abspath(r["drafter_dir"]),
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
-    raw, _log = WorkerRun(python, payload, timeout_s, worker=WORKER, error=MissingDependencyError).result()
+    raw, _log = WorkerRun(python, payload, 600.0, worker=WORKER, error=MissingDependencyError).result()
     if not raw.get("ok"):
         raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
     return raw
@@ -416,16 +408,7 @@ class Request:
     target_dir: str | None = None
 
 
-def readings_of(drafters: list[tuple[str, dict[str, Any] | None]], target_layers: int | None, *,
-                target_dir: str | None = None, vllm_python: str | None = None, cache: bool = True,
-                ask: bool = True, timeout_s: float = 600.0) -> list[Readings]:
-    """The readings of many drafter folders (with their parsed config.json) on one target."""
-    return read_batch([Request(p, c, target_layers, target_dir) for p, c in drafters], vllm_python=vllm_python,
-                      cache=cache, ask=ask, timeout_s=timeout_s)
-
-
-def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache: bool = True, ask: bool = True,
-               timeout_s: float = 600.0) -> list[Readings]:
+def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: bool = True) -> list[Readings]:
     """Every request's readings, asked of vLLM in one worker run where it is available (cached ones are not
     asked again), else from the tables."""
     python, why = vllm_interpreter(vllm_python) if ask else (None, "not asked")
@@ -444,7 +427,7 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
         if req.config is None or not (Path(req.drafter_dir) / "config.json").is_file():
             out[i].note = "not asked: no local config.json"
             continue
-        key = cache_key(req.drafter_dir, req.target_dir, req.target_layers, python, version) if cache else None
+        key = cache_key(req.drafter_dir, req.target_dir, req.target_layers, python, version)
         got = _from_cache(key) if key is not None else None
         if got is not None:
             out[i].runners = _from_worker(got, got.get("vllm_version") or version, req.target_layers)
@@ -458,7 +441,7 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
     unique = [(i, key) for i, key in todo if key is None or first.setdefault(key, i) == i]
     try:
         raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
-                         "target_layers": requests[i].target_layers} for i, _ in unique], python, timeout_s)
+                         "target_layers": requests[i].target_layers} for i, _ in unique], python)
     except EaglectlError as e:
         for i, _ in todo:
             out[i].note = f"vLLM was not asked: {e.message}"
@@ -477,14 +460,14 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
 
 
 def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
-                 vllm_python: str | None = None, ask: bool = True, cache: bool = True) -> Readings:
+                 vllm_python: str | None = None) -> Readings:
     """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
     target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = config_folder(drafter.ckpt.config_name)
-    got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
-                      vllm_python=vllm_python, ask=ask and folder is not None, cache=cache)[0]
+    got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir)], vllm_python=vllm_python,
+                     ask=folder is not None)[0]
     got.drafter = drafter.source
     return got
 

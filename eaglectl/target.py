@@ -146,12 +146,9 @@ def looks_like_drafter(ckpt: Checkpoint) -> str | None:
 def target_of_capture(states: States) -> TargetCheckpoint:
     """The target a capture (`--states`, io/states.py) was taken from, as far as its capture.json records
     it: config and identity, no weights (so never runnable: its states stand in for running it)."""
-    where = f"{states.root}/capture.json:target_config"
-    data = states.meta.get("target_config")
+    text = states.target_config
     ckpt = Checkpoint(states.target or str(states.root), str(states.root), "safetensors", [], {},
-                      data if isinstance(data, dict) else None, where)
-    top = ckpt.config_view
-    text = top.sub("text_config") if top.dict("text_config") is not None else top
+                      states.meta.get("target_config") if text.present else None, text.where)
     hub_id = states.meta.get("target_hub_id")
     return TargetCheckpoint(ckpt.source, ckpt, text, hub_id if isinstance(hub_id, str) else None)
 

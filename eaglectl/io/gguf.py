@@ -47,13 +47,9 @@ def _gguf() -> Any:
     return gguf
 
 
-def is_gguf(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(".gguf")
-
-
 def gguf_entry(path: Path) -> Path | None:
     """The `.gguf` file SOURCE names: the file itself, or the only `.gguf` in a folder without other weights."""
-    if is_gguf(path):
+    if path.is_file() and path.name.endswith(".gguf"):
         return path
     if not path.is_dir():
         return None

@@ -19,15 +19,10 @@ from typing import Any
 
 import torch
 
-from ..progress import Progress
 from .hf import HFModel, crop_cache, croppable, forward, new_cache
 from .reference import ChainCache, Drafter, chain_step, prefill
 
 PREFILL_ROWS = 1024  # drafter context entries written per call (a long prompt's first prefill)
-
-
-def _all(items: Any, **_: Any) -> Any:
-    return items  # no progress wanted
 
 
 @dataclass
@@ -110,11 +105,10 @@ def _context(drafter: Drafter, aux: torch.Tensor, next_tokens: list[int], start:
 
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
-                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Progress | None = None,
-                         label: str = "prompts") -> LoopCounts:
+                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None) -> LoopCounts:
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     device = drafter.fc.weight.device
-    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
+    for prompt in prompts:
         seq = list(prompt)
         run = TargetRun(target, aux_ids)
         logits, aux = run.extend(seq, last_only=True)  # aux: the prompt's positions 0..P-1
@@ -157,12 +151,11 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
 
 
 @torch.no_grad()
-def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Progress | None = None,
-                    label: str = "prompts") -> list[list[int]]:
+def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Plain greedy decoding with the target (the no-speculation reference output): the same cached
     forward as the speculative loop, one token per step."""
     outs = []
-    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
+    for prompt in prompts:
         run = TargetRun(target, ())
         logits, _ = run.extend(list(prompt), last_only=True)
         out = [int(logits[0, -1].argmax())]

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..probe import Measurement
+    from ..runners import Readings
 
 
 class Severity(str, enum.Enum):
@@ -179,7 +180,7 @@ class Context:
     target: TargetCheckpoint | None = None
     scan: bool = False
     measured: Measurement | None = None  # when --target could be run
-    readings: Any = None  # runners.Readings: each vLLM runner's reading (None: not computed; runner rules skip)
+    readings: Readings | None = None  # each vLLM runner's reading (None: not computed; runner rules skip)
     engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
     progress: Progress = passthrough
     findings: list[Finding] = field(default_factory=list)

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import re
 
+from ..engines import DRAFT_CLASSES
+from ..io.quant import SCALE_SUFFIXES
 from ..spec import DrafterSpec
 from ..target import is_hub_id
 from . import Context, check
 from . import catalogue as rule
 
 _PLAIN = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
-# Registered EAGLE-3 classes in vLLM 0.32 (docs/engines.md), by weight family.
-REGISTERED = {
-    "llama": {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM",
-              "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"},
-    "qwen3": {"Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM"},
-    "mla": {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
-}
+# Registered EAGLE-3 classes in vLLM 0.32 (engines.DRAFT_CLASSES), by weight family.
+REGISTERED = {family: {c for c, m in DRAFT_CLASSES.items() if m == module}
+              for family, module in (("llama", "llama_eagle3"), ("qwen3", "qwen3_eagle3"), ("mla", "deepseek_eagle3"))}
 # vLLM renames a plain class X to Eagle3X for method eagle3; these plain MLA classes therefore load.
 _PLAIN_MLA = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"}
 # Every spelling of the MLA EAGLE-3 class seen in exports -> the registered vLLM name it stands for (V2 and V3
@@ -139,8 +137,6 @@ CANONICAL = [re.compile(p + r"$") for p in (
     _LAYER + r"mlp\.(gate|up|down)_proj\.weight",
     _LAYER + r"(input_layernorm|hidden_norm|post_attention_layernorm)\.weight",
 )]
-# Scales of a quantized drafter (ModelOpt FP8/NVFP4 exports); known only with a quantization_config.
-QUANT_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale", ".v_scale")
 _MAX_NAME_FINDINGS = 20  # a hostile file may hold 10⁵ strange names; name the first few
 
 
@@ -161,7 +157,7 @@ def names(ctx: Context) -> None:
     for canon in ctx.view.names():
         if mid and ctx.view.stored[canon] in mid:
             continue
-        if quantized and canon.endswith(QUANT_SUFFIXES):
+        if quantized and canon.endswith(SCALE_SUFFIXES):  # scales: known only with a quantization_config
             continue
         if not any(p.match(canon) for p in CANONICAL):
             unknown += 1

@@ -36,10 +36,8 @@ are removed.
 RESULT.json: {"ok": true, "files": [{"index", "path", "num_tokens",
 "hidden_states_shape", "hidden_states_dtype", "vllm_request_id",
 "vllm_path"}], "layer_ids_sorted", "versions", "timings_s", ...} or
-{"ok": false, "error": ..., "traceback": ...}.
-
-Top-level imports are stdlib only (vllm is imported inside main so that the
-environment, e.g. VLLM_CPU_KVCACHE_SPACE, is set first).
+{"ok": false, "error": ..., "traceback": ...}. vllm is imported inside `run`, once the environment
+(VLLM_CPU_KVCACHE_SPACE) is set.
 """
 
 from __future__ import annotations
@@ -59,9 +57,6 @@ STOCK_CLASS = "ExampleHiddenStatesConnector"
 LOCK_WAIT_TIMEOUT_S = 300.0
 
 
-# --------------------------------------------------------------------------
-# helpers (stdlib only)
-# --------------------------------------------------------------------------
 def _pkg_version(name: str) -> str | None:
     try:
         return version(name)
@@ -302,9 +297,6 @@ def _versions(vllm_version: str) -> dict:
             "torch": torch, "safetensors": _pkg_version("safetensors"), "python": sys.version.split()[0]}
 
 
-# --------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------
 def run(req: dict) -> dict:
     t0 = time.monotonic()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
