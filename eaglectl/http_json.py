@@ -189,14 +189,12 @@ def _once(method: str, url: str, body: bytes | None, end: float, budget: float, 
     except ConnectionRefusedError:
         raise ServerReplyError(f"{url}: connection refused", url=url, hint="is the server running and reachable?") \
             from None
-    except TimeoutError:
-        if stage == "connect" and not fired.is_set():
+    except (http.client.HTTPException, ValueError, OSError) as e:  # TimeoutError is an OSError
+        timeout = isinstance(e, TimeoutError)
+        if timeout and stage == "connect" and not fired.is_set():
             raise ServerReplyError(f"{url}: no connection within {connect:.3g} s", url=url,
                                    hint="is the server running and reachable?") from None
-        raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
-                               hint="raise --timeout-s if the server is just slow") from None
-    except (http.client.HTTPException, ValueError, OSError) as e:
-        if fired.is_set():
+        if timeout or fired.is_set():
             raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
                                    hint="raise --timeout-s if the server is just slow") from None
         reason = getattr(e, "strerror", None) or _shown(str(e).splitlines()[0] if str(e).strip() else "")

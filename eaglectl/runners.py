@@ -17,6 +17,7 @@ No torch import here: `inspect` stays light.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -260,32 +261,27 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 
 # ------------------------------------------------------------------------------------------ asking vLLM
 
-_VERSIONS: dict[str, str | None] = {}
-
-
+@functools.cache
 def vllm_version(python: str) -> str | None:
     """vLLM's version in that interpreter, read from its `_version.py` (nothing imported; None: no vLLM)."""
-    if python not in _VERSIONS:
+    try:
+        r = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
+                            "print(s.submodule_search_locations[0] if s else '')"],
+                           capture_output=True, text=True, timeout=60)
+        where = r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        where = ""
+    version = None
+    if where:
         try:
-            r = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
-                                "print(s.submodule_search_locations[0] if s else '')"],
-                               capture_output=True, text=True, timeout=60)
-            where = r.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            where = ""
-        version = None
-        if where:
-            try:
-                text = (Path(where) / "_version.py").read_text()
-                m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
-                              text)
-                version = m.group(1) if m else None
-            except OSError:
-                pass
-            if version is None:
-                version = f"unknown@{int(os.stat(where).st_mtime)}"
-        _VERSIONS[python] = version
-    return _VERSIONS[python]
+            text = (Path(where) / "_version.py").read_text()
+            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+            version = m.group(1) if m else None
+        except OSError:
+            pass
+        if version is None:
+            version = f"unknown@{int(os.stat(where).st_mtime)}"
+    return version
 
 
 def cache_dir() -> Path:

@@ -10,6 +10,7 @@ imported when the target runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,8 +136,6 @@ def looks_like_drafter(ckpt: Checkpoint) -> str | None:
         return f"architectures {archs[0]}"
     names = list(ckpt.tensor_file)
     if any(n == "fc.weight" or n.endswith((".fc.weight", "midlayer.hidden_norm.weight")) for n in names):
-        import re
-
         layers = {m.group(1) for n in names if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", n))}
         if len(layers) <= 2:
             return f"fc.weight and {len(layers) or 'no'} decoder layer(s)"
@@ -186,10 +185,7 @@ class MemoryStates(States):
 
 @dataclass
 class Target:
-    """The target of one command (docs/big-targets.md#one-pass): its config; its weights, loaded at most once;
-    its states over the measurement text, captured once at every boundary the command declared with `need`;
-    greedy continuations of evaluation prompts, decoded once. `states` (a capture given with --states)
-    stands in for running it."""
+    """The target of one command, as the module says (docs/big-targets.md#one-pass)."""
 
     checkpoint: TargetCheckpoint
     states: States | None = None

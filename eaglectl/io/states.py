@@ -8,13 +8,9 @@ written by `eaglectl capture` (either engine), or by a user's own `vllm serve` w
 `eaglectl capture --print-recipe`). Files are read one at a time, so memory is flat in the number of
 requests; never torch.
 
-Every value is checked here, before any consumer (probe, calibration, verify, drift) sees it
-(docs/errors.md#input-limits): `capture.json` fields typed (`target_config` an object with integer
-`num_hidden_layers` and `hidden_size`, `layer_ids` ascending boundaries within 0..L), each request's
-tensors of the declared kind (integer `token_ids` [seq], float `hidden_states` [seq, layers, hidden]
-with hidden == the target's `hidden_size`, integer `target_argmax` [seq]), 1..limit tokens, token ids
-and `target_argmax` within the vocabulary, and every state finite and below `state_abs`. A problem is
-an InvalidStatesError naming the file and tensor (exit 19).
+Every value is checked here (`open_states`, `States._read`), before any consumer (probe, calibration, verify,
+drift) sees it (docs/errors.md#input-limits); a problem is an InvalidStatesError naming the file and tensor
+(exit 19).
 """
 
 from __future__ import annotations

@@ -8,13 +8,16 @@ forward hooks on the decoder layers rather than from `output_hidden_states` (doc
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import loads
 from ..errors import IncompatibleDrafterError, MissingDependencyError
+from ..io.hub import local_snapshot
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -41,8 +44,6 @@ class HFModel:
 def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
     """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code. A command loads
     its target once, through `target.Target.model`."""
-    from .. import loads
-
     loads.count("target_model")
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,8 +64,6 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
 def _local_folder(source: str) -> str:
     if Path(source).is_dir():
         return source
-    from ..io.hub import local_snapshot
-
     return str(local_snapshot(source, ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
 
 
@@ -164,6 +163,4 @@ def crop_cache(cache: Any, length: int) -> None:
 def _takes(model: Any, name: str) -> bool:
     """Whether the model's forward takes `name`: transformers 5.x calls the cache `cache` (`past_key_values`
     is deprecated), 4.x only knows `past_key_values`."""
-    import inspect
-
     return name in inspect.signature(model.forward).parameters

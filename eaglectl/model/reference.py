@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import IncompatibleDrafterError
 from .blocks import DrafterArgs, RMSNorm, wide
 
 ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below (GQA; MLA: model/mla.py)
@@ -223,8 +224,6 @@ class Drafter(nn.Module):
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """(B, T, n_aux·H_t) target features → (B, T, H); step 0 only."""
         if aux.shape[-1] != self.fc.weight.shape[1]:  # another target's states (its hidden size differs)
-            from ..errors import IncompatibleDrafterError
-
             raise IncompatibleDrafterError(
                 f"the target's aux states are {aux.shape[-1]} wide, the drafter's fc takes {self.fc.weight.shape[1]} "
                 f"({self.a.num_aux} x target_hidden_size {self.a.target_hidden_size})",

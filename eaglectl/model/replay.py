@@ -116,10 +116,7 @@ def walk(correct: torch.Tensor, k: int, max_tokens: int) -> RequestCounts:
         accepted = 0
         while accepted < k and bool(correct[accepted, i]):
             accepted += 1
-        counts.num_drafts += 1
-        counts.num_accepted_tokens += accepted
-        for p in range(accepted):
-            counts.accepted_per_pos[p] += 1
+        counts.record(accepted)
         produced += accepted + 1
         i += accepted + 1
     return counts

@@ -32,6 +32,13 @@ class RequestCounts:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
 
+    def record(self, accepted: int) -> None:
+        """One draft whose first `accepted` tokens the target accepted."""
+        self.num_drafts += 1
+        self.num_accepted_tokens += accepted
+        for p in range(accepted):
+            self.accepted_per_pos[p] += 1
+
     def row(self) -> dict[str, object]:
         """The fields vLLM's per-request spec-decode metrics give (smoke's `requests` rows)."""
         return {"num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted_tokens,
@@ -43,18 +50,14 @@ class RequestCounts:
 
 
 @dataclass
-class LoopCounts:
-    k: int
-    num_drafts: int = 0
+class LoopCounts(RequestCounts):
     num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     per_request: list[RequestCounts] = field(default_factory=list)
 
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+    def record(self, accepted: int) -> None:
+        super().record(accepted)
+        self.num_draft_tokens += self.k
 
 
 class TargetRun:
@@ -136,14 +139,8 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
                 accepted += 1
             run.keep(L + accepted)  # x_{L-1}, d_1..d_accepted are the sequence now; the rest is cropped
             aux = aux[:, :accepted + 1]
-            counts.num_drafts += 1
-            counts.num_draft_tokens += k
-            counts.num_accepted_tokens += accepted
-            mine.num_drafts += 1
-            mine.num_accepted_tokens += accepted
-            for i in range(accepted):
-                counts.accepted_per_pos[i] += 1
-                mine.accepted_per_pos[i] += 1
+            counts.record(accepted)
+            mine.record(accepted)
             seq += drafts[:accepted] + [greedy[accepted]]
             produced += accepted + 1
         counts.outputs.append(seq[len(prompt): len(prompt) + max_tokens])

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import formats
 from ..drafter import CanonicalView, DrafterCheckpoint
 from ..errors import UsageError
 from ..formats import Dialect
@@ -85,8 +86,6 @@ class Rule:
 
 def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = None) -> dict[str, str]:
     """The placeholders filled in for this drafter (and target, when one was given)."""
-    from .. import formats
-
     source = shlex.quote(drafter.ckpt.source)
     tgt = shlex.quote(target.source) if target is not None and getattr(target, "source", None) else "TARGET"
     name = drafter.dialect.name
@@ -108,8 +107,6 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
 
 
 def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
-    from .. import formats
-
     writer = formats.get(own).writer if own in formats.writable() else None
     if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
             drafter.spec.arch in writer.architectures) and formats.get(own).consumer == "vllm":

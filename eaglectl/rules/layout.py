@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..engines import DRAFT_CLASSES
+from ..engines import DRAFT_CLASSES, version_key
 from ..io.quant import SCALE_SUFFIXES
 from ..spec import DrafterSpec
 from ..target import is_hub_id
@@ -104,8 +104,6 @@ def _speculators_config(ctx: Context) -> None:
 
 
 def _from_0_33(ctx: Context) -> bool:
-    from ..engines import version_key
-
     version = ctx.engine_version
     return version is not None and version_key(version) >= (0, 33)
 
