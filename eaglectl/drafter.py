@@ -19,7 +19,7 @@ from .io.gguf import gguf_entry, open_gguf
 from .io.jsonio import ConfigView
 from .io.safetensors import TensorInfo
 from .limits import limit
-from .spec import FLAGS, DrafterSpec, layer_index
+from .spec import FLAGS, DrafterSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,9 +94,6 @@ class CanonicalView:
     def names(self) -> list[str]:
         return sorted(self.stored)
 
-    def layer_indices(self) -> list[int]:
-        return sorted({i for c in self.stored if (i := layer_index(c)) is not None})
-
 
 @dataclass
 class DrafterCheckpoint:
@@ -148,8 +145,7 @@ def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: 
     path = local_path(source)
     if path is not None and not revision and (entry := gguf_entry(path)) is not None:  # llama.cpp's one-file draft
         return interpret(open_gguf(source, entry), from_dialect)
-    ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
-    return interpret(ckpt, from_dialect)
+    return interpret(open_checkpoint(source, allow_pickle=allow_pickle, revision=revision), from_dialect)
 
 
 def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:

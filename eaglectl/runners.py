@@ -409,14 +409,10 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     asked again), else from the tables."""
     python, why = vllm_interpreter(vllm_python) if ask else (None, "not asked")
     out = [table_readings(r.config, r.target_layers, r.drafter_dir) for r in requests]
-    if python is None:
-        for r in out:
-            r.note = r.note or why
-        return out
-    version = vllm_version(python)
+    version = vllm_version(python) if python is not None else None
     if version is None:
         for r in out:
-            r.note = f"{python}: no vLLM in this interpreter"
+            r.note = (r.note or why) if python is None else f"{python}: no vLLM in this interpreter"
         return out
     todo: list[tuple[int, str | None]] = []
     for i, req in enumerate(requests):

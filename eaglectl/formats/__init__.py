@@ -14,7 +14,7 @@ from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe,
 from .families import identify
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
-           "detect", "evaluate", "get", "names", "register", "unregister", "writable"]
+           "detect", "evaluate", "get", "names", "register", "writable"]
 
 DIALECTS: dict[str, Dialect] = {}
 
@@ -24,10 +24,6 @@ def register(dialect: Dialect) -> Dialect:
         raise ValueError(f"dialect '{dialect.name}' registered twice")
     DIALECTS[dialect.name] = dialect
     return dialect
-
-
-def unregister(name: str) -> None:
-    DIALECTS.pop(name, None)
 
 
 def names() -> list[str]:

@@ -65,21 +65,6 @@ class WeightFile:
         assert self.source is not None
         return read_tensor(self.source, self.header, tensor)
 
-    def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
-        if self.pickled is not None:
-            return _torch_to_numpy(self.pickled[tensor][rows])
-        assert self.source is not None
-        return read_rows(self.source, self.header, tensor, rows)
-
-    def count_nonfinite(self, tensor: str) -> int:
-        if self.pickled is not None:
-            import torch
-
-            t = self.pickled[tensor]
-            return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
-        assert self.source is not None
-        return count_nonfinite(self.source, self.header, tensor)
-
     def byte_range(self, tensor: str) -> ByteRange | None:
         """The tensor's bytes as a local file range (None for remote or pickled files)."""
         if not isinstance(self.source, LocalFile):
@@ -135,10 +120,21 @@ class Checkpoint:
         return self.tensor_file[tensor].read(tensor)
 
     def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
-        return self.tensor_file[tensor].read_rows(tensor, rows)
+        wf = self.tensor_file[tensor]
+        if wf.pickled is not None:
+            return _torch_to_numpy(wf.pickled[tensor][rows])
+        assert wf.source is not None
+        return read_rows(wf.source, wf.header, tensor, rows)
 
     def count_nonfinite(self, tensor: str) -> int:
-        return self.tensor_file[tensor].count_nonfinite(tensor)
+        wf = self.tensor_file[tensor]
+        if wf.pickled is not None:
+            import torch
+
+            t = wf.pickled[tensor]
+            return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+        assert wf.source is not None
+        return count_nonfinite(wf.source, wf.header, tensor)
 
     def locate(self, tensor: str) -> str:
         return f"{self.tensor_file[tensor].name}:{tensor}" if tensor in self.tensor_file else tensor

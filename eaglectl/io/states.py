@@ -88,11 +88,6 @@ class States:
                 f"{self.root}: the capture holds boundaries {list(self.layer_ids)}, not {missing}",
                 hint=f"capture again with --layers {','.join(map(str, sorted(set(ids) | set(self.layer_ids))))}")
 
-    def vocab_bound(self, vocab: int | None = None) -> int:
-        """Token ids must be below this: the smaller of the capture's and the consumer's vocabulary."""
-        known = [v for v in (self.vocab_size, vocab) if v]
-        return min(known) if known else limit("config_int")
-
     def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
                  vocab: int | None = None) -> Iterator[Request]:
         """Each request's tokens and states (only the layers `ids`, in that order, when given), checked:
@@ -100,7 +95,8 @@ class States:
         if ids is not None:
             self.require(ids)
         index = [self.layer_ids.index(i) for i in ids] if ids is not None else None
-        bound = self.vocab_bound(vocab)
+        known = [v for v in (self.vocab_size, vocab) if v]  # token ids are below the smaller vocabulary
+        bound = min(known) if known else limit("config_int")
         for path in self.files[which]:
             yield self._read(path, index, bound)
 

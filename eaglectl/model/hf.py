@@ -80,12 +80,6 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
 
 
 @torch.no_grad()
-def capture_aux(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
-    """(B, T, len(ids)·H_t): states at boundary ids `layer_ids` (ascending), concatenated in that order."""
-    return forward(target, input_ids, layer_ids)[1]
-
-
-@torch.no_grad()
 def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...], *, cache: Any = None,
             positions: torch.Tensor | None = None, logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (B, T, V) and the aux states of `layer_ids` (B, T, len(ids)·H_t) from one forward pass.

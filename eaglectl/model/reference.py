@@ -35,6 +35,7 @@ from torch import nn
 
 from ..errors import IncompatibleDrafterError
 from .blocks import DrafterArgs, RMSNorm, wide
+from .mla import MLAAttention
 
 ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below (GQA; MLA: model/mla.py)
 
@@ -112,15 +113,6 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-def attention(a: DrafterArgs, in_features: int) -> nn.Module:
-    """The attention the args describe: MLA when they carry MLA dims, else GQA."""
-    if a.mla is not None:
-        from .mla import MLAAttention
-
-        return MLAAttention(a, in_features)
-    return Attention(a, in_features)
-
-
 class FeedForward(nn.Module):
     def __init__(self, a: DrafterArgs) -> None:
         super().__init__()
@@ -162,7 +154,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if index == 0:
             self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = attention(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
+        kind = Attention if a.mla is None else MLAAttention  # GQA, or MLA when the args carry MLA dims
+        self.self_attn = kind(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = FeedForward(a)
 

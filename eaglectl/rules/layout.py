@@ -6,7 +6,7 @@ import re
 
 from ..engines import DRAFT_CLASSES, version_key
 from ..io.quant import SCALE_SUFFIXES
-from ..spec import DrafterSpec
+from ..spec import DrafterSpec, layer_index
 from ..target import is_hub_id
 from . import Context, check
 from . import catalogue as rule
@@ -238,7 +238,7 @@ def _fmt(shape: tuple[int | None, ...]) -> str:
 @check
 def layers(ctx: Context) -> None:
     spec, view = ctx.spec, ctx.view
-    present = view.layer_indices()
+    present = sorted({i for c in view.stored if (i := layer_index(c)) is not None})
     declared = spec.num_hidden_layers
     if declared is not None and (len(present) != declared or present != list(range(declared))):
         shown = present if len(present) <= 8 else [*present[:8], "..."]
