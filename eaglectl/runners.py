@@ -23,7 +23,7 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup,
 from .errors import EaglectlError, MissingDependencyError
 from .io.atomic import write_file
 from .limits import LIMITS
+from .spec import default_aux_ids
 
 if TYPE_CHECKING:
     from .drafter import DrafterCheckpoint
@@ -76,11 +77,7 @@ class RunnerReading:
         return str(list(self.boundary_ids))
 
     def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "runner": self.runner, "version": self.version,
-                "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None,
-                "source": self.source, "shift": self.shift, "flags": self.flags, "num_aux": self.num_aux,
-                "basis": self.basis, "error": self.error, "build": self.build, "model_class": self.model_class,
-                "model_error": self.model_error}
+        return {**asdict(self), "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None}
 
 
 @dataclass
@@ -116,14 +113,10 @@ class Readings:
         if known.boundary_ids is None:
             return False  # both read the target's default
         ids = known.boundary_ids
-        return not (len(ids) == 3 and ids == _default(ids[-1] + 3))
+        return not (len(ids) == 3 and ids == default_aux_ids(ids[-1] + 3, "boundary"))
 
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.runners]
-
-
-def _default(L: int) -> tuple[int, ...]:
-    return tuple(sorted({2, L // 2, L - 3}))
 
 
 # ------------------------------------------------------------------------------------------ the tables
@@ -251,7 +244,7 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
                                              error=str(e), build="eaglectl's reading of the config"))
             continue
         if chosen is None:
-            ids = _default(target_layers) if target_layers is not None else None
+            ids = default_aux_ids(target_layers, "boundary") if target_layers is not None else None
         else:
             ids = tuple(sorted(set(chosen)))
         out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, flags, n, ASSUMED,

@@ -162,10 +162,6 @@ class MemoryStates(States):
         self.held = requests
         self.description = description
 
-    @property
-    def count(self) -> int:
-        return len(self.held)
-
     def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
                  vocab: int | None = None) -> Iterator[Request]:
         """The held requests (computed here, from the target's own run: nothing to check)."""

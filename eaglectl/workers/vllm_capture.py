@@ -84,8 +84,7 @@ def _read_int64_tensor(path: str, name: str) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // 8}q", raw))
 
 
-def _wait_for_dump(path: str, engine_dead=lambda: False,
-                   timeout_s: float = LOCK_WAIT_TIMEOUT_S) -> None:
+def _wait_for_dump(path: str, engine_dead) -> None:  # type: ignore[no-untyped-def]
     """Block until the connector has finished writing ``path``.
 
     The connector puts ``hidden_states_path`` into the RequestOutput of the
@@ -103,7 +102,7 @@ def _wait_for_dump(path: str, engine_dead=lambda: False,
     We poll non-blocking so a dead engine cannot hang us.
     """
     lock_path = path + ".lock"
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + LOCK_WAIT_TIMEOUT_S
     free_without_file_since = None
     while True:
         if os.path.exists(path) and not os.path.exists(lock_path):
@@ -129,7 +128,7 @@ def _wait_for_dump(path: str, engine_dead=lambda: False,
         if engine_dead():
             raise RuntimeError(f"vLLM engine died before writing {path} (see engine log)")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"hidden-states dump not written in {timeout_s}s: {path}")
+            raise TimeoutError(f"hidden-states dump not written in {LOCK_WAIT_TIMEOUT_S}s: {path}")
         time.sleep(0.01)
 
 
