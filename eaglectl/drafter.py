@@ -316,8 +316,7 @@ def _mla_dims(f: _Fields) -> dict[str, int | None]:
     DeepseekV3Config's default; an invalid one is None (the rules name it)."""
     out: dict[str, int | None] = {}
     for key, default in MLA_DEFAULTS.items():
-        data = f.arch.data if isinstance(f.arch.data, dict) else {}
-        if key == "q_lora_rank" and key in data and data[key] is None:
+        if key == "q_lora_rank" and key in f.arch.data and f.arch.data[key] is None:
             out[key] = None
             f.sources[key] = "config: q_lora_rank null (plain q_proj)"
         elif not f.arch.has(key):
@@ -355,10 +354,8 @@ def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...
 
 def _flag(f: _Fields, dialect: Dialect, flag: str) -> bool:
     for path in FLAG_PATHS[flag]:
-        if not f.top.has(path):
-            continue
         value = f.top.bool(path)
-        if value is None:
+        if value is None:  # absent, or invalid (config.problems records it)
             continue
         f.sources[flag] = f"config: {path}" + (" (an alias vLLM does not read)" if path in FLAG_ALIASES else "")
         return value

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
-from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
+from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
 from .io.atomic import write_file
+from .io.jsonio import MISSING, config_get
 from .limits import LIMITS
 from .spec import default_aux_ids
 
@@ -144,24 +145,16 @@ def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def _lookup(view: dict[str, Any], key: str) -> Any:
-    parent, _, child = key.rpartition(".")
-    if not parent:
-        return view.get(key)
-    holder = view.get(parent)
-    return holder.get(child) if holder and isinstance(holder, dict) else None
-
-
 def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | None, str, int]:
     """The ids a runner's selection code returns for this config (None: the model default), the key they
     came from and the shift it applied: `table`'s lookups, in order."""
     for lk in table.lookups:
         if lk.unless is not None and isinstance(view.get(lk.unless), dict) and view.get(lk.unless):
             continue
-        value = _lookup(view, lk.key)
-        if not value:
+        value = config_get(view, lk.key)
+        if value is MISSING or not value:
             continue
-        shift = _shift(view, lk)
+        shift = lk.shift_if[2] if lk.shift_if is not None and view.get(lk.shift_if[0]) == lk.shift_if[1] else lk.shift
         if not isinstance(value, (list, tuple)):
             return None, "model default", 0  # a truthy non-list ends the search; the runner then uses the default
         if len(value) > LIMITS["aux_ids"].value:
@@ -171,12 +164,6 @@ def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | 
         except (TypeError, ValueError, OverflowError):  # vLLM's int() raises too: no list it can use
             return None, "model default", 0
     return None, "model default", 0
-
-
-def _shift(view: dict[str, Any], lk: AuxLookup) -> int:
-    if lk.shift_if is not None and view.get(lk.shift_if[0]) == lk.shift_if[1]:
-        return lk.shift_if[2]
-    return lk.shift
 
 
 def draft_module(view: dict[str, Any]) -> str | None:
@@ -285,10 +272,6 @@ def cache_dir() -> Path:
     return Path(base) / "eaglectl" / "readings"
 
 
-def _worker_hash() -> str:
-    return hashlib.sha256(WORKER.read_bytes()).hexdigest()[:16]
-
-
 def _config_bytes(folder: str | None) -> bytes | None:
     if folder is None:
         return None
@@ -304,8 +287,9 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     if config is None:
         return None
     h = hashlib.sha256()
+    worker = hashlib.sha256(WORKER.read_bytes()).hexdigest()[:16]  # the worker's own code
     parts = (config, _config_bytes(target_dir) or b"-", str(target_layers).encode(),
-             os.path.abspath(python).encode(), str(version).encode(), _worker_hash().encode())
+             os.path.abspath(python).encode(), str(version).encode(), worker.encode())
     for part in parts:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -483,14 +467,6 @@ def scope_note(r: Readings, engine_version: str | None, *, with_note: bool = Tru
     return "; ".join(parts) or None
 
 
-def _flags_text(r: RunnerReading) -> str:
-    if r.flags is None:
-        return ""
-    on = [f for f in FLAG_NAMES if r.flags.get(f)]
-    text = ", ".join(on) + " applied" if on else "no norm flags applied"
-    return text + (f"; fc takes {r.num_aux} aux states" if r.num_aux is not None else "")
-
-
 def _where(r: RunnerReading) -> str:
     if r.error:
         return f"refused: {r.error}"
@@ -513,8 +489,10 @@ def describe(r: Readings) -> list[str]:
         for x in r.runners:
             lines.append(f"{x.runner}: {x.ids_text()} {_where(x)}".rstrip())
     first = next((x for x in r.runners if x.flags is not None), None)
-    if first is not None:
-        lines.append(_flags_text(first))
+    if first is not None and first.flags is not None:
+        on = [f for f in FLAG_NAMES if first.flags.get(f)]
+        lines.append((", ".join(on) + " applied" if on else "no norm flags applied")
+                     + (f"; fc takes {first.num_aux} aux states" if first.num_aux is not None else ""))
     elif r.runners[0].model_error:
         lines.append(f"vLLM cannot build the draft model: {r.runners[0].model_error}")
     if r.note and r.note.startswith("no vLLM interpreter") and r.basis.endswith(")"):

@@ -273,7 +273,8 @@ class Drafter(nn.Module):
         for j in range(steps):
             if j == 0:
                 out = self(hidden, F.embedding(tokens[:, 1: 1 + T], table), pos0, kvs, causal)
-                outs.append(out if W == T else _rows(out, lo, hi))
+                outs.append(out if W == T else StepOutput(out.logits[:, lo:hi], out.feedback[:, lo:hi],
+                                                          out.target_ids[:, lo:hi], out.pre_norm[:, lo:hi]))
                 hidden = out.feedback[:, lo:hi]
                 continue
             embeds = F.embedding(tokens[:, lo + j + 1: hi + j + 1], table)
@@ -282,10 +283,6 @@ class Drafter(nn.Module):
             outs.append(out)
             hidden = out.feedback
         return outs
-
-
-def _rows(out: StepOutput, lo: int, hi: int) -> StepOutput:
-    return StepOutput(out.logits[:, lo:hi], out.feedback[:, lo:hi], out.target_ids[:, lo:hi], out.pre_norm[:, lo:hi])
 
 
 @dataclass

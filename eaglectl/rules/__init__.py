@@ -114,15 +114,7 @@ def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
     return "modelopt" if drafter.spec.arch == "mla" else "speculators"
 
 
-RULES: dict[str, Rule] = {}
-
-
-def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False,
-         engine: str | None = None, wrong_layers: bool = False) -> Rule:
-    if id in RULES:
-        raise ValueError(f"rule '{id}' declared twice")
-    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert, engine, wrong_layers)
-    return r
+RULES: dict[str, Rule] = {}  # filled by catalogue.py (a TOML table cannot declare a rule twice)
 
 
 @dataclass
@@ -224,7 +216,8 @@ def run_checks(ctx: Context) -> list[Finding]:
     """Every check, then the config fields any check found invalid; sorted by severity."""
     for fn in CHECKS:
         fn(ctx)
-    files.invalid_fields(ctx)  # last: any check may have read an invalid field
+    for path, message in ctx.config.problems.items():  # last: any check may have read an invalid field
+        ctx.emit(catalogue.CONFIG_FIELD_INVALID, message, ctx.at(path))
     ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return ctx.findings
 

@@ -168,13 +168,6 @@ def names(ctx: Context) -> None:
         ctx.emit(rule.UNKNOWN_TENSOR, f"and {unknown - _MAX_NAME_FINDINGS} more unknown tensors")
 
 
-def mla_dims(ctx: Context) -> dict[str, int | None]:
-    """The MLA sizes as read into the spec; `lora_q` is 0 only for an explicit `q_lora_rank: null`."""
-    dims: dict[str, int | None] = dict(ctx.spec.mla or {})
-    dims["lora_q"] = 0 if ctx.spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
-    return dims
-
-
 def _sum(*xs: int | None) -> int | None:
     return None if any(x is None for x in xs) else sum(xs)  # type: ignore[arg-type]
 
@@ -227,10 +220,6 @@ def layer_tensors(spec: DrafterSpec, i: int, mla: dict[str, int | None]) -> dict
     return out
 
 
-def _shape_ok(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
-    return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected, strict=True))
-
-
 def _fmt(shape: tuple[int | None, ...]) -> str:
     return "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
 
@@ -245,7 +234,8 @@ def layers(ctx: Context) -> None:
         ctx.emit(rule.LAYER_COUNT, f"num_hidden_layers is {declared}, layer blocks present: {shown or 'none'}",
                  ctx.at("num_hidden_layers"))
     expected: dict[str, tuple[int | None, ...]] = {}
-    mla = mla_dims(ctx)
+    mla: dict[str, int | None] = dict(spec.mla or {})  # the MLA sizes as read; lora_q 0: an explicit q_lora_rank null
+    mla["lora_q"] = 0 if spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
     for i in sorted(set(present[:64]) | {0}):  # layer-count already names absent layers; no flood per tensor
         expected.update(layer_tensors(spec, i, mla))
     H, Ht, n = spec.hidden_size, spec.aux_width, spec.num_aux_hidden_states
@@ -266,7 +256,8 @@ def layers(ctx: Context) -> None:
                 ctx.emit(rule.MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
             continue
         actual = view.shape(canon)
-        if actual is not None and not _shape_ok(actual, shape):
+        if actual is not None and (len(actual) != len(shape) or
+                                   any(e is not None and a != e for a, e in zip(actual, shape, strict=True))):
             ctx.emit(rule.TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
                      view.locate(canon))
 
