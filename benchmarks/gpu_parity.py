@@ -168,11 +168,11 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
         made[name] = dest
     print(f"runner check: drafters written in {time.perf_counter() - t:.1f} s", flush=True)
     # every runner reading in one vLLM import (cached on disk: the smoke runs below read the cache)
-    from eaglectl.runners import readings_of
+    from eaglectl.runners import Request, read_batch
 
     t = time.perf_counter()
-    asked = readings_of([(str(f), json.loads((f / "config.json").read_text())) for f in made.values()], 8,
-                        target_dir=str(target))
+    asked = read_batch([Request(str(f), json.loads((f / "config.json").read_text()), 8, str(target))
+                        for f in made.values()])
     print(f"runner check: readings {'asked of vLLM' if all(r.asked for r in asked) else 'assumed'} in "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     common = dict(k=3, num_prompts=num_prompts, max_tokens=max_tokens, baselines=[])

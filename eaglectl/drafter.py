@@ -17,10 +17,9 @@ from .formats import Detection, Dialect, Probe
 from .io.checkpoint import Checkpoint, local_path, open_checkpoint
 from .io.gguf import gguf_entry, open_gguf
 from .io.jsonio import ConfigView
-from .io.dtypes import FLOAT_DTYPES
 from .io.safetensors import TensorInfo
 from .limits import limit
-from .spec import FLAGS, DrafterSpec, layer_index
+from .spec import FLAGS, DrafterSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -95,9 +94,6 @@ class CanonicalView:
     def names(self) -> list[str]:
         return sorted(self.stored)
 
-    def layer_indices(self) -> list[int]:
-        return sorted({i for c in self.stored if (i := layer_index(c)) is not None})
-
 
 @dataclass
 class DrafterCheckpoint:
@@ -133,9 +129,6 @@ class DrafterCheckpoint:
             return ("--from given",)
         return next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
 
-    def float_dtypes(self) -> set[str]:
-        return {t.dtype for t in self.ckpt.tensors.values() if t.dtype in FLOAT_DTYPES}
-
     @property
     def speculative_tokens(self) -> int:
         """k, the draft tokens per step: what the files record (speculators' `proposal_methods[0].speculative_tokens`,
@@ -152,8 +145,7 @@ def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: 
     path = local_path(source)
     if path is not None and not revision and (entry := gguf_entry(path)) is not None:  # llama.cpp's one-file draft
         return interpret(open_gguf(source, entry), from_dialect)
-    ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
-    return interpret(ckpt, from_dialect)
+    return interpret(open_checkpoint(source, allow_pickle=allow_pickle, revision=revision), from_dialect)
 
 
 def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:
@@ -324,8 +316,7 @@ def _mla_dims(f: _Fields) -> dict[str, int | None]:
     DeepseekV3Config's default; an invalid one is None (the rules name it)."""
     out: dict[str, int | None] = {}
     for key, default in MLA_DEFAULTS.items():
-        data = f.arch.data if isinstance(f.arch.data, dict) else {}
-        if key == "q_lora_rank" and key in data and data[key] is None:
+        if key == "q_lora_rank" and key in f.arch.data and f.arch.data[key] is None:
             out[key] = None
             f.sources[key] = "config: q_lora_rank null (plain q_proj)"
         elif not f.arch.has(key):
@@ -363,10 +354,8 @@ def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...
 
 def _flag(f: _Fields, dialect: Dialect, flag: str) -> bool:
     for path in FLAG_PATHS[flag]:
-        if not f.top.has(path):
-            continue
         value = f.top.bool(path)
-        if value is None:
+        if value is None:  # absent, or invalid (config.problems records it)
             continue
         f.sources[flag] = f"config: {path}" + (" (an alias vLLM does not read)" if path in FLAG_ALIASES else "")
         return value

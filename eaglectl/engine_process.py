@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from .processes import stop_group
+from .threads import worker_env
 
 WORKERS = Path(__file__).with_name("workers")
 SMOKE_WORKER = WORKERS / "vllm_smoke.py"
@@ -89,14 +91,10 @@ class WorkerRun:
     """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
 
     `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
-    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer. The worker
-    runs in its own session: however it ends, no process it started survives it (`processes.stop_group`).
-    `busy_threads`: threads eaglectl keeps computing while the worker runs (the worker gets the other cores)."""
+    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer."""
 
     def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = SMOKE_WORKER,
-                 error: type[EaglectlError] = SmokeFailedError, busy_threads: int = 0) -> None:
-        from .threads import worker_env
-
+                 error: type[EaglectlError] = SmokeFailedError) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
         self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
         req_path = self.tmp / "request.json"
@@ -104,7 +102,7 @@ class WorkerRun:
         self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
         self.grace_s = 5.0  # after SIGTERM, before SIGKILL
         env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                          "TOKENIZERS_PARALLELISM": "false"}, busy=busy_threads)
+                          "TOKENIZERS_PARALLELISM": "false"})
         with self.log_path.open("w") as log:
             self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
@@ -128,8 +126,6 @@ class WorkerRun:
                         yield now - seen
                         seen = now
         finally:  # a timeout, Ctrl-C, an error in the caller, or the end: no orphan engine either way
-            from .processes import stop_group
-
             stop_group(self.proc, self.grace_s)
 
     def result(self) -> tuple[dict[str, Any], str]:

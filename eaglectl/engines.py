@@ -79,10 +79,8 @@ def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: i
 
 
 # ---------------------------------------------------------------------------- vLLM's two model runners
-# vLLM 0.32 and 0.33 carry two model runners that pick an EAGLE-3 drafter's target layers with different code.
-# eaglectl asks vLLM's own code when a vLLM interpreter is at hand (`eaglectl/runners.py`); these tables are the
-# fallback where it is not (readings labelled "assumed"), and `docs/engines.md` renders them. A test asks vLLM
-# for the readings of every fixture and published layout and checks the tables give exactly the same.
+# The tables of their selection code (0.32 and 0.33) that runners.py falls back on where no vLLM is at hand
+# (readings labelled "assumed"); `docs/engines.md` renders them.
 
 
 @dataclass(frozen=True)

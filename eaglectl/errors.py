@@ -1,27 +1,5 @@
-"""User-facing failures, each with a stable exit code and a kebab-case reference.
-
-    EaglectlError                      (base, never raised directly)
-    ├── UsageError                 2   a bad argument or manifest line found by the library
-    ├── CheckpointNotFoundError    3   path, Hub repo, revision or file missing / not cached
-    ├── CorruptCheckpointError     4   header, offsets, dtype, shard index or config unreadable
-    ├── UnknownFormatError         5   no dialect fits
-    ├── AmbiguousFormatError       6   two dialects fit equally; pass --from
-    ├── ConversionError            7   a conversion cannot be done faithfully
-    ├── ParityMismatchError        8   outputs exceed tolerance
-    ├── SmokeFailedError           9   vLLM failed or acceptance red flags
-    ├── MissingDependencyError    10   vLLM interpreter, CUDA, an extra, a Hub token or connection is unavailable
-    ├── PickleNotAllowedError     11   a pickle (.bin) input without --allow-pickle
-    ├── OutputExistsError         12   destination exists (and --force was not given or may not replace it)
-    ├── IncompatibleDrafterError  13   the reference drafter cannot run this checkpoint
-    ├── OutputBusyError           14   another eaglectl run is writing the same destination
-    ├── FilesystemError           15   the operating system refused a read or write of a named path
-    ├── SourceChangedError        16   a source file changed while eaglectl was reading it
-    ├── BehaviourChangedError     17   a written drafter drafts differently from its source
-    ├── CaptureFailedError        18   the engine capturing target states crashed or timed out
-    ├── InvalidStatesError        19   a capture (--states) or computed target states are malformed or unusable
-    ├── PromptFileError           20   a prompt file (JSONL) or SPEED-Bench folder is missing or bad
-    ├── ManifestError             21   a batch manifest (--manifest) is bad
-    └── ServerReplyError          22   a running server refused, timed out, redirected or replied badly
+"""User-facing failures, each with a stable exit code and a kebab-case reference (its class line), and its
+summary (its docstring): docs/errors.md lists them.
 
 Exit code 1 means "findings at error level" (or warnings under --strict), 2 is Click's usage
 error, 130 an interrupt (Ctrl-C), 143 SIGTERM, 70 (EX_SOFTWARE) a bug in eaglectl. Library code
@@ -179,25 +157,5 @@ def filesystem_error(e: OSError, doing: str, path: object | None = None) -> File
     return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
 
 
-ERROR_TYPES: tuple[type[EaglectlError], ...] = (
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    UnknownFormatError,
-    AmbiguousFormatError,
-    ConversionError,
-    ParityMismatchError,
-    SmokeFailedError,
-    MissingDependencyError,
-    PickleNotAllowedError,
-    OutputExistsError,
-    IncompatibleDrafterError,
-    OutputBusyError,
-    FilesystemError,
-    SourceChangedError,
-    BehaviourChangedError,
-    CaptureFailedError,
-    InvalidStatesError,
-    PromptFileError,
-    ManifestError,
-    ServerReplyError,
-)
+# every error type but UsageError (exit 2 is also Click's), in declaration order
+ERROR_TYPES: tuple[type[EaglectlError], ...] = tuple(c for c in EaglectlError.__subclasses__() if c is not UsageError)

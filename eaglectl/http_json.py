@@ -4,10 +4,10 @@ the one lookup both make: the model a server serves (`server_model`, the first o
 A server is untrusted input, like a file. Every call has a connect timeout (`http_connect_timeout_s`)
 and a time limit for the whole reply (the caller's `timeout_s`, at most `http_read_timeout_s`, and
 never past the command's `Deadline`), enforced by a watchdog that closes the socket, so a server
-that answers one byte at a time is cut off too. A reply is capped at `max_bytes` (default
-`server_reply_bytes`), whether it announces its length or not. Redirects are followed only to the
-same scheme, host and port (at most `http_redirects`); another host is refused. JSON goes through
-the bounded parser (`io/jsonio.py`). Every failure is a ServerReplyError naming the URL (exit 22).
+that answers one byte at a time is cut off too. A reply is capped at `server_reply_bytes`, whether it
+announces its length or not. Redirects are followed only to the same scheme, host and port (at most
+`http_redirects`); another host is refused. JSON goes through the bounded parser (`io/jsonio.py`). Every
+failure is a ServerReplyError naming the URL (exit 22).
 """
 
 from __future__ import annotations
@@ -41,17 +41,16 @@ class Deadline:
         return self.end - time.monotonic()
 
 
-def get_json(url: str, *, timeout_s: float, max_bytes: int | None = None, deadline: Deadline | None = None) -> Any:
-    return _json(url, _request("GET", url, None, timeout_s, max_bytes, deadline), max_bytes)
+def get_json(url: str, *, timeout_s: float, deadline: Deadline | None = None) -> Any:
+    return _json(url, _request("GET", url, None, timeout_s, deadline))
 
 
-def post_json(url: str, body: Any, *, timeout_s: float, max_bytes: int | None = None,
-              deadline: Deadline | None = None) -> Any:
-    return _json(url, _request("POST", url, json.dumps(body).encode(), timeout_s, max_bytes, deadline), max_bytes)
+def post_json(url: str, body: Any, *, timeout_s: float, deadline: Deadline | None = None) -> Any:
+    return _json(url, _request("POST", url, json.dumps(body).encode(), timeout_s, deadline))
 
 
-def get_text(url: str, *, timeout_s: float, max_bytes: int | None = None, deadline: Deadline | None = None) -> str:
-    raw = _request("GET", url, None, timeout_s, max_bytes, deadline)
+def get_text(url: str, *, timeout_s: float, deadline: Deadline | None = None) -> str:
+    raw = _request("GET", url, None, timeout_s, deadline)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -84,9 +83,9 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
-def _json(url: str, raw: bytes, max_bytes: int | None) -> Any:
+def _json(url: str, raw: bytes) -> Any:
     try:
-        return loads(raw, url, max_bytes=max_bytes or limit("server_reply_bytes"))
+        return loads(raw, url, max_bytes=limit("server_reply_bytes"))
     except CorruptCheckpointError as e:
         raise ServerReplyError(f"{e.message.replace('not valid JSON', 'the reply is not JSON')}", url=url) from None
 
@@ -96,9 +95,8 @@ def _origin(url: str) -> tuple[str, str, int]:
     return p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80)
 
 
-def _request(method: str, url: str, body: bytes | None, timeout_s: float, max_bytes: int | None,
-             deadline: Deadline | None) -> bytes:
-    cap = limit("server_reply_bytes") if max_bytes is None else max_bytes
+def _request(method: str, url: str, body: bytes | None, timeout_s: float, deadline: Deadline | None) -> bytes:
+    cap = limit("server_reply_bytes")
     budget = min(float(timeout_s), float(limit("http_read_timeout_s")),
                  deadline.left() if deadline is not None else math.inf)
     if budget <= 0:
@@ -189,14 +187,12 @@ def _once(method: str, url: str, body: bytes | None, end: float, budget: float, 
     except ConnectionRefusedError:
         raise ServerReplyError(f"{url}: connection refused", url=url, hint="is the server running and reachable?") \
             from None
-    except TimeoutError:
-        if stage == "connect" and not fired.is_set():
+    except (http.client.HTTPException, ValueError, OSError) as e:  # TimeoutError is an OSError
+        timeout = isinstance(e, TimeoutError)
+        if timeout and stage == "connect" and not fired.is_set():
             raise ServerReplyError(f"{url}: no connection within {connect:.3g} s", url=url,
                                    hint="is the server running and reachable?") from None
-        raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
-                               hint="raise --timeout-s if the server is just slow") from None
-    except (http.client.HTTPException, ValueError, OSError) as e:
-        if fired.is_set():
+        if timeout or fired.is_set():
             raise ServerReplyError(f"{url}: no complete reply within {budget:.3g} s", url=url,
                                    hint="raise --timeout-s if the server is just slow") from None
         reason = getattr(e, "strerror", None) or _shown(str(e).splitlines()[0] if str(e).strip() else "")

@@ -41,8 +41,8 @@ def group_members(pgid: int) -> list[int]:
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    """End `proc` (started with start_new_session=True) and every process left in its group: SIGTERM, up
-    to `grace_s` seconds to exit, then SIGKILL. Reaps `proc`; returns at once when nothing is left."""
+    """End `proc` and its group as the module says (`grace_s` seconds between SIGTERM and SIGKILL). Reaps
+    `proc`; returns at once when nothing is left."""
     pgid = proc.pid
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         proc.poll()  # reap an exited worker, so its zombie does not count

@@ -123,8 +123,7 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
     for c in candidates:
         counts = acceptance(loaded, target, prompts, boundaries=c.boundary_ids, k=k, max_tokens=max_tokens,
                             **{f: v for f, v in c.flags.items() if v != flags[f]})
-        c.counts = {"num_drafts": counts.num_drafts, "num_accepted_tokens": counts.num_accepted_tokens,
-                    "accepted_per_pos": counts.accepted_per_pos}
+        c.counts = {key: getattr(counts, key) for key in want}
         if c.counts == want:
             matched = c
             break

@@ -17,20 +17,23 @@ No torch import here: `inspect` stays light.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
-from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, AuxLookup, RunnerTable
+from .engines import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
 from .errors import EaglectlError, MissingDependencyError
 from .io.atomic import write_file
+from .io.jsonio import MISSING, config_get
 from .limits import LIMITS
+from .spec import default_aux_ids
 
 if TYPE_CHECKING:
     from .drafter import DrafterCheckpoint
@@ -75,11 +78,7 @@ class RunnerReading:
         return str(list(self.boundary_ids))
 
     def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "runner": self.runner, "version": self.version,
-                "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None,
-                "source": self.source, "shift": self.shift, "flags": self.flags, "num_aux": self.num_aux,
-                "basis": self.basis, "error": self.error, "build": self.build, "model_class": self.model_class,
-                "model_error": self.model_error}
+        return {**asdict(self), "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None}
 
 
 @dataclass
@@ -102,14 +101,6 @@ class Readings:
     def basis(self) -> str:
         return self.runners[0].basis if self.runners else ASSUMED
 
-    def distinct(self) -> list[tuple[int, ...]]:
-        """The distinct boundary lists the runners capture (known ones), in runner order."""
-        out: list[tuple[int, ...]] = []
-        for r in self.runners:
-            if r.boundary_ids is not None and r.boundary_ids not in out:
-                out.append(r.boundary_ids)
-        return out
-
     @property
     def split(self) -> bool:
         """The runners capture different layers (or one reads the config and the other the target's default
@@ -123,14 +114,10 @@ class Readings:
         if known.boundary_ids is None:
             return False  # both read the target's default
         ids = known.boundary_ids
-        return not (len(ids) == 3 and ids == _default(ids[-1] + 3))
+        return not (len(ids) == 3 and ids == default_aux_ids(ids[-1] + 3, "boundary"))
 
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.runners]
-
-
-def _default(L: int) -> tuple[int, ...]:
-    return tuple(sorted({2, L // 2, L - 3}))
 
 
 # ------------------------------------------------------------------------------------------ the tables
@@ -158,24 +145,16 @@ def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-def _lookup(view: dict[str, Any], key: str) -> Any:
-    parent, _, child = key.rpartition(".")
-    if not parent:
-        return view.get(key)
-    holder = view.get(parent)
-    return holder.get(child) if holder and isinstance(holder, dict) else None
-
-
 def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | None, str, int]:
     """The ids a runner's selection code returns for this config (None: the model default), the key they
     came from and the shift it applied: `table`'s lookups, in order."""
     for lk in table.lookups:
         if lk.unless is not None and isinstance(view.get(lk.unless), dict) and view.get(lk.unless):
             continue
-        value = _lookup(view, lk.key)
-        if not value:
+        value = config_get(view, lk.key)
+        if value is MISSING or not value:
             continue
-        shift = _shift(view, lk)
+        shift = lk.shift_if[2] if lk.shift_if is not None and view.get(lk.shift_if[0]) == lk.shift_if[1] else lk.shift
         if not isinstance(value, (list, tuple)):
             return None, "model default", 0  # a truthy non-list ends the search; the runner then uses the default
         if len(value) > LIMITS["aux_ids"].value:
@@ -185,12 +164,6 @@ def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | 
         except (TypeError, ValueError, OverflowError):  # vLLM's int() raises too: no list it can use
             return None, "model default", 0
     return None, "model default", 0
-
-
-def _shift(view: dict[str, Any], lk: AuxLookup) -> int:
-    if lk.shift_if is not None and view.get(lk.shift_if[0]) == lk.shift_if[1]:
-        return lk.shift_if[2]
-    return lk.shift
 
 
 def draft_module(view: dict[str, Any]) -> str | None:
@@ -258,7 +231,7 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
                                              error=str(e), build="eaglectl's reading of the config"))
             continue
         if chosen is None:
-            ids = _default(target_layers) if target_layers is not None else None
+            ids = default_aux_ids(target_layers, "boundary") if target_layers is not None else None
         else:
             ids = tuple(sorted(set(chosen)))
         out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, flags, n, ASSUMED,
@@ -268,32 +241,27 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 
 # ------------------------------------------------------------------------------------------ asking vLLM
 
-_VERSIONS: dict[str, str | None] = {}
-
-
+@functools.cache
 def vllm_version(python: str) -> str | None:
     """vLLM's version in that interpreter, read from its `_version.py` (nothing imported; None: no vLLM)."""
-    if python not in _VERSIONS:
+    try:
+        r = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
+                            "print(s.submodule_search_locations[0] if s else '')"],
+                           capture_output=True, text=True, timeout=60)
+        where = r.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        where = ""
+    version = None
+    if where:
         try:
-            r = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
-                                "print(s.submodule_search_locations[0] if s else '')"],
-                               capture_output=True, text=True, timeout=60)
-            where = r.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            where = ""
-        version = None
-        if where:
-            try:
-                text = (Path(where) / "_version.py").read_text()
-                m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
-                              text)
-                version = m.group(1) if m else None
-            except OSError:
-                pass
-            if version is None:
-                version = f"unknown@{int(os.stat(where).st_mtime)}"
-        _VERSIONS[python] = version
-    return _VERSIONS[python]
+            text = (Path(where) / "_version.py").read_text()
+            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+            version = m.group(1) if m else None
+        except OSError:
+            pass
+        if version is None:
+            version = f"unknown@{int(os.stat(where).st_mtime)}"
+    return version
 
 
 def cache_dir() -> Path:
@@ -302,10 +270,6 @@ def cache_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "eaglectl" / "readings"
-
-
-def _worker_hash() -> str:
-    return hashlib.sha256(WORKER.read_bytes()).hexdigest()[:16]
 
 
 def _config_bytes(folder: str | None) -> bytes | None:
@@ -323,8 +287,9 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     if config is None:
         return None
     h = hashlib.sha256()
+    worker = hashlib.sha256(WORKER.read_bytes()).hexdigest()[:16]  # the worker's own code
     parts = (config, _config_bytes(target_dir) or b"-", str(target_layers).encode(),
-             os.path.abspath(python).encode(), str(version).encode(), _worker_hash().encode())
+             os.path.abspath(python).encode(), str(version).encode(), worker.encode())
     for part in parts:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -366,14 +331,14 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def ask_vllm(requests: list[dict[str, Any]], python: str, timeout_s: float = 600.0) -> dict[str, Any]:
+def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
     """One worker run for a batch of requests ({drafter_dir, target_dir, target_layers}); vLLM's raw answer."""
     payload = {"method": "eagle3", "requests": [
         {"drafter_dir": os.path.abspath(r["drafter_dir"]),
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
-    raw, _log = WorkerRun(python, payload, timeout_s, worker=WORKER, error=MissingDependencyError).result()
+    raw, _log = WorkerRun(python, payload, 600.0, worker=WORKER, error=MissingDependencyError).result()
     if not raw.get("ok"):
         raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
     return raw
@@ -416,35 +381,22 @@ class Request:
     target_dir: str | None = None
 
 
-def readings_of(drafters: list[tuple[str, dict[str, Any] | None]], target_layers: int | None, *,
-                target_dir: str | None = None, vllm_python: str | None = None, cache: bool = True,
-                ask: bool = True, timeout_s: float = 600.0) -> list[Readings]:
-    """The readings of many drafter folders (with their parsed config.json) on one target."""
-    return read_batch([Request(p, c, target_layers, target_dir) for p, c in drafters], vllm_python=vllm_python,
-                      cache=cache, ask=ask, timeout_s=timeout_s)
-
-
-def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache: bool = True, ask: bool = True,
-               timeout_s: float = 600.0) -> list[Readings]:
+def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: bool = True) -> list[Readings]:
     """Every request's readings, asked of vLLM in one worker run where it is available (cached ones are not
     asked again), else from the tables."""
     python, why = vllm_interpreter(vllm_python) if ask else (None, "not asked")
     out = [table_readings(r.config, r.target_layers, r.drafter_dir) for r in requests]
-    if python is None:
-        for r in out:
-            r.note = r.note or why
-        return out
-    version = vllm_version(python)
+    version = vllm_version(python) if python is not None else None
     if version is None:
         for r in out:
-            r.note = f"{python}: no vLLM in this interpreter"
+            r.note = (r.note or why) if python is None else f"{python}: no vLLM in this interpreter"
         return out
     todo: list[tuple[int, str | None]] = []
     for i, req in enumerate(requests):
         if req.config is None or not (Path(req.drafter_dir) / "config.json").is_file():
             out[i].note = "not asked: no local config.json"
             continue
-        key = cache_key(req.drafter_dir, req.target_dir, req.target_layers, python, version) if cache else None
+        key = cache_key(req.drafter_dir, req.target_dir, req.target_layers, python, version)
         got = _from_cache(key) if key is not None else None
         if got is not None:
             out[i].runners = _from_worker(got, got.get("vllm_version") or version, req.target_layers)
@@ -458,7 +410,7 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
     unique = [(i, key) for i, key in todo if key is None or first.setdefault(key, i) == i]
     try:
         raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
-                         "target_layers": requests[i].target_layers} for i, _ in unique], python, timeout_s)
+                         "target_layers": requests[i].target_layers} for i, _ in unique], python)
     except EaglectlError as e:
         for i, _ in todo:
             out[i].note = f"vLLM was not asked: {e.message}"
@@ -477,14 +429,14 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, cache
 
 
 def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
-                 vllm_python: str | None = None, ask: bool = True, cache: bool = True) -> Readings:
+                 vllm_python: str | None = None) -> Readings:
     """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
     target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = config_folder(drafter.ckpt.config_name)
-    got = readings_of([(folder or drafter.source, drafter.ckpt.config)], L, target_dir=target_dir,
-                      vllm_python=vllm_python, ask=ask and folder is not None, cache=cache)[0]
+    got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir)], vllm_python=vllm_python,
+                     ask=folder is not None)[0]
     got.drafter = drafter.source
     return got
 
@@ -515,14 +467,6 @@ def scope_note(r: Readings, engine_version: str | None, *, with_note: bool = Tru
     return "; ".join(parts) or None
 
 
-def _flags_text(r: RunnerReading) -> str:
-    if r.flags is None:
-        return ""
-    on = [f for f in FLAG_NAMES if r.flags.get(f)]
-    text = ", ".join(on) + " applied" if on else "no norm flags applied"
-    return text + (f"; fc takes {r.num_aux} aux states" if r.num_aux is not None else "")
-
-
 def _where(r: RunnerReading) -> str:
     if r.error:
         return f"refused: {r.error}"
@@ -545,8 +489,10 @@ def describe(r: Readings) -> list[str]:
         for x in r.runners:
             lines.append(f"{x.runner}: {x.ids_text()} {_where(x)}".rstrip())
     first = next((x for x in r.runners if x.flags is not None), None)
-    if first is not None:
-        lines.append(_flags_text(first))
+    if first is not None and first.flags is not None:
+        on = [f for f in FLAG_NAMES if first.flags.get(f)]
+        lines.append((", ".join(on) + " applied" if on else "no norm flags applied")
+                     + (f"; fc takes {first.num_aux} aux states" if first.num_aux is not None else ""))
     elif r.runners[0].model_error:
         lines.append(f"vLLM cannot build the draft model: {r.runners[0].model_error}")
     if r.note and r.note.startswith("no vLLM interpreter") and r.basis.endswith(")"):

@@ -42,12 +42,6 @@ EAGLE_VERSIONS: dict[tuple[bool, bool, bool], tuple[str, str]] = {
     (True, True, True): ("3.1-double-norm", "norm_before_fc and fc_norm (vLLM applies both) + norm_output"),
 }
 
-ARCHES = {
-    "llama": "Llama-style decoder layer",
-    "qwen3": "Qwen3-style (q_norm / k_norm per head)",
-    "mla": "DeepSeek-V2 MLA attention (Kimi-K2 style)",
-}
-
 
 @dataclass(frozen=True)
 class DrafterSpec:

@@ -10,6 +10,7 @@ imported when the target runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,8 +136,6 @@ def looks_like_drafter(ckpt: Checkpoint) -> str | None:
         return f"architectures {archs[0]}"
     names = list(ckpt.tensor_file)
     if any(n == "fc.weight" or n.endswith((".fc.weight", "midlayer.hidden_norm.weight")) for n in names):
-        import re
-
         layers = {m.group(1) for n in names if (m := re.search(r"(?:^|\.)layers\.(\d+)\.", n))}
         if len(layers) <= 2:
             return f"fc.weight and {len(layers) or 'no'} decoder layer(s)"
@@ -146,12 +145,9 @@ def looks_like_drafter(ckpt: Checkpoint) -> str | None:
 def target_of_capture(states: States) -> TargetCheckpoint:
     """The target a capture (`--states`, io/states.py) was taken from, as far as its capture.json records
     it: config and identity, no weights (so never runnable: its states stand in for running it)."""
-    where = f"{states.root}/capture.json:target_config"
-    data = states.meta.get("target_config")
+    text = states.target_config
     ckpt = Checkpoint(states.target or str(states.root), str(states.root), "safetensors", [], {},
-                      data if isinstance(data, dict) else None, where)
-    top = ckpt.config_view
-    text = top.sub("text_config") if top.dict("text_config") is not None else top
+                      states.meta.get("target_config") if text.present else None, text.where)
     hub_id = states.meta.get("target_hub_id")
     return TargetCheckpoint(ckpt.source, ckpt, text, hub_id if isinstance(hub_id, str) else None)
 
@@ -165,10 +161,6 @@ class MemoryStates(States):
                          hidden_size, vocab_size)
         self.held = requests
         self.description = description
-
-    @property
-    def count(self) -> int:
-        return len(self.held)
 
     def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
                  vocab: int | None = None) -> Iterator[Request]:
@@ -189,10 +181,7 @@ class MemoryStates(States):
 
 @dataclass
 class Target:
-    """The target of one command (docs/big-targets.md#one-pass): its config; its weights, loaded at most once;
-    its states over the measurement text, captured once at every boundary the command declared with `need`;
-    greedy continuations of evaluation prompts, decoded once. `states` (a capture given with --states)
-    stands in for running it."""
+    """The target of one command, as the module says (docs/big-targets.md#one-pass)."""
 
     checkpoint: TargetCheckpoint
     states: States | None = None

@@ -67,10 +67,8 @@ def user_threads(environ: dict[str, str] | os._Environ[str] | None = None) -> in
 
 
 def configure() -> int:
-    """Set torch's intra-op threads once per process; returns the count. Idempotent.
-
-    Before torch loads, the count goes into OMP_NUM_THREADS and, unless the user chose a wait policy,
-    OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning, so a core another process
+    """Set torch's intra-op threads once per process, as the module says; returns the count. Idempotent.
+    With OMP_WAIT_POLICY=PASSIVE idle OpenMP threads sleep instead of spinning, so a core another process
     keeps busy costs the threads little (README.md, "Set up and run", has the measurement)."""
     if "threads" in _state:
         return int(_state["threads"])  # type: ignore[call-overload]

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from eaglectl.cli import cli as eaglectl_cli
 from eaglectl.drafter import open_drafter
 from eaglectl.model.loader import load_reference
-from eaglectl.model.hf import capture_aux, load_model
+from eaglectl.model.hf import forward, load_model
 from eaglectl.verify import TOLERANCES
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
@@ -96,7 +96,7 @@ def prepare(folder: Path, tokens: torch.Tensor, target, work: Path) -> tuple[Pat
     loaded = load_reference(d)
     drafter = loaded.build(torch.float32, "cpu")
     T = tokens.shape[1] - STEPS
-    aux = capture_aux(target, tokens[:, :T], d.spec.capture_ids(target.num_layers)).float()
+    aux = forward(target, tokens[:, :T], d.spec.capture_ids(target.num_layers))[1].float()
     with torch.no_grad():
         outs = drafter.run(aux, tokens, STEPS, embed=None if loaded.has_embed else target.embedding().float())
     inputs = work / f"{folder.name}.inputs.safetensors"

@@ -141,5 +141,5 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
         assert "| `toy` | Toy trainer |" in generate.formats_page()
         assert "toy" in invoke("convert", "--help").stdout
     finally:
-        formats.unregister("toy")
+        formats.DIALECTS.pop("toy", None)
     assert "toy" not in formats.names()

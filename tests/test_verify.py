@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglectl.model.hf import capture_aux, load_model
+from eaglectl.model.hf import forward, load_model
 from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
@@ -102,7 +102,7 @@ def test_capture_uses_vllm_boundary_semantics():
     target = load_model(str(TARGET))
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(0))
     L = target.num_layers
-    aux = capture_aux(target, ids, (0, 3, L))
+    aux = forward(target, ids, (0, 3, L))[1]
     hs = target.model(input_ids=ids, output_hidden_states=True).hidden_states
     H = target.hidden_size
     assert torch.equal(aux[..., :H], hs[0]) and torch.equal(aux[..., H: 2 * H], hs[3])

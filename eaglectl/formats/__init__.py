@@ -11,9 +11,10 @@ import re
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
+from .families import identify
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
-           "detect", "evaluate", "get", "names", "register", "unregister", "writable"]
+           "detect", "evaluate", "get", "names", "register", "writable"]
 
 DIALECTS: dict[str, Dialect] = {}
 
@@ -23,10 +24,6 @@ def register(dialect: Dialect) -> Dialect:
         raise ValueError(f"dialect '{dialect.name}' registered twice")
     DIALECTS[dialect.name] = dialect
     return dialect
-
-
-def unregister(name: str) -> None:
-    DIALECTS.pop(name, None)
 
 
 def names() -> list[str]:
@@ -92,8 +89,6 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
 
 def not_eagle3(probe: Probe, where: str) -> None:
     """UnknownFormatError naming the family, the engine that serves it and why, for a non-EAGLE-3 drafter."""
-    from .families import identify
-
     found = identify(probe)
     if found is None:
         return

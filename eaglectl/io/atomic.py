@@ -24,7 +24,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import fnmatch
+import functools
+import glob
 import os
 import re
 import shutil
@@ -51,11 +54,6 @@ REPLACEABLE = (
     "tokenizer.model", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
     "chat_template.jinja", "chat_template.json", "hf_quant_config.json", "capture.json", "*.safetensors.lock",
 )
-_KINDS = ("staging", "old")
-
-
-def _pattern(name: str, kind: str) -> re.Pattern[str]:
-    return re.compile(re.escape(f".{name}.eaglectl-{kind}-") + r"(\d+)-")
 
 
 @contextlib.contextmanager
@@ -96,10 +94,8 @@ def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
 
 
 def write_file(path: str | os.PathLike[str], data: bytes, *, doing: str = "write") -> Path:
-    """The one single-file writer (a card, a plot, SARIF, a sidecar such as speculation_profile.json): all or
-    nothing and durable: a temporary file beside it, fsynced, given the umask's mode, renamed over it, the folder
-    fsynced. An existing regular file is replaced; a link, folder or device never is. An OSError is one
-    FilesystemError line ("PATH: cannot `doing` (reason)")."""
+    """The module's single-file writer; the folder is fsynced too. An existing regular file is replaced; a link,
+    folder or device never is. An OSError is one FilesystemError line ("PATH: cannot `doing` (reason)")."""
     final = resolve_dest(path)
     try:
         st = os.lstat(final)
@@ -234,16 +230,12 @@ def rename_noreplace(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
-_LIBC: list[ctypes.CDLL | None] = []
-
-
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    if not _LIBC:
-        try:
-            _LIBC.append(ctypes.CDLL(None, use_errno=True))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 # ------------------------------------------------------------------------------------------ lock
@@ -255,8 +247,6 @@ def lock_path(final: Path) -> Path:
 @contextlib.contextmanager
 def _locked(final: Path) -> Iterator[None]:
     """Hold an exclusive flock on DEST's lock file; unlink it (while still holding it) when done."""
-    import fcntl
-
     path = lock_path(final)
     for _ in range(3):
         try:
@@ -297,20 +287,16 @@ def remove_stale_staging(dest: str | os.PathLike[str], *, locked: bool = False) 
         except (OutputBusyError, FilesystemError):
             return removed
     try:
-        candidates = list(final.parent.glob(f".{glob_escape(final.name)}.eaglectl-*"))
+        candidates = list(final.parent.glob(f".{glob.escape(final.name)}.eaglectl-*"))
     except OSError:
         return removed
     for p in candidates:
-        for kind in _KINDS:
-            m = _pattern(final.name, kind).match(p.name)
+        for kind in ("staging", "old"):
+            m = re.match(re.escape(f".{final.name}.eaglectl-{kind}-") + r"(\d+)-", p.name)
             if m and not _alive(int(m.group(1))):
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p)
     return removed
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _alive(pid: int) -> bool:
@@ -335,7 +321,6 @@ def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)
     return current
-
 
 
 @contextlib.contextmanager

@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-FLOATS = ("F64", "F32", "F16", "BF16")  # the float dtypes of io/dtypes.py
-
 
 def decode(raw: Any, dtype: str) -> np.ndarray:
     """Raw little-endian bytes of `dtype` as float32 (float64 for F64), flat."""

@@ -7,8 +7,10 @@ refused unless `allow_pickle` is set and are then loaded with `weights_only=True
 
 from __future__ import annotations
 
+import difflib
 import os
 import posixpath
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,21 +65,6 @@ class WeightFile:
         assert self.source is not None
         return read_tensor(self.source, self.header, tensor)
 
-    def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
-        if self.pickled is not None:
-            return _torch_to_numpy(self.pickled[tensor][rows])
-        assert self.source is not None
-        return read_rows(self.source, self.header, tensor, rows)
-
-    def count_nonfinite(self, tensor: str) -> int:
-        if self.pickled is not None:
-            import torch
-
-            t = self.pickled[tensor]
-            return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
-        assert self.source is not None
-        return count_nonfinite(self.source, self.header, tensor)
-
     def byte_range(self, tensor: str) -> ByteRange | None:
         """The tensor's bytes as a local file range (None for remote or pickled files)."""
         if not isinstance(self.source, LocalFile):
@@ -98,7 +85,6 @@ class Checkpoint:
     config: dict[str, Any] | None
     config_name: str | None
     index: dict[str, Any] | None = None
-    index_name: str | None = None
     index_problems: list[tuple[str, str]] = field(default_factory=list)  # (locator, message)
     hub_ref: hub.HubRef | None = None
     file_names: tuple[str, ...] = ()  # the files directly in the checkpoint folder (for detection)
@@ -134,10 +120,21 @@ class Checkpoint:
         return self.tensor_file[tensor].read(tensor)
 
     def read_rows(self, tensor: str, rows: list[int]) -> np.ndarray:
-        return self.tensor_file[tensor].read_rows(tensor, rows)
+        wf = self.tensor_file[tensor]
+        if wf.pickled is not None:
+            return _torch_to_numpy(wf.pickled[tensor][rows])
+        assert wf.source is not None
+        return read_rows(wf.source, wf.header, tensor, rows)
 
     def count_nonfinite(self, tensor: str) -> int:
-        return self.tensor_file[tensor].count_nonfinite(tensor)
+        wf = self.tensor_file[tensor]
+        if wf.pickled is not None:
+            import torch
+
+            t = wf.pickled[tensor]
+            return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+        assert wf.source is not None
+        return count_nonfinite(wf.source, wf.header, tensor)
 
     def locate(self, tensor: str) -> str:
         return f"{self.tensor_file[tensor].name}:{tensor}" if tensor in self.tensor_file else tensor
@@ -198,8 +195,6 @@ def local_path(source: str) -> Path | None:
 def near_path(source: str) -> str | None:
     """An existing path one typo away from `source` (each missing component replaced by its closest
     sibling), for "did you mean": `fixtures/drafters/speculator-3` -> `fixtures/drafters/speculators-3`."""
-    import difflib
-
     if not source or source.startswith("hf://") or "\x00" in source:
         return None
     parts = source.rstrip("/").split("/")
@@ -371,8 +366,6 @@ def _open_weight_file(rel: str, source: ByteSource, path: Path | None, allow_pic
 
 
 def _open_pickle(rel: str, path: Path) -> WeightFile:
-    import warnings
-
     import torch
 
     try:
@@ -398,7 +391,7 @@ def _open_pickle(rel: str, path: Path) -> WeightFile:
             raise CorruptCheckpointError(f"{path}: tensor '{name}': unsupported dtype {t.dtype}", tensor=name)
         nbytes = t.numel() * t.element_size()
         tensors[name] = TensorInfo(name, dtype, tuple(t.shape), 0, nbytes)
-    header = Header(str(path), tensors, None, 0, path.stat().st_size)
+    header = Header(str(path), tensors, None, 0)
     return WeightFile(rel, None, header, pickled=state)
 
 
@@ -422,7 +415,6 @@ def _assemble(source: str, root: str, entry: str | None, opener: Callable[[str],
         layout = "pickle" if wf.pickled is not None else "safetensors"
         return Checkpoint(source, root, layout, [wf], dict.fromkeys(wf.header.tensors, wf), None, None)
 
-    index_name = entry
     index = load_object(index_reader(entry), f"{root}/{entry}")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -474,7 +466,7 @@ def _assemble(source: str, root: str, entry: str | None, opener: Callable[[str],
     if total is not None and total != actual:
         problems.append((f"{entry}:metadata.total_size", f"metadata.total_size is {total}, tensors hold {actual} bytes"))
     layout = "pickle" if any(f.pickled is not None for f in files) else "sharded"
-    return Checkpoint(source, root, layout, files, tensor_file, None, None, index, index_name, problems)
+    return Checkpoint(source, root, layout, files, tensor_file, None, None, index, problems)
 
 
 def _safe_join(base: str, name: str) -> str | None:

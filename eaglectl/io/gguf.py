@@ -47,13 +47,9 @@ def _gguf() -> Any:
     return gguf
 
 
-def is_gguf(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(".gguf")
-
-
 def gguf_entry(path: Path) -> Path | None:
     """The `.gguf` file SOURCE names: the file itself, or the only `.gguf` in a folder without other weights."""
-    if is_gguf(path):
+    if path.is_file() and path.name.endswith(".gguf"):
         return path
     if not path.is_dir():
         return None
@@ -69,10 +65,6 @@ def gguf_entry(path: Path) -> Path | None:
 def permute(rows: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's `LlamaModel.permute` (conversion/llama.py): each head's rows from (2, d/2) to (d/2, 2) order."""
     return rows.reshape(n_head, 2, rows.shape[0] // n_head // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
-
-
-def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
-    return rows.reshape(n_head, rows.shape[0] // n_head // 2, 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
 
 
 @dataclass
@@ -112,7 +104,9 @@ class GGUFFile:
             if not isinstance(heads, int) or heads < 1 or data.shape[0] % (2 * heads):
                 raise CorruptCheckpointError(f"{self.path}: tensor '{name}': cannot un-permute {data.shape[0]} rows "
                                              f"over {heads} heads", file=str(self.path), tensor=name)
-            data = unpermute(data, heads)
+            # `permute`'s inverse: each head's rows from (d/2, 2) back to (2, d/2) order
+            rows, rest = data.shape[0], data.shape[1:]
+            data = data.reshape(heads, rows // heads // 2, 2, *rest).swapaxes(1, 2).reshape(data.shape)
         if name == "d2t":
             data = data - np.arange(data.shape[0], dtype=np.int64)
         return np.ascontiguousarray(data)
@@ -184,7 +178,7 @@ def open_gguf(source: str, path: Path) -> Checkpoint:
     for name, t in g.tensors.items():  # the HF layout's offsets: d2t widened to I64 as stored, nothing else resized
         tensors[name] = TensorInfo(name, t.dtype, t.shape, offset, offset + t.nbytes)
         offset += t.nbytes
-    header = Header(str(path), tensors, None, 0, offset)  # no safetensors metadata
+    header = Header(str(path), tensors, None, 0)  # no safetensors metadata
     wf = WeightFile(path.name, HFLayout(g, tensors), header)
     ckpt = Checkpoint(source, str(path.parent), "gguf", [wf], dict.fromkeys(tensors, wf), g.config(),
                       f"{path} (GGUF metadata)")

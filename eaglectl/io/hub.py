@@ -19,7 +19,6 @@ _HUB_ID = re.compile(
     r"^(?P<scheme>hf://)?(?:models/)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)"
     r"(?:@(?P<rev>[^/]+))?(?:/(?P<sub>.+))?$"
 )
-SMALL_FILES = ["*.json", "*.md"]
 
 
 @dataclass(frozen=True)
@@ -146,15 +145,12 @@ def _online(ref: HubRef) -> Resolved:
     files = tuple(s.rfilename[len(prefix):] for s in info.siblings or () if s.rfilename.startswith(prefix))
     fs = HfFileSystem()
 
-    def path_of(name: str) -> str:
-        return f"{ref.repo_id}@{info.sha}/{prefix}{name}"
-
     def read_small(name: str) -> bytes:
         local = hf_hub_download(ref.repo_id, prefix + name, revision=info.sha)
         return Path(local).read_bytes()
 
     def remote_file(name: str) -> RemoteFile:
-        path = path_of(name)
+        path = f"{ref.repo_id}@{info.sha}/{prefix}{name}"
         size = int(fs.info(path)["size"])
         return RemoteFile(f"hf://{path}", size, lambda o, n: fs.cat_file(path, start=o, end=o + n))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import CorruptCheckpointError, first_line
@@ -176,6 +176,3 @@ class ConfigView:
 
     def dict(self, key: str) -> dict[str, Any] | None:
         return self._typed(key, lambda v: isinstance(v, dict), "an object")
-
-    def keys(self) -> Iterator[str]:
-        return iter(self.data)

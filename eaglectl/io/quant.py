@@ -22,6 +22,7 @@ quantisation (`input_scale`) is not simulated. See docs/inspect.md#quantised-dra
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import re
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IncompatibleDrafterError
+from ..errors import CorruptCheckpointError, IncompatibleDrafterError
+from ..limits import limit
+from .jsonio import loads
 
 QUANT_FILE = "hf_quant_config.json"
 # Scale tensors a quantised export stores next to a weight (`X.weight` -> `X.weight_scale`, ...).
@@ -109,10 +112,6 @@ def read_config(data: Any, where: str) -> QuantConfig | None:
 
 def read_side_file(ckpt: Any) -> tuple[dict[str, Any] | None, str | None]:
     """`hf_quant_config.json` beside a local checkpoint: (object, path); (None, None) when absent or remote."""
-    from ..errors import CorruptCheckpointError
-    from ..limits import limit
-    from .jsonio import loads
-
     if QUANT_FILE not in getattr(ckpt, "file_names", ()) or ckpt.hub_ref is not None:
         return None, None
     path = Path(ckpt.root) / QUANT_FILE
@@ -134,7 +133,6 @@ class QuantLayout:
 
     config: QuantConfig | None  # config.json quantization_config
     side: QuantConfig | None  # hf_quant_config.json
-    side_data: dict[str, Any] | None
     scales: dict[str, dict[str, str]] = field(default_factory=dict)  # canonical weight -> {suffix: canonical scale}
     orphans: list[str] = field(default_factory=list)  # scales whose weight is absent
     quantized: list[str] = field(default_factory=list)  # canonical weights stored in a quantised dtype
@@ -179,7 +177,7 @@ def layout_of(d: Any) -> QuantLayout | None:
         return None
     quantized = [c for c in sorted(names) if _LINEAR.match(c) and (
         d.view.info(c).dtype.startswith("F8") or (d.view.info(c).dtype == "U8" and c in scales))]
-    return QuantLayout(config, side, side_data, scales, orphans, quantized)
+    return QuantLayout(config, side, scales, orphans, quantized)
 
 
 # ------------------------------------------------------------------------------------ vLLM's reading
@@ -355,8 +353,6 @@ def converted_configs(d: Any, dst: Any) -> tuple[dict[str, Any] | None, dict[str
     """(config.json quantization_config, hf_quant_config.json) for a conversion of `d` to dialect `dst`: the
     source's, with every ignore / exclude_modules entry renamed to the destination's tensor names and
     everything else (quant_method, quant_algo, config_groups, producer) kept; (None, None) when unquantised."""
-    import copy
-
     cfg = d.ckpt.config.get("quantization_config") if isinstance(d.ckpt.config, dict) else None
     side, _ = read_side_file(d.ckpt)
     out = []

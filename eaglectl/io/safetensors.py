@@ -11,12 +11,15 @@ a named error, a known-but-exotic one (F8/F6/F4) is accepted and reported by `in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import mmap
 import os
 import struct
+import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +27,7 @@ from ..errors import CorruptCheckpointError, filesystem_error
 from ..limits import limit
 from .dtypes import DTYPE_BITS, DTYPES
 from .jsonio import loads
+
 
 class ByteSource(Protocol):
     """Random access to one file's bytes (a local file or a remote Hub file)."""
@@ -87,7 +91,6 @@ class Header:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str] | None
     data_start: int  # absolute offset of the data buffer (8 + header length)
-    file_size: int = field(default=0)
 
 
 def _fail(file: str, reason: str, tensor: str | None = None) -> CorruptCheckpointError:
@@ -148,7 +151,7 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
         expected = info.end
     if expected != buffer_size:
         raise _fail(file, f"tensors cover {expected} bytes but the data buffer has {buffer_size}")
-    return Header(file, tensors, metadata, 8 + n, file_size)
+    return Header(file, tensors, metadata, 8 + n)
 
 
 def _short(value: Any) -> str:
@@ -324,8 +327,6 @@ def write_safetensors(path: Path, entries: list[TensorEntry], metadata: dict[str
     Copied tensors go through `os.copy_file_range` (no user-space copy), produced ones are written
     from their buffers as they come. The file is not fsynced here: the caller flushes it.
     """
-    import zlib
-
     header = serialize_header(entries, metadata)
     ranges: dict[str, ByteRange] = {}
     crcs: dict[str, int] = {}
@@ -391,32 +392,9 @@ def copy_range(src: ByteRange, fd: int, offset: int) -> None:
         os.close(sfd)
 
 
-def _ranges(r: ByteRange, buf: bytearray) -> Any:
-    """Successive chunks of a local byte range read into `buf` (a reused buffer: bounded memory)."""
-    view = memoryview(buf)
-    fd = os.open(r.path, os.O_RDONLY)
-    try:
-        done = 0
-        while done < r.length:
-            want = min(len(buf), r.length - done)
-            got = 0
-            while got < want:  # fill the whole chunk: two ranges then always yield equal-sized chunks
-                n = os.preadv(fd, [view[got:want]], r.offset + done + got)
-                if n == 0:
-                    raise CorruptCheckpointError(f"{r.path}: ends before byte {r.offset + r.length}",
-                                                 file=str(r.path))
-                got += n
-            yield view[:want]
-            done += want
-    finally:
-        os.close(fd)
-
-
 def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
     """Whether two local byte ranges hold the same bytes: memory-mapped 32 MB windows compared as words
     (no copy through user space; unmapping each window keeps resident memory flat)."""
-    import mmap
-
     import numpy as np
 
     if a.length != b.length:
@@ -424,8 +402,8 @@ def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
     with a.path.open("rb") as fa, b.path.open("rb") as fb:
         for start in range(0, a.length, window):
             n = min(window, a.length - start)
-            x, mx = _mapped(fa.fileno(), a.offset + start, n, mmap)
-            y, my = _mapped(fb.fileno(), b.offset + start, n, mmap)
+            x, mx = _mapped(fa.fileno(), a.offset + start, n)
+            y, my = _mapped(fb.fileno(), b.offset + start, n)
             try:
                 kind = np.uint64 if n % 8 == 0 and x.ctypes.data % 8 == 0 and y.ctypes.data % 8 == 0 else np.uint8
                 equal = np.array_equal(x.view(kind), y.view(kind))
@@ -438,7 +416,7 @@ def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
     return True
 
 
-def _mapped(fd: int, offset: int, length: int, mmap: Any) -> tuple[Any, Any]:
+def _mapped(fd: int, offset: int, length: int) -> tuple[Any, Any]:
     """`length` bytes at `offset` of `fd` as a uint8 array over a private mapping (page-aligned start)."""
     import numpy as np
 
@@ -448,24 +426,29 @@ def _mapped(fd: int, offset: int, length: int, mmap: Any) -> tuple[Any, Any]:
 
 
 def crc32_range(r: ByteRange, chunk: int = 1 << 23) -> int:
-    import zlib
-
-    crc = 0
-    for x in _ranges(r, bytearray(chunk)):
-        crc = zlib.crc32(x, crc)
+    """CRC-32 of a local byte range, read in chunks into one reused buffer (bounded memory)."""
+    buf = memoryview(bytearray(chunk))
+    crc, done = 0, 0
+    fd = os.open(r.path, os.O_RDONLY)
+    try:
+        while done < r.length:
+            n = os.preadv(fd, [buf[:min(chunk, r.length - done)]], r.offset + done)
+            if n == 0:
+                raise CorruptCheckpointError(f"{r.path}: ends before byte {r.offset + r.length}", file=str(r.path))
+            crc = zlib.crc32(buf[:n], crc)
+            done += n
+    finally:
+        os.close(fd)
     return crc
 
 
 def sha256_range(r: ByteRange, window: int = 1 << 25) -> str:
     """sha256 of a local byte range, hashed straight from memory-mapped 32 MB windows (hashlib releases
     the GIL, so this runs on another core while the main thread copies; unmapping keeps memory flat)."""
-    import hashlib
-    import mmap
-
     h = hashlib.sha256()
     with r.path.open("rb") as f:
         for start in range(0, r.length, window):
-            x, m = _mapped(f.fileno(), r.offset + start, min(window, r.length - start), mmap)
+            x, m = _mapped(f.fileno(), r.offset + start, min(window, r.length - start))
             try:
                 h.update(x)
             finally:

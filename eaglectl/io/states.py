@@ -8,13 +8,9 @@ written by `eaglectl capture` (either engine), or by a user's own `vllm serve` w
 `eaglectl capture --print-recipe`). Files are read one at a time, so memory is flat in the number of
 requests; never torch.
 
-Every value is checked here, before any consumer (probe, calibration, verify, drift) sees it
-(docs/errors.md#input-limits): `capture.json` fields typed (`target_config` an object with integer
-`num_hidden_layers` and `hidden_size`, `layer_ids` ascending boundaries within 0..L), each request's
-tensors of the declared kind (integer `token_ids` [seq], float `hidden_states` [seq, layers, hidden]
-with hidden == the target's `hidden_size`, integer `target_argmax` [seq]), 1..limit tokens, token ids
-and `target_argmax` within the vocabulary, and every state finite and below `state_abs`. A problem is
-an InvalidStatesError naming the file and tensor (exit 19).
+Every value is checked here (`open_states`, `States._read`), before any consumer (probe, calibration, verify,
+drift) sees it (docs/errors.md#input-limits); a problem is an InvalidStatesError naming the file and tensor
+(exit 19).
 """
 
 from __future__ import annotations
@@ -92,11 +88,6 @@ class States:
                 f"{self.root}: the capture holds boundaries {list(self.layer_ids)}, not {missing}",
                 hint=f"capture again with --layers {','.join(map(str, sorted(set(ids) | set(self.layer_ids))))}")
 
-    def vocab_bound(self, vocab: int | None = None) -> int:
-        """Token ids must be below this: the smaller of the capture's and the consumer's vocabulary."""
-        known = [v for v in (self.vocab_size, vocab) if v]
-        return min(known) if known else limit("config_int")
-
     def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
                  vocab: int | None = None) -> Iterator[Request]:
         """Each request's tokens and states (only the layers `ids`, in that order, when given), checked:
@@ -104,7 +95,8 @@ class States:
         if ids is not None:
             self.require(ids)
         index = [self.layer_ids.index(i) for i in ids] if ids is not None else None
-        bound = self.vocab_bound(vocab)
+        known = [v for v in (self.vocab_size, vocab) if v]  # token ids are below the smaller vocabulary
+        bound = min(known) if known else limit("config_int")
         for path in self.files[which]:
             yield self._read(path, index, bound)
 

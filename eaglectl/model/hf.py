@@ -8,13 +8,16 @@ forward hooks on the decoder layers rather than from `output_hidden_states` (doc
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .. import loads
 from ..errors import IncompatibleDrafterError, MissingDependencyError
+from ..io.hub import local_snapshot
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -41,8 +44,6 @@ class HFModel:
 def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
     """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code. A command loads
     its target once, through `target.Target.model`."""
-    from .. import loads
-
     loads.count("target_model")
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,8 +64,6 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
 def _local_folder(source: str) -> str:
     if Path(source).is_dir():
         return source
-    from ..io.hub import local_snapshot
-
     return str(local_snapshot(source, ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
 
 
@@ -78,12 +77,6 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
             continue
         return node
     raise IncompatibleDrafterError(f"{type(model).__name__}: cannot find the decoder layers to capture")
-
-
-@torch.no_grad()
-def capture_aux(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
-    """(B, T, len(ids)·H_t): states at boundary ids `layer_ids` (ascending), concatenated in that order."""
-    return forward(target, input_ids, layer_ids)[1]
 
 
 @torch.no_grad()
@@ -164,6 +157,4 @@ def crop_cache(cache: Any, length: int) -> None:
 def _takes(model: Any, name: str) -> bool:
     """Whether the model's forward takes `name`: transformers 5.x calls the cache `cache` (`past_key_values`
     is deprecated), 4.x only knows `past_key_values`."""
-    import inspect
-
     return name in inspect.signature(model.forward).parameters

@@ -134,18 +134,9 @@ class LoadedDrafter:
 def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
     """Every tensor of an interpreted checkpoint in fp32 for the reference drafter, read on the first call only
     (`d.memo` keeps the result); a quantised export's weights are dequantised."""
-    kept = d.memo.get(_MEMO)
+    kept = d.memo.get("fp32")
     if isinstance(kept, LoadedDrafter):
         return kept
-    loaded = _read_reference(d)
-    d.memo[_MEMO] = loaded
-    return loaded
-
-
-_MEMO = "fp32"  # the key of the loaded drafter in DrafterCheckpoint.memo
-
-
-def _read_reference(d: DrafterCheckpoint) -> LoadedDrafter:
     from ..io.quant import dequantize, layout_of, scale_of
 
     loads.count("drafter_fp32")
@@ -164,4 +155,6 @@ def _read_reference(d: DrafterCheckpoint) -> LoadedDrafter:
         t = torch.from_numpy(value if value.flags.writeable else value.copy())
         tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
     stored = {c: d.view.info(c).dtype for c in d.view.names()}
-    return LoadedDrafter(d.source, d.dialect.name, d.spec, args, tensors, stored, "embed_tokens.weight" in tensors)
+    d.memo["fp32"] = loaded = LoadedDrafter(d.source, d.dialect.name, d.spec, args, tensors, stored,
+                                            "embed_tokens.weight" in tensors)
+    return loaded

@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import IncompatibleDrafterError
 from .blocks import DrafterArgs, RMSNorm, wide
+from .mla import MLAAttention
 
 ROPE_KINDS = ("default", "linear", "llama3")  # rope_scaling types implemented below (GQA; MLA: model/mla.py)
 
@@ -111,15 +113,6 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-def attention(a: DrafterArgs, in_features: int) -> nn.Module:
-    """The attention the args describe: MLA when they carry MLA dims, else GQA."""
-    if a.mla is not None:
-        from .mla import MLAAttention
-
-        return MLAAttention(a, in_features)
-    return Attention(a, in_features)
-
-
 class FeedForward(nn.Module):
     def __init__(self, a: DrafterArgs) -> None:
         super().__init__()
@@ -161,7 +154,8 @@ class Layer(nn.Module):
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if index == 0:
             self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.self_attn = attention(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
+        kind = Attention if a.mla is None else MLAAttention  # GQA, or MLA when the args carry MLA dims
+        self.self_attn = kind(a, 2 * a.hidden_size if index == 0 else a.hidden_size)
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.mlp = FeedForward(a)
 
@@ -223,8 +217,6 @@ class Drafter(nn.Module):
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
         """(B, T, n_aux·H_t) target features → (B, T, H); step 0 only."""
         if aux.shape[-1] != self.fc.weight.shape[1]:  # another target's states (its hidden size differs)
-            from ..errors import IncompatibleDrafterError
-
             raise IncompatibleDrafterError(
                 f"the target's aux states are {aux.shape[-1]} wide, the drafter's fc takes {self.fc.weight.shape[1]} "
                 f"({self.a.num_aux} x target_hidden_size {self.a.target_hidden_size})",
@@ -281,7 +273,8 @@ class Drafter(nn.Module):
         for j in range(steps):
             if j == 0:
                 out = self(hidden, F.embedding(tokens[:, 1: 1 + T], table), pos0, kvs, causal)
-                outs.append(out if W == T else _rows(out, lo, hi))
+                outs.append(out if W == T else StepOutput(out.logits[:, lo:hi], out.feedback[:, lo:hi],
+                                                          out.target_ids[:, lo:hi], out.pre_norm[:, lo:hi]))
                 hidden = out.feedback[:, lo:hi]
                 continue
             embeds = F.embedding(tokens[:, lo + j + 1: hi + j + 1], table)
@@ -290,10 +283,6 @@ class Drafter(nn.Module):
             outs.append(out)
             hidden = out.feedback
         return outs
-
-
-def _rows(out: StepOutput, lo: int, hi: int) -> StepOutput:
-    return StepOutput(out.logits[:, lo:hi], out.feedback[:, lo:hi], out.target_ids[:, lo:hi], out.pre_norm[:, lo:hi])
 
 
 @dataclass

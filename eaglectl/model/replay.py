@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
-from ..progress import Progress
+from ..progress import Progress, passthrough
 from .hf import HFModel, forward
 from .reference import Drafter
 from .specloop import LoopCounts, RequestCounts
 
 TOP_K = 32  # the target's next-token candidates kept per position (Continuation.top)
+BATCH = 16  # sequences per target pass
 
 
 @dataclass
@@ -71,33 +72,31 @@ def _groups(items: list[Any], key: Any) -> list[list[int]]:
 
 @torch.no_grad()
 def continue_greedily(target: HFModel, prompts: list[list[int]], *, max_tokens: int, k: int,
-                      boundaries: tuple[int, ...], batch: int = 16, progress: Progress | None = None,
-                      label: str = "target: greedy continuations") -> list[Continuation]:
+                      boundaries: tuple[int, ...], progress: Progress = passthrough) -> list[Continuation]:
     """The target's greedy continuation of each prompt (max_tokens + k tokens: the last chain can draft k past
     the end) and its states at `boundaries` at every position a chain can read. Prompts of one length decode
     together (no padding, so each row computes what it would alone, as vLLM batches requests)."""
     new = max_tokens + k
     out: list[Continuation | None] = [None] * len(prompts)
-    groups = [g[i: i + batch] for g in _groups(prompts, len) for i in range(0, len(g), batch)]
-    for group in (progress or (lambda it, **_: it))(groups, label=label, total=len(groups)):
+    groups = [g[i: i + BATCH] for g in _groups(prompts, len) for i in range(0, len(g), BATCH)]
+    for group in progress(groups, label="target: greedy continuations", total=len(groups)):
         ids = torch.tensor([prompts[i] for i in group])
         seqs = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                      min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
         for row, i in enumerate(group):
             out[i] = Continuation(ids.shape[1], seqs[row].cpu(), {}, max_tokens, k)
     made = [c for c in out if c is not None]
-    with_states(target, made, boundaries, batch)
+    with_states(target, made, boundaries)
     return made
 
 
 @torch.no_grad()
-def with_states(target: HFModel, continuations: list[Continuation], boundaries: tuple[int, ...],
-                batch: int = 16) -> None:
+def with_states(target: HFModel, continuations: list[Continuation], boundaries: tuple[int, ...]) -> None:
     """Fill in the target's states at `boundaries` (one forward per group of equal shape)."""
     wanted = tuple(sorted(set(boundaries)))
     for group in _groups(continuations, lambda c: (c.prompt_length, len(c.tokens), c.k)):
-        for at in range(0, len(group), batch):
-            rows = [continuations[i] for i in group[at: at + batch]]
+        for at in range(0, len(group), BATCH):
+            rows = [continuations[i] for i in group[at: at + BATCH]]
             seqs = torch.stack([c.tokens for c in rows])
             logits, aux = forward(target, seqs[:, : seqs.shape[1] - rows[0].k], wanted)
             width = aux.shape[-1] // len(wanted)
@@ -117,10 +116,7 @@ def walk(correct: torch.Tensor, k: int, max_tokens: int) -> RequestCounts:
         accepted = 0
         while accepted < k and bool(correct[accepted, i]):
             accepted += 1
-        counts.num_drafts += 1
-        counts.num_accepted_tokens += accepted
-        for p in range(accepted):
-            counts.accepted_per_pos[p] += 1
+        counts.record(accepted)
         produced += accepted + 1
         i += accepted + 1
     return counts

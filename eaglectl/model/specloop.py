@@ -19,15 +19,10 @@ from typing import Any
 
 import torch
 
-from ..progress import Progress
 from .hf import HFModel, crop_cache, croppable, forward, new_cache
 from .reference import ChainCache, Drafter, chain_step, prefill
 
 PREFILL_ROWS = 1024  # drafter context entries written per call (a long prompt's first prefill)
-
-
-def _all(items: Any, **_: Any) -> Any:
-    return items  # no progress wanted
 
 
 @dataclass
@@ -36,6 +31,13 @@ class RequestCounts:
     num_drafts: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, accepted: int) -> None:
+        """One draft whose first `accepted` tokens the target accepted."""
+        self.num_drafts += 1
+        self.num_accepted_tokens += accepted
+        for p in range(accepted):
+            self.accepted_per_pos[p] += 1
 
     def row(self) -> dict[str, object]:
         """The fields vLLM's per-request spec-decode metrics give (smoke's `requests` rows)."""
@@ -48,18 +50,14 @@ class RequestCounts:
 
 
 @dataclass
-class LoopCounts:
-    k: int
-    num_drafts: int = 0
+class LoopCounts(RequestCounts):
     num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     per_request: list[RequestCounts] = field(default_factory=list)
 
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+    def record(self, accepted: int) -> None:
+        super().record(accepted)
+        self.num_draft_tokens += self.k
 
 
 class TargetRun:
@@ -110,11 +108,10 @@ def _context(drafter: Drafter, aux: torch.Tensor, next_tokens: list[int], start:
 
 @torch.no_grad()
 def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[int]], *, k: int, max_tokens: int,
-                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None, progress: Progress | None = None,
-                         label: str = "prompts") -> LoopCounts:
+                         aux_ids: tuple[int, ...], embed: torch.Tensor | None = None) -> LoopCounts:
     counts = LoopCounts(k, accepted_per_pos=[0] * k)
     device = drafter.fc.weight.device
-    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
+    for prompt in prompts:
         seq = list(prompt)
         run = TargetRun(target, aux_ids)
         logits, aux = run.extend(seq, last_only=True)  # aux: the prompt's positions 0..P-1
@@ -142,14 +139,8 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
                 accepted += 1
             run.keep(L + accepted)  # x_{L-1}, d_1..d_accepted are the sequence now; the rest is cropped
             aux = aux[:, :accepted + 1]
-            counts.num_drafts += 1
-            counts.num_draft_tokens += k
-            counts.num_accepted_tokens += accepted
-            mine.num_drafts += 1
-            mine.num_accepted_tokens += accepted
-            for i in range(accepted):
-                counts.accepted_per_pos[i] += 1
-                mine.accepted_per_pos[i] += 1
+            counts.record(accepted)
+            mine.record(accepted)
             seq += drafts[:accepted] + [greedy[accepted]]
             produced += accepted + 1
         counts.outputs.append(seq[len(prompt): len(prompt) + max_tokens])
@@ -157,12 +148,11 @@ def speculative_generate(target: HFModel, drafter: Drafter, prompts: list[list[i
 
 
 @torch.no_grad()
-def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int, progress: Progress | None = None,
-                    label: str = "prompts") -> list[list[int]]:
+def greedy_generate(target: HFModel, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Plain greedy decoding with the target (the no-speculation reference output): the same cached
     forward as the speculative loop, one token per step."""
     outs = []
-    for prompt in (progress or _all)(prompts, label=label, total=len(prompts)):
+    for prompt in prompts:
         run = TargetRun(target, ())
         logits, _ = run.extend(list(prompt), last_only=True)
         out = [int(logits[0, -1].argmax())]

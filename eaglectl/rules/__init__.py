@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import formats
 from ..drafter import CanonicalView, DrafterCheckpoint
 from ..errors import UsageError
 from ..formats import Dialect
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..probe import Measurement
+    from ..runners import Readings
 
 
 class Severity(str, enum.Enum):
@@ -84,8 +86,6 @@ class Rule:
 
 def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = None) -> dict[str, str]:
     """The placeholders filled in for this drafter (and target, when one was given)."""
-    from .. import formats
-
     source = shlex.quote(drafter.ckpt.source)
     tgt = shlex.quote(target.source) if target is not None and getattr(target, "source", None) else "TARGET"
     name = drafter.dialect.name
@@ -107,8 +107,6 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
 
 
 def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
-    from .. import formats
-
     writer = formats.get(own).writer if own in formats.writable() else None
     if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
             drafter.spec.arch in writer.architectures) and formats.get(own).consumer == "vllm":
@@ -116,15 +114,7 @@ def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
     return "modelopt" if drafter.spec.arch == "mla" else "speculators"
 
 
-RULES: dict[str, Rule] = {}
-
-
-def rule(id: str, severity: Severity, title: str, fix: str | None, *, repaired_by_convert: bool = False,
-         engine: str | None = None, wrong_layers: bool = False) -> Rule:
-    if id in RULES:
-        raise ValueError(f"rule '{id}' declared twice")
-    RULES[id] = r = Rule(id, severity, title, fix, repaired_by_convert, engine, wrong_layers)
-    return r
+RULES: dict[str, Rule] = {}  # filled by catalogue.py (a TOML table cannot declare a rule twice)
 
 
 @dataclass
@@ -179,7 +169,7 @@ class Context:
     target: TargetCheckpoint | None = None
     scan: bool = False
     measured: Measurement | None = None  # when --target could be run
-    readings: Any = None  # runners.Readings: each vLLM runner's reading (None: not computed; runner rules skip)
+    readings: Readings | None = None  # each vLLM runner's reading (None: not computed; runner rules skip)
     engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
     progress: Progress = passthrough
     findings: list[Finding] = field(default_factory=list)
@@ -226,7 +216,8 @@ def run_checks(ctx: Context) -> list[Finding]:
     """Every check, then the config fields any check found invalid; sorted by severity."""
     for fn in CHECKS:
         fn(ctx)
-    files.invalid_fields(ctx)  # last: any check may have read an invalid field
+    for path, message in ctx.config.problems.items():  # last: any check may have read an invalid field
+        ctx.emit(catalogue.CONFIG_FIELD_INVALID, message, ctx.at(path))
     ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return ctx.findings
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from . import RULES, Rule, Severity, rule
+from . import RULES, Rule, Severity
 
 CATALOGUE = Path(__file__).with_name("catalogue.toml")
 
@@ -20,8 +20,8 @@ def constant(rule_id: str) -> str:
 
 
 def _load() -> dict[str, Rule]:
-    for rule_id, entry in tomllib.loads(CATALOGUE.read_text(encoding="utf-8")).items():
-        rule(rule_id, Severity(entry.pop("severity")), entry.pop("title"), entry.pop("fix", None), **entry)
+    for id, entry in tomllib.loads(CATALOGUE.read_text(encoding="utf-8")).items():
+        RULES[id] = Rule(id, Severity(entry.pop("severity")), entry.pop("title"), entry.pop("fix", None), **entry)
     return {constant(r.id): r for r in RULES.values()}
 
 

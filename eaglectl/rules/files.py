@@ -21,11 +21,6 @@ def files(ctx: Context) -> None:
             ctx.emit(rule.METADATA_FORMAT, f"{wf.name}: __metadata__ has no format=pt ({len(meta)} keys)", wf.name)
 
 
-def invalid_fields(ctx: Context) -> None:
-    for path, message in ctx.config.problems.items():
-        ctx.emit(rule.CONFIG_FIELD_INVALID, message, ctx.at(path))
-
-
 @check
 def dtypes(ctx: Context) -> None:
     from ..io.quant import scale_of

@@ -163,9 +163,8 @@ def moe_and_k3(ctx: Context) -> None:
 @check
 def null_template_fields(ctx: Context) -> None:
     for view in dict.fromkeys([ctx.config, ctx.drafter.layer_config], None):
-        data = view.data if isinstance(view.data, dict) else {}
         for key, kind in TYPED_TEMPLATE_FIELDS.items():
-            if key in data and data[key] is None:
+            if key in view.data and view.data[key] is None:
                 ctx.emit(rule.NULL_TEMPLATE_FIELD, f"'{view.path(key)}' is null (a {kind} field; absent means the "
                          "class default)", ctx.at(view.path(key)))
 

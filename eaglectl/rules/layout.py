@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import re
 
-from ..spec import DrafterSpec
+from ..engines import DRAFT_CLASSES, version_key
+from ..io.quant import SCALE_SUFFIXES
+from ..spec import DrafterSpec, layer_index
 from ..target import is_hub_id
 from . import Context, check
 from . import catalogue as rule
 
 _PLAIN = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
-# Registered EAGLE-3 classes in vLLM 0.32 (docs/engines.md), by weight family.
-REGISTERED = {
-    "llama": {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3MiniMaxM2ForCausalLM",
-              "Eagle3Qwen2_5vlForCausalLM", "Eagle3Qwen3vlForCausalLM", "PEagleDraftModel", "PeagleLlamaForCausalLM"},
-    "qwen3": {"Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM"},
-    "mla": {"Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"},
-}
+# Registered EAGLE-3 classes in vLLM 0.32 (engines.DRAFT_CLASSES), by weight family.
+REGISTERED = {family: {c for c, m in DRAFT_CLASSES.items() if m == module}
+              for family, module in (("llama", "llama_eagle3"), ("qwen3", "qwen3_eagle3"), ("mla", "deepseek_eagle3"))}
 # vLLM renames a plain class X to Eagle3X for method eagle3; these plain MLA classes therefore load.
 _PLAIN_MLA = {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"}
 # Every spelling of the MLA EAGLE-3 class seen in exports -> the registered vLLM name it stands for (V2 and V3
@@ -106,8 +104,6 @@ def _speculators_config(ctx: Context) -> None:
 
 
 def _from_0_33(ctx: Context) -> bool:
-    from ..engines import version_key
-
     version = ctx.engine_version
     return version is not None and version_key(version) >= (0, 33)
 
@@ -139,8 +135,6 @@ CANONICAL = [re.compile(p + r"$") for p in (
     _LAYER + r"mlp\.(gate|up|down)_proj\.weight",
     _LAYER + r"(input_layernorm|hidden_norm|post_attention_layernorm)\.weight",
 )]
-# Scales of a quantized drafter (ModelOpt FP8/NVFP4 exports); known only with a quantization_config.
-QUANT_SUFFIXES = (".weight_scale", ".weight_scale_2", ".weight_scale_inv", ".input_scale", ".k_scale", ".v_scale")
 _MAX_NAME_FINDINGS = 20  # a hostile file may hold 10⁵ strange names; name the first few
 
 
@@ -161,7 +155,7 @@ def names(ctx: Context) -> None:
     for canon in ctx.view.names():
         if mid and ctx.view.stored[canon] in mid:
             continue
-        if quantized and canon.endswith(QUANT_SUFFIXES):
+        if quantized and canon.endswith(SCALE_SUFFIXES):  # scales: known only with a quantization_config
             continue
         if not any(p.match(canon) for p in CANONICAL):
             unknown += 1
@@ -172,13 +166,6 @@ def names(ctx: Context) -> None:
             ctx.emit(rule.BIAS_IGNORED, f"'{ctx.view.stored[canon]}' is dropped by vLLM", ctx.view.locate(canon))
     if unknown > _MAX_NAME_FINDINGS:
         ctx.emit(rule.UNKNOWN_TENSOR, f"and {unknown - _MAX_NAME_FINDINGS} more unknown tensors")
-
-
-def mla_dims(ctx: Context) -> dict[str, int | None]:
-    """The MLA sizes as read into the spec; `lora_q` is 0 only for an explicit `q_lora_rank: null`."""
-    dims: dict[str, int | None] = dict(ctx.spec.mla or {})
-    dims["lora_q"] = 0 if ctx.spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
-    return dims
 
 
 def _sum(*xs: int | None) -> int | None:
@@ -233,10 +220,6 @@ def layer_tensors(spec: DrafterSpec, i: int, mla: dict[str, int | None]) -> dict
     return out
 
 
-def _shape_ok(actual: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
-    return len(actual) == len(expected) and all(e is None or a == e for a, e in zip(actual, expected, strict=True))
-
-
 def _fmt(shape: tuple[int | None, ...]) -> str:
     return "[" + ", ".join("?" if s is None else str(s) for s in shape) + "]"
 
@@ -244,14 +227,15 @@ def _fmt(shape: tuple[int | None, ...]) -> str:
 @check
 def layers(ctx: Context) -> None:
     spec, view = ctx.spec, ctx.view
-    present = view.layer_indices()
+    present = sorted({i for c in view.stored if (i := layer_index(c)) is not None})
     declared = spec.num_hidden_layers
     if declared is not None and (len(present) != declared or present != list(range(declared))):
         shown = present if len(present) <= 8 else [*present[:8], "..."]
         ctx.emit(rule.LAYER_COUNT, f"num_hidden_layers is {declared}, layer blocks present: {shown or 'none'}",
                  ctx.at("num_hidden_layers"))
     expected: dict[str, tuple[int | None, ...]] = {}
-    mla = mla_dims(ctx)
+    mla: dict[str, int | None] = dict(spec.mla or {})  # the MLA sizes as read; lora_q 0: an explicit q_lora_rank null
+    mla["lora_q"] = 0 if spec.sources.get("q_lora_rank", "").startswith("config: q_lora_rank null") else 1
     for i in sorted(set(present[:64]) | {0}):  # layer-count already names absent layers; no flood per tensor
         expected.update(layer_tensors(spec, i, mla))
     H, Ht, n = spec.hidden_size, spec.aux_width, spec.num_aux_hidden_states
@@ -272,7 +256,8 @@ def layers(ctx: Context) -> None:
                 ctx.emit(rule.MISSING_TENSOR, f"'{ctx.dialect.from_canonical(canon)}' is missing", canon)
             continue
         actual = view.shape(canon)
-        if actual is not None and not _shape_ok(actual, shape):
+        if actual is not None and (len(actual) != len(shape) or
+                                   any(e is not None and a != e for a, e in zip(actual, shape, strict=True))):
             ctx.emit(rule.TENSOR_SHAPE, f"'{view.stored[canon]}' is {list(actual)}, config implies {_fmt(shape)}",
                      view.locate(canon))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..drafter import DrafterCheckpoint
-from ..publish import LocalPath, local_paths
+from ..publish import is_local_path, local_paths
 from . import Context, Finding
 from . import catalogue as rule
 
@@ -15,11 +15,10 @@ def lint_publish(drafter: DrafterCheckpoint, folder: Path) -> list[Finding]:
     """Findings about publishing `folder` (the drafter's local root) as it is."""
     ctx = Context(drafter)
     for p in local_paths(folder):
-        ctx.emit(rule.LOCAL_PATH, _say(p), f"{p.file}:{p.where}")
+        ctx.emit(rule.LOCAL_PATH, f"{p.file} {p.where}: '{p.value}' is a local path; on the Hub it names nothing",
+                 f"{p.file}:{p.where}")
     if drafter.dialect.config_style == "speculators" and not drafter.spec.has_embed_tokens:
         name = (drafter.config.dict("speculators_config.verifier") or {}).get("name_or_path")
-        from ..publish import is_local_path
-
         if name is None or (isinstance(name, str) and is_local_path(name)):
             ctx.emit(rule.SPECULATORS_NULL_VERIFIER, "no embed_tokens.weight and the verifier is "
                      + ("null" if name is None else f"the local path '{name}'")
@@ -27,7 +26,3 @@ def lint_publish(drafter: DrafterCheckpoint, folder: Path) -> list[Finding]:
                      "fails (vLLM serves it with --speculative-config)",
                      "config.json:speculators_config.verifier.name_or_path")
     return ctx.findings
-
-
-def _say(p: LocalPath) -> str:
-    return f"{p.file} {p.where}: '{p.value}' is a local path; on the Hub it names nothing"

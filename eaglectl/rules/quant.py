@@ -27,10 +27,6 @@ def recognised(ctx: Context, canon: str) -> bool:
     return canon in q.quantized or scale_of(canon) is not None
 
 
-def _linears(ctx: Context) -> list[str]:
-    return [c for c in ctx.view.names() if vllm_module(c) is not None]
-
-
 @check
 def quantization(ctx: Context) -> None:
     q = quant_layout(ctx)
@@ -104,7 +100,7 @@ def _scales(ctx: Context, q: QuantLayout) -> None:
 
 
 def _modules(ctx: Context, q: QuantLayout, entries: tuple[str, ...], where: str) -> None:
-    modules = vllm_modules(_linears(ctx))
+    modules = vllm_modules([c for c in ctx.view.names() if vllm_module(c) is not None])
     quantised, plain, bad = [], [], []
     for prefix, weights in sorted(modules.items()):
         if prefix == "model.embed_tokens":

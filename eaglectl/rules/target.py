@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable
 from ..spec import default_aux_ids
@@ -63,8 +65,6 @@ def _decodable(*infos: TensorInfo) -> bool:
 
 def _fingerprint(ctx: Context) -> None:
     """Compare a few rows of the drafter's tables with the target's (reads rows, not tensors)."""
-    import numpy as np
-
     t = ctx.target
     assert t is not None
     if not t.ckpt.tensor_file:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import Context, check
 from . import catalogue as rule
 
@@ -35,8 +37,6 @@ def vocab(ctx: Context) -> None:
 
 
 def _check_d2t(ctx: Context, V: int | None, Vd: int | None, reduced: bool) -> None:
-    import numpy as np
-
     view, loc = ctx.view, ctx.view.locate("d2t")
     info = view.info("d2t")
     if not reduced and V is not None and Vd == V:
@@ -66,8 +66,6 @@ def _check_d2t(ctx: Context, V: int | None, Vd: int | None, reduced: bool) -> No
 
 
 def _check_t2d(ctx: Context, V: int | None, Vd: int | None) -> None:
-    import numpy as np
-
     view, loc = ctx.view, ctx.view.locate("t2d")
     info = view.info("t2d")
     if info.dtype not in ("BOOL", "U8"):

@@ -42,17 +42,10 @@ synchronously on the worker thread:
    class's ``get_finished`` reports the request as finished-sending and the
    scheduler frees its blocks.
 
-Timing caveat (measured, same as with the stock connector): the request's
-``RequestOutput`` -- including ``kv_transfer_params["hidden_states_path"]`` --
-is produced in the engine step where the request finishes
-(``request_finished``), but the pending save only reaches the worker through
-the *next* step's connector metadata and is written from ``get_finished`` in
-that (no-forward) step.  So when ``LLM.generate`` returns, the last dumps may
-not exist yet.  Readers must wait on the ``.lock`` file (``LOCK_SH``, as
-vLLM's ``load_hidden_states`` does), which is held from the first scheduled
-step until the write below completes.  safetensors >= 0.8 writes through a
-temp file + rename, so a half-written dump is never visible under the final
-name (and the file ends up mode 0600 because of mkstemp).
+Timing, as with the stock connector: a dump is written one engine step after its request finished, so
+readers wait on its ``.lock`` file (vllm_capture.py ``_wait_for_dump``), held until the write below
+completes. safetensors >= 0.8 writes through a temp file + rename: a half-written dump is never visible
+under the final name (and the file is mode 0600, from mkstemp).
 
 On a CUDA machine use the stock ``ExampleHiddenStatesConnector`` instead:
 its async D2H copy + writer thread pool overlaps disk I/O with the forward

@@ -36,10 +36,8 @@ are removed.
 RESULT.json: {"ok": true, "files": [{"index", "path", "num_tokens",
 "hidden_states_shape", "hidden_states_dtype", "vllm_request_id",
 "vllm_path"}], "layer_ids_sorted", "versions", "timings_s", ...} or
-{"ok": false, "error": ..., "traceback": ...}.
-
-Top-level imports are stdlib only (vllm is imported inside main so that the
-environment, e.g. VLLM_CPU_KVCACHE_SPACE, is set first).
+{"ok": false, "error": ..., "traceback": ...}. vllm is imported inside `run`, once the environment
+(VLLM_CPU_KVCACHE_SPACE) is set.
 """
 
 from __future__ import annotations
@@ -59,9 +57,6 @@ STOCK_CLASS = "ExampleHiddenStatesConnector"
 LOCK_WAIT_TIMEOUT_S = 300.0
 
 
-# --------------------------------------------------------------------------
-# helpers (stdlib only)
-# --------------------------------------------------------------------------
 def _pkg_version(name: str) -> str | None:
     try:
         return version(name)
@@ -89,8 +84,7 @@ def _read_int64_tensor(path: str, name: str) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // 8}q", raw))
 
 
-def _wait_for_dump(path: str, engine_dead=lambda: False,
-                   timeout_s: float = LOCK_WAIT_TIMEOUT_S) -> None:
+def _wait_for_dump(path: str, engine_dead) -> None:  # type: ignore[no-untyped-def]
     """Block until the connector has finished writing ``path``.
 
     The connector puts ``hidden_states_path`` into the RequestOutput of the
@@ -108,7 +102,7 @@ def _wait_for_dump(path: str, engine_dead=lambda: False,
     We poll non-blocking so a dead engine cannot hang us.
     """
     lock_path = path + ".lock"
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + LOCK_WAIT_TIMEOUT_S
     free_without_file_since = None
     while True:
         if os.path.exists(path) and not os.path.exists(lock_path):
@@ -134,7 +128,7 @@ def _wait_for_dump(path: str, engine_dead=lambda: False,
         if engine_dead():
             raise RuntimeError(f"vLLM engine died before writing {path} (see engine log)")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"hidden-states dump not written in {timeout_s}s: {path}")
+            raise TimeoutError(f"hidden-states dump not written in {LOCK_WAIT_TIMEOUT_S}s: {path}")
         time.sleep(0.01)
 
 
@@ -302,9 +296,6 @@ def _versions(vllm_version: str) -> dict:
             "torch": torch, "safetensors": _pkg_version("safetensors"), "python": sys.version.split()[0]}
 
 
-# --------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------
 def run(req: dict) -> dict:
     t0 = time.monotonic()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

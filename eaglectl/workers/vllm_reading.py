@@ -47,10 +47,9 @@ _WATCHED = ("eagle_aux_hidden_state_layer_ids", "dflash_config", "eagle_config",
 class _Recorder:
     """A read-only view of a config that records which aux-id keys were read, and what they held."""
 
-    def __init__(self, inner, reads: list, prefix: str = "") -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, inner, reads: list) -> None:  # type: ignore[no-untyped-def]
         object.__setattr__(self, "_inner", inner)
         object.__setattr__(self, "_reads", reads)
-        object.__setattr__(self, "_prefix", prefix)
 
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         value = getattr(self._inner, name)
