@@ -299,6 +299,9 @@ def _versions(vllm_version: str) -> dict:
 def run(req: dict) -> dict:
     t0 = time.monotonic()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # the connector writes its dumps from the engine core's own process: with the core in this one
+    # (VLLM_ENABLE_V1_MULTIPROCESSING=0) vLLM 0.32 never writes them, and the capture would wait them out
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     prompts, layer_ids = _checked_request(req)
     out_dir = Path(req["out_dir"]).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
