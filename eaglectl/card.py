@@ -34,9 +34,9 @@ def base_model(rep: InspectReport, explicit: str | None = None) -> str | None:
 
 def card_tags(rep: InspectReport) -> list[str]:
     tags = ["speculative-decoding", "eagle3"]
-    if rep.spec.eagle_version.startswith("3.1"):
+    if rep.drafter.spec.eagle_version.startswith("3.1"):
         tags.append("eagle3.1")
-    if rep.dialect.config_style == "speculators":
+    if rep.drafter.dialect.config_style == "speculators":
         tags.append("speculators")
     return [*tags, "vllm"]
 
@@ -53,16 +53,16 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
         data.pop("base_model")  # a local path is no identity
     data["tags"] = sorted({t for t in (data.get("tags") or []) if isinstance(t, str)} | set(card_tags(rep)))
     prov = rep.drafter.config.sub("eaglectl_provenance")
-    spec = rep.spec
+    spec = rep.drafter.spec
     lines = [
         f"# EAGLE-{spec.eagle_version} drafter", "",
         f"Speculative-decoding drafter (EAGLE-{spec.eagle_version}, {spec.arch}) for `{base or 'its target'}`, "
-        f"in the `{rep.dialect.name}` layout ({rep.dialect.title}).", "",
+        f"in the `{rep.drafter.dialect.name}` layout ({rep.drafter.dialect.title}).", "",
         "## Serve with vLLM", "", "```bash", _serve(rep, base), "```", "",
         "## Drafter", "",
         "| field | value |", "|---|---|",
         f"| EAGLE version | {spec.eagle_version} |",
-        f"| dialect | {rep.dialect.name} |",
+        f"| dialect | {rep.drafter.dialect.name} |",
         f"| aux layer ids (vLLM convention) | "
         f"{list(spec.aux_layer_ids_vllm) if spec.aux_layer_ids_vllm else 'engine default'} |",
         f"| draft vocab | {spec.draft_vocab_size or spec.vocab_size} of {spec.vocab_size} |",

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from .inspection import InspectReport
 
 
-
 @dataclass
 class Stage:
     name: str
@@ -182,7 +181,6 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
 def _parity(rep: InspectReport) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
-    from .errors import MissingDependencyError
     from .verify import compare, real_inputs, synthetic_inputs
 
     try:

@@ -140,9 +140,9 @@ def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoi
     return TensorEntry(a.dest, a.dtype, a.shape, table)
 
 
-def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None, *extra: str) -> list[str]:
+def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> list[str]:
     """Every local path a conversion reads: DEST may overlap none of them."""
-    paths = [*src.ckpt.identities, *extra]
+    paths: list[str] = []
     for ckpt in [src.ckpt] + ([target.ckpt] if target is not None else []):
         paths += list(ckpt.identities)
         if Path(ckpt.root).exists():

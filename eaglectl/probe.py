@@ -314,7 +314,7 @@ def score(loaded: LoadedDrafter, c: Candidate, s: Session) -> None:
 
 
 def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: int = 3,
-            loop_prompts: int = LOOP_PROMPTS, loop_tokens: int = LOOP_TOKENS, progress: Progress = passthrough
+            loop_prompts: int = LOOP_PROMPTS, progress: Progress = passthrough
             ) -> Measurement:
     """Measure every fact the files of `d` cannot settle, against the target (run once for the command) or a
     capture of it (`Target.states`; then no speculative loop and no target head: agreement only).
@@ -341,7 +341,7 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
                              vocab=loaded.args.vocab_size)
     if target.states is None and loop_prompts:
         prompts = probe_prompts(target.model().tokenizer, loop_prompts)
-        session.continuations = target.continuations(prompts, max_tokens=loop_tokens, k=steps, boundaries=wanted)
+        session.continuations = target.continuations(prompts, max_tokens=LOOP_TOKENS, k=steps, boundaries=wanted)
         session.target_table = table
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
     for c in progress(aux, label="measuring aux readings", total=len(aux)):

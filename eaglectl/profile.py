@@ -33,7 +33,6 @@ from .errors import filesystem_error
 SCHEMA_VERSION = "1.0"
 FILE = "speculation_profile.json"
 MEAN_TOLERANCE = 0.02  # ModelOpt's mean-consistency tolerance
-CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model"})  # extrapolate over k
 VERIFICATION_METHODS = ("longest_prefix", "block")
 ACCEPT_LENGTH_MODELS = ("chain_analytic", "measured_per_k")
 

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from .rules import Finding
 
 
-
 @dataclass
 class UploadReport(Result):
     SCHEMA, COMMAND = "eaglectl.upload/1", "upload"
@@ -84,13 +83,6 @@ class UploadReport(Result):
                 "notes": self.notes}
 
 
-def plan_operations(folder: str | Path) -> list[CommitOperationAdd]:
-    """huggingface_hub's commit operations for every file an upload of `folder` sends (publish.upload_files)."""
-    from huggingface_hub import CommitOperationAdd
-
-    return [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path)) for rel, path in upload_files(folder)]
-
-
 def commit_text(gate: CheckReport, repo_id: str) -> tuple[str, str]:
     """(commit message, description) made from the gate's report: what was uploaded and what was checked."""
     inspect_stage = next((s for s in gate.stages if s.name == "inspect"), None)
@@ -119,8 +111,10 @@ def require_folder(folder: str) -> Path:
 def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = None, create_pr: bool = False,
         private: bool = False, dry_run: bool = False, commit_message: str | None = None) -> UploadReport:
     """Upload `folder` to the Hub repo `repo_id` after `gate` (check.run on the same folder) passed."""
-    path = require_folder(folder)
-    operations = plan_operations(path)
+    from huggingface_hub import CommitOperationAdd
+
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+                  for rel, path in upload_files(require_folder(folder))]  # every file publish.upload_files lists
     message, description = commit_text(gate, repo_id)
     rep = UploadReport(folder, repo_id, gate, operations, commit_message or message, description, dry_run, revision,
                        create_pr, private)

@@ -30,7 +30,7 @@ def test_ones_upgrade_gives_a_clean_3_1_drafter_that_says_it_needs_training(invo
     doc = json.loads(r.stdout)
     assert doc["changed"] and doc["steps"] == ["add-fc-norm", "set-norm-output"] and doc["needs_fine_tuning"]
     rep = inspect_checkpoint(str(tmp_path / "o"))
-    assert rep.spec.eagle_version == "3.1" and rep.exit_code == 0
+    assert rep.drafter.spec.eagle_version == "3.1" and rep.exit_code == 0
     assert [f.rule_id for f in rep.findings] == ["needs-fine-tuning"]  # said by inspect too, and fails --strict
     out = open_checkpoint(str(tmp_path / "o"))
     for j in range(3):

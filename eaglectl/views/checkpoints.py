@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def render_inspect(report: InspectReport) -> None:
     """Human view of an InspectReport: the verdict first, then findings and the serve line; the spec
     table and the detection evidence with -v (all of it in --json)."""
-    d, spec, out = report.drafter, report.spec, console.stdout
+    d, spec, out = report.drafter, report.drafter.spec, console.stdout
     s = report.summary
     out.print(f"[bold]{safe(short_path(d.source))}[/]")
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})"
@@ -81,8 +81,8 @@ def render_inspect(report: InspectReport) -> None:
             out.print(f"  {safe(fix)}", soft_wrap=True)
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
-    elif not report.dialect.vllm_loads:
-        out.print(f"vLLM: no serve command: vLLM does not load {safe(report.dialect.title)} files "
+    elif not d.dialect.vllm_loads:
+        out.print(f"vLLM: no serve command: vLLM does not load {safe(d.dialect.title)} files "
                   "(eaglectl convert SOURCE DEST --for vllm writes one it loads)")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")

@@ -50,11 +50,10 @@ def json_short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def findings(found: list[Finding], *, hide_info: bool | None = None) -> None:
+def findings(found: list[Finding]) -> None:
     """The findings table (info findings only with -v: a line says how many were left out) and the fixes,
     each command in them whole on one line (eaglectl/layout.py)."""
-    hide = (not SETTINGS.verbose) if hide_info is None else hide_info
-    shown_ = [f for f in found if not (hide and f.severity == "info")]
+    shown_ = [f for f in found if SETTINGS.verbose or f.severity != "info"]
     hidden = len(found) - len(shown_)
     if shown_:
         console.stdout.print()
