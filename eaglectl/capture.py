@@ -111,8 +111,7 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
     with staged_output(out, force=force, sources=sources) as stage:
         if engine == "vllm":
             (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, tensor_parallel_size,
-                                             max_model_len,
-                                  vllm_args or {}, vllm_python, timeout_s, progress)
+                                             max_model_len, vllm_args or {}, vllm_python, timeout_s, progress)
         elif engine == "server":
             (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress,
                                                t.hidden_size, t.vocab_size), None

@@ -128,17 +128,14 @@ class FitReport:
     heldout_chain_after: float = 0.0
     log: list[dict[str, float]] = field(default_factory=list)
 
-    @property
-    def heldout_gain(self) -> float:
-        """How much the held-out negative log-likelihood fell (nats per scored draft)."""
-        return self.heldout_loss_before - self.heldout_loss_after
-
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "fit_fc": self.fc, "steps": self.steps, "best_step": self.best_step,
                 "tokens": self.tokens, "heldout_tokens": self.heldout_tokens, "parameters": self.parameters,
                 "loss_before": round(self.loss_before, 5), "loss_after": round(self.loss_after, 5),
                 "heldout_loss_before": round(self.heldout_loss_before, 5),
-                "heldout_loss_after": round(self.heldout_loss_after, 5), "heldout_gain": round(self.heldout_gain, 5),
+                "heldout_loss_after": round(self.heldout_loss_after, 5),
+                # how much the held-out negative log-likelihood fell, nats per scored draft
+                "heldout_gain": round(self.heldout_loss_before - self.heldout_loss_after, 5),
                 "heldout_top1_before": [round(x, 4) for x in self.heldout_top1_before],
                 "heldout_top1_after": [round(x, 4) for x in self.heldout_top1_after],
                 "heldout_chain_before": round(self.heldout_chain_before, 4),

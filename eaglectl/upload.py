@@ -54,10 +54,6 @@ class UploadReport(Result):
         return self.gate.findings  # -q names the failing rules
 
     @property
-    def uploaded(self) -> bool:
-        return self.commit_url is not None
-
-    @property
     def exit_code(self) -> int:
         return self.refused_code if self.refused else 0
 
@@ -79,7 +75,7 @@ class UploadReport(Result):
                 "private": self.private, "dry_run": self.dry_run, "gate": self.gate.to_json(),
                 "operations": self.operation_rows(), "commit_message": self.commit_message,
                 "commit_description": self.commit_description, "refused": self.refused,
-                "uploaded": self.uploaded, "commit_url": self.commit_url, "pr_url": self.pr_url,
+                "uploaded": self.commit_url is not None, "commit_url": self.commit_url, "pr_url": self.pr_url,
                 "notes": self.notes}
 
 

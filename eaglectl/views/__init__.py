@@ -31,7 +31,6 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
 
 
 def render(result: Result) -> None:
-    """The human view of a command's result."""
     RENDERERS[type(result).__name__](result)
 
 

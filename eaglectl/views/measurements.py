@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 
 def render_verify(report: ParityReport) -> None:
-    """Human view of a ParityReport."""
     out = console.stdout
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
