@@ -428,7 +428,7 @@ def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool,
     from . import check, upload
 
     upload.require_folder(folder)
-    gate = check.run_options({**options, "source": folder}, report.progress)
+    gate = check.run({**options, "source": folder}, report.progress)
     report.finish("upload", upload.run(folder, repo_id, gate=gate, revision=revision, create_pr=create_pr,
                                        private=private, dry_run=dry_run, commit_message=commit_message))
 

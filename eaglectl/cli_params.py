@@ -167,13 +167,17 @@ class ServingOptions(Parsed):
         return parse_serving_options([text])
 
 
-class TextFile(click.ParamType):
-    """A readable, non-empty UTF-8 text file; the value is its text."""
+class FileType(click.ParamType):
+    """A file named on the command line: the shell completes file names."""
 
     name = "file"
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
         return click.Path().shell_complete(ctx, param, incomplete)
+
+
+class TextFile(FileType):
+    """A readable, non-empty UTF-8 text file; the value is its text."""
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
         path = Path(str(value))
@@ -186,13 +190,8 @@ class TextFile(click.ParamType):
         return text
 
 
-class OutputFile(click.ParamType):
+class OutputFile(FileType):
     """A file to write: its folder must exist (checked before any work starts)."""
-
-    name = "file"
-
-    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-        return click.Path().shell_complete(ctx, param, incomplete)
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
         parent = Path(os.path.abspath(str(value))).parent

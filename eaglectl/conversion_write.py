@@ -210,17 +210,14 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
                 out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
             raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
                                   f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
-    checks = []
     d = interpret(out)
     if d.dialect.name != plan.dest_dialect:
         raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
-    checks.append(f"detected as {d.dialect.name}")
     errors = [f for f in run_checks(Context(d, target)) if f.severity == "error"]
     if errors:
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}",
                               tensor=errors[0].locator)
-    checks.append("inspect finds no errors")
-    return d, checks
+    return d, [f"detected as {d.dialect.name}", "inspect finds no errors"]
 
 
 def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetCheckpoint | None) -> list[str]:

@@ -21,8 +21,7 @@ from .progress import Progress, passthrough
 from .result import Result
 
 BLOCK_BYTES = 16 << 20  # per side, per read
-# How a field's stored spelling maps to its meaning; fields not listed compare as stored.
-# spelling, or covered by the per-tensor comparison (tensor_dtypes)
+# spelling, not meaning (ids compare as aux_layer_ids_vllm), or covered by the per-tensor comparison; others as stored
 REPRESENTATION = {"aux_layer_ids", "aux_convention", "config_dtype", "tensor_dtypes"}
 DEFAULTS = {"rope_theta": 10000.0}  # absent means this to every engine
 DERIVED = {"t2d": "d2t"}  # a tensor fully determined by another: a dialect may leave it out (ModelOpt: t2d)

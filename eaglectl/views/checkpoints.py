@@ -118,12 +118,10 @@ def render_conversion(result: ConversionResult) -> None:
         say(f"  [yellow]drop[/] {safe(name)}: ", why, indent=4)
     render_config_changes(plan.config_changes)
     out.print(f"files: {', '.join(plan.file_names())}")
-    for note in plan.notes:
-        say("[yellow]note:[/] ", note, indent=2)
-    for warning in plan.warnings:
-        say("[yellow]warning:[/] ", warning, indent=2)
-    for check in result.checked:
-        say("[green]checked[/] ", check, indent=2)
+    for label, lines in (("[yellow]note:[/] ", plan.notes), ("[yellow]warning:[/] ", plan.warnings),
+                         ("[green]checked[/] ", result.checked)):
+        for line in lines:
+            say(label, line, indent=2)
     serve = getattr(result, "serve", None)
     if serve:
         say(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ", f"({serve['why']})")

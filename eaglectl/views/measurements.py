@@ -10,7 +10,7 @@ from rich.markup import escape
 from .. import console
 from ..console import safe, say, table
 from ..layout import short_names, short_path
-from .parts import num, step_range
+from .parts import num, shown, step_range
 
 if TYPE_CHECKING:
     from ..capture import CaptureResult
@@ -102,12 +102,10 @@ def render_smoke(rep: SmokeReport) -> None:
             skipped.append((name, r["skipped"]))
             rows.append((name, "skipped", "", "", "", "", ""))
             continue
-        al = r.get("mean_acceptance_length")
-        rows.append((name, "-" if al is None else f"{al:.3f}",
-                     "-" if al is None else f"{al - 1:.3f}",
+        rows.append((name, num(r.get("mean_acceptance_length"), ".3f"), num(r.get("accepted_draft_length"), ".3f"),
                      "-" if r.get("draft_acceptance_rate") is None else f"{100 * r['draft_acceptance_rate']:.1f}%",
                      " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
-                     "-" if r.get("num_drafts") is None else str(r["num_drafts"]),
+                     shown(r.get("num_drafts")),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
     out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
     if skipped:
