@@ -220,7 +220,7 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptan
 
 def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
-    from .card import base_model, load_card, render_card, write_card
+    from .card import CARD, base_model, load_card, render_card
     from .rules.card import lint_card, lint_profile
 
     if card is False:
@@ -237,8 +237,8 @@ def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: di
         if card and explicit_base:
             out.config_written = name_verifier(rep.drafter, explicit_base)
         if card:
-            path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile))
-            out.card_written = str(path)
+            text = render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile)
+            out.card_written = str(write_file(folder / CARD, text.encode("utf-8"), doing="write the model card"))
             existing = load_card(folder)
     except EaglectlError as e:
         return Stage("card", "fail", f"[{e.reference}] {e.message}", requested=bool(card))

@@ -350,11 +350,11 @@ Examples:
 @click.option("--reference-layers", type=click.Choice(["runner", "measured"]), default="runner", show_default=True,
               help="--engine reference: run the layers each vLLM runner reads, or the layers the probe measured.")
 @click.option("--serving-option", "serving_options", multiple=True, type=params.ServingOptions(), metavar="KEY=VALUE",
+              callback=params.merge_serving_options,
               help="Override a serving option that changes acceptance (rejection_sample_method, "
                    "draft_lm_head_quantization); recorded as an override. Default: vLLM's standard ones, forced.")
 @params.json_option
-def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None,
-              serving_options: tuple[dict[str, str], ...], **options: Any) -> None:
+def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None, **options: Any) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -366,9 +366,8 @@ def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None
     """
     from . import smoke
 
-    serving = params.merge_serving_options(serving_options)
     report.finish("smoke", smoke.run(drafter, target, **options, context_lengths=context_lengths or (),
-                                     serving_options=serving, progress=report.progress))
+                                     progress=report.progress))
 
 
 @cli.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b

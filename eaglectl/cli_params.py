@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -229,8 +230,6 @@ class HubId(click.ParamType):
 
 
 class ReleaseVersion(click.ParamType):
-    """X.Y or X.Y.Z."""
-
     name = "x.y"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
@@ -280,7 +279,9 @@ def json_option(fn: F) -> F:
     return verbosity_options(fn)
 
 
-def _set_verbosity(level: int) -> None:
+def _set_verbosity(level: int, ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
     if report.SETTINGS.verbosity == -level:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
     report.SETTINGS.verbosity = level
@@ -288,22 +289,13 @@ def _set_verbosity(level: int) -> None:
 
 def verbosity_options(fn: F) -> F:
     """-q / -v after the subcommand too (`eaglectl inspect X -q`), as before it."""
-    def quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            _set_verbosity(-1)
-
-    def verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            _set_verbosity(1)
-
-    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=verbose,
+    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=partial(_set_verbosity, 1),
                       help="As `eaglectl -v`: print more (evidence, the spec table, info findings, timings).")(fn)
-    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=quiet,
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=partial(_set_verbosity, -1),
                         help="As `eaglectl -q`: only errors and the one-line result.")(fn)
 
 
 def dtype_option(default: str | None, help: str, shown: str | None = None) -> Callable[[F], F]:
-    """--dtype: one definition (choices, how the default is shown) for every command."""
     return click.option("--dtype", type=click.Choice(RUN_DTYPES), default=default,
                         show_default=shown if shown is not None else default is not None, help=help)
 
@@ -431,7 +423,7 @@ def given_flags(*names: str) -> tuple[str, ...]:
     return tuple(x for pair in given for x in pair)
 
 
-def merge_serving_options(items: tuple[dict[str, str], ...]) -> dict[str, str]:
+def merge_serving_options(ctx: Ctx, param: Param, items: tuple[dict[str, str], ...]) -> dict[str, str]:
     """The --serving-option values as one mapping; a key given twice is a usage error."""
     out: dict[str, str] = {}
     for item in items:
@@ -449,7 +441,6 @@ PATH_PARAMS = frozenset({"source", "dest", "sources", "candidate", "drafter", "d
 
 
 def complete_paths(group: click.Group) -> None:
-    """Let the shell complete file names for `group`'s PATH_PARAMS."""
     for cmd in group.commands.values():
         for p in cmd.params:
             if p.name in PATH_PARAMS and p.type is click.STRING:

@@ -96,7 +96,6 @@ class ConversionPlan:
 
 
 def writable_dialect(to: str) -> Dialect:
-    """The destination dialect, or ConversionError naming what eaglectl can write."""
     if to not in formats.DIALECTS:
         raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
     dialect = formats.get(to)
@@ -175,7 +174,6 @@ def _refuse_unwritable(spec: DrafterSpec, dialect: Dialect, fail: Fail) -> None:
 
 
 def _reduced(spec: DrafterSpec) -> bool:
-    """The draft vocabulary is smaller than the target's (d2t maps it)."""
     V, Vd = spec.vocab_size, spec.draft_vocab_size or spec.vocab_size
     return V is not None and Vd is not None and Vd < V
 

@@ -48,7 +48,6 @@ class SourceDigest:
             self.per_tensor[stored] = self.pool.submit(sha256_range, r)
 
     def chunks(self, stored: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """Pass `chunks` (the stored tensor's raw bytes) through, hashing them on the way."""
         h = hashlib.sha256()
         for chunk in chunks:
             h.update(chunk)

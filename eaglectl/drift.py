@@ -286,7 +286,6 @@ def summarize(chains: list[Chains], depth: int, loop: LoopCounts | None, reps: i
 
 
 def _per_position(loop: LoopCounts | None) -> list[float]:
-    """The loop's acceptance rate at each draft position ([] without drafts)."""
     return [a / loop.num_drafts for a in loop.accepted_per_pos] if loop and loop.num_drafts else []
 
 
@@ -378,7 +377,6 @@ class Sequence:
 
 
 def anchor_positions(start: int, end: int, every: int) -> list[int]:
-    """Every `every`-th position from `start` to `end` (inclusive), never below 0."""
     return list(range(max(0, start), end + 1, every))
 
 

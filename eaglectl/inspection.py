@@ -52,7 +52,6 @@ class InspectReport(Result):
         return f"{d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
 
     def tensor_summary(self) -> dict[str, Any]:
-        """How many tensors in how many files, their parameters, bytes and dtypes."""
         ckpt = self.drafter.ckpt
         infos = ckpt.tensors.values()
         return {
@@ -151,28 +150,14 @@ class InspectReport(Result):
         }
 
 
-def run(
-    source: str,
-    *,
-    target: str | None = None,
-    from_dialect: str | None = None,
-    strict: bool = False,
-    scan: bool = False,
-    allow_pickle: bool = False,
-    revision: str | None = None,
-    measure: bool = True,
-    states: str | None = None,
-    progress: Progress = passthrough,
-    engine_version: str | None = None,
-    vllm_python: str | None = None,
-    for_engine: str = "vllm",
-) -> InspectReport:
-    """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
-    it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
+def run(source: str, *, target: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
+        revision: str | None = None, states: str | None = None, progress: Progress = passthrough,
+        **options: Any) -> InspectReport:
+    """Open SOURCE, name its dialect and run every rule (`options` are `inspect_opened`'s). With `target`, check
+    against its config and, when it can be run (weights and a tokenizer), measure what the files cannot settle
+    (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
-    t = Target.open(target, states, progress=progress)
-    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress,
-                          engine_version=engine_version, vllm_python=vllm_python, for_engine=for_engine)
+    return inspect_opened(d, Target.open(target, states, progress=progress), progress=progress, **options)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,

@@ -149,10 +149,8 @@ class RunnerRun:
                 "reading": self.reading.to_json() if self.reading is not None else None,
                 "runner_used": self.used, "aux_log_line": self.aux_log, "staged": self.staged,
                 "mean_acceptance_length": al,
-                "num_drafts": c["num_drafts"] if c else None,
-                "num_draft_tokens": c["num_draft_tokens"] if c else None,
-                "num_accepted_tokens": c["num_accepted_tokens"] if c else None,
-                "accepted_per_pos": c["accepted_per_pos"] if c else None,
+                **{k: c[k] if c else None for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                    "accepted_per_pos")},
                 "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
                 "engine_reading_note": self.engine_reading_note, "notes": self.notes, "skipped": self.skipped}
 

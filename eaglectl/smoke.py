@@ -238,9 +238,10 @@ class SmokeReport(Result):
             "drafter": self.drafter, "target": self.target, "num_speculative_tokens": self.k, "dtype": self.dtype,
             "max_tokens": self.max_tokens, "prompts": {"set": self.prompts.name, "description": self.prompts.description,
                                                         "count": len(self.prompts.prompts)},
-            **{key: main.get(key) for key in ("mean_acceptance_length", "accepted_draft_length", "draft_acceptance_rate",
-                                              "per_position_acceptance", "num_drafts", "num_draft_tokens",
-                                              "num_accepted_tokens", "mean_acceptance_length_per_request")},
+            **{key: main.get(key) for key in ("mean_acceptance_length", "accepted_draft_length",
+                                              "draft_acceptance_rate", "per_position_acceptance", "num_drafts",
+                                              "num_draft_tokens", "num_accepted_tokens",
+                                              "mean_acceptance_length_per_request")},
             **{key: main.get(key, []) for key in ("by_context_length", "by_category", "requests")},
             "greedy_match": main.get("greedy_match"),
             "baselines": [r.to_json(ref, labels, prompts) for r in self.results[1:]],
@@ -353,7 +354,7 @@ def measure(
         results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
                                                    readings, timeout_s, progress)
     else:
-        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress,
+        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, progress,
                                   _reference_ids(configs, active, target, vllm_python)), None
         for run, res in zip(active, results, strict=False):
             run.result, run.used = res, "reference loop"
@@ -509,7 +510,7 @@ def _configs_done(path: Path) -> int:
         return 0
 
 
-def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, prompt_set: PromptSet,
+def _reference(configs: list[Baseline], target: Target, prompt_set: PromptSet,
                groups: list[dict[str, Any]], k: int, max_tokens: int, progress: Progress,
                ids: dict[str, tuple[int, ...]]) -> list[ConfigResult]:
     """The reference loop for every configuration on one set of the target's greedy continuations (decoded

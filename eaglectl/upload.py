@@ -79,7 +79,7 @@ class UploadReport(Result):
                 "notes": self.notes}
 
 
-def commit_text(gate: CheckReport, repo_id: str) -> tuple[str, str]:
+def commit_text(gate: CheckReport) -> tuple[str, str]:
     """(commit message, description) made from the gate's report: what was uploaded and what was checked."""
     inspect_stage = next((s for s in gate.stages if s.name == "inspect"), None)
     data = (inspect_stage.data or {}) if inspect_stage else {}
@@ -111,7 +111,7 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
 
     operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
                   for rel, path in upload_files(require_folder(folder))]  # every file publish.upload_files lists
-    message, description = commit_text(gate, repo_id)
+    message, description = commit_text(gate)
     rep = UploadReport(folder, repo_id, gate, operations, commit_message or message, description, dry_run, revision,
                        create_pr, private)
     local = [f for f in gate.findings if f.rule_id == "local-path"]

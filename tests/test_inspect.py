@@ -97,8 +97,8 @@ def test_the_same_drafter_reads_the_same_in_every_dialect():
 
 
 def test_output_convention_ids_translate_to_vllm_ids():
-    sf = inspect_checkpoint(str(DRAFTERS / "specforge-3.1")).spec
-    sp = inspect_checkpoint(str(DRAFTERS / "speculators-3.1")).spec
+    sf = inspect_checkpoint(str(DRAFTERS / "specforge-3.1")).drafter.spec
+    sp = inspect_checkpoint(str(DRAFTERS / "speculators-3.1")).drafter.spec
     assert (sf.aux_convention, sf.aux_layer_ids) == ("output", (0, 3, 6))
     assert (sp.aux_convention, sp.aux_layer_ids) == ("boundary", (1, 4, 7))
     assert sf.aux_layer_ids_vllm == sp.aux_layer_ids_vllm == (1, 4, 7)

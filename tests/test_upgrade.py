@@ -63,7 +63,7 @@ def test_3_1_source_changes_nothing(tmp_path):
 def test_flags_one_at_a_time(tmp_path):
     res = upgrade(str(DRAFTERS / "speculators-3"), str(tmp_path / "o"), fc_norm=False)
     assert res.steps == ["set-norm-output"]
-    assert inspect_checkpoint(str(tmp_path / "o")).spec.eagle_version == "3.1-norm-output-only"
+    assert inspect_checkpoint(str(tmp_path / "o")).drafter.spec.eagle_version == "3.1-norm-output-only"
     # norm_output never touches step 0: the first draft position is unchanged
     assert res.fidelity.metrics[0].kl_mean == 0 and res.fidelity.metrics[1].kl_mean > 0
     res = upgrade(str(DRAFTERS / "speculators-3"), str(tmp_path / "p"), norm_output=False)
