@@ -94,18 +94,16 @@ VLLM_V1 = Reading("vllm-v1", "as vLLM's V1 runner reads the files", v1_boundarie
 
 @dataclass(frozen=True)
 class Setup:
-    """What the stages of one upgrade share: the source, its target (None: nothing to measure), the flags and
-    stored dtype of the output, the engine's reading of the files, the boundaries the drafter was measured to
-    read (None: not measured) and the prompts acceptance is measured on (None: no runnable target)."""
+    """What the stages of one upgrade share."""
 
     src: DrafterCheckpoint
-    tgt: Target | None
+    tgt: Target | None  # None: nothing to measure
     flags: dict[str, bool]  # fc_norm / norm_output of the output
     dtype: str  # the stored dtype of the tensors the upgrade writes
-    reading: Reading = VLLM_V1
+    reading: Reading = VLLM_V1  # the engine's reading of the files
     progress: Progress = passthrough
-    ids: tuple[int, ...] | None = None
-    work: Workload | None = None
+    ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
+    work: Workload | None = None  # the prompts acceptance is measured on (None: no runnable target)
 
 
 def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:

@@ -5,21 +5,19 @@ imported here, and the modules a type needs are imported when it converts a valu
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
 
 from . import formats, report
 from .io.dtypes import CONFIG_NAMES, DTYPES, TO_CONFIG
-
-if TYPE_CHECKING:
-    from .smoke import Baseline
 
 F = TypeVar("F", bound=Callable[..., Any])
 Param = click.Parameter | None
@@ -124,48 +122,27 @@ class ChoiceList(click.ParamType):
 
 
 class Parsed(click.ParamType):
-    """A value read by a library parser (imported when a value comes); its ValueError is the usage error.
-    A value that is a `kind` already (a default) is kept."""
+    """A value read by the library parser `module:function` (imported when a value comes); its ValueError is
+    the usage error. A value that is a `kind` already (a default) is kept. `listed`: the parser reads a list of
+    values (it is given this one)."""
 
-    kind: type = str
-
-    def parse(self, text: str) -> Any:
-        raise NotImplementedError
+    def __init__(self, name: str, kind: type, parser: str, listed: bool = False) -> None:
+        self.name, self.kind, self.parser, self.listed = name, kind, parser, listed
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> Any:
         if isinstance(value, self.kind):
             return value
+        module, _, function = self.parser.partition(":")
+        parse = getattr(importlib.import_module(module, __package__), function)
         try:
-            return self.parse(str(value))
+            return parse([str(value)] if self.listed else str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
 
 
-class Size(Parsed):
-    name, kind = "size", int
-
-    def parse(self, text: str) -> int:
-        from .conversion_plan import parse_size
-
-        return parse_size(text)
-
-
-class Baselines(Parsed):
-    name, kind = "baselines", list
-
-    def parse(self, text: str) -> list[Baseline]:
-        from .smoke import parse_baselines
-
-        return parse_baselines(text)
-
-
-class ServingOptions(Parsed):
-    name, kind = "serving-option", dict
-
-    def parse(self, text: str) -> dict[str, str]:
-        from .runner_smoke import parse_serving_options
-
-        return parse_serving_options([text])
+SIZE = Parsed("size", int, ".conversion_plan:parse_size")
+BASELINES = Parsed("baselines", list, ".smoke:parse_baselines")
+SERVING_OPTION = Parsed("serving-option", dict, ".runner_smoke:parse_serving_options", listed=True)
 
 
 class FileType(click.ParamType):

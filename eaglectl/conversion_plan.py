@@ -37,11 +37,6 @@ _DRAFTER_KEYS = frozenset({
 })
 
 
-def wrapper_keys() -> frozenset[str]:
-    """Keys that belong to a dialect's wrapping (never copied into the decoder-layer config)."""
-    return _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}
-
-
 @dataclass
 class TensorAction:
     dest: str
@@ -127,9 +122,15 @@ def plan_conversion(
     the same machinery: they declare flags and new tensors whose bytes the caller supplies.
     """
     dialect = writable_dialect(to)
-    _refuse_source_errors(src, target, measured)
+    for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
+        if f.severity == "error" and not f.rule.repaired_by_convert:
+            raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
+                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
     spec = spec_override or src.spec
-    fail = _failer(src, to)
+
+    def fail(message: str) -> NoReturn:
+        raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
+
     _refuse_unwritable(spec, dialect, fail)
     quantized = layout_of(src)
     if dtype and quantized is not None:  # a cast would lose the scales' meaning: FP8 / NVFP4 stay as stored
@@ -300,20 +301,6 @@ def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: Targe
     return {"boundary_ids": list(ids) if ids is not None else None, "flags": flags, "basis": basis}
 
 
-def _failer(src: DrafterCheckpoint, to: str) -> Fail:
-    def fail(message: str) -> NoReturn:
-        raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
-    return fail
-
-
-def _refuse_source_errors(src: DrafterCheckpoint, target: TargetCheckpoint | None,
-                          measured: Measurement | None = None) -> None:
-    for f in run_checks(Context(src, target, measured=measured)):
-        if f.severity == "error" and not f.rule.repaired_by_convert:
-            raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
-                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
-
-
 def _main_float_dtype(src: DrafterCheckpoint) -> str:
     counts: dict[str, int] = {}
     for info in src.ckpt.tensors.values():
@@ -386,7 +373,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     assert w is not None
     if aux_ids is not None and w.aux_ids_paths:
         written_fields.update(aux_fields_written(dialect, aux_ids))
-    skip = wrapper_keys()
+    skip = _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}  # a dialect's wrapping
     layer = json.loads(json.dumps({k: v for k, v in src.layer_config.data.items() if k not in skip}))  # the plan's own
     if not is_hub_id(layer.get("_name_or_path")):
         layer.pop("_name_or_path", None)  # a training machine's path is no identity

@@ -32,12 +32,6 @@ def _save(fig: Figure, path: str) -> None:
     write_file(path, png.getvalue())
 
 
-def _label(run: dict[str, Any], names: dict[str, str]) -> str:
-    extra = (f" @{run['context_length']}" if run.get("context_length") else
-             f" [{run['template']}]" if run.get("template") else "")
-    return names[run["drafter"]] + extra
-
-
 def plot_drift(doc: dict[str, Any], path: str) -> None:
     """Sink, self and recent mass and the fed-back state's RMS by depth; one line per drafter and
     condition, the 95 % interval shaded."""
@@ -53,7 +47,9 @@ def plot_drift(doc: dict[str, Any], path: str) -> None:
         for run in runs:
             xs = [d["depth"] for d in run["depths"] if d[metric] is not None]
             ys = [d[metric] for d in run["depths"] if d[metric] is not None]
-            line = ax.plot(xs, ys, marker="o", label=_label(run, names))[0]
+            label = names[run["drafter"]] + (f" @{run['context_length']}" if run.get("context_length") else
+                                             f" [{run['template']}]" if run.get("template") else "")
+            line = ax.plot(xs, ys, marker="o", label=label)[0]
             ci = [d[f"{metric}_ci"] for d in run["depths"] if d[metric] is not None]
             if all(c[0] is not None for c in ci):
                 ax.fill_between(xs, [c[0] for c in ci], [c[1] for c in ci], color=line.get_color(), alpha=0.15)

@@ -458,11 +458,10 @@ def run(
                              table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
-    if against is None:  # precision / device parity against the fp32 CPU reference of itself
-        report = compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
-    else:
-        report = compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device),
-                         (dtype, device), steps, tokens, seed, upgrade=upgrade_provenance(cand_d.config))
+    mode = "precision" if against is None else "fidelity" if fidelity else "conversion"
+    ref_at = ("float32", "cpu") if against is None else (dtype, device)  # precision: the fp32 CPU run of itself
+    report = compare(cand, ref, inputs, mode, (dtype, device), ref_at, steps, tokens, seed,
+                     upgrade=upgrade_provenance(cand_d.config) if against is not None else None)
     report.layers = layers
     return report
 

@@ -11,7 +11,7 @@ import click
 from .. import console
 from ..console import SETTINGS, safe, say, table
 from ..layout import short_path
-from .parts import STATUS_STYLE, findings, human_size, json_short, shown
+from .parts import STATUS_STYLE, findings, human_size, json_short, num
 
 if TYPE_CHECKING:
     from ..result import BatchResult
@@ -48,8 +48,8 @@ def render_inspect(report: InspectReport) -> None:
             say("scan     ", f.message)
     if report.target:
         tg = report.target.summary()
-        say("target   ", items=[f"{short_path(tg['source'])}: {shown(tg.get('num_hidden_layers'))} layers",
-                                f"hidden {shown(tg.get('hidden_size'))}", f"vocab {shown(tg.get('vocab_size'))}"])
+        say("target   ", items=[f"{short_path(tg['source'])}: {num(tg.get('num_hidden_layers'))} layers",
+                                f"hidden {num(tg.get('hidden_size'))}", f"vocab {num(tg.get('vocab_size'))}"])
         if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
             say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)

@@ -10,7 +10,7 @@ from rich.markup import escape
 from .. import console
 from ..console import safe, say, table
 from ..layout import short_names, short_path
-from .parts import num, shown, step_range
+from .parts import num, step_range
 
 if TYPE_CHECKING:
     from ..capture import CaptureResult
@@ -68,11 +68,6 @@ def render_verify(report: ParityReport) -> None:
         out.print("\n" + ("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"))
 
 
-def _bar(value: float, width: int = 30) -> str:
-    full = max(0, min(width, round(value * width)))
-    return "█" * full + "·" * (width - full)
-
-
 def _config_label(name: str) -> str:
     """`eagle3:/work/x/fixtures/trained/eagle3.1` → `eagle3:fixtures/trained/eagle3.1`: a baseline is named
     by its path as the user gave it (short_path), so two drafters of one name stay apart."""
@@ -105,7 +100,7 @@ def render_smoke(rep: SmokeReport) -> None:
         rows.append((name, num(r.get("mean_acceptance_length"), ".3f"), num(r.get("accepted_draft_length"), ".3f"),
                      "-" if r.get("draft_acceptance_rate") is None else f"{100 * r['draft_acceptance_rate']:.1f}%",
                      " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
-                     shown(r.get("num_drafts")),
+                     num(r.get("num_drafts")),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
     out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
     if skipped:
@@ -124,7 +119,8 @@ def render_smoke(rep: SmokeReport) -> None:
     if per:
         out.print("\nper-position acceptance (drafter):")
         for i, rate in enumerate(per):
-            out.print(f"  {i + 1:2d} {_bar(rate)} {100 * rate:5.1f}%")
+            full = max(0, min(30, round(rate * 30)))  # a bar of 30 cells
+            out.print(f"  {i + 1:2d} {'█' * full}{'·' * (30 - full)} {100 * rate:5.1f}%")
     speedups = rep.speedups()
     if speedups:
         out.print("\nspeedup over no speculation (per-user output tokens/s, 1/TPOT: time to first token excluded):")

@@ -25,12 +25,8 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
-def shown(value: object) -> str:
-    """A value in human output: an absent one is "-", never "None"."""
-    return "-" if value is None else str(value)
-
-
-def num(x: float | None, fmt: str = ".2e") -> str:
+def num(x: object, fmt: str = "") -> str:
+    """A value in human output (`fmt`: its format spec): an absent one is "-", never "None"."""
     return "-" if x is None else format(x, fmt)
 
 
