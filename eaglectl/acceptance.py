@@ -94,18 +94,16 @@ VLLM_V1 = Reading("vllm-v1", "as vLLM's V1 runner reads the files", v1_boundarie
 
 @dataclass(frozen=True)
 class Setup:
-    """What the stages of one upgrade share: the source, its target (None: nothing to measure), the flags and
-    stored dtype of the output, the engine's reading of the files, the boundaries the drafter was measured to
-    read (None: not measured) and the prompts acceptance is measured on (None: no runnable target)."""
+    """What the stages of one upgrade share."""
 
     src: DrafterCheckpoint
-    tgt: Target | None
+    tgt: Target | None  # None: nothing to measure
     flags: dict[str, bool]  # fc_norm / norm_output of the output
     dtype: str  # the stored dtype of the tensors the upgrade writes
-    reading: Reading = VLLM_V1
+    reading: Reading = VLLM_V1  # the engine's reading of the files
     progress: Progress = passthrough
-    ids: tuple[int, ...] | None = None
-    work: Workload | None = None
+    ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
+    work: Workload | None = None  # the prompts acceptance is measured on (None: no runnable target)
 
 
 def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
@@ -145,13 +143,9 @@ def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str
                     "estimated_acceptance_kept": round(chain(cand) / source_chain, 4),
                     "acceptance_length": round(al, 4), "source_acceptance_length": round(source_al, 4),
                     "acceptance_kept": round(al / source_al, 4)})
-    return _rank([*ranked, *out])
-
-
-def _rank(candidates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Best first: acceptance kept, then the chain estimate; `fit` must beat a closed-form init, not tie it."""
-    return sorted(candidates, key=lambda r: (-r["acceptance_kept"], -r["estimated_acceptance_kept"],
-                                             r["init"] == "fit"))
+    # best first: acceptance kept, then the chain estimate; `fit` must beat a closed-form init, not tie it
+    return sorted([*ranked, *out], key=lambda r: (-r["acceptance_kept"], -r["estimated_acceptance_kept"],
+                                                  r["init"] == "fit"))
 
 
 def stored(gammas: list[np.ndarray], new_fc: np.ndarray | None, dtype: str) -> dict[str, torch.Tensor]:
@@ -204,23 +198,22 @@ def counts_json(c: LoopCounts) -> dict[str, Any]:
             "per_request": [[r.num_drafts, r.num_accepted_tokens] for r in c.per_request]}
 
 
-def bootstrap(before: LoopCounts, after: LoopCounts, resamples: int = BOOTSTRAP_RESAMPLES,
-              seed: int = BOOTSTRAP_SEED) -> dict[str, Any]:
+def bootstrap(before: LoopCounts, after: LoopCounts) -> dict[str, Any]:
     """Percentile 95 % intervals of AL before, after and kept, resampling prompts with replacement (paired:
     one draw of prompts serves all three). AL of a draw = 1 + accepted / drafts over its prompts, as vLLM
     pools a batch."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     b = np.array([[r.num_drafts, r.num_accepted_tokens] for r in before.per_request], dtype=np.float64)
     a = np.array([[r.num_drafts, r.num_accepted_tokens] for r in after.per_request], dtype=np.float64)
-    pick = rng.integers(0, len(b), size=(resamples, len(b)))
+    pick = rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))
     al_b = 1 + b[pick, 1].sum(1) / np.maximum(b[pick, 0].sum(1), 1)
     al_a = 1 + a[pick, 1].sum(1) / np.maximum(a[pick, 0].sum(1), 1)
 
     def ci(x: np.ndarray) -> list[float]:
         return [round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4)]
 
-    return {"confidence": 0.95, "resamples": resamples, "seed": seed, "before": ci(al_b), "after": ci(al_a),
-            "kept": ci(al_a / al_b)}
+    return {"confidence": 0.95, "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "before": ci(al_b),
+            "after": ci(al_a), "kept": ci(al_a / al_b)}
 
 
 def check_written(s: Setup, out: DrafterCheckpoint, reported: dict[str, Any]) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import click
 
@@ -24,18 +24,7 @@ from .cli_params import Number
 from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
 from .io.jsonio import loads
 from .limits import limit
-from .result import BatchResult
-
-
-class Outcome(Protocol):
-    """What a command's library call returns: an exit code, a one-line summary and a JSON document."""
-
-    @property
-    def exit_code(self) -> int: ...
-
-    def summary_line(self) -> str: ...
-
-    def to_json(self) -> dict[str, Any]: ...
+from .result import BatchResult, Result
 
 
 def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tuple[int, dict[str, Any]]]:
@@ -153,9 +142,9 @@ def _item_options(ctx: click.Context, item: dict[str, Any], where: str) -> dict[
             out[key] = value
             continue
         p = params[key]
-        expected = _manifest_kind(p)
+        expected, fits = _manifest_kind(p)
         values = value if p.multiple and isinstance(value, list) else [value]
-        if not all(_manifest_fits(p, v) for v in values):
+        if not all(fits(v) for v in values):
             raise ManifestError(f"{where}: '{key}' must be {expected}" + (" (or a list of them)" if p.multiple else ""))
         try:
             out[p.name] = p.type_cast_value(ctx, value)  # type: ignore[index]
@@ -166,28 +155,17 @@ def _item_options(ctx: click.Context, item: dict[str, Any], where: str) -> dict[
     return out
 
 
-def _manifest_numeric(p: click.Parameter) -> bool:
-    return isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, Number))
-
-
-def _manifest_kind(p: click.Parameter) -> str:
+def _manifest_kind(p: click.Parameter) -> tuple[str, Callable[[Any], bool]]:
+    """What a manifest value of this option must be, said and tested: the kind the command line would give it
+    (text, or the JSON equivalent)."""
     if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
-        return "true or false"
-    return "a number (or a string)" if _manifest_numeric(p) else "a string"
+        return "true or false", lambda v: isinstance(v, bool)
+    if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType, Number)):
+        return "a number (or a string)", lambda v: isinstance(v, (int, float, str)) and not isinstance(v, bool)
+    return "a string", lambda v: isinstance(v, str)
 
 
-def _manifest_fits(p: click.Parameter, value: Any) -> bool:
-    """A manifest value of the kind the command line would give this option (text, or the JSON equivalent)."""
-    if getattr(p, "is_flag", False) or isinstance(p.type, click.types.BoolParamType):
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
-        return _manifest_numeric(p)
-    return isinstance(value, str)
-
-
-def single_or_batch(command: str, one: Callable[[dict[str, Any]], Outcome], need_dest: bool = True) -> None:
+def single_or_batch(command: str, one: Callable[[dict[str, Any]], Result], need_dest: bool = True) -> None:
     """The current command's SOURCE [DEST] (or one of SOURCES...) runs once and renders; its --manifest, or
     several SOURCES, runs a batch with one summary and the worst item's exit code. `one` gets the command's
     options, an item's over them."""
@@ -217,5 +195,5 @@ def single_or_batch(command: str, one: Callable[[dict[str, Any]], Outcome], need
                                            lambda item: _row(one({**defaults, **options[id(item)]})), fail_fast))
 
 
-def _row(result: Outcome) -> tuple[int, str, dict[str, Any]]:
+def _row(result: Result) -> tuple[int, str, dict[str, Any]]:
     return result.exit_code, result.summary_line(), result.to_json()

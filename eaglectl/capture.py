@@ -111,8 +111,7 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
     with staged_output(out, force=force, sources=sources) as stage:
         if engine == "vllm":
             (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, tensor_parallel_size,
-                                             max_model_len,
-                                  vllm_args or {}, vllm_python, timeout_s, progress)
+                                             max_model_len, vllm_args or {}, vllm_python, timeout_s, progress)
         elif engine == "server":
             (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress,
                                                t.hidden_size, t.vocab_size), None
@@ -220,15 +219,12 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
         src = LocalFile(dump)
         try:
             header = read_header(src)
-        except CorruptCheckpointError as e:
-            raise CaptureFailedError(f"{path}: not a hidden-states dump ({e.message})") from None
-        info, tok = header.tensors.get("hidden_states"), header.tensors.get("token_ids")
-        if info is None or tok is None:
-            raise CaptureFailedError(f"{path}: not a hidden-states dump (no hidden_states / token_ids)")
-        if tok.dtype not in ("I64", "I32") or len(tok.shape) != 1 or info.dtype not in ("F32", "BF16", "F16"):
-            raise CaptureFailedError(f"{path}: token_ids {tok.dtype} / hidden_states {info.dtype}: not a dump of "
-                                     "integer ids and float states")
-        try:
+            info, tok = header.tensors.get("hidden_states"), header.tensors.get("token_ids")
+            if info is None or tok is None:
+                raise CaptureFailedError(f"{path}: not a hidden-states dump (no hidden_states / token_ids)")
+            if tok.dtype not in ("I64", "I32") or len(tok.shape) != 1 or info.dtype not in ("F32", "BF16", "F16"):
+                raise CaptureFailedError(f"{path}: token_ids {tok.dtype} / hidden_states {info.dtype}: not a dump of "
+                                         "integer ids and float states")
             tokens = read_tensor(src, header, "token_ids").astype(np.int64)
         except CorruptCheckpointError as e:
             raise CaptureFailedError(f"{path}: not a hidden-states dump ({e.message})") from None
@@ -336,14 +332,13 @@ def recipe(target: str, layers: str, drafter: str | None, out: str, tensor_paral
     storage = str(Path(out).resolve()) + ".raw"
     serve = ["vllm", "serve", name, "--tensor-parallel-size", str(tensor_parallel_size), *server_args(ids, storage)]
     cpu = server_args(ids, storage, cpu=True)[3]
-    connector = WORKERS
     drive = ["eaglectl", "capture", target, "--engine", "server", "--server-url", "http://localhost:8000",
              "--layers", ",".join(map(str, ids)), "--out", out, *capture_flags]
     text = f"""# 1. serve the target, dumping hidden states at boundaries {list(ids)} (vLLM's numbering) into {storage}
 #    (add your usual flags: --pipeline-parallel-size, --data-parallel-size, quantization, ...)
 {_shell(serve)}
 #    on a CPU server use eaglectl's synchronous connector instead (the stock one waits on CUDA events):
-#    PYTHONPATH={shlex.quote(str(connector))} ... --kv-transfer-config {shlex.quote(cpu)}
+#    PYTHONPATH={shlex.quote(str(WORKERS))} ... --kv-transfer-config {shlex.quote(cpu)}
 
 # 2. on a machine that sees {storage} (same filesystem), send the prompts and collect the dumps
 {_shell(drive)}

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .io.atomic import write_file
 from .inspection import InspectReport
 from .target import is_hub_id
 
@@ -32,15 +31,6 @@ def base_model(rep: InspectReport, explicit: str | None = None) -> str | None:
     return verifier if is_hub_id(verifier) else None
 
 
-def card_tags(rep: InspectReport) -> list[str]:
-    tags = ["speculative-decoding", "eagle3"]
-    if rep.spec.eagle_version.startswith("3.1"):
-        tags.append("eagle3.1")
-    if rep.dialect.config_style == "speculators":
-        tags.append("speculators")
-    return [*tags, "vllm"]
-
-
 def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] | None, existing: Any | None,
                 profile: dict[str, Any] | None = None) -> str:
     """README.md text: front-matter (base_model, tags; license and other keys kept) and a generated body."""
@@ -51,18 +41,23 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
         data["base_model"] = base
     elif isinstance(data.get("base_model"), str) and not is_hub_id(data["base_model"]):
         data.pop("base_model")  # a local path is no identity
-    data["tags"] = sorted({t for t in (data.get("tags") or []) if isinstance(t, str)} | set(card_tags(rep)))
+    tags = {"speculative-decoding", "eagle3", "vllm"}
+    if rep.drafter.spec.eagle_version.startswith("3.1"):
+        tags.add("eagle3.1")
+    if rep.drafter.dialect.config_style == "speculators":
+        tags.add("speculators")
+    data["tags"] = sorted({t for t in (data.get("tags") or []) if isinstance(t, str)} | tags)
     prov = rep.drafter.config.sub("eaglectl_provenance")
-    spec = rep.spec
+    spec = rep.drafter.spec
     lines = [
         f"# EAGLE-{spec.eagle_version} drafter", "",
         f"Speculative-decoding drafter (EAGLE-{spec.eagle_version}, {spec.arch}) for `{base or 'its target'}`, "
-        f"in the `{rep.dialect.name}` layout ({rep.dialect.title}).", "",
+        f"in the `{rep.drafter.dialect.name}` layout ({rep.drafter.dialect.title}).", "",
         "## Serve with vLLM", "", "```bash", _serve(rep, base), "```", "",
         "## Drafter", "",
         "| field | value |", "|---|---|",
         f"| EAGLE version | {spec.eagle_version} |",
-        f"| dialect | {rep.dialect.name} |",
+        f"| dialect | {rep.drafter.dialect.name} |",
         f"| aux layer ids (vLLM convention) | "
         f"{list(spec.aux_layer_ids_vllm) if spec.aux_layer_ids_vllm else 'engine default'} |",
         f"| draft vocab | {spec.draft_vocab_size or spec.vocab_size} of {spec.vocab_size} |",
@@ -139,12 +134,6 @@ def _serve(rep: InspectReport, base: str | None) -> str:
     if rep.drafter.ckpt.hub_ref is None:
         cfg["model"] = "<org>/<this-drafter>"
     return serve_line(base or "<target-model>", cfg)
-
-
-def write_card(folder: Path, text: str) -> Path:
-    path = folder / CARD
-    write_file(path, text.encode("utf-8"), doing="write the model card")
-    return path
 
 
 def load_card(folder: Path) -> Any | None:

@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from .inspection import InspectReport
 
 
-
 @dataclass
 class Stage:
     name: str
@@ -85,65 +84,49 @@ SMOKE_DEFAULTS: dict[str, Any] = {"engine": "vllm", "k": 3, "prompts": "builtin:
                                   "timeout_s": 900.0}
 
 
-def run(source: str, *, target: str | None = None, run_smoke: bool = False, card: bool | None = None,
-        strict: bool = False, min_acceptance: float | None = None, vllm_python: str | None = None,
-        allow_pickle: bool = False, base_model: str | None = None, measure: bool = True,
-        states: str | None = None, engine_version: str | None = None, progress: Progress = passthrough,
-        smoke_options: dict[str, Any] | None = None) -> CheckReport:
-    """Run the gate on SOURCE. `min_acceptance`, or any of `smoke_options` (engine, k, prompts, num_prompts,
-    timeout_s: passed to `smoke.measure`), implies the smoke stage."""
-    given = {k: v for k, v in (smoke_options or {}).items() if v is not None}
-    unknown = set(given) - set(SMOKE_DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown smoke options {sorted(unknown)}")
+def run(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
+    """Run the gate on o["source"] with its options as the command line names them (`check`'s, `upload`'s or a
+    manifest line's). `--min-acceptance`, or any of the smoke stage's options (passed to `smoke.measure`),
+    implies the smoke stage."""
     from .drafter import open_drafter
     from .inspection import inspect_opened
     from .target import Target
 
+    source, target, states, strict = o["source"], o["target"], o["states"], o["strict"]
+    min_acceptance, vllm_python = o["min_acceptance"], o["vllm_python"]
+    given = {k: o[f"smoke_{k}"] for k in SMOKE_DEFAULTS if o[f"smoke_{k}"] is not None}
     t0 = time.perf_counter()
-    d = open_drafter(source, allow_pickle=allow_pickle)
+    d = open_drafter(source, allow_pickle=o["allow_pickle"])
     tgt = Target.open(target, states, progress=progress)
-    rep = inspect_opened(d, tgt, strict=strict, measure=measure, engine_version=engine_version, progress=progress,
-                         vllm_python=vllm_python)
-    s = rep.summary
+    rep = inspect_opened(d, tgt, strict=strict, measure=o["measure"], engine_version=o["engine_version"],
+                         progress=progress, vllm_python=vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
-                          f"dialect {d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), "
-                          f"{s['warning']} warning(s)" + (" (strict)" if strict else "") +
+                          f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
                           (f", against {target}" if target else f", against the capture {states}" if states else ""),
                           time.perf_counter() - t0,
-                          {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": s},
+                          {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": rep.summary},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
     out.stages.append(_timed(lambda: _parity(rep)))
-    wants_smoke = run_smoke or min_acceptance is not None or bool(given)
+    wants_smoke = o["run_smoke"] or min_acceptance is not None or bool(given)
     smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress,
                                         {**SMOKE_DEFAULTS, **given}))
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
-    out.stages.append(_timed(lambda: _card(out, rep, card, smoke_doc, base_model)))
+    out.stages.append(_timed(lambda: _card(out, rep, o["card"], smoke_doc, o["base_model"])))
     out.stages.append(_timed(lambda: _publish(out, rep)))
     return out
-
-
-def run_options(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
-    """`run` with the gate's options as the command line names them (`check`'s, `upload`'s or a manifest line's)."""
-    smoke = {"engine": o["smoke_engine"], "k": o["smoke_k"], "prompts": o["smoke_prompts"],
-             "num_prompts": o["smoke_num_prompts"], "timeout_s": o["smoke_timeout_s"]}
-    return run(o["source"], target=o["target"], run_smoke=o["run_smoke"], card=o["card"], strict=o["strict"],
-               min_acceptance=o["min_acceptance"], vllm_python=o["vllm_python"], allow_pickle=o["allow_pickle"],
-               base_model=o["base_model"], measure=o["measure"], states=o["states"],
-               engine_version=o["engine_version"], progress=progress, smoke_options=smoke)
 
 
 @contextlib.contextmanager
 def gates(sarif_path: str | None,
           progress: Progress = passthrough) -> Iterator[Callable[[dict[str, Any]], CheckReport]]:
-    """Yield `run_options` that keeps each report; when the block ends (an error or an exit included), the
+    """Yield `run` that keeps each report; when the block ends (an error or an exit included), the
     reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
     reports: list[CheckReport] = []
 
     def gate(o: dict[str, Any]) -> CheckReport:
-        reports.append(run_options(o, progress))
+        reports.append(run(o, progress))
         return reports[-1]
 
     try:
@@ -182,7 +165,6 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
 def _parity(rep: InspectReport) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
-    from .errors import MissingDependencyError
     from .verify import compare, real_inputs, synthetic_inputs
 
     try:
@@ -238,7 +220,7 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptan
 
 def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
-    from .card import base_model, load_card, render_card, write_card
+    from .card import CARD, base_model, load_card, render_card
     from .rules.card import lint_card, lint_profile
 
     if card is False:
@@ -255,8 +237,8 @@ def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: di
         if card and explicit_base:
             out.config_written = name_verifier(rep.drafter, explicit_base)
         if card:
-            path = write_card(folder, render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile))
-            out.card_written = str(path)
+            text = render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile)
+            out.card_written = str(write_file(folder / CARD, text.encode("utf-8"), doing="write the model card"))
             existing = load_card(folder)
     except EaglectlError as e:
         return Stage("card", "fail", f"[{e.reference}] {e.message}", requested=bool(card))

@@ -47,8 +47,7 @@ class EaglectlGroup(click.Group):
         return ctx
 
     def invoke(self, ctx: click.Context) -> Any:
-        argv = ctx.meta.get("eaglectl.argv", [])
-        report.SETTINGS.command = next((a for a in argv if a in self.commands), None)
+        argv = ctx.meta.get("eaglectl.argv", [])  # the command was named from it in make_context
         try:
             return super().invoke(ctx)
         except click.ClickException as e:
@@ -166,7 +165,7 @@ Examples:
               help="Aux ids in vLLM's (boundary) convention, e.g. 2,16,29.")
 @click.option("--source-aux-convention", type=click.Choice(["boundary", "output"]),
               help="What the source's aux ids mean, when the files cannot say (ModelOpt).")
-@click.option("--max-shard-size", type=params.Size(), metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
+@click.option("--max-shard-size", type=params.SIZE, metavar="SIZE", help="Shard the output (e.g. 5GB); must be > 0.")
 @click.option("--embed-from-target", is_flag=True,
               help="Ship embed_tokens.weight from --target when the drafter has none (speculators' loader leaves a "
                    "missing one uninitialised; engines share the target's anyway).")
@@ -326,7 +325,7 @@ Examples:
               help="Context window given to vLLM.")
 @click.option("--concurrency", type=params.IntList(1, 4096), default="1,4,16", show_default=True,
               help="Concurrency levels for throughput and speedup (vLLM engine).")
-@click.option("--baseline", "baselines", type=params.Baselines(), default="none", show_default=True,
+@click.option("--baseline", "baselines", type=params.BASELINES, default="none", show_default=True,
               help="Comma list: none, ngram, draft_model:PATH, eagle3:PATH (or a drafter path).")
 @params.dtype_option("float32", "Precision the target (and the drafter) runs at.")
 @params.tensor_parallel_option("vLLM tensor parallelism of the target.")
@@ -349,12 +348,12 @@ Examples:
               "Default: both when their readings differ, else the one vLLM uses here.")
 @click.option("--reference-layers", type=click.Choice(["runner", "measured"]), default="runner", show_default=True,
               help="--engine reference: run the layers each vLLM runner reads, or the layers the probe measured.")
-@click.option("--serving-option", "serving_options", multiple=True, type=params.ServingOptions(), metavar="KEY=VALUE",
+@click.option("--serving-option", "serving_options", multiple=True, type=params.SERVING_OPTION, metavar="KEY=VALUE",
+              callback=params.merge_serving_options,
               help="Override a serving option that changes acceptance (rejection_sample_method, "
                    "draft_lm_head_quantization); recorded as an override. Default: vLLM's standard ones, forced.")
 @params.json_option
-def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None,
-              serving_options: tuple[dict[str, str], ...], **options: Any) -> None:
+def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None, **options: Any) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -366,9 +365,8 @@ def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None
     """
     from . import smoke
 
-    serving = params.merge_serving_options(serving_options)
     report.finish("smoke", smoke.run(drafter, target, **options, context_lengths=context_lengths or (),
-                                     serving_options=serving, progress=report.progress))
+                                     progress=report.progress))
 
 
 @cli.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b
@@ -428,7 +426,7 @@ def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool,
     from . import check, upload
 
     upload.require_folder(folder)
-    gate = check.run_options({**options, "source": folder}, report.progress)
+    gate = check.run({**options, "source": folder}, report.progress)
     report.finish("upload", upload.run(folder, repo_id, gate=gate, revision=revision, create_pr=create_pr,
                                        private=private, dry_run=dry_run, commit_message=commit_message))
 

@@ -5,20 +5,19 @@ imported here, and the modules a type needs are imported when it converts a valu
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
 
 from . import formats, report
 from .io.dtypes import CONFIG_NAMES, DTYPES, TO_CONFIG
-
-if TYPE_CHECKING:
-    from .smoke import Baseline
 
 F = TypeVar("F", bound=Callable[..., Any])
 Param = click.Parameter | None
@@ -123,57 +122,40 @@ class ChoiceList(click.ParamType):
 
 
 class Parsed(click.ParamType):
-    """A value read by a library parser (imported when a value comes); its ValueError is the usage error.
-    A value that is a `kind` already (a default) is kept."""
+    """A value read by the library parser `module:function` (imported when a value comes); its ValueError is
+    the usage error. A value that is a `kind` already (a default) is kept. `listed`: the parser reads a list of
+    values (it is given this one)."""
 
-    kind: type = str
-
-    def parse(self, text: str) -> Any:
-        raise NotImplementedError
+    def __init__(self, name: str, kind: type, parser: str, listed: bool = False) -> None:
+        self.name, self.kind, self.parser, self.listed = name, kind, parser, listed
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> Any:
         if isinstance(value, self.kind):
             return value
+        module, _, function = self.parser.partition(":")
+        parse = getattr(importlib.import_module(module, __package__), function)
         try:
-            return self.parse(str(value))
+            return parse([str(value)] if self.listed else str(value))
         except ValueError as e:
             self.fail(str(e), param, ctx)
 
 
-class Size(Parsed):
-    name, kind = "size", int
-
-    def parse(self, text: str) -> int:
-        from .conversion_plan import parse_size
-
-        return parse_size(text)
+SIZE = Parsed("size", int, ".conversion_plan:parse_size")
+BASELINES = Parsed("baselines", list, ".smoke:parse_baselines")
+SERVING_OPTION = Parsed("serving-option", dict, ".runner_smoke:parse_serving_options", listed=True)
 
 
-class Baselines(Parsed):
-    name, kind = "baselines", list
-
-    def parse(self, text: str) -> list[Baseline]:
-        from .smoke import parse_baselines
-
-        return parse_baselines(text)
-
-
-class ServingOptions(Parsed):
-    name, kind = "serving-option", dict
-
-    def parse(self, text: str) -> dict[str, str]:
-        from .runner_smoke import parse_serving_options
-
-        return parse_serving_options([text])
-
-
-class TextFile(click.ParamType):
-    """A readable, non-empty UTF-8 text file; the value is its text."""
+class FileType(click.ParamType):
+    """A file named on the command line: the shell completes file names."""
 
     name = "file"
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
         return click.Path().shell_complete(ctx, param, incomplete)
+
+
+class TextFile(FileType):
+    """A readable, non-empty UTF-8 text file; the value is its text."""
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
         path = Path(str(value))
@@ -186,13 +168,8 @@ class TextFile(click.ParamType):
         return text
 
 
-class OutputFile(click.ParamType):
+class OutputFile(FileType):
     """A file to write: its folder must exist (checked before any work starts)."""
-
-    name = "file"
-
-    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-        return click.Path().shell_complete(ctx, param, incomplete)
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
         parent = Path(os.path.abspath(str(value))).parent
@@ -230,8 +207,6 @@ class HubId(click.ParamType):
 
 
 class ReleaseVersion(click.ParamType):
-    """X.Y or X.Y.Z."""
-
     name = "x.y"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
@@ -281,7 +256,9 @@ def json_option(fn: F) -> F:
     return verbosity_options(fn)
 
 
-def _set_verbosity(level: int) -> None:
+def _set_verbosity(level: int, ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value:
+        return
     if report.SETTINGS.verbosity == -level:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
     report.SETTINGS.verbosity = level
@@ -289,22 +266,13 @@ def _set_verbosity(level: int) -> None:
 
 def verbosity_options(fn: F) -> F:
     """-q / -v after the subcommand too (`eaglectl inspect X -q`), as before it."""
-    def quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            _set_verbosity(-1)
-
-    def verbose(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-        if value:
-            _set_verbosity(1)
-
-    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=verbose,
+    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=partial(_set_verbosity, 1),
                       help="As `eaglectl -v`: print more (evidence, the spec table, info findings, timings).")(fn)
-    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=quiet,
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=partial(_set_verbosity, -1),
                         help="As `eaglectl -q`: only errors and the one-line result.")(fn)
 
 
 def dtype_option(default: str | None, help: str, shown: str | None = None) -> Callable[[F], F]:
-    """--dtype: one definition (choices, how the default is shown) for every command."""
     return click.option("--dtype", type=click.Choice(RUN_DTYPES), default=default,
                         show_default=shown if shown is not None else default is not None, help=help)
 
@@ -432,7 +400,7 @@ def given_flags(*names: str) -> tuple[str, ...]:
     return tuple(x for pair in given for x in pair)
 
 
-def merge_serving_options(items: tuple[dict[str, str], ...]) -> dict[str, str]:
+def merge_serving_options(ctx: Ctx, param: Param, items: tuple[dict[str, str], ...]) -> dict[str, str]:
     """The --serving-option values as one mapping; a key given twice is a usage error."""
     out: dict[str, str] = {}
     for item in items:
@@ -450,7 +418,6 @@ PATH_PARAMS = frozenset({"source", "dest", "sources", "candidate", "drafter", "d
 
 
 def complete_paths(group: click.Group) -> None:
-    """Let the shell complete file names for `group`'s PATH_PARAMS."""
     for cmd in group.commands.values():
         for p in cmd.params:
             if p.name in PATH_PARAMS and p.type is click.STRING:

@@ -87,13 +87,13 @@ def _llama_layout(name: str, data: np.ndarray, meta: dict[str, Any]) -> np.ndarr
 
 
 def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
-                 force: bool = False, inputs: tuple[str, ...] = (), replay: bool = False) -> tuple[list[str], str]:
+                 force: bool = False, replay: bool = False) -> tuple[list[str], str]:
     """Write `plan` as DEST/model.gguf; (what was checked, the source digest)."""
     if "lm_head.weight" not in {a.canonical for a in plan.tensors}:
         raise ConversionError(f"{plan.source}: no lm_head: llama.cpp's eagle3 graph needs the draft's own output head",
                               hint="pass --target to take it from the target model")
     meta = gguf_metadata(plan)
-    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target, *inputs),
+    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target),
                        replaceable=(*REPLACEABLE, "*.gguf")) as stage:
         digest = SourceDigest(src.ckpt)
         try:

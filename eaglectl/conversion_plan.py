@@ -37,11 +37,6 @@ _DRAFTER_KEYS = frozenset({
 })
 
 
-def wrapper_keys() -> frozenset[str]:
-    """Keys that belong to a dialect's wrapping (never copied into the decoder-layer config)."""
-    return _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}
-
-
 @dataclass
 class TensorAction:
     dest: str
@@ -96,7 +91,6 @@ class ConversionPlan:
 
 
 def writable_dialect(to: str) -> Dialect:
-    """The destination dialect, or ConversionError naming what eaglectl can write."""
     if to not in formats.DIALECTS:
         raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
     dialect = formats.get(to)
@@ -128,9 +122,15 @@ def plan_conversion(
     the same machinery: they declare flags and new tensors whose bytes the caller supplies.
     """
     dialect = writable_dialect(to)
-    _refuse_source_errors(src, target, measured)
+    for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
+        if f.severity == "error" and not f.rule.repaired_by_convert:
+            raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
+                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
     spec = spec_override or src.spec
-    fail = _failer(src, to)
+
+    def fail(message: str) -> NoReturn:
+        raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
+
     _refuse_unwritable(spec, dialect, fail)
     quantized = layout_of(src)
     if dtype and quantized is not None:  # a cast would lose the scales' meaning: FP8 / NVFP4 stay as stored
@@ -144,16 +144,15 @@ def plan_conversion(
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
-    notes: list[str] = []
-    config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model,
-                                                notes)
+    config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
     intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=spec_override is None)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
-    shard_limit = max_shard_size or (_largest_file(src) if src.ckpt.layout == "sharded" else None)
+    shard_limit = max_shard_size or (max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
+                                     if src.ckpt.layout == "sharded" else None)  # the source's largest file
     return ConversionPlan(
         source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
         tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
-        shards=_shard(actions, shard_limit), metadata=metadata, notes=notes,
+        shards=_shard(actions, shard_limit), metadata=metadata,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
         warnings=warnings,
     )
@@ -176,7 +175,6 @@ def _refuse_unwritable(spec: DrafterSpec, dialect: Dialect, fail: Fail) -> None:
 
 
 def _reduced(spec: DrafterSpec) -> bool:
-    """The draft vocabulary is smaller than the target's (d2t maps it)."""
     V, Vd = spec.vocab_size, spec.draft_vocab_size or spec.vocab_size
     return V is not None and Vd is not None and Vd < V
 
@@ -264,16 +262,15 @@ def _with_extra_tensors(actions: list[TensorAction], dialect: Dialect,
 
 
 def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None,
-                 notes: list[str]) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None
+                 ) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
     """(the destination config with its quantisation and provenance records, the dialect's warnings, the
     quantisation side file or None)."""
     w = dialect.writer
     assert w is not None
     fields: dict[str, tuple[str, list[int]]] = {}
     warnings = [message for when, message in w.warnings if all(getattr(spec, k) == v for k, v in when.items())]
-    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, notes, fields,
-                          warnings)
+    config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, fields, warnings)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
@@ -302,20 +299,6 @@ def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: Targe
             if name in flags and fact.measured in ("true", "false") and fact.measured != fact.declared:
                 flags[name] = fact.measured == "true"
     return {"boundary_ids": list(ids) if ids is not None else None, "flags": flags, "basis": basis}
-
-
-def _failer(src: DrafterCheckpoint, to: str) -> Fail:
-    def fail(message: str) -> NoReturn:
-        raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
-    return fail
-
-
-def _refuse_source_errors(src: DrafterCheckpoint, target: TargetCheckpoint | None,
-                          measured: Measurement | None = None) -> None:
-    for f in run_checks(Context(src, target, measured=measured)):
-        if f.severity == "error" and not f.rule.repaired_by_convert:
-            raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
-                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
 
 
 def _main_float_dtype(src: DrafterCheckpoint) -> str:
@@ -378,29 +361,20 @@ def aux_fields_written(dialect: Dialect, boundary: tuple[int, ...]) -> dict[str,
             for path, c in w.aux_fields(dialect.aux_convention)}
 
 
-def _layer_config(src: DrafterCheckpoint) -> dict[str, Any]:
-    skip = wrapper_keys()
-    return {k: v for k, v in src.layer_config.data.items() if k not in skip}
-
-
 _EC_IDS = "eagle_config.eagle_aux_hidden_state_layer_ids"
 
 
 def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail,
-                 base_model: str | None = None, notes: list[str] | None = None,
-                 written_fields: dict[str, tuple[str, list[int]]] | None = None,
-                 warnings: list[str] | None = None) -> dict[str, Any]:
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None,
+                 written_fields: dict[str, tuple[str, list[int]]], warnings: list[str]) -> dict[str, Any]:
     """The destination config; `aux_ids` are boundary ids, written into `written_fields` (path -> (convention,
-    ids), filled here) in each field's own numbering."""
+    ids), filled here) in each field's own numbering; `warnings` gains the dialect's warnings about it."""
     w = dialect.writer
     assert w is not None
-    written_fields = written_fields if written_fields is not None else {}
     if aux_ids is not None and w.aux_ids_paths:
         written_fields.update(aux_fields_written(dialect, aux_ids))
-    notes = notes if notes is not None else []
-    warnings = warnings if warnings is not None else []
-    layer = json.loads(json.dumps(_layer_config(src)))  # a deep copy: the plan owns its config
+    skip = _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}  # a dialect's wrapping
+    layer = json.loads(json.dumps({k: v for k, v in src.layer_config.data.items() if k not in skip}))  # the plan's own
     if not is_hub_id(layer.get("_name_or_path")):
         layer.pop("_name_or_path", None)  # a training machine's path is no identity
     strip_null_template_fields(layer)  # a typed field is never written as null (rule null-template-field)
@@ -552,10 +526,6 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"key": k, "change": kind, **({"old": x} if x is not MISSING else {}),
                     **({"new": y} if y is not MISSING else {})})
     return out
-
-
-def _largest_file(src: DrafterCheckpoint) -> int:
-    return max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
 
 
 def _shard(actions: list[TensorAction], limit: int | None) -> list[list[str]]:

@@ -48,7 +48,6 @@ class SourceDigest:
             self.per_tensor[stored] = self.pool.submit(sha256_range, r)
 
     def chunks(self, stored: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """Pass `chunks` (the stored tensor's raw bytes) through, hashing them on the way."""
         h = hashlib.sha256()
         for chunk in chunks:
             h.update(chunk)
@@ -140,9 +139,9 @@ def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoi
     return TensorEntry(a.dest, a.dtype, a.shape, table)
 
 
-def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None, *extra: str) -> list[str]:
+def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> list[str]:
     """Every local path a conversion reads: DEST may overlap none of them."""
-    paths = [*src.ckpt.identities, *extra]
+    paths: list[str] = []
     for ckpt in [src.ckpt] + ([target.ckpt] if target is not None else []):
         paths += list(ckpt.identities)
         if Path(ckpt.root).exists():
@@ -210,17 +209,14 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
                 out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
             raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
                                   f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
-    checks = []
     d = interpret(out)
     if d.dialect.name != plan.dest_dialect:
         raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
-    checks.append(f"detected as {d.dialect.name}")
     errors = [f for f in run_checks(Context(d, target)) if f.severity == "error"]
     if errors:
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}",
                               tensor=errors[0].locator)
-    checks.append("inspect finds no errors")
-    return d, checks
+    return d, [f"detected as {d.dialect.name}", "inspect finds no errors"]
 
 
 def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetCheckpoint | None) -> list[str]:

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from .probe import Measurement
 
 
-
 @dataclass
 class ConversionResult(Result):
     SCHEMA, COMMAND = "eaglectl.convert/1", "convert"
@@ -211,29 +210,27 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
 
 def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
             force: bool = False, supplied: dict[str, bytes] | None = None, progress: Progress = passthrough,
-            after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
-            inputs: tuple[str, ...] = ()) -> ConversionResult:
+            after_write: Callable[[DrafterCheckpoint], list[str]] | None = None) -> ConversionResult:
     """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
 
     `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
-    before the rename and returns more lines for `checked`; `inputs` are further paths DEST may not overlap.
+    before the rename and returns more lines for `checked`.
     """
     supplied = supplied or {}
     public_provenance(plan)
     if plan.dest_dialect == "gguf":  # one llama.cpp file, not safetensors (conversion_gguf.py)
         from .conversion_gguf import execute_gguf
 
-        return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force, inputs=inputs,
+        return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force,
                                                                 replay=after_write is not None))
     by_name = {a.dest: a for a in plan.tensors}
-    wrap = progress
     names = plan.file_names()
     total = sum(a.nbytes for a in plan.tensors)
-    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target, *inputs)) as stage:
+    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target)) as stage:
         digest = SourceDigest(src.ckpt)
         try:
             written: list[Written] = []
-            for file_name, members in wrap(list(zip(names, plan.shards, strict=True)), label="writing", total=total,
+            for file_name, members in progress(list(zip(names, plan.shards, strict=True)), label="writing", total=total,
                                            weight=lambda item: sum(by_name[n].nbytes for n in item[1]), unit="B"):
                 entries = [tensor_entry(by_name[n], src, target, supplied, digest) for n in members]
                 written.append(write_safetensors(stage / file_name, entries, plan.metadata))

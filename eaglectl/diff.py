@@ -21,8 +21,7 @@ from .progress import Progress, passthrough
 from .result import Result
 
 BLOCK_BYTES = 16 << 20  # per side, per read
-# How a field's stored spelling maps to its meaning; fields not listed compare as stored.
-# spelling, or covered by the per-tensor comparison (tensor_dtypes)
+# spelling, not meaning (ids compare as aux_layer_ids_vllm), or covered by the per-tensor comparison; others as stored
 REPRESENTATION = {"aux_layer_ids", "aux_convention", "config_dtype", "tensor_dtypes"}
 DEFAULTS = {"rope_theta": 10000.0}  # absent means this to every engine
 DERIVED = {"t2d": "d2t"}  # a tensor fully determined by another: a dialect may leave it out (ModelOpt: t2d)
@@ -88,9 +87,9 @@ def run(a: str, b: str, *, from_a: str | None = None, from_b: str | None = None,
         from .target import open_target
 
         layers = open_target(target).num_layers
-    rep = DiffReport(da, db, values=values, atol=atol)
-    rep.target = target
-    rep.spec = spec_diff(da, db, layers)
+    ma, mb = _meaning(da, layers), _meaning(db, layers)
+    rep = DiffReport(da, db, [{"field": k, "a": ma.get(k), "b": mb.get(k)} for k in sorted(set(ma) | set(mb))
+                              if ma.get(k) != mb.get(k)], values=values, atol=atol, target=target)
     na, nb = set(da.view.names()), set(db.view.names())
     rep.only_in_a, rep.only_in_b = sorted(na - nb), sorted(nb - na)
     common = sorted(na & nb)
@@ -135,11 +134,6 @@ def _meaning(d: DrafterCheckpoint, target_layers: int | None) -> dict[str, Any]:
         out["aux_layer_ids_vllm"] = list(d.spec.capture_ids(target_layers))
     out["eagle_version"] = d.spec.eagle_version
     return out
-
-
-def spec_diff(a: DrafterCheckpoint, b: DrafterCheckpoint, target_layers: int | None = None) -> list[dict[str, Any]]:
-    ma, mb = _meaning(a, target_layers), _meaning(b, target_layers)
-    return [{"field": k, "a": ma.get(k), "b": mb.get(k)} for k in sorted(set(ma) | set(mb)) if ma.get(k) != mb.get(k)]
 
 
 def max_abs_diff(a: DrafterCheckpoint, b: DrafterCheckpoint, canon: str) -> float | None:

@@ -17,7 +17,7 @@ import math
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
@@ -286,7 +286,6 @@ def summarize(chains: list[Chains], depth: int, loop: LoopCounts | None, reps: i
 
 
 def _per_position(loop: LoopCounts | None) -> list[float]:
-    """The loop's acceptance rate at each draft position ([] without drafts)."""
     return [a / loop.num_drafts for a in loop.accepted_per_pos] if loop and loop.num_drafts else []
 
 
@@ -378,7 +377,6 @@ class Sequence:
 
 
 def anchor_positions(start: int, end: int, every: int) -> list[int]:
-    """Every `every`-th position from `start` to `end` (inclusive), never below 0."""
     return list(range(max(0, start), end + 1, every))
 
 
@@ -394,10 +392,8 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     from .drafter import open_drafter
     from .probe import measured_layers
 
-    base = PROTOCOLS[protocol]
-    proto = Protocol(base.name, sink_tokens if sink_tokens is not None else base.sink_tokens,
-                     recent_window if recent_window is not None else base.recent_window,
-                     anchor_every if anchor_every is not None else base.anchor_every, base.note)
+    given = {"sink_tokens": sink_tokens, "recent_window": recent_window, "anchor_every": anchor_every}
+    proto = replace(PROTOCOLS[protocol], **{k: v for k, v in given.items() if v is not None})
     if not drafters:
         raise UsageError("name at least one drafter")
     if context_lengths and templates:
@@ -461,15 +457,14 @@ def _conditions(tokenizer: Any, prompts: str, num_prompts: int, max_tokens: int,
 
 def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], length: int | None,
                 template: str | None, proto: Protocol, depth: int, k: int, max_tokens: int, reps: int,
-                seed: int, ids: tuple[int, ...] | None = None) -> DriftRun:
+                seed: int, ids: tuple[int, ...]) -> DriftRun:
     """The acceptance loop (smoke --engine reference's, replayed on the target's greedy continuations),
-    then chains from anchors inside each answer, on the same continuations' states."""
+    then chains from anchors inside each answer, on the same continuations' states, at boundaries `ids`."""
     import torch
 
     from .model.replay import replay
 
     model = d.build(torch.float32, "cpu")
-    ids = ids or d.spec.capture_ids(tgt.num_layers)  # type: ignore[arg-type]  # the measured layers when given
     embed = None if d.has_embed else tgt.model().embedding().float()
     conts = tgt.continuations(prompt_ids, max_tokens=max_tokens, k=k, boundaries=ids)
     loop = replay(model, conts, aux_ids=ids, embed=embed)

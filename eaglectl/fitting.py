@@ -10,7 +10,7 @@ thousand added parameters move; every other drafter weight is frozen. Full-batch
 search; no sampling, so two runs give the same bytes) on three quarters of the sequences; after every
 iteration the held-out quarter is scored, the parameters kept are those of the check with the highest
 held-out chain estimate (1 + mean leading correct drafts per anchor, the start included, so `fit` never keeps
-worse than it started on held-out states), and it stops when the held-out loss has not fallen for `patience`
+worse than it started on held-out states), and it stops when the held-out loss has not fallen for `PATIENCE`
 checks. This is a calibration, not training: full retraining stays with TorchSpec / SpecForge.
 """
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 STEP_WEIGHT = 0.8  # the trainer's per-step weight (fixtures/train_fixtures.py)
 SEED = 0
+PATIENCE = 6  # held-out checks without a lower loss before the fit stops
 
 
 @dataclass
@@ -127,17 +128,14 @@ class FitReport:
     heldout_chain_after: float = 0.0
     log: list[dict[str, float]] = field(default_factory=list)
 
-    @property
-    def heldout_gain(self) -> float:
-        """How much the held-out negative log-likelihood fell (nats per scored draft)."""
-        return self.heldout_loss_before - self.heldout_loss_after
-
     def to_json(self) -> dict[str, Any]:
         return {"start": self.start, "fit_fc": self.fc, "steps": self.steps, "best_step": self.best_step,
                 "tokens": self.tokens, "heldout_tokens": self.heldout_tokens, "parameters": self.parameters,
                 "loss_before": round(self.loss_before, 5), "loss_after": round(self.loss_after, 5),
                 "heldout_loss_before": round(self.heldout_loss_before, 5),
-                "heldout_loss_after": round(self.heldout_loss_after, 5), "heldout_gain": round(self.heldout_gain, 5),
+                "heldout_loss_after": round(self.heldout_loss_after, 5),
+                # how much the held-out negative log-likelihood fell, nats per scored draft
+                "heldout_gain": round(self.heldout_loss_before - self.heldout_loss_after, 5),
                 "heldout_top1_before": [round(x, 4) for x in self.heldout_top1_before],
                 "heldout_top1_after": [round(x, 4) for x in self.heldout_top1_after],
                 "heldout_chain_before": round(self.heldout_chain_before, 4),
@@ -145,39 +143,22 @@ class FitReport:
                 "seconds": round(self.seconds, 2), "stopped": self.stopped, "data": self.data}
 
 
-def split(seqs: list[Sequence], held_fraction: float = 0.25) -> tuple[list[Sequence], list[Sequence]]:
+def split(seqs: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
     """(fitted, held out): every fourth sequence held out (deterministic, spread over the set)."""
     if len(seqs) < 2:
         raise ValueError("fit needs at least two sequences (one to fit on, one to stop on)")
-    every = max(2, round(1 / held_fraction))
-    held = [s for i, s in enumerate(seqs) if i % every == every - 1]
-    return [s for i, s in enumerate(seqs) if i % every != every - 1], held
+    return [s for i, s in enumerate(seqs) if i % 4 != 3], [s for i, s in enumerate(seqs) if i % 4 == 3]
 
 
 def fit_fc_norm(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None], flags: dict[str, bool],
                 seqs: list[Sequence], *, embed: torch.Tensor | None, start_name: str, data: str,
-                fit_fc: bool = False, max_steps: int = 40, lr: float = 0.02, patience: int = 6,
-                eval_every: int = 1, threads: int | None = None, method: str = "lbfgs"
+                fit_fc: bool = False, max_steps: int = 40
                 ) -> tuple[list[np.ndarray], np.ndarray | None, FitReport]:
     """(γ per chunk, fc.weight or None when unchanged, report): `start` (γ per chunk, a refitted fc or None)
     tuned on `seqs` by the teacher-forced multi-step likelihood, early-stopped on a held-out quarter."""
     t0 = time.perf_counter()
     torch.manual_seed(SEED)
-    old_threads = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        return _fit(loaded, start, flags, seqs, embed, start_name, data, fit_fc, max_steps, lr, patience,
-                    eval_every, t0, method)
-    finally:
-        torch.set_num_threads(old_threads)
-
-
-def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None], flags: dict[str, bool],
-         seqs: list[Sequence], embed: torch.Tensor | None, start_name: str, data: str, fit_fc: bool, max_steps: int,
-         lr: float, patience: int, eval_every: int, t0: float, method: str
-         ) -> tuple[list[np.ndarray], np.ndarray | None, FitReport]:
-    drafter, params, opt = _trainable(loaded, start, flags, fit_fc, lr, method)
+    drafter, params, opt = _trainable(loaded, start, flags, fit_fc)
     objective = _Objective(drafter, drafter.table(embed) if embed is not None else None,
                            _draft_index(drafter, loaded.args.vocab_size), int(seqs[0].labels.shape[0]))
     fitted, held = split(seqs)
@@ -186,7 +167,7 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
         loss0, _, _ = objective(fit_batches, False)
         held0, top0, chain0 = objective(held_batches, False)
     best, log, stopped, step = _descend(opt, objective, params, fit_batches, held_batches, (loss0, held0, top0, chain0),
-                                        max_steps, patience, eval_every)
+                                        max_steps)
     chain_best, best_step, values, top_best, held_best = best
     with torch.no_grad():
         for p, v in zip(params, values, strict=True):
@@ -203,7 +184,7 @@ def _fit(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None
 
 
 def _trainable(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray | None], flags: dict[str, bool],
-               fit_fc: bool, lr: float, method: str) -> tuple[Drafter, list[torch.nn.Parameter], torch.optim.Optimizer]:
+               fit_fc: bool) -> tuple[Drafter, list[torch.nn.Parameter], torch.optim.Optimizer]:
     """The drafter built from `start` with every weight frozen but fresh leaves for fc_norm (and fc with
     `fit_fc`), those parameters, and the optimiser over them."""
     gammas, new_fc = start
@@ -219,15 +200,11 @@ def _trainable(loaded: LoadedDrafter, start: tuple[list[np.ndarray], np.ndarray 
     for j in range(len(gammas)):
         drafter.fc_norm[j].weight = torch.nn.Parameter(drafter.fc_norm[j].weight.detach().clone())
         params.append(drafter.fc_norm[j].weight)
-    groups: list[dict[str, Any]] = [{"params": list(params), "lr": lr}]
     if fit_fc:
         drafter.fc.weight = torch.nn.Parameter(drafter.fc.weight.detach().clone())
-        groups.append({"params": [drafter.fc.weight], "lr": lr * 0.1})
         params.append(drafter.fc.weight)
-    if method == "lbfgs":
-        return drafter, params, torch.optim.LBFGS(params, lr=1.0, max_iter=1, history_size=10,
-                                                  line_search_fn="strong_wolfe")
-    return drafter, params, torch.optim.Adam(groups, betas=(0.9, 0.99))
+    return drafter, params, torch.optim.LBFGS(params, lr=1.0, max_iter=1, history_size=10,
+                                              line_search_fn="strong_wolfe")
 
 
 @dataclass
@@ -287,11 +264,11 @@ def _step_nll(logq: torch.Tensor, y: torch.Tensor, soft: tuple[torch.Tensor, tor
 
 def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[torch.nn.Parameter],
              fit_batches: list[Batch], held_batches: list[Batch], start: tuple[torch.Tensor, torch.Tensor, list[float],
-             float], max_steps: int, patience: int, eval_every: int
+             float], max_steps: int
              ) -> tuple[tuple[float, int, list[torch.Tensor], list[float], float], list[dict[str, float]], str, int]:
     """(chain, step, values, top-1, held-out loss) of the check kept, the log, why it stopped, the last step. Kept:
     the highest held-out chain estimate (the start counts: fit never keeps worse); stopped: when the held-out loss
-    has not fallen for `patience` checks."""
+    has not fallen for PATIENCE checks (one check per step)."""
     loss0, held0, top0, chain0 = start
     best = (chain0, 0, [p.detach().clone() for p in params], top0, float(held0))
     lowest = float(held0)
@@ -307,8 +284,6 @@ def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[tor
 
     for step in range(1, max_steps + 1):
         loss = opt.step(closure)
-        if step % eval_every and step != max_steps:
-            continue
         h, top, chain = objective(held_batches, False)
         log.append({"step": step, "loss": float(loss.detach()), "heldout_loss": float(h), "heldout_chain": chain,
                     "evaluations": evals[0]})
@@ -318,8 +293,8 @@ def _descend(opt: torch.optim.Optimizer, objective: _Objective, params: list[tor
             lowest, since = float(h), 0
         else:
             since += 1
-            if since >= patience:
-                stopped = f"held-out loss did not fall for {patience} checks (every {eval_every} steps)"
+            if since >= PATIENCE:
+                stopped = f"held-out loss did not fall for {PATIENCE} checks (every 1 steps)"
                 break
     return best, log, stopped, step
 

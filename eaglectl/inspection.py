@@ -8,12 +8,10 @@ from typing import Any
 
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import EXIT_FINDINGS, EXIT_OK
-from .formats import Dialect
 from .progress import Progress, passthrough
 from .result import Result
 from .rules import Context, Finding, run_checks, scope, summarise
 from .serving import serve_line, speculative_config
-from .spec import DrafterSpec
 from .target import Target, TargetCheckpoint
 
 
@@ -36,18 +34,6 @@ class InspectReport(Result):
         return self.opened_target.checkpoint if self.opened_target is not None else None
 
     @property
-    def spec(self) -> DrafterSpec:
-        return self.drafter.spec
-
-    @property
-    def dialect(self) -> Dialect:
-        return self.drafter.dialect
-
-    @property
-    def source(self) -> str:
-        return self.drafter.source
-
-    @property
     def summary(self) -> dict[str, int]:
         return summarise(self.findings)
 
@@ -59,14 +45,13 @@ class InspectReport(Result):
     @property
     def servable(self) -> bool:
         """vLLM can serve the files as they are: a dialect it loads, no error-level finding."""
-        return self.dialect.vllm_loads and self.summary["error"] == 0
+        return self.drafter.dialect.vllm_loads and self.summary["error"] == 0
 
     def summary_line(self) -> str:
-        s = self.summary
-        return f"{self.dialect.name}, EAGLE {self.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
+        s, d = self.summary, self.drafter
+        return f"{d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
 
     def tensor_summary(self) -> dict[str, Any]:
-        """How many tensors in how many files, their parameters, bytes and dtypes."""
         ckpt = self.drafter.ckpt
         infos = ckpt.tensors.values()
         return {
@@ -105,11 +90,9 @@ class InspectReport(Result):
         for f in self.findings:
             if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
                 return m.group()
-        if self.wrong_layers():
-            from .rules import hint_values
+        from .rules import hint_values
 
-            return hint_values(self.drafter, self.target)["to_runners"]
-        return None
+        return hint_values(self.drafter, self.target)["to_runners"]
 
     def recommendation(self) -> str | None:
         """One command for the engine the report is for, when a conversion repairs a finding that counts (error
@@ -131,12 +114,9 @@ class InspectReport(Result):
         verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
         return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
 
-    def readings_note(self) -> str | None:
+    def payload(self) -> dict[str, Any]:
         from .runners import scope_note
 
-        return scope_note(self.readings, self.engine_version) if self.readings is not None else None
-
-    def payload(self) -> dict[str, Any]:
         d = self.drafter
         return {
             "inputs": inputs(d),
@@ -161,7 +141,7 @@ class InspectReport(Result):
             "measured": self.measured.to_json() if self.measured is not None else None,
             "measured_note": self.measured_note,
             "engine_readings": self.readings.to_json() if self.readings is not None else [],
-            "engine_readings_note": self.readings_note(),
+            "engine_readings_note": scope_note(self.readings, self.engine_version) if self.readings else None,
             "for": self.for_engine,
             "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
                                        "rule_severity": f.rule.severity.value}
@@ -170,28 +150,14 @@ class InspectReport(Result):
         }
 
 
-def run(
-    source: str,
-    *,
-    target: str | None = None,
-    from_dialect: str | None = None,
-    strict: bool = False,
-    scan: bool = False,
-    allow_pickle: bool = False,
-    revision: str | None = None,
-    measure: bool = True,
-    states: str | None = None,
-    progress: Progress = passthrough,
-    engine_version: str | None = None,
-    vllm_python: str | None = None,
-    for_engine: str = "vllm",
-) -> InspectReport:
-    """Open SOURCE, name its dialect and run every rule. With `target`, check against its config and, when
-    it can be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
+def run(source: str, *, target: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
+        revision: str | None = None, states: str | None = None, progress: Progress = passthrough,
+        **options: Any) -> InspectReport:
+    """Open SOURCE, name its dialect and run every rule (`options` are `inspect_opened`'s). With `target`, check
+    against its config and, when it can be run (weights and a tokenizer), measure what the files cannot settle
+    (`probe.measure`)."""
     d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
-    t = Target.open(target, states, progress=progress)
-    return inspect_opened(d, t, strict=strict, scan=scan, measure=measure, progress=progress,
-                          engine_version=engine_version, vllm_python=vllm_python, for_engine=for_engine)
+    return inspect_opened(d, Target.open(target, states, progress=progress), progress=progress, **options)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
@@ -208,7 +174,8 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
         note = t.why_not_runnable() if t.states is None else None
-        if note is None and not _servable_structure(d, t):
+        if note is None and any(f.severity == "error" for f in run_checks(Context(d, checkpoint))):
+            # the probe needs a drafter the reference can build
             note = "not measured: inspect finds errors that keep the reference drafter from running"
         if note is None:
             from .probe import try_measure  # torch and transformers: only when the target can be run
@@ -219,11 +186,6 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     ctx.progress = progress
     return InspectReport(d, t, scope(run_checks(ctx), for_engine), strict, measured, note, readings, engine_version,
                          for_engine)
-
-
-def _servable_structure(d: DrafterCheckpoint, t: Target) -> bool:
-    """No error-level finding before measuring (the probe needs a drafter the reference can build)."""
-    return not any(f.severity == "error" for f in run_checks(Context(d, t.checkpoint)))
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:

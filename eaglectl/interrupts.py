@@ -38,15 +38,10 @@ def deferring(handler: Callable[[int, FrameType | None], None]) -> Callable[[int
     return on_signal
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-def install(sigterm: Callable[[int, FrameType | None], None] | None = None) -> None:
+def install(sigterm: Callable[[int, FrameType | None], None]) -> None:
     """Only for the command-line entry points (a library import never changes signal handlers): Ctrl-C, and
-    SIGTERM when given its handler, deferred out of imports."""
+    SIGTERM with its handler, deferred out of imports."""
     if threading.current_thread() is not threading.main_thread():
         return
-    signal.signal(signal.SIGINT, deferring(_raise_interrupt))
-    if sigterm is not None:
-        signal.signal(signal.SIGTERM, deferring(sigterm))
+    signal.signal(signal.SIGINT, deferring(signal.default_int_handler))
+    signal.signal(signal.SIGTERM, deferring(sigterm))

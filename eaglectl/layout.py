@@ -134,8 +134,7 @@ def grid(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, width: int, p
             widths[i] = least[i] + extra * want[i] // max(1, sum(want.values()))
     elif total > width and len(columns) > 1:  # identifiers only: the last ones go below each row, whole
         return out + _records(columns, body, _below(widths, [], width), width, style, wrap=prose_ix)
-    head = _line([c for c in columns], widths, {}, columns, bold=True)
-    out.append(head)
+    out.append(_line(list(columns), widths, {}, columns, bold=True))
     for r in body:
         cells = [wrap_words(r[i], widths[i]) if i in prose_ix else [r[i]] for i in range(len(columns))]
         for k in range(max(len(c) for c in cells)):
@@ -154,12 +153,11 @@ def _below(widths: list[int], prose_ix: list[int], width: int) -> list[int]:
 
 
 def _records(columns: Sequence[str], body: list[list[str]], prose_ix: list[int], width: int,
-             style: dict[str, Callable[[str], str | None]], wrap: Sequence[int] | None = None) -> list[str]:
+             style: dict[str, Callable[[str], str | None]], wrap: Sequence[int]) -> list[str]:
     """Each row's identifiers on one line, the columns in `prose_ix` indented below (wrapped at spaces
-    when they are prose: `wrap`, default all of them; whole when they are identifiers); aligned under a
-    header when the identifiers on top fit the width (a numeric table stays readable), else one record
-    per row, its identifiers stacked."""
-    wrap = prose_ix if wrap is None else wrap
+    when they are prose: `wrap`; whole when they are identifiers); aligned under a header when the
+    identifiers on top fit the width (a numeric table stays readable), else one record per row, its
+    identifiers stacked."""
     ids = [i for i in range(len(columns)) if i not in prose_ix]
     widths = {i: max([cell_len(columns[i])] + [cell_len(r[i]) for r in body]) for i in ids}
     aligned = sum(widths.values()) + GAP * (len(ids) - 1) <= width

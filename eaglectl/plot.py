@@ -32,12 +32,6 @@ def _save(fig: Figure, path: str) -> None:
     write_file(path, png.getvalue())
 
 
-def _label(run: dict[str, Any], names: dict[str, str]) -> str:
-    extra = (f" @{run['context_length']}" if run.get("context_length") else
-             f" [{run['template']}]" if run.get("template") else "")
-    return names[run["drafter"]] + extra
-
-
 def plot_drift(doc: dict[str, Any], path: str) -> None:
     """Sink, self and recent mass and the fed-back state's RMS by depth; one line per drafter and
     condition, the 95 % interval shaded."""
@@ -53,7 +47,9 @@ def plot_drift(doc: dict[str, Any], path: str) -> None:
         for run in runs:
             xs = [d["depth"] for d in run["depths"] if d[metric] is not None]
             ys = [d[metric] for d in run["depths"] if d[metric] is not None]
-            line = ax.plot(xs, ys, marker="o", label=_label(run, names))[0]
+            label = names[run["drafter"]] + (f" @{run['context_length']}" if run.get("context_length") else
+                                             f" [{run['template']}]" if run.get("template") else "")
+            line = ax.plot(xs, ys, marker="o", label=label)[0]
             ci = [d[f"{metric}_ci"] for d in run["depths"] if d[metric] is not None]
             if all(c[0] is not None for c in ci):
                 ax.fill_between(xs, [c[0] for c in ci], [c[1] for c in ci], color=line.get_color(), alpha=0.15)
@@ -72,44 +68,34 @@ def plot_smoke(doc: dict[str, Any], path: str) -> None:
     no data are left out)."""
     plt = require_matplotlib()
     configs = [{"name": "drafter", **doc}] + [b for b in doc["baselines"] if b.get("per_position_acceptance")]
-    panels: list[tuple[str, Any]] = [("per-position acceptance", None)]
-    if doc.get("by_context_length"):
-        panels.append(("acceptance length by context length", None))
-    if doc.get("speedup"):
-        panels.append(("speedup over no speculation", None))
+    panels = [title for title, shown in (("per-position acceptance", True), ("acceptance length by context length",
+              doc.get("by_context_length")), ("speedup over no speculation", doc.get("speedup"))) if shown]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     ax = axes[0][0]
     for c in configs:
         per = c.get("per_position_acceptance") or []
         ax.plot(range(1, len(per) + 1), per, marker="o", label=c["name"])
-    ax.set_title(panels[0][0])
     ax.set_xlabel("draft position")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
-    i = 1
     if doc.get("by_context_length"):
-        ax = axes[0][i]
+        ax = axes[0][1]
         for c in [{"name": "drafter", **doc}] + [b for b in doc["baselines"] if b.get("by_context_length")]:
             mine = c["by_context_length"]
-            name = c["name"]
             ax.plot([r["context_length"] for r in mine], [r["mean_acceptance_length"] for r in mine], marker="o",
-                    label=name)
+                    label=c["name"])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context tokens")
-        ax.set_title(panels[i][0])
-        ax.legend(fontsize=8)
-        i += 1
     if doc.get("speedup"):
-        ax = axes[0][i]
+        ax = axes[0][-1]
         for name in dict.fromkeys(s["config"] for s in doc["speedup"]):
             mine = [s for s in doc["speedup"] if s["config"] == name]
             ax.plot([s["concurrency"] for s in mine], [s["speedup"] for s in mine], marker="o", label=name)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
-        ax.set_title(panels[i][0])
-        ax.legend(fontsize=8)
-    for a in axes.flat:
+    for a, title in zip(axes.flat, panels, strict=True):
+        a.set_title(title)
+        a.legend(fontsize=8)
         a.grid(alpha=0.3)
     fig.suptitle(f"eaglectl smoke ({doc['engine']}, k={doc['num_speculative_tokens']})")
     _save(fig, path)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .drafter import DrafterCheckpoint
-from .errors import IncompatibleDrafterError, InvalidStatesError
+from .errors import EaglectlError, IncompatibleDrafterError, InvalidStatesError
 from .io.states import States
 from .model.loader import LoadedDrafter, load_reference
 from .model.replay import Continuation, replay
@@ -237,9 +237,6 @@ class Session:
     def anchors(self) -> int:
         return sum(seg.anchors for seg in self.segments)
 
-    def labels(self) -> torch.Tensor:
-        return torch.cat([seg.truth(1)[0] for seg in self.segments])
-
 
 def states_session(states: States, boundaries: set[int], tokens: int, steps: int,
                    table: torch.Tensor | None = None, vocab: int | None = None) -> Session:
@@ -314,7 +311,7 @@ def score(loaded: LoadedDrafter, c: Candidate, s: Session) -> None:
 
 
 def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: int = 3,
-            loop_prompts: int = LOOP_PROMPTS, loop_tokens: int = LOOP_TOKENS, progress: Progress = passthrough
+            loop_prompts: int = LOOP_PROMPTS, progress: Progress = passthrough
             ) -> Measurement:
     """Measure every fact the files of `d` cannot settle, against the target (run once for the command) or a
     capture of it (`Target.states`; then no speculative loop and no target head: agreement only).
@@ -341,7 +338,7 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
                              vocab=loaded.args.vocab_size)
     if target.states is None and loop_prompts:
         prompts = probe_prompts(target.model().tokenizer, loop_prompts)
-        session.continuations = target.continuations(prompts, max_tokens=loop_tokens, k=steps, boundaries=wanted)
+        session.continuations = target.continuations(prompts, max_tokens=LOOP_TOKENS, k=steps, boundaries=wanted)
         session.target_table = table
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
     for c in progress(aux, label="measuring aux readings", total=len(aux)):
@@ -368,7 +365,7 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
                          acceptance_length=at.acceptance_length, correct=at.correct, logp=at.logp)  # as the files say
         steps_changed = list(range(1, steps)) if name == "norm_output" and steps > 1 else [0]
         facts[name] = decide(Fact(name, as_stored, [same, other], session.anchors, steps_changed))
-    labels = session.labels()
+    labels = torch.cat([seg.truth(1)[0] for seg in session.segments])
     chance = float(torch.bincount(labels).max()) / len(labels)
     return Measurement(facts, chance, session.description, steps)
 
@@ -391,8 +388,6 @@ def _target_head_rows(loaded: LoadedDrafter, target: Target) -> torch.Tensor | N
 def try_measure(d: DrafterCheckpoint, target: Target | None, **kw: Any) -> tuple[Measurement | None, str | None]:
     """(measurement, None), or (None, why nothing could be measured): no target, a target without weights
     or a tokenizer, a drafter the reference cannot run, no transformers. A capture stands in for the target."""
-    from .errors import EaglectlError
-
     if target is None:
         return None, None
     if target.states is None:

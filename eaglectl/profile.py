@@ -33,7 +33,6 @@ from .errors import filesystem_error
 SCHEMA_VERSION = "1.0"
 FILE = "speculation_profile.json"
 MEAN_TOLERANCE = 0.02  # ModelOpt's mean-consistency tolerance
-CHAIN_METHODS = frozenset({"eagle", "eagle1", "eagle2", "eagle3", "draft_model"})  # extrapolate over k
 VERIFICATION_METHODS = ("longest_prefix", "block")
 ACCEPT_LENGTH_MODELS = ("chain_analytic", "measured_per_k")
 
@@ -73,12 +72,6 @@ def checkpoint_id(source: str | None) -> str | None:
     return "/".join(parts[-2:]) if parts else None
 
 
-def _option(doc: dict[str, Any], key: str, standard: Any) -> Any:
-    """A serving option as smoke ran it (runner_smoke.SERVING_OPTIONS), else its standard value."""
-    row = ((doc.get("serving_options") or {}).get("speculative") or {}).get(key)
-    return row["value"] if row else standard
-
-
 def _runner(engine: str, versions: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str:
     first = runs[0] if runs else None  # the headline run: smoke's first runner (runner_smoke.RunnerRun)
     if first is not None and first.get("emulated"):
@@ -112,7 +105,8 @@ def from_smoke(doc: dict[str, Any]) -> dict[str, Any] | None:
                                     "mean_accept_length_per_request": _r(row.get("mean_acceptance_length_per_request")),
                                     "num_samples": row.get("requests")}
                   for row in doc.get("by_category") or []}
-    prompts = doc.get("prompts") or {}
+    prompts, serving = doc.get("prompts") or {}, doc.get("serving_options") or {}
+    ran = serving.get("speculative") or {}  # the serving options as smoke ran them (runner_smoke.SERVING_OPTIONS)
     profile = {
         "schema_version": SCHEMA_VERSION,
         "measured": True,
@@ -137,11 +131,10 @@ def from_smoke(doc: dict[str, Any]) -> dict[str, Any] | None:
             "num_speculative_tokens": k, "dtype": doc.get("dtype"),
             "dataset": prompts.get("set"), "prompts": prompts.get("description"), "num_samples": prompts.get("count"),
             "osl": doc.get("max_tokens"), "sampling": "greedy (temperature 0), EOS ignored",
-            "rejection_sample_method": _option(doc, "rejection_sample_method", "standard"),
-            "draft_lm_head_quantization": _option(doc, "draft_lm_head_quantization", None),
-            "serving_options_overridden": (doc.get("serving_options") or {}).get("overridden") or [],
-            "max_model_len": (doc.get("serving_options") or {}).get("max_model_len"),
-            "seed": (doc.get("serving_options") or {}).get("seed"),
+            "rejection_sample_method": (ran.get("rejection_sample_method") or {"value": "standard"})["value"],
+            "draft_lm_head_quantization": (ran.get("draft_lm_head_quantization") or {"value": None})["value"],
+            "serving_options_overridden": serving.get("overridden") or [],
+            "max_model_len": serving.get("max_model_len"), "seed": serving.get("seed"),
             "validation": "engine counters around the measured batch" if engine != "reference"
             else "reference speculative loop (target verifies every draft)",
         },

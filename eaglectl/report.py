@@ -45,7 +45,7 @@ def finish(command: str, result: Result) -> None:
     elif SETTINGS.quiet:
         stdout.print(safe(result_line(command, result)))
     else:
-        views.render(result)
+        views.RENDERERS[type(result).__name__](result)
     timings()
     failure = result.failure()
     if failure is not None:
@@ -74,17 +74,13 @@ def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict
         render(payload)
 
 
-def failing_rules(result: Result) -> list[str]:
-    """The rule ids that make a result fail: its error findings (and warnings under --strict), once each."""
-    findings = getattr(result, "findings", None) or []
-    strict = getattr(result, "strict", False)
-    return list(dict.fromkeys(f.rule_id for f in findings
-                              if f.severity == "error" or (strict and f.severity == "warning")))
-
-
 def result_line(command: str, result: Result) -> str:
-    """The one line -q prints: the result's own summary line, with the failing rule ids."""
-    rules = failing_rules(result) if result.exit_code else []
+    """The one line -q prints: the result's own summary line, with the rule ids that make it fail (its error
+    findings, and warnings under --strict), once each."""
+    findings = (getattr(result, "findings", None) or []) if result.exit_code else []
+    strict = getattr(result, "strict", False)
+    rules = list(dict.fromkeys(f.rule_id for f in findings
+                               if f.severity == "error" or (strict and f.severity == "warning")))
     return f"{command}: {result.summary_line()}" + (f" [{', '.join(rules)}]" if rules else "")
 
 

@@ -149,10 +149,8 @@ class RunnerRun:
                 "reading": self.reading.to_json() if self.reading is not None else None,
                 "runner_used": self.used, "aux_log_line": self.aux_log, "staged": self.staged,
                 "mean_acceptance_length": al,
-                "num_drafts": c["num_drafts"] if c else None,
-                "num_draft_tokens": c["num_draft_tokens"] if c else None,
-                "num_accepted_tokens": c["num_accepted_tokens"] if c else None,
-                "accepted_per_pos": c["accepted_per_pos"] if c else None,
+                **{k: c[k] if c else None for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                    "accepted_per_pos")},
                 "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
                 "engine_reading_note": self.engine_reading_note, "notes": self.notes, "skipped": self.skipped}
 
@@ -187,7 +185,7 @@ def plan(option: str | None, readings: Readings) -> list[RunnerRun]:
     return runs
 
 
-def stage_pinned(source: str | Path, ids: tuple[int, ...], parent: str | Path | None = None) -> Path:
+def stage_pinned(source: str | Path, ids: tuple[int, ...]) -> Path:
     """A copy of the drafter folder for vLLM to serve with the top-level `eagle_aux_hidden_state_layer_ids`
     set to `ids`: every other file is hard-linked (a symlink across filesystems), never copied or modified;
     config.json is a new file. The caller removes the folder."""
@@ -195,7 +193,7 @@ def stage_pinned(source: str | Path, ids: tuple[int, ...], parent: str | Path | 
     if not (src / "config.json").is_file():
         raise SmokeFailedError(f"{source}: no local config.json to pin V2's selection in (--runner v2 emulates "
                                "Model Runner V2 on a local folder)")
-    dest = Path(tempfile.mkdtemp(prefix="eaglectl-v2-pinned-", dir=parent))
+    dest = Path(tempfile.mkdtemp(prefix="eaglectl-v2-pinned-"))
     try:
         config = json.loads((src / "config.json").read_text())
         for path in sorted(src.rglob("*")):
@@ -355,8 +353,7 @@ def attach(runs: list[RunnerRun], results: list[Any], raw: dict[str, Any], log: 
         run.result = res
         run.emulated = got.get("mode") == "emulated"
         run.used = got.get("runner_used")
-        line, implied = aux_line(sections.get(run.name, ""))
-        run.aux_log = line
+        run.aux_log, implied = aux_line(sections.get(run.name, ""))
         if run.used in ("v1", "v2") and run.used != run.runner and not run.emulated:
             if len(runs) == 1 and readings is not None and readings.get(run.used) is not None:
                 # the default with no split: vLLM chose the runner (V2 on a GPU); its reading is the same layers
@@ -365,7 +362,7 @@ def attach(runs: list[RunnerRun], results: list[Any], raw: dict[str, Any], log: 
             else:
                 run.notes.append(f"asked for {run.runner}, vLLM reports it ran {run.used}")
         if implied is not None and implied != (run.used or "v1"):
-            run.notes.append(f"vLLM's log implies runner {implied}: {line}")
+            run.notes.append(f"vLLM's log implies runner {implied}: {run.aux_log}")
 
 
 def replayed(run: RunnerRun, d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from itertools import zip_longest
 from typing import Any
 
 from .errors import ServerReplyError, SmokeFailedError
@@ -59,11 +60,9 @@ def parse_metrics(text: str, where: str = "/metrics") -> dict[str, Any] | None:
 
 def _delta(before: dict[str, Any], after: dict[str, Any], where: str = "/metrics") -> dict[str, Any]:
     """after - before for every counter; a counter that went backwards (a restarted server, a reset) is an error."""
-    pos_b, pos_a = before["accepted_per_pos"], after["accepted_per_pos"]
     pairs = [(k, before[k], after[k]) for k in METRICS]
     pairs += [(f"accepted_per_pos[{i}]", b, a) for i, (b, a) in enumerate(
-        zip(pos_b + [0.0] * max(0, len(pos_a) - len(pos_b)), pos_a + [0.0] * max(0, len(pos_b) - len(pos_a)),
-            strict=True))]
+        zip_longest(before["accepted_per_pos"], after["accepted_per_pos"], fillvalue=0.0))]
     back = next(((k, b, a) for k, b, a in pairs if a < b), None)
     if back is not None:
         raise ServerReplyError(f"{where}: counter {back[0]} went backwards ({back[1]:g} -> {back[2]:g}) during the "

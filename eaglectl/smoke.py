@@ -120,25 +120,25 @@ class ConfigResult:
                                                      if lab.get("category") == c and i < len(self.requests)])}
                 for c in cats]
 
-    def to_json(self, k: int, reference_outputs: list[list[int]] | None, labels: list[dict[str, Any]] | None = None,
-                prompts: list[list[int]] | None = None) -> dict[str, Any]:
+    def to_json(self, reference_outputs: list[list[int]] | None, labels: list[dict[str, Any]],
+                prompts: list[list[int]]) -> dict[str, Any]:
         c = self.counters
-        al = self.mean_acceptance_length
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "path": self.path, "skipped": self.skipped}
         if c is not None:
-            drafts = c["num_drafts"]
+            a = acceptance(c, self.requests)
+            al = a["mean_acceptance_length"]
             out.update({
                 "mean_acceptance_length": al,
                 "accepted_draft_length": None if al is None else al - 1,
-                "draft_acceptance_rate": c["num_accepted_tokens"] / c["num_draft_tokens"] if c["num_draft_tokens"] else None,
-                "per_position_acceptance": [a / drafts for a in c["accepted_per_pos"]] if drafts else [],
-                "num_drafts": drafts, "num_draft_tokens": c["num_draft_tokens"],
+                "draft_acceptance_rate": (c["num_accepted_tokens"] / c["num_draft_tokens"] if c["num_draft_tokens"]
+                                          else None),
+                "per_position_acceptance": a["per_position_acceptance"],
+                "num_drafts": c["num_drafts"], "num_draft_tokens": c["num_draft_tokens"],
                 "num_accepted_tokens": c["num_accepted_tokens"], "accepted_per_pos": c["accepted_per_pos"],
+                "mean_acceptance_length_per_request": a["mean_acceptance_length_per_request"],
+                "by_context_length": self.by_context_length(labels, prompts),
+                "by_category": self.by_category(labels),
             })
-        if c is not None:
-            out["mean_acceptance_length_per_request"] = acceptance(c, self.requests)["mean_acceptance_length_per_request"]
-            out["by_context_length"] = self.by_context_length(labels or [], prompts or [])
-            out["by_category"] = self.by_category(labels or [])
         out["requests"] = self.requests
         if self.outputs is not None and reference_outputs is not None:
             same = sum(a == b for a, b in zip(self.outputs, reference_outputs, strict=False))
@@ -232,23 +232,19 @@ class SmokeReport(Result):
     def payload(self) -> dict[str, Any]:
         ref = self.reference_outputs()
         labels, prompts = self.prompts.labels, self.prompts.prompts
-        main = self.main.to_json(self.k, ref, labels, prompts)
+        main = self.main.to_json(ref, labels, prompts)
         return {
             "engine": self.engine,
             "drafter": self.drafter, "target": self.target, "num_speculative_tokens": self.k, "dtype": self.dtype,
             "max_tokens": self.max_tokens, "prompts": {"set": self.prompts.name, "description": self.prompts.description,
                                                         "count": len(self.prompts.prompts)},
-            "mean_acceptance_length": main.get("mean_acceptance_length"),
-            "accepted_draft_length": main.get("accepted_draft_length"),
-            "draft_acceptance_rate": main.get("draft_acceptance_rate"),
-            "per_position_acceptance": main.get("per_position_acceptance"),
-            "num_drafts": main.get("num_drafts"), "num_draft_tokens": main.get("num_draft_tokens"),
-            "num_accepted_tokens": main.get("num_accepted_tokens"),
-            "mean_acceptance_length_per_request": main.get("mean_acceptance_length_per_request"),
-            "by_context_length": main.get("by_context_length", []), "by_category": main.get("by_category", []),
-            "requests": main.get("requests", []),
+            **{key: main.get(key) for key in ("mean_acceptance_length", "accepted_draft_length",
+                                              "draft_acceptance_rate", "per_position_acceptance", "num_drafts",
+                                              "num_draft_tokens", "num_accepted_tokens",
+                                              "mean_acceptance_length_per_request")},
+            **{key: main.get(key, []) for key in ("by_context_length", "by_category", "requests")},
             "greedy_match": main.get("greedy_match"),
-            "baselines": [r.to_json(self.k, ref, labels, prompts) for r in self.results[1:]],
+            "baselines": [r.to_json(ref, labels, prompts) for r in self.results[1:]],
             "speedup": self.speedups(), "versions": self.versions, "red_flags": self.red_flags,
             "min_acceptance": self.min_acceptance,
             "engine_reading": self.engine_reading.to_json() if self.engine_reading is not None else None,
@@ -358,7 +354,7 @@ def measure(
         results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
                                                    readings, timeout_s, progress)
     else:
-        results, log = _reference(configs, d, target, prompt_set, groups, k, max_tokens, progress,
+        results, log = _reference(configs, target, prompt_set, groups, k, max_tokens, progress,
                                   _reference_ids(configs, active, target, vllm_python)), None
         for run, res in zip(active, results, strict=False):
             run.result, run.used = res, "reference loop"
@@ -514,12 +510,11 @@ def _configs_done(path: Path) -> int:
         return 0
 
 
-def _reference(configs: list[Baseline], d: DrafterCheckpoint, target: Target, prompt_set: PromptSet,
+def _reference(configs: list[Baseline], target: Target, prompt_set: PromptSet,
                groups: list[dict[str, Any]], k: int, max_tokens: int, progress: Progress,
                ids: dict[str, tuple[int, ...]]) -> list[ConfigResult]:
     """The reference loop for every configuration on one set of the target's greedy continuations (decoded
     once, model/replay.py): each EAGLE drafter costs one teacher-forced pass, `none` is the continuation."""
-    from .drafter import open_drafter
     from .model.loader import DTYPES, load_reference
     from .model.replay import replay
 

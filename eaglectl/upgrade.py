@@ -146,14 +146,18 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
     work = workload_for(tgt, prompts, num_prompts, max_tokens) if tgt is not None and tgt.runnable and steps else None
     ids, layers, measurement = _layers(src, tgt, steps)
-    s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output}, _float_dtype(src),
-              reading or VLLM_V1, progress, ids, work)
+    fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
+    s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
+              fc if fc in ("F32", "BF16", "F16") else "BF16", reading or VLLM_V1, progress, ids, work)
     choice = choose_init(s, init, fit_fc) if "add-fc-norm" in steps else Choice()
     plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, fit_fc, base_model, measurement)
     acceptance = before_after(s, choice.fitted, plan.config, written=not dry_run) if work is not None else None
     recorded = None
-    if fidelity and steps and not dry_run:  # what verify DEST --against SOURCE holds the files to
-        recorded = _fidelity_record(_fidelity(_planned(src, dest, new_spec, written, s.dtype), s, fidelity_tokens))
+    if fidelity and steps and not dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
+        fid = _fidelity(_planned(src, dest, new_spec, written, s.dtype), s, fidelity_tokens)
+        recorded = {"inputs": "target" if fid.inputs_real else "synthetic", "seed": fid.seed, "tokens": fid.tokens,
+                    "per_step": [{"step": m.step, "kl_mean": round(m.kl_mean, 6),
+                                  "top1_agreement": round(m.top1_agreement, 6)} for m in fid.metrics]}
     _mark(plan, steps, choice, acceptance, written, recorded)
     result = UpgradeResult(source, dest, bool(steps), steps, choice.init, choice.fitted[2],
                            ConversionResult(plan, False, []), None, _notes(steps, init, choice, acceptance, ids),
@@ -469,11 +473,6 @@ def _write(result: UpgradeResult, s: Setup, plan: ConversionPlan, supplied: dict
     return replace(result, conversion=done, fidelity=measured.get("report"))
 
 
-def _float_dtype(src: DrafterCheckpoint) -> str:
-    fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"
-    return fc if fc in ("F32", "BF16", "F16") else "BF16"
-
-
 def _mark(plan: ConversionPlan, steps: list[str], choice: Choice, acceptance: dict[str, Any] | None,
           written: dict[str, np.ndarray], fidelity: dict[str, Any] | None) -> None:
     """Provenance in config and safetensors metadata: what was done, that it needs fine-tuning, the
@@ -518,13 +517,6 @@ def _planned(src: DrafterCheckpoint, dest: str, spec: DrafterSpec, written: dict
     return LoadedDrafter(dest, ref.dialect, spec, args_from_spec(spec, dest), tensors, stored, ref.has_embed)
 
 
-def _fidelity_record(report: ParityReport) -> dict[str, Any]:
-    """The fidelity an upgrade measured, as its provenance keeps it (verify's upgrade regime bounds by it)."""
-    return {"inputs": "target" if report.inputs_real else "synthetic", "seed": report.seed, "tokens": report.tokens,
-            "per_step": [{"step": m.step, "kl_mean": round(m.kl_mean, 6), "top1_agreement": round(m.top1_agreement, 6)}
-                         for m in report.metrics]}
-
-
 def _fidelity(out: DrafterCheckpoint | LoadedDrafter, s: Setup, tokens: int) -> ParityReport:
     """DEST (the written files, or `_planned`) against SOURCE through the reference drafter, on the target's
     states (at the measured layers) when it ran or was captured (a capture's requests shorter than `tokens` give
@@ -546,12 +538,9 @@ def _fidelity(out: DrafterCheckpoint | LoadedDrafter, s: Setup, tokens: int) -> 
 
 def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, Any] | None,
            ids: tuple[int, ...] | None) -> list[str]:
-    notes = []
-    if steps:
-        notes.append("structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune "
-                     "(training-time test) before serving it as a 3.1 drafter")
-    else:
-        notes.append("already has the requested 3.1 features: nothing to change (tensors copied unchanged)")
+    notes = ["structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune (training-time "
+             "test) before serving it as a 3.1 drafter" if steps else
+             "already has the requested 3.1 features: nothing to change (tensors copied unchanged)"]
     where = acceptance["prompts"]["description"] if acceptance else "held-out prompts"
     candidates, chosen = choice.candidates, choice.init
     if candidates and init == "auto" and "acceptance_kept" in candidates[0]:

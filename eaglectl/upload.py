@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from .rules import Finding
 
 
-
 @dataclass
 class UploadReport(Result):
     SCHEMA, COMMAND = "eaglectl.upload/1", "upload"
@@ -55,10 +54,6 @@ class UploadReport(Result):
         return self.gate.findings  # -q names the failing rules
 
     @property
-    def uploaded(self) -> bool:
-        return self.commit_url is not None
-
-    @property
     def exit_code(self) -> int:
         return self.refused_code if self.refused else 0
 
@@ -80,18 +75,11 @@ class UploadReport(Result):
                 "private": self.private, "dry_run": self.dry_run, "gate": self.gate.to_json(),
                 "operations": self.operation_rows(), "commit_message": self.commit_message,
                 "commit_description": self.commit_description, "refused": self.refused,
-                "uploaded": self.uploaded, "commit_url": self.commit_url, "pr_url": self.pr_url,
+                "uploaded": self.commit_url is not None, "commit_url": self.commit_url, "pr_url": self.pr_url,
                 "notes": self.notes}
 
 
-def plan_operations(folder: str | Path) -> list[CommitOperationAdd]:
-    """huggingface_hub's commit operations for every file an upload of `folder` sends (publish.upload_files)."""
-    from huggingface_hub import CommitOperationAdd
-
-    return [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path)) for rel, path in upload_files(folder)]
-
-
-def commit_text(gate: CheckReport, repo_id: str) -> tuple[str, str]:
+def commit_text(gate: CheckReport) -> tuple[str, str]:
     """(commit message, description) made from the gate's report: what was uploaded and what was checked."""
     inspect_stage = next((s for s in gate.stages if s.name == "inspect"), None)
     data = (inspect_stage.data or {}) if inspect_stage else {}
@@ -119,9 +107,11 @@ def require_folder(folder: str) -> Path:
 def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = None, create_pr: bool = False,
         private: bool = False, dry_run: bool = False, commit_message: str | None = None) -> UploadReport:
     """Upload `folder` to the Hub repo `repo_id` after `gate` (check.run on the same folder) passed."""
-    path = require_folder(folder)
-    operations = plan_operations(path)
-    message, description = commit_text(gate, repo_id)
+    from huggingface_hub import CommitOperationAdd
+
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+                  for rel, path in upload_files(require_folder(folder))]  # every file publish.upload_files lists
+    message, description = commit_text(gate)
     rep = UploadReport(folder, repo_id, gate, operations, commit_message or message, description, dry_run, revision,
                        create_pr, private)
     local = [f for f in gate.findings if f.rule_id == "local-path"]

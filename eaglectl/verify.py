@@ -415,11 +415,6 @@ def _side(d: LoadedDrafter, dtype: str, device: str) -> dict[str, Any]:
             "device": device, "stored_dtypes": sorted(set(d.stored_dtypes.values()))}
 
 
-def _check_device(device: str) -> None:
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise MissingDependencyError("--device cuda: no CUDA device is available", hint="run on a GPU machine")
-
-
 @torch.no_grad()
 def run(
     candidate: str,
@@ -449,7 +444,8 @@ def run(
                              hint="give --against REFERENCE, or another --dtype / --device (default: bfloat16)")
         dtype = "bfloat16"
     dtype = dtype or "float32"
-    _check_device(device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise MissingDependencyError("--device cuda: no CUDA device is available", hint="run on a GPU machine")
     cand_d = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
     ref_d = open_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand_d
     cand, ref = load_reference(cand_d), load_reference(ref_d)
@@ -462,11 +458,10 @@ def run(
                              table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
-    if against is None:  # precision / device parity against the fp32 CPU reference of itself
-        report = compare(cand, ref, inputs, "precision", (dtype, device), ("float32", "cpu"), steps, tokens, seed)
-    else:
-        report = compare(cand, ref, inputs, "fidelity" if fidelity else "conversion", (dtype, device),
-                         (dtype, device), steps, tokens, seed, upgrade=upgrade_provenance(cand_d.config))
+    mode = "precision" if against is None else "fidelity" if fidelity else "conversion"
+    ref_at = ("float32", "cpu") if against is None else (dtype, device)  # precision: the fp32 CPU run of itself
+    report = compare(cand, ref, inputs, mode, (dtype, device), ref_at, steps, tokens, seed,
+                     upgrade=upgrade_provenance(cand_d.config) if against is not None else None)
     report.layers = layers
     return report
 

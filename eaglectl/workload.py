@@ -208,7 +208,6 @@ def messages_of(where: str, value: Any) -> list[dict[str, str]]:
 
 
 def prompt_ids(where: str, obj: dict[str, Any], tokenizer: Any, vocab: int | None) -> list[int]:
-    """The token ids of one prompt line, checked."""
     if "prompt_token_ids" in obj:
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -275,7 +274,6 @@ def at_length(prompts: list[list[int]], length: int) -> list[list[int]]:
     reps = -(-(length + max(starts)) // len(stream)) + 1
     stream = stream * reps
     return [stream[s: s + length] for s in starts]
-
 
 
 class _FastTokenizer:

@@ -65,7 +65,7 @@ def test_a_to_b_to_a_is_bit_identical(tmp_path, fixture, a, b):
     convert(tmp_path / "b", tmp_path / "a2", a, target=TARGET)
     assert tensors(tmp_path / "a2") == tensors(first)
     ra, rb = inspect_checkpoint(str(first)), inspect_checkpoint(str(tmp_path / "a2"))
-    assert ra.spec.to_json() | {"sources": 0} == rb.spec.to_json() | {"sources": 0}
+    assert ra.drafter.spec.to_json() | {"sources": 0} == rb.drafter.spec.to_json() | {"sources": 0}
     cfg1 = json.loads((first / "config.json").read_text())
     cfg2 = json.loads((tmp_path / "a2" / "config.json").read_text())
     cfg1.pop("eaglectl_provenance"), cfg2.pop("eaglectl_provenance")
@@ -87,7 +87,7 @@ def test_converted_drafters_compute_exactly_what_the_source_does(tmp_path, fixtu
         return
     rep = verify(str(tmp_path / "out"), against=str(DRAFTERS / fixture), tokens=24, allow_pickle=True)
     assert rep.regime == "exact" and rep.passed, rep.differing_tensors
-    assert inspect_checkpoint(str(tmp_path / "out")).dialect.name == to
+    assert inspect_checkpoint(str(tmp_path / "out")).drafter.dialect.name == to
 
 
 def test_dry_run_plan_is_the_executed_plan(invoke, tmp_path):
@@ -158,7 +158,7 @@ def test_h3_aux_ids_are_translated_between_conventions(tmp_path):
     assert cfg["eaglectl_provenance"]["aux_convention"] == "boundary"
     assert cfg["eaglectl_provenance"]["aux_id_fields"] == {"eagle_aux_hidden_state_layer_ids": "boundary",
                                                            "eagle_config.eagle_aux_hidden_state_layer_ids": "output"}
-    assert inspect_checkpoint(str(tmp_path / "o")).spec.aux_layer_ids_vllm == (2, 5, 8)
+    assert inspect_checkpoint(str(tmp_path / "o")).drafter.spec.aux_layer_ids_vllm == (2, 5, 8)
 
 
 def test_h3_unverifiable_convention_must_be_stated(tmp_path):

@@ -84,8 +84,8 @@ def test_the_same_drafter_reads_the_same_in_every_dialect():
     for name, rep in reports.items():
         for field in ("hidden_size", "target_hidden_size", "vocab_size", "draft_vocab_size", "fc_norm",
                       "norm_output", "norm_before_residual", "norm_before_fc", "num_aux_hidden_states"):
-            assert getattr(rep.spec, field) == getattr(base.spec, field), (name, field)
-        assert rep.spec.aux_layer_ids_vllm in (base.spec.aux_layer_ids_vllm, None), name
+            assert getattr(rep.drafter.spec, field) == getattr(base.drafter.spec, field), (name, field)
+        assert rep.drafter.spec.aux_layer_ids_vllm in (base.drafter.spec.aux_layer_ids_vllm, None), name
         names, base_names = rep.drafter.view.stored, base.drafter.view.stored
         shared = set(names) & set(base_names)
         assert set(names) - {"embed_tokens.weight"} == set(base_names) - {"embed_tokens.weight"}
@@ -97,8 +97,8 @@ def test_the_same_drafter_reads_the_same_in_every_dialect():
 
 
 def test_output_convention_ids_translate_to_vllm_ids():
-    sf = inspect_checkpoint(str(DRAFTERS / "specforge-3.1")).spec
-    sp = inspect_checkpoint(str(DRAFTERS / "speculators-3.1")).spec
+    sf = inspect_checkpoint(str(DRAFTERS / "specforge-3.1")).drafter.spec
+    sp = inspect_checkpoint(str(DRAFTERS / "speculators-3.1")).drafter.spec
     assert (sf.aux_convention, sf.aux_layer_ids) == ("output", (0, 3, 6))
     assert (sp.aux_convention, sp.aux_layer_ids) == ("boundary", (1, 4, 7))
     assert sf.aux_layer_ids_vllm == sp.aux_layer_ids_vllm == (1, 4, 7)

@@ -222,7 +222,7 @@ def test_upgrade_writes_fc_norm_of_target_width_and_top_level_flags(invoke, kimi
     assert "fc_norm" not in cfg["eagle_config"] and "norm_output" not in cfg["eagle_config"]
     assert cfg["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and cfg["kv_lora_rank"] == 256
     rep = inspect_checkpoint(str(tmp_path / "up"))
-    assert rep.spec.eagle_version == "3.1" and rep.exit_code == 0
+    assert rep.drafter.spec.eagle_version == "3.1" and rep.exit_code == 0
     assert verify(str(tmp_path / "up"), against=str(tmp_path / "up"), tokens=16).passed
 
 

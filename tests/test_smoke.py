@@ -61,7 +61,7 @@ def test_trained_fixtures_are_clean():
     for name in ("eagle3", "eagle3.1"):
         rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))
         assert rep.exit_code == 0, [f.rule for f in rep.findings]
-    assert inspect_checkpoint(str(TRAINED / "eagle3.1")).spec.eagle_version == "3.1"
+    assert inspect_checkpoint(str(TRAINED / "eagle3.1")).drafter.spec.eagle_version == "3.1"
 
 
 def test_red_flag_when_the_aux_ids_are_wrong(invoke, tmp_path):

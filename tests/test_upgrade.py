@@ -30,7 +30,7 @@ def test_ones_upgrade_gives_a_clean_3_1_drafter_that_says_it_needs_training(invo
     doc = json.loads(r.stdout)
     assert doc["changed"] and doc["steps"] == ["add-fc-norm", "set-norm-output"] and doc["needs_fine_tuning"]
     rep = inspect_checkpoint(str(tmp_path / "o"))
-    assert rep.spec.eagle_version == "3.1" and rep.exit_code == 0
+    assert rep.drafter.spec.eagle_version == "3.1" and rep.exit_code == 0
     assert [f.rule_id for f in rep.findings] == ["needs-fine-tuning"]  # said by inspect too, and fails --strict
     out = open_checkpoint(str(tmp_path / "o"))
     for j in range(3):
@@ -63,7 +63,7 @@ def test_3_1_source_changes_nothing(tmp_path):
 def test_flags_one_at_a_time(tmp_path):
     res = upgrade(str(DRAFTERS / "speculators-3"), str(tmp_path / "o"), fc_norm=False)
     assert res.steps == ["set-norm-output"]
-    assert inspect_checkpoint(str(tmp_path / "o")).spec.eagle_version == "3.1-norm-output-only"
+    assert inspect_checkpoint(str(tmp_path / "o")).drafter.spec.eagle_version == "3.1-norm-output-only"
     # norm_output never touches step 0: the first draft position is unchanged
     assert res.fidelity.metrics[0].kl_mean == 0 and res.fidelity.metrics[1].kl_mean > 0
     res = upgrade(str(DRAFTERS / "speculators-3"), str(tmp_path / "p"), norm_output=False)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .checkpoints import (
     render_batch,
@@ -17,9 +17,6 @@ from .checkpoints import (
 )
 from .measurements import render_capture, render_drift, render_smoke, render_verify
 
-if TYPE_CHECKING:
-    from ..result import Result
-
 # Keyed by the result's class name: the classes are imported for annotations only (verify's brings torch, and
 # `eaglectl --help` never imports it).
 RENDERERS: dict[str, Callable[[Any], None]] = {
@@ -29,11 +26,5 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "UploadReport": render_upload,
 }
 
-
-def render(result: Result) -> None:
-    """The human view of a command's result."""
-    RENDERERS[type(result).__name__](result)
-
-
-__all__ = ["RENDERERS", "render", "render_batch", "render_capture", "render_check", "render_conversion", "render_diff",
+__all__ = ["RENDERERS", "render_batch", "render_capture", "render_check", "render_conversion", "render_diff",
            "render_drift", "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]

@@ -11,7 +11,7 @@ import click
 from .. import console
 from ..console import SETTINGS, safe, say, table
 from ..layout import short_path
-from .parts import STATUS_STYLE, findings, human_size, json_short, shown
+from .parts import STATUS_STYLE, findings, human_size, json_short, num
 
 if TYPE_CHECKING:
     from ..result import BatchResult
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def render_inspect(report: InspectReport) -> None:
     """Human view of an InspectReport: the verdict first, then findings and the serve line; the spec
     table and the detection evidence with -v (all of it in --json)."""
-    d, spec, out = report.drafter, report.spec, console.stdout
+    d, spec, out = report.drafter, report.drafter.spec, console.stdout
     s = report.summary
     out.print(f"[bold]{safe(short_path(d.source))}[/]")
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})"
@@ -48,8 +48,8 @@ def render_inspect(report: InspectReport) -> None:
             say("scan     ", f.message)
     if report.target:
         tg = report.target.summary()
-        say("target   ", items=[f"{short_path(tg['source'])}: {shown(tg.get('num_hidden_layers'))} layers",
-                                f"hidden {shown(tg.get('hidden_size'))}", f"vocab {shown(tg.get('vocab_size'))}"])
+        say("target   ", items=[f"{short_path(tg['source'])}: {num(tg.get('num_hidden_layers'))} layers",
+                                f"hidden {num(tg.get('hidden_size'))}", f"vocab {num(tg.get('vocab_size'))}"])
         if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
             say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
@@ -81,8 +81,8 @@ def render_inspect(report: InspectReport) -> None:
             out.print(f"  {safe(fix)}", soft_wrap=True)
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
-    elif not report.dialect.vllm_loads:
-        out.print(f"vLLM: no serve command: vLLM does not load {safe(report.dialect.title)} files "
+    elif not d.dialect.vllm_loads:
+        out.print(f"vLLM: no serve command: vLLM does not load {safe(d.dialect.title)} files "
                   "(eaglectl convert SOURCE DEST --for vllm writes one it loads)")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
@@ -118,12 +118,10 @@ def render_conversion(result: ConversionResult) -> None:
         say(f"  [yellow]drop[/] {safe(name)}: ", why, indent=4)
     render_config_changes(plan.config_changes)
     out.print(f"files: {', '.join(plan.file_names())}")
-    for note in plan.notes:
-        say("[yellow]note:[/] ", note, indent=2)
-    for warning in plan.warnings:
-        say("[yellow]warning:[/] ", warning, indent=2)
-    for check in result.checked:
-        say("[green]checked[/] ", check, indent=2)
+    for label, lines in (("[yellow]note:[/] ", plan.notes), ("[yellow]warning:[/] ", plan.warnings),
+                         ("[green]checked[/] ", result.checked)):
+        for line in lines:
+            say(label, line, indent=2)
     serve = getattr(result, "serve", None)
     if serve:
         say(f"[bold]for {serve['engine']}:[/] {serve['dialect']} ", f"({serve['why']})")

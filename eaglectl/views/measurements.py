@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 
 def render_verify(report: ParityReport) -> None:
-    """Human view of a ParityReport."""
     out = console.stdout
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
@@ -69,11 +68,6 @@ def render_verify(report: ParityReport) -> None:
         out.print("\n" + ("[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"))
 
 
-def _bar(value: float, width: int = 30) -> str:
-    full = max(0, min(width, round(value * width)))
-    return "█" * full + "·" * (width - full)
-
-
 def _config_label(name: str) -> str:
     """`eagle3:/work/x/fixtures/trained/eagle3.1` → `eagle3:fixtures/trained/eagle3.1`: a baseline is named
     by its path as the user gave it (short_path), so two drafters of one name stay apart."""
@@ -103,12 +97,10 @@ def render_smoke(rep: SmokeReport) -> None:
             skipped.append((name, r["skipped"]))
             rows.append((name, "skipped", "", "", "", "", ""))
             continue
-        al = r.get("mean_acceptance_length")
-        rows.append((name, "-" if al is None else f"{al:.3f}",
-                     "-" if al is None else f"{al - 1:.3f}",
+        rows.append((name, num(r.get("mean_acceptance_length"), ".3f"), num(r.get("accepted_draft_length"), ".3f"),
                      "-" if r.get("draft_acceptance_rate") is None else f"{100 * r['draft_acceptance_rate']:.1f}%",
                      " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
-                     "-" if r.get("num_drafts") is None else str(r["num_drafts"]),
+                     num(r.get("num_drafts")),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
     out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
     if skipped:
@@ -127,7 +119,8 @@ def render_smoke(rep: SmokeReport) -> None:
     if per:
         out.print("\nper-position acceptance (drafter):")
         for i, rate in enumerate(per):
-            out.print(f"  {i + 1:2d} {_bar(rate)} {100 * rate:5.1f}%")
+            full = max(0, min(30, round(rate * 30)))  # a bar of 30 cells
+            out.print(f"  {i + 1:2d} {'█' * full}{'·' * (30 - full)} {100 * rate:5.1f}%")
     speedups = rep.speedups()
     if speedups:
         out.print("\nspeedup over no speculation (per-user output tokens/s, 1/TPOT: time to first token excluded):")

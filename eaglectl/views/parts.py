@@ -25,12 +25,8 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
-def shown(value: object) -> str:
-    """A value in human output: an absent one is "-", never "None"."""
-    return "-" if value is None else str(value)
-
-
-def num(x: float | None, fmt: str = ".2e") -> str:
+def num(x: object, fmt: str = "") -> str:
+    """A value in human output (`fmt`: its format spec): an absent one is "-", never "None"."""
     return "-" if x is None else format(x, fmt)
 
 
@@ -50,11 +46,10 @@ def json_short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def findings(found: list[Finding], *, hide_info: bool | None = None) -> None:
+def findings(found: list[Finding]) -> None:
     """The findings table (info findings only with -v: a line says how many were left out) and the fixes,
     each command in them whole on one line (eaglectl/layout.py)."""
-    hide = (not SETTINGS.verbose) if hide_info is None else hide_info
-    shown_ = [f for f in found if not (hide and f.severity == "info")]
+    shown_ = [f for f in found if SETTINGS.verbose or f.severity != "info"]
     hidden = len(found) - len(shown_)
     if shown_:
         console.stdout.print()
