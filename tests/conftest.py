@@ -28,8 +28,8 @@ if "EAGLECTL_VLLM_PYTHON" in os.environ:
 
 # vLLM's engine core runs inside our vLLM worker (vLLM's own VLLM_ENABLE_V1_MULTIPROCESSING=0; on CPU vLLM then
 # keeps its uni-process executor too): the same counts and token ids as the two extra processes of the default,
-# and an engine starts in ~4 s instead of ~30 s (docs/ci.md). A test whose promise is the process tree or the
-# default a user runs takes the `vllm_default_processes` fixture.
+# and an engine starts in ~4 s instead of ~30 s (docs/smoke.md#engine-parity). A test whose promise is the
+# process tree or the default a user runs takes the `vllm_default_processes` fixture.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -102,7 +102,7 @@ def vllm_server(python: str, args: list[str], folder: Path, env: dict[str, str] 
     it before the server binds it: the server then exits with EADDRINUSE, and it starts again on another
     port. It is ready when it answers /health itself (whatever else listens there would not)."""
     log_path = folder / "serve.log"
-    for _attempt in range(3):
+    for _ in range(3):
         port = free_port()
         serve = [python, "-m", "vllm.entrypoints.openai.api_server", *args, "--host", "127.0.0.1", "--port", str(port)]
         with log_path.open("w") as log:

@@ -49,6 +49,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def _read_int64_tensor(path: str, name: str) -> list[int]:
     return list(struct.unpack(f"<{len(raw) // 8}q", raw))
 
 
-def _wait_for_dump(path: str, engine_dead) -> None:  # type: ignore[no-untyped-def]
+def _wait_for_dump(path: str, engine_dead: Callable[[], bool]) -> None:
     """Block until the connector has finished writing ``path``.
 
     The connector puts ``hidden_states_path`` into the RequestOutput of the
