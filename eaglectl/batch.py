@@ -178,6 +178,7 @@ def single_or_batch(command: str, one: Callable[[dict[str, Any]], Result], need_
     if items is not None:
         if manifest is not None:
             raise click.UsageError("give SOURCES or --manifest, not both")
+        _refuse_outputs_on_inputs(None, [{**defaults, **item} for item in items])
         report.finish_batch(command, run_batch(items, lambda item: _row(one({**defaults, **item})), fail_fast))
         return
     if manifest is None:
@@ -191,8 +192,26 @@ def single_or_batch(command: str, one: Callable[[dict[str, Any]], Result], need_
     keys = frozenset(_manifest_keys(ctx.command))
     lines = read_manifest(manifest, keys, need_dest)
     options = {id(item): _item_options(ctx, item, f"{manifest}:{n}") for n, item in lines}  # all, before any work
+    _refuse_outputs_on_inputs(manifest, [{**defaults, **o} for o in options.values()])
     report.finish_batch(command, run_batch([item for _, item in lines],
                                            lambda item: _row(one({**defaults, **options[id(item)]})), fail_fast))
+
+
+# The options of a batch item that name what it reads, and the batch's own output (check --sarif).
+_INPUT_KEYS = ("source", "target", "states", "prompts", "smoke_prompts")
+
+
+def _refuse_outputs_on_inputs(manifest: str | None, items: list[dict[str, Any]]) -> None:
+    """Before any item runs: no item's DEST on the manifest, and the batch's report (--sarif, written once at the
+    end) on nothing any item reads. Each item checks its own DEST against its own inputs when it runs (a later
+    line may read what an earlier one wrote)."""
+    from .io.atomic import check_outputs, local_inputs, refuse_overlap, resolve_dest
+
+    read = local_inputs(manifest, *[item.get(k) for item in items for k in _INPUT_KEYS])
+    check_outputs({"--sarif": items[0].get("sarif_path") if items else None}, read)
+    for item in items:
+        if item.get("dest") and manifest is not None:
+            refuse_overlap(resolve_dest(item["dest"]), [manifest])
 
 
 def _row(result: Result) -> tuple[int, str, dict[str, Any]]:

@@ -24,7 +24,7 @@ from typing import Any
 from . import __version__
 from .engine_process import WORKERS, WorkerRun, engine_path, find_vllm_python
 from .errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
-from .io.atomic import staged_output
+from .io.atomic import local_inputs, staged_output
 from .io.safetensors import LocalFile, read_header
 from .io.states import CAPTURE_JSON, SCHEMA
 from .progress import Progress, passthrough
@@ -98,8 +98,9 @@ def prompt_set(t: TargetCheckpoint, prompts: str, count: int, length: int, seed:
 def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", drafter: str | None = None,
         prompts: str = "builtin:calibration", num_prompts: int = 16, length: int = 256, dtype: str = "float32",
         tensor_parallel_size: int = 1, max_model_len: int | None = None, vllm_args: dict[str, Any] | None = None,
-        vllm_python: str | None = None, server_url: str | None = None, seed: int = 0, force: bool = False,
-        timeout_s: float = 1800.0, progress: Progress = passthrough) -> CaptureResult:
+        vllm_python: str | None = None, server_url: str | None = None, server_storage: str | None = None,
+        seed: int = 0, force: bool = False, timeout_s: float = 1800.0, progress: Progress = passthrough
+        ) -> CaptureResult:
     """Capture `target`'s states at boundaries `layers` for the prompts into OUT (staged, then renamed)."""
     if engine == "server" and not server_url:
         raise UsageError("--engine server needs --server-url (a vllm serve started as --print-recipe says)")
@@ -107,14 +108,13 @@ def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", draf
     ids = choose_layers(t, layers, drafter)
     token_lists, how = prompt_set(t, prompts, num_prompts, length, seed)
     started = time.perf_counter()
-    sources = [t.ckpt.root] if Path(t.ckpt.root).exists() else []
-    with staged_output(out, force=force, sources=sources) as stage:
+    with staged_output(out, force=force, sources=local_inputs(t, drafter, prompts)) as stage:
         if engine == "vllm":
             (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, tensor_parallel_size,
                                              max_model_len, vllm_args or {}, vllm_python, timeout_s, progress)
         elif engine == "server":
             (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress,
-                                               t.hidden_size, t.vocab_size), None
+                                               t.hidden_size, t.vocab_size, server_storage or storage_folder(out)), None
         else:
             (versions, timings), log = _hf(target, stage, ids, token_lists, dtype, progress), None
         stored = read_header(LocalFile(stage / "00000.safetensors")).tensors["hidden_states"].dtype
@@ -181,13 +181,21 @@ def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int
     return (result.get("versions", {}), result.get("timings_s", {})), log
 
 
+def storage_folder(out: str) -> str:
+    """Where the --print-recipe server dumps its states: beside OUT, as OUT.raw."""
+    return str(Path(out).resolve()) + ".raw"
+
+
 def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], timeout_s: float, progress: Progress,
-            hidden_size: int | None = None, vocab: int | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+            hidden_size: int | None, vocab: int | None, storage: str) -> tuple[dict[str, Any], dict[str, float]]:
     """Through a running `vllm serve` with hidden-state extraction (the --print-recipe flags): each prompt
     as token ids with max_tokens=1 and prompt_logprobs=1; the server writes the dump into its storage
     folder (same filesystem as here), which is read, completed with the target's greedy next tokens
-    and written into OUT. The replies are untrusted (http_json.py, the whole capture within `timeout_s`);
-    a dump is used, and removed, only when it is a regular file holding exactly the prompt sent."""
+    and written into OUT. The replies are untrusted (http_json.py, the whole capture within `timeout_s`):
+    a dump is used, and removed, only when it lies in `storage` (the folder the server was told to dump into)
+    and is a regular file holding exactly the prompt sent; any other path is neither read nor removed."""
+    import os
+
     import numpy as np
 
     from .http_json import Deadline, check_url, post_json, server_model
@@ -198,6 +206,7 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
     base = check_url(url)
     model = server_model(base, timeout_s, deadline, CaptureFailedError)
     endpoint = f"{base}/v1/completions"
+    folder = Path(os.path.realpath(storage))
     for i, p in enumerate(progress(prompts, label="capturing (server)", total=len(prompts))):
         r = post_json(endpoint, {"model": model, "prompt": p, "max_tokens": 1, "temperature": 0.0,
                                  "prompt_logprobs": 1, "return_token_ids": True},
@@ -212,7 +221,12 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
             raise ServerReplyError(f"{endpoint}: hidden_states_path {str(path)[:200]!r} is not an absolute "
                                    "*.safetensors path", url=endpoint)
         argmax = _greedy_next(r, endpoint, len(p), vocab)
-        dump = Path(path)
+        dump = Path(os.path.realpath(Path(path).parent)) / Path(path).name  # the name itself stays unfollowed
+        if dump.parent != folder and not dump.parent.is_relative_to(folder):
+            raise CaptureFailedError(f"{path}: the server names a dump outside the storage folder {folder}; only "
+                                     "dumps there are read and removed", path=path,
+                                     hint="start the server as --print-recipe says, or pass --server-storage with "
+                                          "the shared_storage_path it was started with")
         _wait_for_unlocked(dump, max(0.0, deadline.left()))
         if not _regular(dump):
             raise CaptureFailedError(f"{path}: the dump the server names is not a regular file")
@@ -242,7 +256,7 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
             entry_from_bytes("target_argmax", "I64", (len(p),), argmax.tobytes()),
             entry_from_bytes("token_ids", "I64", tokens.shape, tokens.tobytes())], {"format": "pt"})
         dump.unlink(missing_ok=True)
-        lock = Path(path + ".lock")
+        lock = Path(str(dump) + ".lock")
         if _regular(lock):
             lock.unlink(missing_ok=True)
     return {"server": base, "model": model}, {"capture": round(time.perf_counter() - started, 3)}
@@ -329,7 +343,7 @@ def recipe(target: str, layers: str, drafter: str | None, out: str, tensor_paral
     t = open_target(target)
     ids = choose_layers(t, layers, drafter)
     name = t.hub_id or target
-    storage = str(Path(out).resolve()) + ".raw"
+    storage = storage_folder(out)
     serve = ["vllm", "serve", name, "--tensor-parallel-size", str(tensor_parallel_size), *server_args(ids, storage)]
     cpu = server_args(ids, storage, cpu=True)[3]
     drive = ["eaglectl", "capture", target, "--engine", "server", "--server-url", "http://localhost:8000",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
-from .io.atomic import write_file
+from .io.atomic import check_outputs, local_inputs, write_file
 from .progress import Progress, passthrough
 from .result import Result
 from .rules import RULES, Finding
@@ -98,6 +98,12 @@ def run(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
     t0 = time.perf_counter()
     d = open_drafter(source, allow_pickle=o["allow_pickle"])
     tgt = Target.open(target, states, progress=progress)
+    others = local_inputs(tgt, given.get("prompts"))
+    check_outputs({"--sarif": o.get("sarif_path")}, [*others, *local_inputs(d)])
+    if o["card"] and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
+        from .card import CARD
+
+        check_outputs({"the model card": Path(d.root) / CARD}, [*others, *d.ckpt.identities])
     rep = inspect_opened(d, tgt, strict=strict, measure=o["measure"], engine_version=o["engine_version"],
                          progress=progress, vllm_python=vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",

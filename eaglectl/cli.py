@@ -444,6 +444,8 @@ Examples:
               help="hf: HF transformers (one device); vllm: vLLM in its own interpreter (whatever it serves); "
                    "server: your running vllm serve (--server-url; start it as --print-recipe says).")
 @click.option("--server-url", metavar="URL", help="The vllm serve to drive with --engine server.")
+@click.option("--server-storage", metavar="DIR", help="--engine server: the shared_storage_path the server dumps into; "
+              "only dumps in it are read and removed (default: OUT.raw, as --print-recipe configures).")
 @click.option("--layers", default="auto", show_default=True, metavar="IDS|auto",
               help="Boundary ids (vLLM's numbering, 0..L), or auto: the drafter's readings and their neighbours "
                    "(what the probe compares), plus 0 and L.")

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .conversion_write import SourceDigest, plan_inputs, tensor_entry
+from .conversion_write import SourceDigest, tensor_entry
 from .drafter import DrafterCheckpoint, interpret
 from .errors import ConversionError, filesystem_error
 from .io import gguf as ggufio
-from .io.atomic import REPLACEABLE, staged_output
+from .io.atomic import REPLACEABLE, local_inputs, staged_output
 from .io.dtypes import DTYPES
 
 if TYPE_CHECKING:
@@ -87,13 +87,13 @@ def _llama_layout(name: str, data: np.ndarray, meta: dict[str, Any]) -> np.ndarr
 
 
 def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
-                 force: bool = False, replay: bool = False) -> tuple[list[str], str]:
+                 force: bool = False, replay: bool = False, inputs: list[str] | None = None) -> tuple[list[str], str]:
     """Write `plan` as DEST/model.gguf; (what was checked, the source digest)."""
     if "lm_head.weight" not in {a.canonical for a in plan.tensors}:
         raise ConversionError(f"{plan.source}: no lm_head: llama.cpp's eagle3 graph needs the draft's own output head",
                               hint="pass --target to take it from the target model")
     meta = gguf_metadata(plan)
-    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target),
+    with staged_output(plan.dest, force=force, sources=local_inputs(src, target) if inputs is None else inputs,
                        replaceable=(*REPLACEABLE, "*.gguf")) as stage:
         digest = SourceDigest(src.ckpt)
         try:

@@ -139,16 +139,6 @@ def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoi
     return TensorEntry(a.dest, a.dtype, a.shape, table)
 
 
-def plan_inputs(src: DrafterCheckpoint, target: TargetCheckpoint | None) -> list[str]:
-    """Every local path a conversion reads: DEST may overlap none of them."""
-    paths: list[str] = []
-    for ckpt in [src.ckpt] + ([target.ckpt] if target is not None else []):
-        paths += list(ckpt.identities)
-        if Path(ckpt.root).exists():
-            paths.append(ckpt.root)
-    return paths
-
-
 def public_provenance(plan: ConversionPlan) -> None:
     """What a caller added to the plan's provenance (upgrade's calibration record names its target and
     capture) is made public before it is written: Hub ids and basenames only."""

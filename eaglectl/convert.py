@@ -27,13 +27,12 @@ from .conversion_write import (
     check_tensors,
     distinct_readings,
     patch_header,
-    plan_inputs,
     public_provenance,
     tensor_entry,
 )
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError, UsageError, filesystem_error
-from .io.atomic import check_destination, fsync, staged_output
+from .io.atomic import check_destination, fsync, local_inputs, staged_output
 from .io.safetensors import Written, write_safetensors
 from .progress import Progress, passthrough
 from .target import Target, TargetCheckpoint
@@ -84,8 +83,9 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
     checkpoint = tgt.checkpoint if tgt is not None else None
     if to is not None:
         writable_dialect(to)
+    inputs = local_inputs(src, tgt)  # the drafter, the target and its capture (--states)
     if not dry_run:
-        check_destination(dest, force=force, sources=plan_inputs(src, checkpoint))
+        check_destination(dest, force=force, sources=inputs)
     measured = None
     notes: list[str] = []
     if tgt is not None and measure:
@@ -122,7 +122,7 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
     elif tgt is not None and tgt.states is not None and measured is not None:
         plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
                           "runnable --target without --states)")
-    result = execute(plan, src, target=checkpoint, force=force, progress=progress, after_write=check)
+    result = execute(plan, src, target=checkpoint, force=force, progress=progress, after_write=check, inputs=inputs)
     result.serve = serve
     return result
 
@@ -210,7 +210,8 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
 
 def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
             force: bool = False, supplied: dict[str, bytes] | None = None, progress: Progress = passthrough,
-            after_write: Callable[[DrafterCheckpoint], list[str]] | None = None) -> ConversionResult:
+            after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
+            inputs: list[str] | None = None) -> ConversionResult:
     """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
 
     `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
@@ -222,11 +223,11 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
         from .conversion_gguf import execute_gguf
 
         return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force,
-                                                                replay=after_write is not None))
+                                                                replay=after_write is not None, inputs=inputs))
     by_name = {a.dest: a for a in plan.tensors}
     names = plan.file_names()
     total = sum(a.nbytes for a in plan.tensors)
-    with staged_output(plan.dest, force=force, sources=plan_inputs(src, target)) as stage:
+    with staged_output(plan.dest, force=force, sources=local_inputs(src, target) if inputs is None else inputs) as stage:
         digest = SourceDigest(src.ckpt)
         try:
             written: list[Written] = []

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import IncompatibleDrafterError, InvalidStatesError, UsageError
+from .io.atomic import check_outputs, local_inputs
 from .progress import Progress, passthrough
 from .result import Result
 from .target import Target
@@ -404,10 +405,11 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
         raise UsageError("--context-lengths and --templates build prompts for the target: with --states the "
                          "capture's requests are the workload")
     opened = [open_drafter(d) for d in drafters]
-    from .model.loader import load_reference
-    loaded = [load_reference(o) for o in opened]
     t = Target.open(target, states, progress=progress)
     assert t is not None
+    check_outputs({"--plot": plot}, local_inputs(*opened, t, prompts))
+    from .model.loader import load_reference
+    loaded = [load_reference(o) for o in opened]
     # the layers each drafter reads: the one measured reading (probe.measure) when it decides them, else the files'
     layers = {id(d): measured_layers(o, t)[0] or d.spec.capture_ids(t.num_layers)  # type: ignore[arg-type]
               for o, d in zip(opened, loaded, strict=True)}

@@ -72,7 +72,8 @@ class AmbiguousFormatError(EaglectlError, exit_code=6, reference="ambiguous-form
 
 
 class ConversionError(EaglectlError, exit_code=7, reference="conversion-failed"):
-    """A tensor or config field cannot be mapped faithfully."""
+    """A tensor or config field cannot be mapped faithfully, or an output (DEST, --out, --profile, --sarif, --plot, a
+    model card) would be, hold, lie inside or hard-link an input of the same command; nothing was written."""
 
 
 class ParityMismatchError(EaglectlError, exit_code=8, reference="parity-mismatch"):

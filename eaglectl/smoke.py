@@ -24,6 +24,7 @@ from . import __version__, runner_smoke
 from .drafter import DrafterCheckpoint, open_drafter
 from .engine_process import WorkerRun, engine_path, find_vllm_python
 from .errors import SmokeFailedError, UsageError
+from .io.atomic import check_outputs, local_inputs
 from .progress import Progress, passthrough
 from .runner_smoke import RunnerRun
 from .runners import Readings, config_folder, readings_for
@@ -322,6 +323,8 @@ def measure(
 ) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command)."""
+    check_outputs({"--plot": plot, "--profile": profile},
+                  local_inputs(d, target, prompts, *[b.opened or b.path for b in baselines or []]))
     engine, baselines = _engine_for(engine, server, baselines or [], context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     # a context-length axis widens the window to its longest bucket (what the engine must hold)

@@ -38,11 +38,11 @@ import numpy as np
 
 from .acceptance import STEPS, VLLM_V1, Reading, Setup, before_after, check_written, rank_by_acceptance, workload_for
 from .calibration import Fit, Moments, accumulate, fit, held_out_error
-from .convert import ConversionPlan, ConversionResult, execute, plan_conversion, plan_inputs, writable_dialect
+from .convert import ConversionPlan, ConversionResult, execute, plan_conversion, writable_dialect
 from .drafter import DrafterCheckpoint, open_drafter
 from .errors import ConversionError, UsageError
 from .io import cast as casting
-from .io.atomic import check_destination
+from .io.atomic import check_destination, local_inputs
 from .io.states import States
 from .progress import Progress, passthrough
 from .result import Result
@@ -139,9 +139,10 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
     tgt = Target.open(target, states, progress=progress, text=calibration_text)
     again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
         " --allow-pickle" if allow_pickle else "")
+    inputs = local_inputs(src, tgt, prompts)  # the drafter, the target, its capture (--states), the prompts
+    if not dry_run:  # before anything is measured: an output over an input is the first thing refused
+        check_destination(dest, force=force, sources=inputs)
     to, steps = upgrade_steps(src, tgt, init, fc_norm, norm_output, to, target, prompts, again)
-    if not dry_run:
-        check_destination(dest, force=force, sources=plan_inputs(src, tgt.checkpoint if tgt else None))
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
     work = workload_for(tgt, prompts, num_prompts, max_tokens) if tgt is not None and tgt.runnable and steps else None
@@ -164,7 +165,7 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
                            _next_command(dest, target, work, prompts))
-    return result if dry_run else _write(result, s, plan, supplied, force, fidelity_tokens if fidelity else None)
+    return result if dry_run else _write(result, s, plan, supplied, force, fidelity_tokens if fidelity else None, inputs)
 
 
 # ------------------------------------------------------------------------------------ what to do, or why not
@@ -457,7 +458,7 @@ def plan_upgrade(s: Setup, dest: str, to: str, new_spec: DrafterSpec, choice: Ch
 
 
 def _write(result: UpgradeResult, s: Setup, plan: ConversionPlan, supplied: dict[str, bytes], force: bool,
-           fidelity_tokens: int | None) -> UpgradeResult:
+           fidelity_tokens: int | None, inputs: list[str]) -> UpgradeResult:
     """The plan executed. On the staged output, before it takes DEST's place, the written files replay to the
     acceptance reported and their fidelity to SOURCE is measured (`fidelity_tokens` None: not)."""
     measured: dict[str, ParityReport] = {}
@@ -469,7 +470,7 @@ def _write(result: UpgradeResult, s: Setup, plan: ConversionPlan, supplied: dict
         return checked
 
     done = execute(plan, s.src, target=s.tgt.checkpoint if s.tgt else None, force=force, supplied=supplied,
-                   progress=s.progress, after_write=after_write if result.steps else None)
+                   progress=s.progress, after_write=after_write if result.steps else None, inputs=inputs)
     return replace(result, conversion=done, fidelity=measured.get("report"))
 
 

@@ -923,6 +923,7 @@ class HostileServer:
         self.work = work
         self.release = threading.Event()
         self.plan: dict[str, Any] = {}
+        self.earlier: Path | None = None  # an earlier capture's dump the server named this case
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -1010,7 +1011,7 @@ class HostileServer:
         if self.plan["mode"] == "capture" and rng.random() < 0.6:
             target = rng.choice(["plp-missing", "plp-short", "plp-rank", "plp-key", "plp-oov", "gen-missing",
                                  "path-missing", "path-relative", "path-nul", "path-dir", "path-link", "path-keep",
-                                 "dump-tokens", "dump-layers", "path-type"])
+                                 "path-earlier", "dump-tokens", "dump-layers", "path-type"])
             kv = doc["kv_transfer_params"]
             if target == "plp-missing":
                 del choice["prompt_logprobs"]
@@ -1040,6 +1041,11 @@ class HostileServer:
                 kv["hidden_states_path"] = str(link)
             elif target == "path-keep":  # a file of the user's that is no dump: must be refused and kept
                 kv["hidden_states_path"] = str(self.work / "keep.safetensors")
+            elif target == "path-earlier":  # a real dump of the same prompt outside the storage folder: kept
+                self.earlier = self.work / "earlier" / Path(kv["hidden_states_path"]).name
+                self.earlier.parent.mkdir(exist_ok=True)
+                shutil.copyfile(kv["hidden_states_path"], self.earlier)
+                kv["hidden_states_path"] = str(self.earlier)
             elif target == "dump-tokens":
                 import numpy as np
 
@@ -1191,7 +1197,7 @@ def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2
 
                 def go(url: str = url, stage: Path = stage) -> Any:
                     return capture._server(url, stage, (2, 4, 5), [[1, 2, 3, 4], [5, 6, 7]], timeout_s, passthrough,
-                                           hidden_size=128, vocab=VOCAB)
+                                           hidden_size=128, vocab=VOCAB, storage=str(work / "storage"))
             t = time.perf_counter()
             code, _ = _timed(rep, label, go)
             if time.perf_counter() - t > 4 * timeout_s + 0.5:
@@ -1199,6 +1205,9 @@ def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2
             if not keep.exists():
                 rep.internal.append(f"{label}: removed a file the server named that is not a dump")
                 keep.write_bytes(b"the user's file, not a dump")
+            if srv.earlier is not None and not srv.earlier.exists():
+                rep.internal.append(f"{label}: removed a dump outside the storage folder (an earlier capture)")
+            srv.earlier = None
             _count(rep, code)
             shutil.rmtree(work / f"stage-{i}", ignore_errors=True)
     finally:

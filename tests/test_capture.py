@@ -237,7 +237,8 @@ def test_a_users_vllm_serve_started_from_the_recipe(hf_states, tmp_path, invoke,
             *capture.server_args(tuple(range(9)), str(storage), cpu=True)]
     with vllm_server(python, args, tmp_path, {"PYTHONPATH": str(ROOT / "eaglectl" / "workers")}) as (port, log):
         r = invoke("capture", TARGET, "--engine", "server", "--server-url", f"http://127.0.0.1:{port}",
-                   "--layers", "0,1,2,3,4,5,6,7,8", "--out", tmp_path / "s", "--timeout-s", "600")
+                   "--layers", "0,1,2,3,4,5,6,7,8", "--out", tmp_path / "s", "--timeout-s", "600",
+                   "--server-storage", storage)
         assert r.exit_code == 0, r.output + log.read_text()[-3000:]
     assert _agree(hf_states, tmp_path / "s") <= 1e-3
     assert not any(storage.glob("*.safetensors"))  # the server's dumps were moved, not copied and left

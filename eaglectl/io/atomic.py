@@ -46,6 +46,7 @@ from ..errors import (
     UsageError,
     filesystem_error,
 )
+from ..limits import limit
 
 # What --force may replace: the files of a checkpoint folder (and eaglectl's own capture dumps).
 REPLACEABLE = (
@@ -141,16 +142,94 @@ def resolve_dest(dest: str | os.PathLike[str]) -> Path:
         raise filesystem_error(e, "resolve", text) from None
 
 
-def refuse_overlap(final: Path, sources: Iterable[str | os.PathLike[str]]) -> None:
-    """DEST (resolved) may not be, contain, or lie inside any input."""
+def refuse_overlap(final: Path, sources: Iterable[str | os.PathLike[str]], what: str = "the destination") -> None:
+    """An output (resolved) may not be, contain, or lie inside any input, nor be a hard link of an input's file."""
+    reals = []
     for source in sources:
         try:
-            real = Path(os.path.realpath(source))
+            reals.append(Path(os.path.realpath(source)))
         except (OSError, ValueError):
             continue
+    for real in reals:
         if final == real or real.is_relative_to(final) or final.is_relative_to(real):
-            raise ConversionError(f"{final}: the destination overlaps the source/input {real}; inputs are never modified",
-                                  path=str(final), hint="choose a DEST outside every input folder")
+            raise ConversionError(f"{final}: {what} overlaps the source/input {real}; inputs are never modified",
+                                     path=str(final), hint="choose an output outside every input")
+    twin = _hard_link_twin(final, reals)
+    if twin is not None:
+        raise ConversionError(f"{final}: {what} is a hard link of the input file {twin}; inputs are never modified",
+                                 path=str(final), hint="choose an output outside every input")
+
+
+def _hard_link_twin(final: Path, inputs: list[Path]) -> Path | None:
+    """The input file that `final` (an existing file with several links) is another name of, if any; folders are
+    searched a few levels down and a bounded number of entries (checkpoints, captures and prompt folders are
+    shallow)."""
+    try:
+        st = os.lstat(final)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+        return None
+    budget = limit("folder_entries")
+    stack = [(p, 0) for p in inputs]
+    while stack and budget > 0:
+        path, depth = stack.pop()
+        budget -= 1
+        try:
+            s = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISREG(s.st_mode) and (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+            return path
+        if stat.S_ISDIR(s.st_mode) and depth < 3:
+            try:
+                stack.extend((Path(e.path), depth + 1) for e in os.scandir(path))
+            except OSError:
+                continue
+    return None
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike[str] | None], inputs: Iterable[str | os.PathLike[str]]
+                  ) -> None:
+    """Refuse single-file outputs, named by their option ({"--profile": path}; None: not asked for), now, before
+    any measurement: for every reason `write_file` would, and when one overlaps an input of the command."""
+    inputs = list(inputs)
+    for what, path in outputs.items():
+        if path is None:
+            continue
+        final = resolve_dest(path)
+        refuse_overlap(final, inputs, what)
+        try:
+            st = os.lstat(final)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise filesystem_error(e, "look up", final) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputExistsError(f"{final}: {what} exists and is not a regular file; it is never replaced",
+                                    path=str(final))
+
+
+def local_inputs(*inputs: object) -> list[str]:
+    """Every local path the given inputs read: an opened checkpoint (drafter or target: its files and folder), a
+    target (its checkpoint and its capture), a capture, or a path as the user gave it (kept when it exists: a Hub
+    id or builtin:NAME names no local file). None is skipped."""
+    paths: list[str] = []
+    for item in inputs:
+        if item is None:
+            continue
+        if isinstance(item, (str, os.PathLike)):
+            if os.path.lexists(item):
+                paths.append(os.fspath(item))
+            continue
+        ckpt = getattr(item, "ckpt", None)
+        if ckpt is not None:  # an opened drafter or target checkpoint
+            paths += [p for p in [*ckpt.identities, ckpt.root] if os.path.lexists(p)]
+        elif hasattr(item, "checkpoint"):  # a Target: its files, and the capture standing in for it
+            paths += local_inputs(item.checkpoint, getattr(item, "states", None))
+        elif hasattr(item, "root"):  # a capture (States)
+            paths += local_inputs(item.root)
+    return paths
 
 
 def _existing(final: Path, force: bool, replaceable: tuple[str, ...]) -> bool:
