@@ -194,7 +194,7 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
     flags = {flag: _flag(f, dialect, flag) for flag in FLAGS}
     config_dtype, tie = _dtype_and_tie(f, dialect)
     bias = bool(f.get("attention_bias", "attention_bias", "bool"))
-    window = _sliding_window(f)
+    window, sliding_layers = _sliding_window(f, arch)
 
     return DrafterSpec(
         arch=arch,
@@ -219,6 +219,7 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
         tie_word_embeddings=tie,
         attention_bias=bias,
         sliding_window=window,
+        sliding_layers=sliding_layers,
         config_dtype=config_dtype,
         tensor_dtypes=tuple(sorted({t.dtype for t in ckpt.tensors.values()})),
         sources=f.sources,
@@ -300,15 +301,23 @@ def _dtype_and_tie(f: _Fields, dialect: Dialect) -> tuple[str | None, bool | Non
     return config_dtype, tie
 
 
-def _sliding_window(f: _Fields) -> int | None:
-    """The attention window, only where sliding attention is switched on."""
+def _sliding_window(f: _Fields, arch: str) -> tuple[int | None, tuple[int, ...]]:
+    """(the window, the layers it applies to), as vLLM 0.32 reads them: a draft layer i slides when
+    `layer_types[i]` is `sliding_attention` (llama.py / qwen3_eagle3.py, draft-relative index), with
+    `sliding_window` as its window. `use_sliding_window` and `max_window_layers` are not read by the EAGLE-3
+    drafters, and the MLA drafter (deepseek_eagle3.py) applies no window at all; the rules name both."""
     window = f.get("sliding_window", "sliding_window", "int", lo=1)
     layer_types = f.arch.str_list("layer_types", max_len=limit("drafter_layers"))
-    sliding_on = f.arch.bool("use_sliding_window") is True or (layer_types is not None and "sliding_attention" in layer_types)
-    if not sliding_on:
-        window = None
-        f.sources["sliding_window"] = "off: no use_sliding_window / sliding layer_types"
-    return window
+    layers = tuple(i for i, kind in enumerate(layer_types or ()) if kind == "sliding_attention")
+    if arch == "mla" and layers:
+        f.sources["sliding_window"] = "off: vLLM's MLA drafter applies no sliding window"
+        return None, ()
+    if not layers or window is None:
+        f.sources["sliding_window"] = ("off: no sliding_attention in layer_types" if not layers
+                                       else "off: sliding_attention layers without a sliding_window (vLLM: full)")
+        return None, ()
+    f.sources["sliding_window"] = f"config: layers {list(layers)} slide (layer_types), window {window}"
+    return window, layers
 
 
 def _mla_dims(f: _Fields) -> dict[str, int | None]:

@@ -182,10 +182,11 @@ class _ChainRun:
         self.state[rows, d] = rms
         self.drafts[rows, d] = out.target_ids[0].numpy()
 
-    def context_step(self, aux: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor | None, n_ctx: int,
-                     chunk: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+    def context_step(self, aux: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor | None, n_ctx: int, chunk: int
+                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
         """Step 0: the context entries (features p, token p+1), `chunk` positions at a time, recording each
-        anchor's first draft. (each layer's context keys and values, (each anchor's fed-back state, drafted id))."""
+        anchor's first draft. (each layer's context keys, values and positions, (each anchor's fed-back state,
+        drafted id))."""
         import torch
 
         from .model.reference import ChainCache, StepOutput, prefill
@@ -204,9 +205,10 @@ class _ChainRun:
                 self.record(sel, 0, kept, e, torch.zeros(len(sel), e, dtype=torch.bool), sub,
                             torch.ones(len(sel), dtype=torch.bool))
                 first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
-        return [(kv.k, kv.v) for kv in cache.layers], (first_fb, first_ids)  # type: ignore[misc]
+        return [(kv.k, kv.v, kv.positions) for kv in cache.layers], (first_fb, first_ids)  # type: ignore[misc]
 
-    def chain_steps(self, context: list[tuple[torch.Tensor, torch.Tensor]], first: tuple[torch.Tensor, torch.Tensor],
+    def chain_steps(self, context: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                    first: tuple[torch.Tensor, torch.Tensor],
                     table: torch.Tensor, idx: torch.Tensor, n_ctx: int) -> int:
         """Chain steps 1..depth-1 from the anchors `idx` (drafted together, each seeing the context up to its
         anchor and its own chain); returns how many chains were cut at a token without an embedding row."""
@@ -216,7 +218,7 @@ class _ChainRun:
         from .model.reference import LayerKV
 
         G, at = len(idx), self.at[idx]
-        kvs = [LayerKV(k, v) for k, v in context]
+        kvs = [LayerKV(k, v, p) for k, v, p in context]
         hidden, ids = first[0][idx][None], first[1][idx][None]
         alive, cut = torch.ones(G, dtype=torch.bool), 0
         causal = torch.arange(n_ctx)[None, :] <= at[:, None]

@@ -70,12 +70,19 @@ class DrafterSpec:
     has_lm_head: bool
     tie_word_embeddings: bool | None
     attention_bias: bool  # q/k/v biases (vLLM reads attention_bias)
-    sliding_window: int | None  # set when the config enables sliding-window attention
+    sliding_window: int | None  # the window vLLM applies to the `sliding_layers` (None: every layer attends fully)
     config_dtype: str | None  # torch_dtype / dtype in the config
     tensor_dtypes: tuple[str, ...]
     sources: dict[str, str] = field(default_factory=dict)
     # MLA only: q_lora_rank (None = plain q_proj), kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     mla: dict[str, int | None] | None = None
+    sliding_layers: tuple[int, ...] = ()  # the layers `layer_types` makes sliding_attention (vLLM reads no other key)
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer, the sliding window vLLM applies (None: full attention)."""
+        layers = range(self.num_hidden_layers or 0)
+        return tuple(self.sliding_window if i in self.sliding_layers else None for i in layers)
 
     @property
     def eagle_version(self) -> str:

@@ -225,7 +225,8 @@ def test_d2t_scatters_to_the_right_target_ids():
     assert torch.equal(full.argmax(-1), out.target_ids)
 
 
-@pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_output": True}, {"num_layers": 2}])
+@pytest.mark.parametrize("flags", [{}, {"fc_norm": True, "norm_output": True}, {"num_layers": 2},
+                                   {"windows": (2,)}, {"num_layers": 2, "windows": (3, None), "norm_output": True}])
 def test_all_anchor_run_equals_incremental_chain_drafting(flags):
     """Teacher-forced all-anchors drafting is exactly vLLM's chain drafting from each anchor."""
     d = make(seed=10, **flags)
@@ -268,3 +269,40 @@ def test_qwen3_qk_norm_is_applied():
     torch.testing.assert_close(q2, 2 * q, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(k2, k, rtol=0, atol=0)
     assert not torch.allclose(before, d.run(aux, tokens, 1)[0].logits)
+
+
+# ------------------------------------------------------------------------------ sliding-window layers
+
+def test_a_window_wider_than_the_context_is_full_attention():
+    aux, tokens = inputs(T=6, steps=3)
+    full, wide = make(seed=12).run(aux, tokens, 3), make(seed=12, windows=(64,)).run(aux, tokens, 3)
+    for a, b in zip(full, wide, strict=True):
+        assert torch.equal(a.logits, b.logits)
+
+
+def test_a_window_hides_exactly_the_keys_older_than_it():
+    """Window w: a query at position p sees keys at p - w + 1 .. p (vLLM's per-layer window, HF's
+    sliding_attention). Changing the target state at p - w leaves step 0 at p as it was and changes it at
+    p - 1; at chain step j >= w the whole context is out of sight."""
+    w, T = 2, 7
+    d = make(seed=13, windows=(w,))
+    aux, tokens = inputs(T=T, steps=3)
+    base = d.run(aux, tokens, 3)
+    p = 5
+    moved = aux.clone()
+    moved[:, p - w] += 5.0
+    after = d.run(moved, tokens, 3)
+    assert torch.equal(after[0].logits[:, p], base[0].logits[:, p])
+    assert not torch.allclose(after[0].logits[:, p - 1], base[0].logits[:, p - 1])
+    # the softmax rows themselves: a step-j query of anchor t (position t + j) weighs only keys at positions
+    # t + j - w + 1 .. t + j, context and chain alike
+    attn = d.layers[0].self_attn
+    attn.kept_probs = []
+    d.run(aux, tokens, 3)
+    for j, probs in enumerate(attn.kept_probs):  # (B, heads, T, T + T*j)
+        positions = torch.cat([torch.arange(T)] + [torch.arange(T) + step for step in range(1, j + 1)])
+        for t in range(T):
+            seen = positions[(probs[0, :, t] > 0).any(0)]
+            chain = torch.arange(1, j + 1) + t  # own chain's keys (other anchors' chains are masked anyway)
+            expect = sorted(q for q in [*range(t + 1), *chain.tolist()] if t + j - q < w)
+            assert sorted(seen.tolist()) == expect, (j, t)

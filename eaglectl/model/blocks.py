@@ -45,6 +45,7 @@ class DrafterArgs:
     fc_norm: bool = False
     norm_output: bool = False
     mla: MLADims | None = None  # set: MLA attention (head_dim / num_kv_heads are then unused)
+    windows: tuple[int | None, ...] = ()  # per layer: the sliding window (None, or beyond the tuple: full attention)
 
 
 def wide(x: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,6 @@ DTYPES = {name: getattr(torch, name) for name in ("float32", "bfloat16", "float1
 def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
     """DrafterArgs for a spec, or IncompatibleDrafterError naming what the reference cannot run."""
     where = f"{source}: " if source else ""
-    if spec.sliding_window is not None:
-        raise IncompatibleDrafterError(f"{where}sliding-window attention (window {spec.sliding_window}) is not "
-                                       "implemented in the reference drafter")
 
     def need(name: str) -> int:
         value = getattr(spec, name)
@@ -63,6 +60,7 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
         fc_norm=spec.fc_norm,
         norm_output=spec.norm_output,
         mla=mla,
+        windows=spec.layer_windows,
     )
 
 

@@ -18,8 +18,9 @@ Mirrors vLLM 0.32 `vllm/model_executor/models/llama_eagle3.py` (and `qwen3_eagle
 
 Attention keys: a step-j query of anchor t sees the step-0 (context) keys at positions ≤ t and its
 own chain's keys of steps 1..j — vLLM's drafter KV cache for a chain drafted from t, and the
-training-time-test mask. `Drafter.run` evaluates every anchor at once with that mask; `ChainCache`
-drafts one chain incrementally. Canonical tensor names are the module attribute names, so loading
+training-time-test mask. A sliding-window layer (`layer_types: sliding_attention`, as vLLM applies it
+per layer) further hides keys more than `sliding_window - 1` positions before the query. `Drafter.run`
+evaluates every anchor at once with that mask; `ChainCache` drafts one chain incrementally. Canonical tensor names are the module attribute names, so loading
 is `load_state_dict(strict=True)`.
 """
 
@@ -98,7 +99,8 @@ class Attention(nn.Module):
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """q (B, nh, Tq, d); k, v (B, nkv, Tk, d); mask (Tq, Tk) True = visible. Returns (B, Tq, H)."""
+        """q (B, nh, Tq, d); k, v (B, nkv, Tk, d); mask (Tq, Tk) or (B, 1, Tq, Tk) True = visible. Returns
+        (B, Tq, H)."""
         a = self.a
         group = a.num_heads // a.num_kv_heads
         k = k.repeat_interleave(group, dim=1)
@@ -126,14 +128,18 @@ class FeedForward(nn.Module):
 
 @dataclass
 class LayerKV:
-    """One layer's drafter KV for a sequence: (B, nkv, P, d) keys and values, appended step by step."""
+    """One layer's drafter KV for a sequence: (B, nkv, P, d) keys and values and their (B, P) positions (a
+    sliding-window layer masks by them), appended step by step."""
 
     k: torch.Tensor | None = None
     v: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.k = k if self.k is None else torch.cat([self.k, k], 2)
         self.v = v if self.v is None else torch.cat([self.v, v], 2)
+        positions = positions.expand(k.shape[0], -1)
+        self.positions = positions if self.positions is None else torch.cat([self.positions, positions], 1)
         return self.k, self.v
 
     @property
@@ -141,16 +147,28 @@ class LayerKV:
         return 0 if self.k is None else self.k.shape[2]
 
     def truncate(self, length: int) -> None:
-        if self.k is not None and self.v is not None:
+        if self.k is not None and self.v is not None and self.positions is not None:
             self.k, self.v = self.k[:, :, :length], self.v[:, :, :length]
+            self.positions = self.positions[:, :length]
+
+
+def window_mask(mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, window: int
+                ) -> torch.Tensor:
+    """`mask` (Tq, Tk) narrowed to keys within `window` positions of each query: a query at position p sees
+    keys at p - window + 1 .. p, as vLLM's per-layer sliding window (FlashAttention's window (w - 1, 0)) and
+    HF's `sliding_attention` do. Returns (B, 1, Tq, Tk), broadcast over heads."""
+    near = (query_positions[:, :, None] - key_positions[:, None, :]) < window  # (B, Tq, Tk)
+    return (mask & near)[:, None]
 
 
 class Layer(nn.Module):
-    """Decoder layer i. Layer 0 takes [norm(embeds) ; hidden_norm(hidden)] (2H wide)."""
+    """Decoder layer i. Layer 0 takes [norm(embeds) ; hidden_norm(hidden)] (2H wide). A sliding-window layer
+    (`a.windows[i]`) sees only the keys of the last `window` positions."""
 
     def __init__(self, a: DrafterArgs, index: int) -> None:
         super().__init__()
         self.a, self.index = a, index
+        self.window = a.windows[index] if index < len(a.windows) else None
         self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         if index == 0:
             self.hidden_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -170,7 +188,10 @@ class Layer(nn.Module):
         else:
             attn_in, residual = self.input_layernorm(x), x
         q, k, v = self.self_attn.project(attn_in, positions, inv_freq)
-        keys, values = kv.append(k, v)
+        keys, values = kv.append(k, v, positions)
+        if self.window is not None:
+            assert kv.positions is not None
+            mask = window_mask(mask, positions, kv.positions, self.window)
         s1 = residual + self.self_attn.attend(q, keys, values, mask)
         return s1 + self.mlp(self.post_attention_layernorm(s1))  # pre-norm layer output
 

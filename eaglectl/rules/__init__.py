@@ -243,6 +243,7 @@ def summarise(findings: list[Finding]) -> dict[str, int]:
 # The catalogue (catalogue.toml, in report order), then the check modules; importing them registers their checks.
 from . import catalogue  # noqa: E402, F401, I001
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
+from . import window  # noqa: E402, F401  (sliding-window attention, as each engine applies it)
 from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)
 from . import publish  # noqa: E402, F401  (check / upload only: what publishing the folder does)

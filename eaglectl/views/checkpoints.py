@@ -39,6 +39,9 @@ def render_inspect(report: InspectReport) -> None:
         if x.dialect != d.dialect.name and x.score is not None:
             out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
+    if spec.sliding_window is not None:  # it changes what is served (and what every measurement runs)
+        say("window   ", items=[f"{spec.sliding_window} positions on layer(s) "
+                                f"{', '.join(map(str, spec.sliding_layers))} (layer_types)", "vLLM applies it"])
     t = report.tensor_summary()
     dtypes = [f"{k}×{v}" for k, v in t["dtypes"].items()]
     say("tensors  ", items=[f"{t['count']} in {t['files']} file(s)", f"{t['parameters']:,} parameters",
