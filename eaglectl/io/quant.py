@@ -409,19 +409,18 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
     got = layout.scales.get(canon, {})
     where = f"{d.source}: '{stored}'"
     scales = {s.suffix: s for s in scales_of(d.view, canon, got)}
-    for s in scales.values():  # every scale checked before any is read, reshaped or multiplied
+    for s in scales.values():  # every scale's shape checked before any is read, reshaped or multiplied
         if s.problem is not None:
             raise CorruptCheckpointError(f"{d.source}: '{d.view.stored[s.canon]}' {s.problem}",
                                          tensor=d.view.stored[s.canon])
-
-    def value(suffix: str) -> np.ndarray:
-        s = scales[suffix]
-        scale_stored = d.view.stored[s.canon]
-        v = decode(d.ckpt, scale_stored)
+    decoded: dict[str, np.ndarray] = {}
+    for s in scales.values():  # then every scale's values, input_scale too: vLLM would serve them
+        if s.suffix == ".weight_scale" and s.role == "block" and info.dtype == "F8_E4M3":
+            continue  # an FP8 block grid: refused below, unread
+        decoded[s.suffix] = v = decode(d.ckpt, d.view.stored[s.canon])
         if (problem := value_problem(s, v)) is not None:
-            raise CorruptCheckpointError(f"{d.source}: '{scale_stored}' {problem}", tensor=scale_stored)
-        return v
-
+            raise CorruptCheckpointError(f"{d.source}: '{d.view.stored[s.canon]}' {problem}",
+                                         tensor=d.view.stored[s.canon])
     if info.dtype == "F8_E4M3":
         if ".weight_scale" not in scales:
             raise IncompatibleDrafterError(f"{where} is FP8 without a weight_scale", tensor=stored)
@@ -432,10 +431,10 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
                                            "grid; the reference dequantises per-tensor or per-channel only)",
                                            tensor=stored)
         w = decode(d.ckpt, stored)
-        s = value(".weight_scale")
+        scale = decoded[".weight_scale"]
         if role == "tensor":
-            return w * s.reshape(())
-        return w * s.reshape(-1, 1)  # per output channel (a 2-D weight: scales_of checked)
+            return w * scale.reshape(())
+        return w * scale.reshape(-1, 1)  # per output channel (a 2-D weight: scales_of checked)
     if info.dtype == "U8" and ".weight_scale_2" in got:
         if ".weight_scale" not in scales:
             raise IncompatibleDrafterError(f"{where}: NVFP4 needs an FP8 weight_scale", tensor=stored)
@@ -444,8 +443,8 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
         raw = raw_bytes(d.ckpt, stored).reshape(rows, packed)
         nibbles = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(rows, k)  # low nibble first
         values = E2M1[nibbles].reshape(rows, k // NVFP4_BLOCK, NVFP4_BLOCK)
-        block = value(".weight_scale").reshape(rows, k // NVFP4_BLOCK, 1)
-        glob = value(".weight_scale_2").reshape(())
+        block = decoded[".weight_scale"].reshape(rows, k // NVFP4_BLOCK, 1)
+        glob = decoded[".weight_scale_2"].reshape(())
         return (values * block * glob).reshape(rows, k).astype(np.float32)
     raise IncompatibleDrafterError(f"{where} is {info.dtype} under {layout.describe()}: the reference drafter "
                                    "dequantises FP8 E4M3 (per-tensor or per-channel) and NVFP4 only", tensor=stored)
