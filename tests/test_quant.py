@@ -363,3 +363,32 @@ def test_scan_reads_fp8_weights(invoke, tmp_path):
     clean = _json(invoke("inspect", FP8, "--json", "--scan"))
     assert clean["exit_code"] == 0 and "no NaN/Inf" in next(
         x["message"] for x in clean["findings"] if x["rule_id"] == "scanned")
+
+
+def test_scan_reads_fp8_in_a_pickle(invoke, tmp_path):
+    """A .bin's FP8 tensor is counted from its bytes (torch has no isfinite for float8: no internal error)."""
+    import shutil
+
+    d = tmp_path / "bin"
+    shutil.copytree(DRAFTERS / "eagle-3-bin", d)
+    state = torch.load(d / "pytorch_model.bin", weights_only=True)
+    state["fc.weight"] = state["fc.weight"].float().to(torch.float8_e4m3fn)
+    state["fc.weight"].view(torch.uint8)[0, :2] = 0xFF
+    torch.save(state, d / "pytorch_model.bin")
+    f = _finding(invoke, d, "nonfinite-values", "fc.weight", "--scan", "--allow-pickle")
+    assert "has 2 NaN/Inf values" in f["message"]
+
+
+def test_a_weight_cut_short_after_opening_is_corrupt_not_a_crash(tmp_path):
+    """raw_bytes' callers reshape what it reads: a file shortened under an open drafter is a named corrupt file."""
+    import os
+
+    from eaglectl.errors import CorruptCheckpointError
+    from eaglectl.io.quant import dequantize
+
+    d = open_drafter(str(edited(FP8, tmp_path, name="cut")))
+    stored = d.view.stored["fc.weight"]
+    wf = d.ckpt.tensor_file[stored]
+    os.truncate(tmp_path / "cut" / "model.safetensors", wf.header.data_start + wf.header.tensors[stored].begin + 1)
+    with pytest.raises(CorruptCheckpointError, match="data truncated"):
+        dequantize(d, "fc.weight", layout_of(d))

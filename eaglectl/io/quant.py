@@ -389,7 +389,11 @@ def raw_bytes(ckpt: Any, stored: str) -> np.ndarray:
 
         return wf.pickled[stored].contiguous().reshape(-1).view(torch.uint8).numpy()
     info = wf.header.tensors[stored]
-    return np.frombuffer(wf.source.read(wf.header.data_start + info.begin, info.nbytes), dtype=np.uint8)
+    raw = wf.source.read(wf.header.data_start + info.begin, info.nbytes)
+    if len(raw) != info.nbytes:  # a file cut short since it was opened: its callers reshape these bytes
+        raise CorruptCheckpointError(f"{wf.source.name}: tensor '{stored}': data truncated", file=wf.source.name,
+                                     tensor=stored)
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def decode(ckpt: Any, stored: str) -> np.ndarray:
