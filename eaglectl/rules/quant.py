@@ -3,8 +3,20 @@
 
 from __future__ import annotations
 
-from ..io.quant import (SCHEMES, QuantLayout, Scale, decode, dialect_names, excluded, layout_of, matches_any,
-                        scales_of, value_problem, vllm_module, vllm_modules)
+from ..io.quant import (
+    SCHEMES,
+    QuantLayout,
+    Scale,
+    decode,
+    dialect_names,
+    excluded,
+    layout_of,
+    matches_any,
+    scales_of,
+    value_problem,
+    vllm_module,
+    vllm_modules,
+)
 from ..limits import limit
 from . import Context, check
 from . import catalogue as rule
