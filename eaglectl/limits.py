@@ -32,6 +32,7 @@ LIMITS: dict[str, Limit] = {
     "aux_ids": Limit(64, "entries in an aux-layer-id list"),
     "config_int": Limit(2**40, "any other integer config field (sizes, vocab, positions)"),
     "config_string_chars": Limit(4096, "characters in a config string field"),
+    "quant_scale_bytes": Limit(1 << 20, "bytes of one quantisation scale inspect reads without --scan (--scan: all)"),
     "folder_entries": Limit(10_000, "files directly inside a checkpoint folder"),
     "weight_files": Limit(10_000, "weight files listed by one shard index"),
     # captures (--states): capture.json + one safetensors per request

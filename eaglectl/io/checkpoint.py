@@ -36,6 +36,7 @@ from .safetensors import (
     TensorInfo,
     count_nonfinite,
     file_identity,
+    nonfinite_in,
     read_header,
     read_rows,
     read_tensor,
@@ -131,8 +132,9 @@ class Checkpoint:
         if wf.pickled is not None:
             import torch
 
-            t = wf.pickled[tensor]
-            return int((~torch.isfinite(t)).sum()) if t.is_floating_point() else 0
+            t = wf.pickled[tensor]  # its bytes, read as the safetensors file would be (torch has no isfinite for FP8)
+            return nonfinite_in(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes(),
+                                self.tensors[tensor].dtype)
         assert wf.source is not None
         return count_nonfinite(wf.source, wf.header, tensor)
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError, IncompatibleDrafterError
 from ..limits import limit
+from .dtypes import FLOAT_DTYPES
 from .jsonio import loads
 
 QUANT_FILE = "hf_quant_config.json"
@@ -180,6 +181,97 @@ def layout_of(d: Any) -> QuantLayout | None:
     return QuantLayout(config, side, scales, orphans, quantized)
 
 
+# ------------------------------------------------------------------------------------ scales
+
+SCALAR = ((), (1,))  # a per-tensor scale: ModelOpt writes shape [], some exporters [1]; vLLM loads either
+SCALE_DTYPES = FLOAT_DTYPES | {"F8_E4M3"}  # a per-tensor / per-channel scale: a float the engines cast to fp32
+NVFP4_BLOCK = 16  # inputs per NVFP4 block scale
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One scale of a quantised weight as its scheme reads it: its role and, when malformed, why."""
+
+    weight: str  # canonical weight
+    suffix: str  # .weight_scale, .weight_scale_2, .input_scale
+    canon: str  # canonical scale tensor
+    role: str  # tensor (one value) | channel (one per output row) | block (a grid of input blocks)
+    problem: str | None = None  # its shape or dtype is not what the scheme stores (None: well formed)
+
+
+def weight_scheme(dtype: str, got: dict[str, str]) -> str | None:
+    """How a quantised weight is stored, from its dtype and scales (the reference reads it the same way)."""
+    if dtype == "F8_E4M3":
+        return "fp8"
+    if dtype == "U8" and ".weight_scale_2" in got:
+        return "nvfp4"
+    return None
+
+
+def scales_of(view: Any, weight: str, got: dict[str, str]) -> list[Scale]:
+    """The FP8 / NVFP4 scales of `weight` (`got`: suffix -> canonical scale), each with its role and, where its
+    shape or dtype is not the scheme's, the problem; from the headers only. Other suffixes (k_scale, ...) and
+    weights of neither scheme yield nothing."""
+    w = view.info(weight)
+    scheme = weight_scheme(w.dtype, got)
+    out = []
+    for suffix, canon in sorted(got.items()):
+        if scheme is None or suffix not in SCHEMES["NVFP4" if scheme == "nvfp4" else "FP8"][1]:
+            continue
+        role, problem = _form(scheme, suffix, tuple(w.shape), view.info(canon))
+        out.append(Scale(weight, suffix, canon, role, problem))
+    return out
+
+
+def _form(scheme: str, suffix: str, wshape: tuple[int, ...], s: Any) -> tuple[str, str | None]:
+    """(role, problem) of one scale of shape `s.shape` next to a weight of shape `wshape`."""
+    shape = tuple(s.shape)
+    if scheme == "nvfp4" and suffix == ".weight_scale":
+        if len(wshape) != 2:
+            return "block", f"scales a {len(wshape)}-D weight (NVFP4 packs a 2-D one, two values per byte)"
+        rows, k = wshape[0], wshape[1] * 2
+        want = [rows, k // NVFP4_BLOCK]
+        if s.dtype != "F8_E4M3":
+            return "block", f"is {s.dtype} (NVFP4 block scales are F8_E4M3)"
+        if k % NVFP4_BLOCK or shape != tuple(want):
+            return "block", (f"has shape {list(shape)}, expected {want} (one FP8 scale per {NVFP4_BLOCK} inputs, "
+                             "unswizzled)" if k % NVFP4_BLOCK == 0 else
+                             f"scales {k} inputs, not a multiple of the NVFP4 block ({NVFP4_BLOCK})")
+        return "block", None
+    if s.dtype not in SCALE_DTYPES:
+        return "tensor", f"is {s.dtype} (a scale is a floating-point tensor)"
+    if shape in SCALAR:
+        return "tensor", None
+    if scheme == "fp8" and suffix == ".weight_scale" and len(wshape) == 2:
+        rows, cols = wshape
+        if shape in ((rows,), (rows, 1)):
+            return "channel", None
+        if len(shape) == 2 and 0 < shape[0] <= rows and 0 < shape[1] <= cols:
+            b = -(-rows // shape[0])  # a block grid: [ceil(rows / b), ceil(cols / b)] for one block size b
+            if -(-rows // b) == shape[0] and -(-cols // b) == shape[1]:
+                return "block", None
+        return "channel", (f"has shape {list(shape)}: an FP8 weight_scale of {list(wshape)} is per-tensor ([] or "
+                           f"[1]), per-channel ([{rows}] or [{rows}, 1]) or a block grid")
+    return "tensor", f"has shape {list(shape)}, expected [] or [1] (one per-tensor value)"
+
+
+def value_problem(scale: Scale, values: np.ndarray) -> str | None:
+    """Why a scale's values cannot scale anything, or None: NaN/Inf (E4M3 0x7F/0xFF included), a negative value,
+    or a per-tensor scale of 0 (it zeroes the layer, or divides the activations by zero). A zero channel or
+    block scale is what an all-zero row or block quantises to."""
+    v = np.asarray(values, dtype=np.float32).reshape(-1)
+    if scale.role == "tensor" and v.size == 1:
+        x = float(v[0])
+        shown = "NaN" if np.isnan(x) else f"{x:g}".replace("inf", "Inf")
+        return None if np.isfinite(x) and x > 0 else f"is {shown} (a per-tensor scale is finite and positive)"
+    nonfinite = int(np.count_nonzero(~np.isfinite(v)))
+    negative = int(np.count_nonzero(v < 0))
+    if not nonfinite and not negative:
+        return None
+    what = [f"{n} {name}" for n, name in ((nonfinite, "NaN/Inf"), (negative, "negative")) if n]
+    return f"has {' and '.join(what)} of {v.size} values (scales are finite and not negative)"
+
+
 # ------------------------------------------------------------------------------------ vLLM's reading
 
 def vllm_module(canon: str) -> tuple[str, tuple[str, ...]] | None:
@@ -297,7 +389,11 @@ def raw_bytes(ckpt: Any, stored: str) -> np.ndarray:
 
         return wf.pickled[stored].contiguous().reshape(-1).view(torch.uint8).numpy()
     info = wf.header.tensors[stored]
-    return np.frombuffer(wf.source.read(wf.header.data_start + info.begin, info.nbytes), dtype=np.uint8)
+    raw = wf.source.read(wf.header.data_start + info.begin, info.nbytes)
+    if len(raw) != info.nbytes:  # a file cut short since it was opened: its callers reshape these bytes
+        raise CorruptCheckpointError(f"{wf.source.name}: tensor '{stored}': data truncated", file=wf.source.name,
+                                     tensor=stored)
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def decode(ckpt: Any, stored: str) -> np.ndarray:
@@ -309,39 +405,50 @@ def decode(ckpt: Any, stored: str) -> np.ndarray:
 
 
 def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
-    """The float32 values of a quantised weight (weight × scales), or IncompatibleDrafterError naming what
-    the reference cannot dequantise."""
+    """The float32 values of a quantised weight (weight × scales); CorruptCheckpointError naming a scale whose
+    shape, dtype or values its scheme cannot hold, IncompatibleDrafterError naming what the reference cannot
+    dequantise."""
     info = d.view.info(canon)
     stored = d.view.stored[canon]
     got = layout.scales.get(canon, {})
     where = f"{d.source}: '{stored}'"
+    scales = {s.suffix: s for s in scales_of(d.view, canon, got)}
+    for s in scales.values():  # every scale's shape checked before any is read, reshaped or multiplied
+        if s.problem is not None:
+            raise CorruptCheckpointError(f"{d.source}: '{d.view.stored[s.canon]}' {s.problem}",
+                                         tensor=d.view.stored[s.canon])
+    decoded: dict[str, np.ndarray] = {}
+    for s in scales.values():  # then every scale's values, input_scale too: vLLM would serve them
+        if s.suffix == ".weight_scale" and s.role == "block" and info.dtype == "F8_E4M3":
+            continue  # an FP8 block grid: refused below, unread
+        decoded[s.suffix] = v = decode(d.ckpt, d.view.stored[s.canon])
+        if (problem := value_problem(s, v)) is not None:
+            raise CorruptCheckpointError(f"{d.source}: '{d.view.stored[s.canon]}' {problem}",
+                                         tensor=d.view.stored[s.canon])
     if info.dtype == "F8_E4M3":
-        if ".weight_scale" not in got:
+        if ".weight_scale" not in scales:
             raise IncompatibleDrafterError(f"{where} is FP8 without a weight_scale", tensor=stored)
+        role = scales[".weight_scale"].role
+        if role == "block":
+            raise IncompatibleDrafterError(f"{where}: FP8 weight_scale of shape "
+                                           f"{list(d.view.info(scales['.weight_scale'].canon).shape)} (a block "
+                                           "grid; the reference dequantises per-tensor or per-channel only)",
+                                           tensor=stored)
         w = decode(d.ckpt, stored)
-        s = decode(d.ckpt, d.view.stored[got[".weight_scale"]])
-        if s.size == 1:
-            return w * s.reshape(())
-        if s.size == w.shape[0]:  # per output channel
-            return w * s.reshape(-1, *([1] * (w.ndim - 1)))
-        raise IncompatibleDrafterError(f"{where}: FP8 weight_scale of shape {list(s.shape)} (per-tensor or "
-                                       "per-channel only)", tensor=stored)
+        scale = decoded[".weight_scale"]
+        if role == "tensor":
+            return w * scale.reshape(())
+        return w * scale.reshape(-1, 1)  # per output channel (a 2-D weight: scales_of checked)
     if info.dtype == "U8" and ".weight_scale_2" in got:
-        scale_info = d.view.info(got[".weight_scale"]) if ".weight_scale" in got else None
-        if len(info.shape) != 2 or scale_info is None or scale_info.dtype != "F8_E4M3":
-            raise IncompatibleDrafterError(f"{where}: NVFP4 needs a 2-D packed weight and an FP8 weight_scale",
-                                           tensor=stored)
-        rows, packed = info.shape
+        if ".weight_scale" not in scales:
+            raise IncompatibleDrafterError(f"{where}: NVFP4 needs an FP8 weight_scale", tensor=stored)
+        rows, packed = info.shape  # 2-D, block scales [rows, 2 * packed / 16] in F8_E4M3: scales_of checked
         k = packed * 2
-        if k % 16 or tuple(scale_info.shape) != (rows, k // 16):
-            raise IncompatibleDrafterError(f"{where}: NVFP4 block scales of shape {list(scale_info.shape)}, "
-                                           f"expected {[rows, k // 16]} (16 values per block, unswizzled)",
-                                           tensor=stored)
         raw = raw_bytes(d.ckpt, stored).reshape(rows, packed)
         nibbles = np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(rows, k)  # low nibble first
-        values = E2M1[nibbles].reshape(rows, k // 16, 16)
-        block = decode(d.ckpt, d.view.stored[got[".weight_scale"]]).reshape(rows, k // 16, 1)
-        glob = decode(d.ckpt, d.view.stored[got[".weight_scale_2"]]).reshape(())
+        values = E2M1[nibbles].reshape(rows, k // NVFP4_BLOCK, NVFP4_BLOCK)
+        block = decoded[".weight_scale"].reshape(rows, k // NVFP4_BLOCK, 1)
+        glob = decoded[".weight_scale_2"].reshape(())
         return (values * block * glob).reshape(rows, k).astype(np.float32)
     raise IncompatibleDrafterError(f"{where} is {info.dtype} under {layout.describe()}: the reference drafter "
                                    "dequantises FP8 E4M3 (per-tensor or per-channel) and NVFP4 only", tensor=stored)

@@ -244,26 +244,34 @@ def _decode(raw: bytes, dtype: str, shape: tuple[int, ...], file: str, name: str
     return np.frombuffer(raw, dtype=np_dtype).reshape(shape)
 
 
-# Bit masks of the exponent field: all ones means Inf or NaN.
-_NONFINITE_MASK = {"F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4", 0x7F800000),
-                   "F64": ("<u8", 0x7FF0000000000000)}
+# Bit masks of the non-finite encodings: all ones there means Inf or NaN. FP8 E4M3 (FN) has no Inf and one NaN
+# per sign, 0x7F / 0xFF (exponent and mantissa all ones); E5M2 is IEEE-like (exponent all ones).
+NONFINITE_MASK = {"F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4", 0x7F800000),
+                  "F64": ("<u8", 0x7FF0000000000000), "F8_E4M3": ("u1", 0x7F), "F8_E5M2": ("u1", 0x7C)}
+
+
+def nonfinite_in(raw: Any, dtype: str) -> int:
+    """Number of NaN/Inf encodings in RAW (a whole number of DTYPE values); 0 for a dtype without any."""
+    import numpy as np
+
+    if dtype not in NONFINITE_MASK:
+        return 0
+    word, mask = NONFINITE_MASK[dtype]
+    bits = np.frombuffer(raw, dtype=word)
+    return int(np.count_nonzero((bits & mask) == mask))
 
 
 def count_nonfinite(source: ByteSource, header: Header, name: str, chunk_bytes: int = 1 << 24) -> int:
-    """Number of NaN/Inf values in a float tensor, streamed in chunks (never the whole file)."""
-    import numpy as np
-
+    """Number of NaN/Inf values in a float tensor (FP8 included), streamed in chunks (never the whole file)."""
     info = header.tensors[name]
-    if info.dtype not in _NONFINITE_MASK:
+    if info.dtype not in NONFINITE_MASK:
         return 0
-    word, mask = _NONFINITE_MASK[info.dtype]
-    width = np.dtype(word).itemsize
+    width = DTYPE_BITS[info.dtype] // 8
     chunk_bytes -= chunk_bytes % width
     bad = 0
     for start in range(0, info.nbytes, chunk_bytes):
-        raw = source.read(header.data_start + info.begin + start, min(chunk_bytes, info.nbytes - start))
-        bits = np.frombuffer(raw, dtype=word)
-        bad += int(np.count_nonzero((bits & mask) == mask))
+        bad += nonfinite_in(source.read(header.data_start + info.begin + start,
+                                        min(chunk_bytes, info.nbytes - start)), info.dtype)
     return bad
 
 

@@ -46,7 +46,13 @@ def dtypes(ctx: Context) -> None:
 def scan(ctx: Context) -> None:
     if not ctx.scan:
         return
-    names = [n for n, i in ctx.ckpt.tensors.items() if i.dtype in FLOAT_DTYPES]
+    from ..io.safetensors import NONFINITE_MASK
+    from .quant import values_read
+
+    # the scales rule quant-scale-values reads are its own: NaN, Inf, 0 or a negative value mean what their scheme says
+    scales = {ctx.view.stored[s.canon] for s in values_read(ctx)}
+    names = [n for n, i in ctx.ckpt.tensors.items() if (i.dtype in FLOAT_DTYPES or i.dtype in NONFINITE_MASK)
+             and n not in scales]
     total = sum(ctx.ckpt.tensors[n].nbytes for n in names)
     bad_any = 0
     for name in ctx.progress(names, label="scanning for NaN/Inf", total=len(names)):

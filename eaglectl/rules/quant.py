@@ -3,7 +3,21 @@
 
 from __future__ import annotations
 
-from ..io.quant import SCHEMES, QuantLayout, dialect_names, excluded, layout_of, matches_any, vllm_module, vllm_modules
+from ..io.quant import (
+    SCHEMES,
+    QuantLayout,
+    Scale,
+    decode,
+    dialect_names,
+    excluded,
+    layout_of,
+    matches_any,
+    scales_of,
+    value_problem,
+    vllm_module,
+    vllm_modules,
+)
+from ..limits import limit
 from . import Context, check
 from . import catalogue as rule
 
@@ -14,6 +28,24 @@ def quant_layout(ctx: Context) -> QuantLayout | None:
     if key not in ctx._arrays:
         ctx._arrays[key] = layout_of(ctx.drafter)
     return ctx._arrays[key]
+
+
+def scale_forms(ctx: Context) -> list[Scale]:
+    """Every FP8 / NVFP4 scale of a quantised weight, with its role and any shape or dtype problem (headers only),
+    read once per inspection; none when the layout's scheme is not one eaglectl checks."""
+    key = "__quant_scales__"
+    if key not in ctx._arrays:
+        q = quant_layout(ctx)
+        ctx._arrays[key] = [s for w in q.quantized for s in scales_of(ctx.view, w, q.scales.get(w, {}))] if (
+            q is not None and q.scheme is not None) else []
+    return ctx._arrays[key]
+
+
+def values_read(ctx: Context) -> list[Scale]:
+    """The well-formed scales whose values rule quant-scale-values reads: every one under --scan, else those of
+    at most quant_scale_bytes (per-tensor scales always; a large block grid waits for --scan)."""
+    return [s for s in scale_forms(ctx) if s.problem is None
+            and (ctx.scan or ctx.view.info(s.canon).nbytes <= limit("quant_scale_bytes"))]
 
 
 def recognised(ctx: Context, canon: str) -> bool:
@@ -57,6 +89,7 @@ def quantization(ctx: Context) -> None:
     _disagree(ctx, q)
     _embed(ctx, q)
     _scales(ctx, q)
+    _scale_values(ctx)
     if eff.scheme is not None:
         _modules(ctx, q, eff.exclusions or (), where)
 
@@ -97,6 +130,20 @@ def _scales(ctx: Context, q: QuantLayout) -> None:
     for canon in q.orphans[:20]:
         ctx.emit(rule.QUANT_SCALE_MISSING, f"'{ctx.view.stored[canon]}' scales a weight the checkpoint does not have",
                  ctx.view.locate(canon))
+
+
+def _scale_values(ctx: Context) -> None:
+    bad = [s for s in scale_forms(ctx) if s.problem is not None]
+    for s in bad[:20]:
+        ctx.emit(rule.QUANT_SCALE_SHAPE, f"'{ctx.view.stored[s.canon]}' {s.problem}", ctx.view.locate(s.canon))
+    wrong = 0
+    for s in values_read(ctx):
+        stored = ctx.view.stored[s.canon]
+        problem = value_problem(s, decode(ctx.ckpt, stored))
+        if problem is not None:
+            wrong += 1
+            if wrong <= 20:
+                ctx.emit(rule.QUANT_SCALE_VALUES, f"'{stored}' {problem}", ctx.view.locate(s.canon))
 
 
 def _modules(ctx: Context, q: QuantLayout, entries: tuple[str, ...], where: str) -> None:
