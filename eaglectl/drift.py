@@ -183,7 +183,7 @@ class _ChainRun:
         self.drafts[rows, d] = out.target_ids[0].numpy()
 
     def context_step(self, aux: torch.Tensor, tokens: torch.Tensor, embed: torch.Tensor | None, n_ctx: int, chunk: int
-                     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
+                     ) -> tuple[list[tuple[torch.Tensor, ...]], tuple[torch.Tensor, torch.Tensor]]:
         """Step 0: the context entries (features p, token p+1), `chunk` positions at a time, recording each
         anchor's first draft. (each layer's context keys, values and positions, (each anchor's fed-back state,
         drafted id))."""
@@ -207,8 +207,7 @@ class _ChainRun:
                 first_fb[sel], first_ids[sel] = sub.feedback[0], sub.target_ids[0]
         return [(kv.k, kv.v, kv.positions) for kv in cache.layers], (first_fb, first_ids)  # type: ignore[misc]
 
-    def chain_steps(self, context: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                    first: tuple[torch.Tensor, torch.Tensor],
+    def chain_steps(self, context: list[tuple[torch.Tensor, ...]], first: tuple[torch.Tensor, torch.Tensor],
                     table: torch.Tensor, idx: torch.Tensor, n_ctx: int) -> int:
         """Chain steps 1..depth-1 from the anchors `idx` (drafted together, each seeing the context up to its
         anchor and its own chain); returns how many chains were cut at a token without an embedding row."""

@@ -20,8 +20,8 @@ Attention keys: a step-j query of anchor t sees the step-0 (context) keys at pos
 own chain's keys of steps 1..j — vLLM's drafter KV cache for a chain drafted from t, and the
 training-time-test mask. A sliding-window layer (`layer_types: sliding_attention`, as vLLM applies it
 per layer) further hides keys more than `sliding_window - 1` positions before the query. `Drafter.run`
-evaluates every anchor at once with that mask; `ChainCache` drafts one chain incrementally. Canonical tensor names are the module attribute names, so loading
-is `load_state_dict(strict=True)`.
+evaluates every anchor at once with that mask; `ChainCache` drafts one chain incrementally. Canonical
+tensor names are the module attribute names, so loading is `load_state_dict(strict=True)`.
 """
 
 from __future__ import annotations

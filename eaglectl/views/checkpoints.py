@@ -14,11 +14,11 @@ from ..layout import short_path
 from .parts import STATUS_STYLE, findings, human_size, json_short, num
 
 if TYPE_CHECKING:
-    from ..result import BatchResult
     from ..check import CheckReport
     from ..convert import ConversionResult
     from ..diff import DiffReport
     from ..inspection import InspectReport
+    from ..result import BatchResult
     from ..upgrade import UpgradeResult
     from ..upload import UploadReport
 
