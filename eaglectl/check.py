@@ -1,9 +1,12 @@
 """`eaglectl check`: the pre-publish gate — inspect, a parity self-check, optional smoke, the model card.
 
-One summary, one exit code, and no stage reported as passed that did not run. A stage the user
-asked for (`--smoke`, `--min-acceptance`, `--card`) that cannot run here is a failure with the
-reason; only stages nobody asked for may be "skipped". The drafter is opened once. SARIF output
-carries the findings for code-scanning UIs.
+One summary, one exit code, and no stage reported as passed that did not run. A stage that eaglectl
+cannot run — this machine lacks a piece (vLLM, a device), or eaglectl's reference drafter lacks a feature
+the drafter uses — is "undecided" with the reason and what would let it run, never "fail": the gate
+exits 10 where nothing failed, and `upload` refuses it as undecided. A stage the user asked for
+(`--smoke`, `--min-acceptance`, `--card`) that cannot run for a reason of the drafter's or the options
+fails; only stages nobody asked for may be "skipped". The drafter is opened once. SARIF output carries the
+findings for code-scanning UIs.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError
+from .errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError, ReferenceLimitError
 from .io.atomic import check_outputs, local_inputs, write_file
 from .progress import Progress, passthrough
 from .result import Result
@@ -31,12 +34,12 @@ if TYPE_CHECKING:
 @dataclass
 class Stage:
     name: str
-    status: str  # pass | fail | skipped
+    status: str  # pass | fail | undecided (eaglectl could not run it: see `environment`) | skipped
     detail: str
     seconds: float = 0.0
     data: dict[str, Any] | None = None
     requested: bool = False  # the user asked for it (a requested stage is never "skipped")
-    environment: bool = False  # failed because this machine cannot run it (no vLLM, no device): exit 10
+    environment: bool = False  # undecided because this machine cannot run it (no vLLM, no device)
 
 
 @dataclass
@@ -52,15 +55,19 @@ class CheckReport(Result):
 
     @property
     def exit_code(self) -> int:
-        """1 when a stage failed on the drafter; else 10 when a requested stage could not run on this machine
-        (the gate is undecided, not failed: rerun where vLLM is); else 0."""
-        failed = [s for s in self.stages if s.status == "fail"]
-        if any(not s.environment for s in failed):
+        """1 when a stage failed on the drafter; else 10 when a stage is undecided (eaglectl could not run it
+        here: rerun where vLLM is, or measure what its reference cannot run with vLLM); else 0."""
+        if any(s.status == "fail" for s in self.stages):
             return EXIT_FINDINGS
-        return MissingDependencyError.exit_code if failed else 0
+        return MissingDependencyError.exit_code if any(s.status == "undecided" for s in self.stages) else 0
 
     def summary_line(self) -> str:
         return ", ".join(f"{s.name} {s.status}" for s in self.stages)
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, or UNDECIDED (nothing failed, but eaglectl could not run every stage)."""
+        return {0: "PASS", EXIT_FINDINGS: "FAIL"}.get(self.exit_code, "UNDECIDED")
 
     def payload(self) -> dict[str, Any]:
         return {"source": self.source,
@@ -69,7 +76,7 @@ class CheckReport(Result):
                            for s in self.stages],
                 "findings": [f.to_json() for f in self.findings], "card_written": self.card_written,
                 "config_written": self.config_written,
-                "passed": self.exit_code == 0}
+                "passed": self.exit_code == 0, "verdict": self.verdict}
 
 
 def _timed(fn: Callable[[], Stage]) -> Stage:
@@ -168,6 +175,13 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
                  data={"files": [rel for rel, _ in files]})
 
 
+def undecided(name: str, e: EaglectlError, requested: bool = False) -> Stage:
+    """A stage eaglectl could not run: this machine lacks a piece, or its reference drafter lacks a feature."""
+    why = "cannot run here" if isinstance(e, MissingDependencyError) else "beyond eaglectl's reference drafter"
+    return Stage(name, "undecided", f"{why}: [{e.reference}] {e.message}" + (f"; {e.hint}" if e.hint else ""),
+                 requested=requested, environment=isinstance(e, MissingDependencyError))
+
+
 def _parity(rep: InspectReport) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
@@ -182,8 +196,8 @@ def _parity(rep: InspectReport) -> Stage:
         else:
             inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
         par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)
-    except MissingDependencyError as e:
-        return Stage("parity", "skipped", e.message)
+    except (MissingDependencyError, ReferenceLimitError) as e:
+        return undecided("parity", e)
     except EaglectlError as e:
         return Stage("parity", "fail", f"[{e.reference}] {e.message}")
     worst = max(par.metrics, key=lambda m: m.kl_mean)
@@ -207,9 +221,8 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptan
     try:
         sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
                            concurrency=(1,), measured=rep.measured, progress=progress, **options).to_json()
-    except MissingDependencyError as e:  # this machine cannot run it: the gate is undecided here (exit 10)
-        return Stage("smoke", "fail", f"requested but cannot run here: [{e.reference}] {e.message}",
-                     requested=True, environment=True)
+    except (MissingDependencyError, ReferenceLimitError) as e:  # eaglectl cannot run it: undecided (exit 10)
+        return undecided("smoke", e, requested=True)
     except EaglectlError as e:
         return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
     al = sm["mean_acceptance_length"]

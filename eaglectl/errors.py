@@ -102,6 +102,17 @@ class IncompatibleDrafterError(EaglectlError, exit_code=13, reference="incompati
     """The reference drafter cannot run this checkpoint (architecture, missing or extra tensor)."""
 
 
+class ReferenceLimitError(IncompatibleDrafterError):
+    """The checkpoint uses a feature eaglectl's reference drafter does not implement (a RoPE type, a quantised
+    layout): a limit of eaglectl, not a fault of the drafter. `check` calls such a stage undecided (exit 10)."""
+
+    SERVED = ("a limit of eaglectl's reference drafter: vLLM serves it, so measure it with "
+              "`eaglectl smoke --engine vllm`")
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        super().__init__(message, hint=hint or self.SERVED, **context)
+
+
 class OutputBusyError(EaglectlError, exit_code=14, reference="output-busy"):
     """Another eaglectl run holds the lock on this destination; nothing was written."""
 

@@ -1,7 +1,7 @@
 """`eaglectl upload DEST ORG/NAME`: the step after a PASS — run the gate, then publish exactly the files it checked.
 
-The gate is `check` with the same options (check.py). A FAIL, an undecided gate (a requested smoke that
-cannot run here: exit 10), or a local path anywhere in the files (rules/publish.py) refuses the upload
+The gate is `check` with the same options (check.py). A FAIL, an undecided gate (a stage eaglectl could
+not run, here or with its reference drafter: exit 10), or a local path anywhere in the files (rules/publish.py) refuses the upload
 before anything touches the network. The files are those `check`'s publish stage listed
 (publish.upload_files); they go up as one commit of huggingface_hub's own `CommitOperationAdd`
 operations through `HfApi.create_commit`, the repo created when missing (`--private` then applies) and
@@ -84,7 +84,7 @@ def commit_text(gate: CheckReport) -> tuple[str, str]:
     inspect_stage = next((s for s in gate.stages if s.name == "inspect"), None)
     data = (inspect_stage.data or {}) if inspect_stage else {}
     what = f"EAGLE-{data.get('eagle_version', '?')} drafter ({data.get('dialect', '?')})"
-    verdict = "PASS" if gate.exit_code == 0 else "FAIL"
+    verdict = gate.verdict
     message = f"Upload {what}: eaglectl check {verdict}"
     lines = [f"Uploaded with eaglectl {__version__} after its pre-publish gate (`eaglectl check`): {verdict}.", "",
              "| stage | status | what was checked |", "|---|---|---|"]
@@ -116,8 +116,10 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
                        create_pr, private)
     local = [f for f in gate.findings if f.rule_id == "local-path"]
     if gate.exit_code != 0:
-        rep.refused = ("the gate could not run every stage it was asked for here (exit 10)"
-                       if gate.exit_code == MissingDependencyError.exit_code else "the gate failed")
+        undecided = [s.name for s in gate.stages if s.status == "undecided"]
+        rep.refused = (f"the gate is undecided: eaglectl could not run {', '.join(undecided)} (exit 10; not a "
+                       "failure of the drafter, and not a pass)" if gate.exit_code == MissingDependencyError.exit_code
+                       else "the gate failed")
         rep.refused_code = gate.exit_code
     elif local:
         rep.refused, rep.refused_code = f"{len(local)} local path(s) in the files ({local[0].locator})", 1

@@ -73,7 +73,7 @@ def test_upgraded_drafter_card_says_it_needs_fine_tuning(invoke, tmp_path):
     assert "card-provenance" in {f["rule_id"] for f in doc["findings"]}
 
 
-def test_a_requested_smoke_that_cannot_run_fails_the_gate(invoke):
+def test_a_requested_smoke_that_cannot_run_fails_the_gate_or_leaves_it_undecided(invoke):
     r, doc = run_json(invoke, "check", DRAFTERS / "speculators-3", "--smoke")
     assert doc["stages"][2] == {**doc["stages"][2], "status": "fail", "requested": True,
                                 "detail": "requested but cannot run: needs --target"}
@@ -81,8 +81,9 @@ def test_a_requested_smoke_that_cannot_run_fails_the_gate(invoke):
     for extra in (["--smoke"], ["--min-acceptance", "3.0", "--strict"]):
         r, doc = run_json(invoke, "check", DRAFTERS / "speculators-3", *extra, "--target", TARGET,
                           "--vllm-python", "/bin/false")
-        assert doc["stages"][2]["status"] == "fail" and "no vLLM" in doc["stages"][2]["detail"]
+        assert doc["stages"][2]["status"] == "undecided" and "no vLLM" in doc["stages"][2]["detail"]
         assert r.exit_code == 10 and doc["passed"] is False  # this machine cannot run it: undecided, not failed
+        assert doc["verdict"] == "UNDECIDED"
     _, doc = run_json(invoke, "check", DRAFTERS / "speculators-3")
     assert doc["stages"][2]["status"] == "skipped" and doc["stages"][2]["requested"] is False
 
@@ -190,3 +191,32 @@ def test_manifest_keys_take_effect_and_unknown_keys_say_which(invoke, tmp_path):
     check_m.write_text(json.dumps({"source": str(DRAFTERS / "eagle-3"), "dest": "x"}) + "\n")
     r = invoke("check", "--manifest", check_m)
     assert r.exit_code == 21 and "unknown key 'dest'" in r.stderr
+
+
+# ------------------------------------------------------------------ eaglectl's limits never fail a drafter
+
+def test_a_sliding_window_drafter_passes_the_gate(invoke, tmp_path):
+    """speculators 0.9.0 writes every layer sliding (layer_types): the reference runs the window as vLLM does,
+    so parity runs and a good drafter passes; inspect names the window."""
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="swa", config=lambda c: c["transformer_layer_config"].update(
+        layer_types=["sliding_attention"], sliding_window=8))
+    r, doc = run_json(invoke, "check", d, "--target", TARGET)
+    stages = {s["name"]: s for s in doc["stages"]}
+    assert r.exit_code == 0 and doc["verdict"] == "PASS" and stages["parity"]["status"] == "pass", doc["stages"]
+    assert "sliding-window" in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_a_feature_the_reference_lacks_leaves_the_gate_undecided_and_upload_refuses_it(invoke, tmp_path):
+    """A RoPE type the reference drafter does not implement: parity is undecided (exit 10, never FAIL / exit 1),
+    the reason names eaglectl's limit and what lets it run; upload refuses an undecided gate as such."""
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="yarn", config=lambda c: c["transformer_layer_config"].update(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}))
+    r, doc = run_json(invoke, "check", d, "--target", TARGET)
+    parity = {s["name"]: s for s in doc["stages"]}["parity"]
+    assert r.exit_code == doc["exit_code"] == 10 and doc["verdict"] == "UNDECIDED", doc["stages"]
+    assert parity["status"] == "undecided" and parity["environment"] is False
+    assert "beyond eaglectl's reference drafter" in parity["detail"] and "smoke --engine vllm" in parity["detail"]
+    r = invoke("check", d, "--target", TARGET)
+    assert r.exit_code == 10 and "UNDECIDED" in r.stdout and "FAIL" not in r.stdout
+    r, doc = run_json(invoke, "upload", d, "org/name", "--target", TARGET, "--dry-run")
+    assert r.exit_code == 10 and doc["refused"].startswith("the gate is undecided: eaglectl could not run parity")

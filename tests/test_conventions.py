@@ -30,7 +30,7 @@ def test_a_smoke_stage_this_machine_cannot_run_exits_10_not_1(invoke, tmp_path):
         doc = json.loads(r.stdout)
         smoke = doc["stages"][2]
         assert r.exit_code == doc["exit_code"] == 10 and not doc["passed"], doc["stages"]
-        assert smoke["status"] == "fail" and smoke["environment"] is True and "cannot run here" in smoke["detail"]
+        assert smoke["status"] == "undecided" and smoke["environment"] is True and "cannot run here" in smoke["detail"]
     assert "no such interpreter" in smoke["detail"]
     # the drafter's own failure still decides: a defect is exit 1 whatever the machine lacks
     r = invoke("check", DEFECTS / "d2t-range", "--target", TARGET, "--smoke", "--vllm-python", "/bin/false")

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError, IncompatibleDrafterError
+from ..errors import CorruptCheckpointError, IncompatibleDrafterError, ReferenceLimitError
 from ..limits import limit
 from .dtypes import FLOAT_DTYPES
 from .jsonio import loads
@@ -430,10 +430,10 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
             raise IncompatibleDrafterError(f"{where} is FP8 without a weight_scale", tensor=stored)
         role = scales[".weight_scale"].role
         if role == "block":
-            raise IncompatibleDrafterError(f"{where}: FP8 weight_scale of shape "
-                                           f"{list(d.view.info(scales['.weight_scale'].canon).shape)} (a block "
-                                           "grid; the reference dequantises per-tensor or per-channel only)",
-                                           tensor=stored)
+            raise ReferenceLimitError(f"{where}: FP8 weight_scale of shape "
+                                      f"{list(d.view.info(scales['.weight_scale'].canon).shape)} (a block "
+                                      "grid; the reference dequantises per-tensor or per-channel only)",
+                                      tensor=stored)
         w = decode(d.ckpt, stored)
         scale = decoded[".weight_scale"]
         if role == "tensor":
@@ -450,8 +450,8 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
         block = decoded[".weight_scale"].reshape(rows, k // NVFP4_BLOCK, 1)
         glob = decoded[".weight_scale_2"].reshape(())
         return (values * block * glob).reshape(rows, k).astype(np.float32)
-    raise IncompatibleDrafterError(f"{where} is {info.dtype} under {layout.describe()}: the reference drafter "
-                                   "dequantises FP8 E4M3 (per-tensor or per-channel) and NVFP4 only", tensor=stored)
+    raise ReferenceLimitError(f"{where} is {info.dtype} under {layout.describe()}: the reference drafter "
+                              "dequantises FP8 E4M3 (per-tensor or per-channel) and NVFP4 only", tensor=stored)
 
 
 # ------------------------------------------------------------------------------------ conversion

@@ -10,7 +10,7 @@ import torch
 
 from .. import loads
 from ..drafter import DrafterCheckpoint
-from ..errors import IncompatibleDrafterError
+from ..errors import IncompatibleDrafterError, ReferenceLimitError
 from ..spec import DrafterSpec, layer_index
 from .blocks import MLADims
 from .mla import mla_rope, rope_kind
@@ -35,8 +35,8 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
     else:
         kind = rope_kind(spec.rope_scaling)
         if kind not in ROPE_KINDS:
-            raise IncompatibleDrafterError(f"{where}rope_scaling type '{kind}' is not implemented in the reference "
-                                           "drafter", key="rope_scaling")
+            raise ReferenceLimitError(f"{where}rope_scaling type '{kind}' is not implemented in the reference "
+                                      f"drafter (it runs {', '.join(ROPE_KINDS)})", key="rope_scaling")
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
     return DrafterArgs(
@@ -82,7 +82,7 @@ def _mla_args(spec: DrafterSpec, where: str) -> tuple[MLADims, dict[str, Any] | 
     try:
         mla_rope(mla, spec.rope_theta if spec.rope_theta is not None else 10000.0, scaling)
     except ValueError as e:
-        raise IncompatibleDrafterError(f"{where}{e}", key="rope_scaling") from None
+        raise ReferenceLimitError(f"{where}{e}", key="rope_scaling") from None
     return mla, scaling
 
 

@@ -246,7 +246,12 @@ def render_check(rep: CheckReport) -> None:
         say("card written: ", short_path(rep.card_written))
     if rep.config_written:
         say("verifier named in: ", short_path(rep.config_written))
-    out.print("\n" + ("[bold green]PASS[/]" if rep.exit_code == 0 else "[bold red]FAIL[/]"))
+    style = {"PASS": "bold green", "FAIL": "bold red"}.get(rep.verdict, "bold yellow")
+    out.print(f"\n[{style}]{rep.verdict}[/]")
+    undecided = [s.name for s in rep.stages if s.status == "undecided"]
+    if rep.verdict == "UNDECIDED":
+        out.print(f"undecided: eaglectl could not run {', '.join(undecided)} (its limit, not the drafter's fault); "
+                  "the reason and what lets it run are in the table")
 
 
 def render_upload(rep: UploadReport) -> None:

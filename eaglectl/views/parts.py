@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-STATUS_STYLE = {"pass": "green", "fail": "bold red", "skipped": "yellow"}
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "undecided": "bold yellow", "skipped": "yellow"}
 
 
 def human_size(n: int) -> str:
