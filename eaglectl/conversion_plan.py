@@ -158,6 +158,26 @@ def plan_conversion(
     )
 
 
+def count_carriers(src: DrafterCheckpoint, count: int, target: TargetCheckpoint | None = None) -> list[str]:
+    """The dialects eaglectl writes for vLLM whose written config vLLM reads as fc for `count` aux states on both
+    runners: each is planned (nothing written) and its config read as vLLM's tables read it."""
+    from .runners import table_readings
+
+    layers = target.num_layers if target is not None else None
+    found = []
+    for name in formats.writable():
+        if formats.get(name).consumer != "vllm":
+            continue
+        try:
+            plan = plan_conversion(src, "(planned)", name, target=target)
+        except ConversionError:
+            continue
+        runners = table_readings(plan.config, layers).runners
+        if runners and all(r.num_aux == count and not r.error for r in runners):
+            found.append(name)
+    return found
+
+
 def _refuse_unwritable(spec: DrafterSpec, dialect: Dialect, fail: Fail) -> None:
     """The destination can hold this drafter's family, depth and flags (else `fail` names what it cannot)."""
     w = dialect.writer
@@ -400,6 +420,10 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         layer["model_type"] = "qwen3" if spec.arch == "qwen3" else "llama"
         layer["architectures"] = ["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"]
         layer["torch_dtype"] = torch_dtype
+        if n_aux is not None and n_aux != 3:
+            # vLLM's speculators reader (update_eagle3) builds the draft config from transformer_layer_config and
+            # carries no count of its own: fc is sized from num_aux_hidden_states only when it is in there
+            layer["num_aux_hidden_states"] = n_aux
         top.update({
             "architectures": [w.architectures[spec.arch]],
             "speculators_model_type": "eagle3",

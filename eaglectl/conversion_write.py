@@ -212,8 +212,8 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
 def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetCheckpoint | None) -> list[str]:
     """After writing: every vLLM runner's reading of the WRITTEN config (asked of vLLM's own selection code and
     draft model class where its interpreter is available, else the table: runners.readings_for) captures the
-    intended boundaries and applies the intended flags (ConversionError naming the runner, the key and both id
-    lists otherwise: nothing is left at DEST)."""
+    intended boundaries, applies the intended flags and builds fc for as many aux states as fc.weight holds
+    (ConversionError naming the runner, the key and both values otherwise: nothing is left at DEST)."""
     from .runners import FLAG_NAMES, readings_for
 
     intended = plan.intended
@@ -235,6 +235,17 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
                 path=plan.dest, runner=r.runner, key=r.source, read=got, intended=list(want), dialect=plan.dest_dialect,
                 hint="the destination cannot make this runner read the drafter's layers: pick another --to "
                      "(or --for vllm)")
+        count = out.spec.num_aux_hidden_states
+        if r.num_aux is not None and count is not None and r.num_aux != count:
+            from .conversion_plan import count_carriers
+
+            carriers = count_carriers(out, count, target)
+            raise ConversionError(
+                f"{where}: vLLM's {r.runner} runner builds fc for {r.num_aux} aux states from the {plan.dest_dialect} "
+                f"config, but fc.weight holds {count}: its weight loader would fail; nothing was written",
+                path=plan.dest, runner=r.runner, dialect=plan.dest_dialect,
+                hint=(f"--to {' or --to '.join(carriers)} writes the count where vLLM reads it" if carriers else
+                      f"no dialect eaglectl writes makes vLLM build fc for {count}"))
         if r.flags is not None:
             flags = intended["flags"]
             wrong = [f for f in FLAG_NAMES if bool(r.flags.get(f)) != bool(flags.get(f))]

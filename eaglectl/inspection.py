@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -184,8 +185,27 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     ctx = Context(d, checkpoint, scan, measured, readings=readings)
     ctx.engine_version = engine_version
     ctx.progress = progress
-    return InspectReport(d, t, scope(run_checks(ctx), for_engine), strict, measured, note, readings, engine_version,
+    findings = run_checks(ctx)
+    _count_fix(d, checkpoint, findings)
+    return InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
                          for_engine)
+
+
+def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: list[Finding]) -> None:
+    """aux-count-unsized's fix names a dialect whose written config vLLM reads the count from (each writable
+    dialect planned and read), the drafter's own first; none: the fix says so."""
+    unsized = [f for f in findings if f.rule_id == "aux-count-unsized" and f.values is not None]
+    count = d.spec.num_aux_hidden_states
+    if not unsized or count is None:
+        return
+    from .conversion_plan import count_carriers
+
+    carriers = sorted(count_carriers(d, count, target), key=lambda name: name != d.dialect.name)
+    for f in unsized:
+        assert f.values is not None
+        f.values["to_count"] = (re.sub(r"--to \S+", f"--to {carriers[0]}", f.values["convert"]) if carriers else
+                                f"no dialect eaglectl writes makes vLLM build fc for {count} aux states: "
+                                "retrain with 3, or serve it with an engine that reads the count")
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:

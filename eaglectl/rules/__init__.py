@@ -59,7 +59,8 @@ CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
                     "convert": "eaglectl convert SOURCE DEST --to DIALECT",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
                     "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
-                    "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET"}
+                    "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
             # a dialect that writes the ids at the top level: the drafter's own when it does (then the
             # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
             "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
-                          f"{tgt}{pickle}"}
+                          f"{tgt}{pickle}",
+            # the dialect whose written config vLLM reads the aux count from: `inspect` plans each and fills it in
+            "to_count": convert + (f" --target {tgt}" if needs_target else "") + pickle}
 
 
 def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:

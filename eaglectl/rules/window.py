@@ -33,4 +33,4 @@ def sliding_window(ctx: Context) -> None:
         asked.append("layer_types" + (" on an MLA drafter" if spec.arch == "mla" else " without sliding_window"))
     if asked:
         ctx.emit(rule.SLIDING_WINDOW_IGNORED, f"{', '.join(asked)}: {spec.sources.get('sliding_window', 'off')}",
-                 where)
+                 ctx.at(asked[0].split()[0]))
