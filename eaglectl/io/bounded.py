@@ -134,4 +134,4 @@ def walk(root: str | os.PathLike[str], fail: Fail, *, prune: Callable[[str, bool
                 stack.append((path, depth + 1))
             else:
                 out.append(Entry(path.relative_to(top).as_posix(), path, st))
-    return sorted(out, key=lambda x: x.rel)
+    return sorted(out, key=lambda x: x.rel.split("/"))  # as pathlib orders paths: by their components
