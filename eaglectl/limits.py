@@ -42,7 +42,7 @@ LIMITS: dict[str, Limit] = {
     "publish_scan_bytes": Limit(8 << 20, "bytes of a file searched for local paths before upload (larger text "
                                          "files are sent, hashed in chunks, but not searched)"),
     "profile_bytes": Limit(4 << 20, "bytes of a speculation_profile.json"),
-    "calibration_text_bytes": Limit(8 << 20, "bytes of a --calibration-text file"),
+    "calibration_text_bytes": Limit(8 << 20, "bytes of a --calibration-text (upgrade) or --text (verify) file"),
     "weight_files": Limit(10_000, "weight files listed by one shard index"),
     # captures (--states): capture.json + one safetensors per request
     "capture_requests": Limit(1_000_000, "request files (*.safetensors) in one capture folder"),
