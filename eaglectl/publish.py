@@ -110,7 +110,7 @@ def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
                 raise fail(str(e.path), "a link to a folder; upload follows links to files inside the folder only")
             path = Path(real)
         if not stat.S_ISREG(mode):
-            raise fail(str(e.path), f"{kind(mode)}, not a regular file; upload sends regular files only")
+            raise fail(str(e.path), f"not a regular file ({kind(mode)}); upload sends regular files only")
         out.append((e.rel, path))
     return out
 
