@@ -18,9 +18,9 @@ byte-token fallback serves a target without a tokenizer, and `heldout_prompts`).
 
 from __future__ import annotations
 
+import os
 import random
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,26 +118,19 @@ _KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", 
 
 
 def _opened(spec: str) -> BinaryIO:
-    """The prompt file, opened for binary reads after its kind and size are checked."""
-    path = Path(spec)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise PromptFileError(f"{spec}: prompt file not found", path=spec) from None
-    except OSError as e:
-        raise filesystem_error(e, "read the prompt file", spec) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise PromptFileError(f"{spec}: not a regular file (a JSONL prompt file, a SPEED-Bench folder or builtin:...)",
-                              path=spec)
-    if st.st_size > limit("prompt_file_bytes"):
-        raise PromptFileError(f"{spec}: {st.st_size} bytes exceeds the {limit('prompt_file_bytes')}-byte limit "
-                              "for a prompt file", path=spec)
-    if st.st_size == 0:
+    """The prompt file, opened for binary reads after its kind and size are checked (io/bounded.py: a FIFO or
+    device is refused before it is opened)."""
+    from .io.bounded import open_regular
+
+    if not Path(spec).exists():
+        raise PromptFileError(f"{spec}: prompt file not found", path=spec)
+    f = open_regular(spec, lambda p, why: PromptFileError(f"{p}: {why} (a JSONL prompt file, a SPEED-Bench folder or "
+                                                          "builtin:...)", path=p),
+                     limit("prompt_file_bytes"), doing="read the prompt file")
+    if os.fstat(f.fileno()).st_size == 0:
+        f.close()
         raise PromptFileError(f"{spec}: the prompt file is empty", path=spec)
-    try:
-        return path.open("rb")
-    except OSError as e:
-        raise filesystem_error(e, "read the prompt file", spec) from None
+    return f
 
 
 def _raw_lines(spec: str) -> Iterator[tuple[int, bytes]]:

@@ -265,7 +265,8 @@ def test_a_speed_bench_folder_1500_levels_deep_is_refused(tmp_path, invoke):
     r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
     below = folder.joinpath(*["d"] * 33)
     assert r.exit_code == 20, r.output
-    assert first_line(r.stderr) == f"error[prompt-file]: {below}: a folder 33 levels below {folder}; at most 32 are read"
+    assert first_line(r.stderr) == (f"error[prompt-file]: {below}: a folder 33 levels below {folder}; at most 32 "
+                                    "are read")
 
 
 def test_a_fifo_named_parquet_is_refused_without_opening_it(tmp_path, invoke):
@@ -274,7 +275,8 @@ def test_a_fifo_named_parquet_is_refused_without_opening_it(tmp_path, invoke):
     os.mkfifo(folder / "x.parquet")  # opening it for reading would block until a writer came
     r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
     assert r.exit_code == 20, r.output
-    assert first_line(r.stderr) == f"error[prompt-file]: {folder}/x.parquet: not a regular file (a FIFO); it is not read"
+    assert first_line(r.stderr) == (f"error[prompt-file]: {folder}/x.parquet: not a regular file (a FIFO); it is "
+                                    "not read")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
@@ -322,7 +324,7 @@ def test_a_prompt_too_long_for_max_model_len_is_refused_before_tokenizing(tmp_pa
         raise AssertionError("tokenized")
 
     p = tmp_path / "p.jsonl"
-    p.write_text(json.dumps({"prompt": "word " * 20_000}) + "\n")  # 100,000 bytes: over 64 x the 1,021 tokens left (k=3)
+    p.write_text(json.dumps({"prompt": "word " * 20_000}) + "\n")  # 100,000 bytes: over 64 x the 1,021 tokens left
     monkeypatch.setattr(workload._FastTokenizer, "__call__", never)
     r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", p, "--max-tokens", "8",
                "--max-model-len", "1034")
