@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
 
 from . import report
 from .cli_params import Number
-from .errors import EXIT_INTERNAL, EaglectlError, ManifestError, filesystem_error
+from .errors import EXIT_INTERNAL, EaglectlError, ManifestError
+from .io.bounded import read_regular
 from .io.jsonio import loads
 from .limits import limit
 from .result import BatchResult, Result
@@ -30,14 +30,8 @@ from .result import BatchResult, Result
 def read_manifest(path: str, keys: frozenset[str], need_dest: bool) -> list[tuple[int, dict[str, Any]]]:
     """Parse a JSONL manifest into (line number, item); `keys` are the per-item keys the command
     accepts (besides source/dest)."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > limit("json_bytes"):
-            raise ManifestError(f"{path}: {size} bytes exceeds the {limit('json_bytes')}-byte limit", path=path)
-        raw = p.read_bytes()
-    except OSError as e:
-        raise filesystem_error(e, "read the manifest", path) from None
+    raw = read_regular(path, lambda p, why: ManifestError(f"{p}: {why}", path=p), limit("json_bytes"),
+                       doing="read the manifest")  # a FIFO or /dev/zero is refused before it is opened
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -94,6 +94,8 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
 
 def profile_section(p: dict[str, Any]) -> list[str]:
     """The measured figures of a (validated, measured) speculation_profile.json, as card lines."""
+    from .profile import number
+
     cond = p.get("measurement_conditions") or {}
     said = ", ".join(f"{k} {cond[k]}" for k in ("engine", "engine_version", "runner", "dtype", "dataset", "num_samples",
                                                  "osl") if cond.get(k) is not None)
@@ -102,7 +104,7 @@ def profile_section(p: dict[str, Any]) -> list[str]:
     per_request = p.get("mean_accept_length_per_request")
     return ["## Measured acceptance (speculation_profile.json)", "",
             f"k = {p['num_speculative_tokens']}, mean acceptance length {p['mean_accept_length']:.3f} per decode step"
-            + (f" ({per_request:.3f} averaged per request)" if isinstance(per_request, (int, float)) else "")
+            + (f" ({per_request:.3f} averaged per request)" if number(per_request) else "")
             + (f"; {said}" if said else "") + ".", "",
             "| draft position | conditional acceptance | marginal acceptance |", "|---|---|---|", *rows, ""]
 def _upgrade_acceptance(acc: dict[str, Any] | None) -> list[str]:
@@ -137,15 +139,21 @@ def _serve(rep: InspectReport, base: str | None) -> str:
 
 
 def load_card(folder: Path) -> Any | None:
+    """README.md as huggingface_hub's ModelCard (None when there is none): read whole only within `card_bytes`
+    (a larger card, or a FIFO or device, is a CorruptCheckpointError naming it), parsed as ModelCard.load does."""
     from huggingface_hub import ModelCard
 
-    path = folder / CARD
-    if not path.is_file():
-        return None
-    try:
-        return ModelCard.load(path)
-    except Exception as e:  # noqa: BLE001 - a malformed card (YAML) is the user's file: report it
-        from .errors import CorruptCheckpointError
+    from .errors import CorruptCheckpointError
+    from .io.bounded import read_regular
+    from .limits import limit
 
+    path = folder / CARD
+    if not path.exists():
+        return None
+    raw = read_regular(path, lambda p, why: CorruptCheckpointError(f"{p}: {why} (the model card)", file=p),
+                       limit("card_bytes"), doing="read the model card")
+    try:
+        return ModelCard(raw.decode("utf-8-sig"))
+    except Exception as e:  # noqa: BLE001 - a malformed card (YAML, not UTF-8) is the user's file: report it
         raise CorruptCheckpointError(f"{path}: the model card cannot be parsed ({type(e).__name__})",
                                      file=str(path)) from None

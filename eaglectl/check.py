@@ -163,8 +163,11 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
         from .drafter import open_drafter
 
         drafter = open_drafter(str(folder), from_dialect=drafter.dialect.name)
-    files = upload_files(folder)
-    found = lint_publish(drafter, folder)
+    try:
+        files = upload_files(folder)  # refuses a link out of the folder, a FIFO, a device: before reading any file
+        found = lint_publish(drafter, folder)
+    except EaglectlError as e:
+        return Stage("publish", "fail", f"[{e.reference}] {e.message}")
     out.findings.extend(found)
     errors = [f for f in found if f.severity == "error"]
     local = sum(f.rule_id == "local-path" for f in found)

@@ -419,8 +419,9 @@ def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool,
     Hub repo ORG/NAME in one commit.
 
     Refuses, uploading nothing, when the gate fails, cannot finish here (exit 10), or finds a local
-    path in any file that would be uploaded. The files are those check lists (all but dot-files);
-    the commit message and description are made from the gate's report. The token is HF_TOKEN (or
+    path in any file that would be uploaded. The files are those check lists (all but dot-files;
+    never one outside DEST: a link out of it, to a folder or to nothing, a FIFO or a device refuses
+    the upload, named); the commit message and description are made from the gate's report. The token is HF_TOKEN (or
     the one `hf auth login` stored); the network is touched only after the gate passed.
     """
     from . import check, upload

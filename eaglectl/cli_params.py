@@ -155,14 +155,21 @@ class FileType(click.ParamType):
 
 
 class TextFile(FileType):
-    """A readable, non-empty UTF-8 text file; the value is its text."""
+    """A readable, non-empty UTF-8 text file of at most `calibration_text_bytes`; the value is its text. A FIFO or
+    device is refused before it is opened (io/bounded.py)."""
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
-        path = Path(str(value))
+        from .errors import EaglectlError, UsageError
+        from .io.bounded import read_regular
+        from .limits import limit
+
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            self.fail(f"{value}: {getattr(e, 'strerror', None) or 'not readable UTF-8 text'}", param, ctx)
+            text = read_regular(str(value), lambda path, why: UsageError(f"{path}: {why}"),
+                                limit("calibration_text_bytes")).decode("utf-8")
+        except EaglectlError as e:
+            self.fail(e.message, param, ctx)
+        except UnicodeDecodeError:
+            self.fail(f"{value}: not readable UTF-8 text", param, ctx)
         if not text.strip():
             self.fail(f"{value}: the file is empty", param, ctx)
         return text

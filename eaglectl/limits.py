@@ -34,6 +34,16 @@ LIMITS: dict[str, Limit] = {
     "config_string_chars": Limit(4096, "characters in a config string field"),
     "quant_scale_bytes": Limit(1 << 20, "bytes of one quantisation scale inspect reads without --scan (--scan: all)"),
     "folder_entries": Limit(10_000, "files directly inside a checkpoint folder"),
+    "quant_exclusions": Limit(10_000, "entries of a quantisation ignore / exclude_modules list"),
+    # folders walked whole: a SPEED-Bench --prompts folder, the folder `upload` sends
+    "tree_depth": Limit(32, "levels of sub-folders under a SPEED-Bench --prompts folder or a folder `upload` sends"),
+    "tree_entries": Limit(100_000, "files and folders under a SPEED-Bench --prompts folder or a folder `upload` sends"),
+    # what `check` and `upload` read of the files they publish
+    "card_bytes": Limit(8 << 20, "bytes of a model card (README.md) that check reads and lints"),
+    "publish_scan_bytes": Limit(8 << 20, "bytes of a file searched for local paths before upload (larger text "
+                                         "files are sent, hashed in chunks, but not searched)"),
+    "profile_bytes": Limit(4 << 20, "bytes of a speculation_profile.json"),
+    "calibration_text_bytes": Limit(8 << 20, "bytes of a --calibration-text (upgrade) or --text (verify) file"),
     "weight_files": Limit(10_000, "weight files listed by one shard index"),
     # captures (--states): capture.json + one safetensors per request
     "capture_requests": Limit(1_000_000, "request files (*.safetensors) in one capture folder"),
@@ -46,6 +56,8 @@ LIMITS: dict[str, Limit] = {
     "prompts_per_file": Limit(1_000_000, "prompts (lines, rows) read from one prompt file or folder"),
     "prompt_tokens": Limit(1 << 20, "tokens of one prompt (prompt_token_ids, or the tokenized text)"),
     "prompt_messages": Limit(1024, "chat messages in one prompt line"),
+    "prompt_token_bytes": Limit(64, "bytes of prompt text per token the prompt may have, checked before tokenizing (a "
+                                    "text longer than that for the tokens max_model_len leaves it is refused)"),
     # batch manifests (--manifest)
     "manifest_entries": Limit(10_000, "items in one batch manifest"),
     # a running server (smoke --server, capture --engine server)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import filesystem_error
+from .limits import limit
 
 SCHEMA_VERSION = "1.0"
 FILE = "speculation_profile.json"
@@ -164,8 +164,9 @@ def _monotonicity(marginal: list[float]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ validation
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def number(x: Any) -> bool:
+    """A finite JSON number a float can hold (a 400-digit integer is not: formatting it would overflow)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and abs(x) <= 1e300 and math.isfinite(x)
 
 
 def validate(p: Any) -> list[str]:
@@ -184,7 +185,7 @@ def validate(p: Any) -> list[str]:
     vectors = {}
     for key in ("conditional_accept_rates", "marginal_accept_rates"):
         v = p.get(key)
-        if not isinstance(v, list) or len(v) != k or not all(_number(x) and 0.0 <= x <= 1.0 for x in v):
+        if not isinstance(v, list) or len(v) != k or not all(number(x) and 0.0 <= x <= 1.0 for x in v):
             out.append(f"{key} is not a list of {k} rates in [0, 1]")
         else:
             vectors[key] = v
@@ -211,12 +212,12 @@ def validate(p: Any) -> list[str]:
                 prev = m
     mean = p.get("mean_accept_length")
     if measured is True:
-        if not _number(mean) or not 1.0 <= mean <= k + 1:
+        if not number(mean) or not 1.0 <= mean <= k + 1:
             out.append(f"mean_accept_length {mean!r} is not in [1, k + 1] for a measured profile")
         elif marginal is not None and not _consistency(mean, marginal)["passed"]:
             out.append(f"mean_accept_length {mean} != 1 + sum(marginal_accept_rates) = {1 + sum(marginal):.6f} "
                        f"(tolerance {MEAN_TOLERANCE}): the vectors are cut short or the mean is another one")
-    elif measured is False and mean is not None and not _number(mean):
+    elif measured is False and mean is not None and not number(mean):
         out.append("mean_accept_length of a stub is neither null nor a number")
     out += _check_histogram(p.get("acceptance_length_histogram"), k, marginal, mean if measured is True else None)
     return out
@@ -244,7 +245,7 @@ def _check_histogram(h: Any, k: int, marginal: list[float] | None, mean: Any) ->
     if marginal is not None and any(abs(a - b) > 1e-5 for a, b in zip(got, marginal, strict=True)):
         out.append(f"marginal_accept_rates {marginal} disagree with the histogram ({[round(x, 6) for x in got]})")
     per_step = sum(length * c for length, c in hist.items()) / total
-    if _number(mean) and abs(per_step - mean) > 1e-5:
+    if number(mean) and abs(per_step - mean) > 1e-5:
         out.append(f"mean_accept_length {mean} is not the histogram's per-step mean {per_step:.6f}")
     return out
 
@@ -253,12 +254,11 @@ def _check_histogram(h: Any, k: int, marginal: list[float] | None, mean: Any) ->
 
 def read(path: str | Path) -> Any:
     """A profile file's JSON (CorruptCheckpointError when it is not JSON)."""
+    from .errors import CorruptCheckpointError
+    from .io.bounded import read_regular
     from .io.jsonio import loads
 
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise filesystem_error(e, "read", path) from None
+    raw = read_regular(path, lambda p, why: CorruptCheckpointError(f"{p}: {why}", file=p), limit("profile_bytes"))
     return loads(raw, str(path))
 
 

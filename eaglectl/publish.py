@@ -9,19 +9,22 @@ training script's `_name_or_path`) for `check` and `upload`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import CorruptCheckpointError, UsageError
+from .io.jsonio import loads
+from .limits import limit
+
 # A path in free text: absolute, home-relative or dot-relative, not part of a URL ("https://"), a Hub id
 # ("org/name": a word character before the slash) or a placeholder ("<org>/<name>").
 _EMBEDDED = re.compile(r"(?<![\w/:.~<>@%-])(?:~|\.\.?)?/[\w.@+-][^\s'\"`()\[\]{}<>,;|]*")
 _WINDOWS = re.compile(r"^[A-Za-z]:[\\/]")
-TEXT_BYTES = 8 << 20  # larger non-weight files are not read for paths (a tokenizer.json is a few MB)
 
 
 def is_local_path(value: str) -> bool:
@@ -74,17 +77,41 @@ def _exists(value: str) -> bool:
 # -------------------------------------------------------------------------------- what is uploaded
 
 def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
-    """(path in the repo, file) for every file an upload of `folder` sends, sorted: everything but names
-    starting with a dot (eaglectl's lock and staging files, .git, .cache) at any depth."""
+    """(path in the repo, file to read) for every file an upload of `folder` sends, sorted: everything but names
+    starting with a dot (eaglectl's lock and staging files, .git, .cache) and __pycache__ folders, at any depth
+    (within `tree_depth` and `tree_entries`).
+
+    Nothing outside the folder is ever read or sent: a link is followed only to a regular file inside the folder
+    (sent under the link's name; the file read is the one it resolves to now). A link whose real path leaves the
+    folder, a link to a folder (inside or out) or to nothing, and a FIFO, socket or device are refused with a
+    UsageError naming them, before any file is read."""
+    from .io.bounded import kind, walk
+
     root = Path(folder)
+    real_root = os.path.realpath(root)
+
+    def fail(path: str, why: str) -> UsageError:
+        return UsageError(f"{path}: {why}", path=path, hint="copy the file into the folder (cp --dereference) or "
+                          "remove it; upload sends the folder's own files only")
+
     out = []
-    for here, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-        for name in sorted(files):
-            path = Path(here) / name
-            if name.startswith(".") or not path.is_file():
-                continue
-            out.append((path.relative_to(root).as_posix(), path))
+    for e in walk(root, fail, prune=lambda name, is_dir: name.startswith(".") or (is_dir and name == "__pycache__")):
+        path, mode = e.path, e.lstat.st_mode
+        if stat.S_ISLNK(mode):
+            real = os.path.realpath(path)
+            if os.path.commonpath([real_root, real]) != real_root:
+                raise fail(str(e.path), f"a link to {real}, outside the folder; upload never reads or sends a file "
+                           "from outside it")
+            try:
+                mode = os.stat(real).st_mode
+            except OSError:
+                raise fail(str(e.path), "a link to nothing") from None
+            if stat.S_ISDIR(mode):
+                raise fail(str(e.path), "a link to a folder; upload follows links to files inside the folder only")
+            path = Path(real)
+        if not stat.S_ISREG(mode):
+            raise fail(str(e.path), f"not a regular file ({kind(mode)}); upload sends regular files only")
+        out.append((e.rel, path))
     return out
 
 
@@ -97,14 +124,22 @@ class LocalPath:
 
 def local_paths(folder: str | os.PathLike[str]) -> list[LocalPath]:
     """Every local path in the files an upload of `folder` would send: JSON string values (and the JSON
-    in safetensors metadata) that are paths, and paths written into text files (model card, notes)."""
+    in safetensors metadata) that are paths, and paths written into text files (model card, notes). Text
+    files over `publish_scan_bytes` are not searched; a safetensors file is read up to its header only; JSON
+    goes through the bounded parser (a document it refuses is searched as text)."""
+    from .io.bounded import read_regular
+
+    def fail(path: str, why: str) -> UsageError:
+        return UsageError(f"{path}: {why}", path=path)
+
     found: list[LocalPath] = []
+    most = limit("publish_scan_bytes")
     for rel, path in upload_files(folder):
         try:
             if rel.endswith(".safetensors"):
                 found += _in_safetensors(rel, path)
-            elif path.stat().st_size <= TEXT_BYTES and not rel.endswith((".bin", ".pt", ".pth", ".gguf")):
-                found += _in_text(rel, path.read_bytes())
+            elif path.stat().st_size <= most and not rel.endswith((".bin", ".pt", ".pth", ".gguf")):
+                found += _in_text(rel, read_regular(path, fail, most))
         except OSError:
             continue
     return found
@@ -114,21 +149,23 @@ def _in_safetensors(rel: str, path: Path) -> list[LocalPath]:
     with path.open("rb") as f:
         head = f.read(8)
         n = int.from_bytes(head, "little") if len(head) == 8 else 0
-        if not 0 < n <= 100_000_000:
+        if not 0 < n <= limit("header_bytes"):
             return []
         try:
-            header = json.loads(f.read(n))
-        except ValueError:
-            return []
+            header = loads(f.read(n), rel, max_bytes=limit("header_bytes"))
+        except CorruptCheckpointError:
+            return []  # inspect reports a broken header
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     out = []
-    for key, text in (meta or {}).items():
+    for key, text in (meta if isinstance(meta, dict) else {}).items():
         if not isinstance(text, str):
             continue
         try:
-            out += [LocalPath(rel, f"__metadata__.{key}{where[len('$'):]}", v) for where, v in _walk(json.loads(text))]
-        except ValueError:
+            doc = loads(text.encode("utf-8", "surrogatepass"), rel)
+        except CorruptCheckpointError:
             out += [LocalPath(rel, f"__metadata__.{key}", v) for v in _paths_in(text)]
+            continue
+        out += [LocalPath(rel, f"__metadata__.{key}{where[len('$'):]}", v) for where, v in _walk(doc)]
     return out
 
 
@@ -139,9 +176,9 @@ def _in_text(rel: str, raw: bytes) -> list[LocalPath]:
         return []
     if rel.endswith(".json"):
         try:
-            return [LocalPath(rel, where[2:] or "$", v) for where, v in _walk(json.loads(text))]
-        except ValueError:
-            pass
+            return [LocalPath(rel, where[2:] or "$", v) for where, v in _walk(loads(raw, rel))]
+        except CorruptCheckpointError:
+            pass  # not JSON, or nested deeper than json_depth: searched as text
     return [LocalPath(rel, f"line {n}", v) for n, line in enumerate(text.splitlines(), 1) for v in _paths_in(line)]
 
 

@@ -109,13 +109,20 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
     """Upload `folder` to the Hub repo `repo_id` after `gate` (check.run on the same folder) passed."""
     from huggingface_hub import CommitOperationAdd
 
-    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
-                  for rel, path in upload_files(require_folder(folder))]  # every file publish.upload_files lists
+    root = require_folder(folder)
+    try:  # every file publish.upload_files lists (the file a link inside the folder resolves to: never one outside)
+        operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
+                      for rel, path in upload_files(root)]
+        unsendable = None
+    except UsageError as e:  # a link out of the folder, a FIFO: the gate's publish stage failed on it too
+        operations, unsendable = [], e
     message, description = commit_text(gate)
     rep = UploadReport(folder, repo_id, gate, operations, commit_message or message, description, dry_run, revision,
                        create_pr, private)
     local = [f for f in gate.findings if f.rule_id == "local-path"]
-    if gate.exit_code != 0:
+    if unsendable is not None:
+        rep.refused, rep.refused_code = unsendable.message, gate.exit_code or unsendable.exit_code
+    elif gate.exit_code != 0:
         undecided = [s.name for s in gate.stages if s.status == "undecided"]
         rep.refused = (f"the gate is undecided: eaglectl could not run {', '.join(undecided)} (exit 10; not a "
                        "failure of the drafter, and not a pass)" if gate.exit_code == MissingDependencyError.exit_code

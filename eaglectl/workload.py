@@ -18,9 +18,9 @@ byte-token fallback serves a target without a tokenizer, and `heldout_prompts`).
 
 from __future__ import annotations
 
+import os
 import random
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +82,8 @@ def load_prompts(spec: str, tokenizer: Any, *, count: int, max_tokens: int, max_
     if spec.startswith("builtin:"):
         return _builtin(spec, tokenizer, count, max_model_len - max_tokens - k - 2, seed, length, vocab)
     path = Path(spec)
-    prompts = [prompt_ids(where, obj, tokenizer, vocab) for where, obj in prompt_lines(spec, count)]
+    room = None if length is not None else max_model_len - max_tokens - k - 2  # at_length reads whole prompts
+    prompts = [prompt_ids(where, obj, tokenizer, vocab, room) for where, obj in prompt_lines(spec, count)]
     if not prompts:
         raise PromptFileError(f"{spec}: no prompts (every line is blank)", path=spec)
     if length is not None:
@@ -117,26 +118,19 @@ _KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", 
 
 
 def _opened(spec: str) -> BinaryIO:
-    """The prompt file, opened for binary reads after its kind and size are checked."""
-    path = Path(spec)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise PromptFileError(f"{spec}: prompt file not found", path=spec) from None
-    except OSError as e:
-        raise filesystem_error(e, "read the prompt file", spec) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise PromptFileError(f"{spec}: not a regular file (a JSONL prompt file, a SPEED-Bench folder or builtin:...)",
-                              path=spec)
-    if st.st_size > limit("prompt_file_bytes"):
-        raise PromptFileError(f"{spec}: {st.st_size} bytes exceeds the {limit('prompt_file_bytes')}-byte limit "
-                              "for a prompt file", path=spec)
-    if st.st_size == 0:
+    """The prompt file, opened for binary reads after its kind and size are checked (io/bounded.py: a FIFO or
+    device is refused before it is opened)."""
+    from .io.bounded import open_regular
+
+    if not Path(spec).exists():
+        raise PromptFileError(f"{spec}: prompt file not found", path=spec)
+    f = open_regular(spec, lambda p, why: PromptFileError(f"{p}: {why} (a JSONL prompt file, a SPEED-Bench folder or "
+                                                          "builtin:...)", path=p),
+                     limit("prompt_file_bytes"), doing="read the prompt file")
+    if os.fstat(f.fileno()).st_size == 0:
+        f.close()
         raise PromptFileError(f"{spec}: the prompt file is empty", path=spec)
-    try:
-        return path.open("rb")
-    except OSError as e:
-        raise filesystem_error(e, "read the prompt file", spec) from None
+    return f
 
 
 def _raw_lines(spec: str) -> Iterator[tuple[int, bytes]]:
@@ -207,7 +201,23 @@ def messages_of(where: str, value: Any) -> list[dict[str, str]]:
     return out
 
 
-def prompt_ids(where: str, obj: dict[str, Any], tokenizer: Any, vocab: int | None) -> list[int]:
+def text_fits(where: str, texts: list[str], room: int | None = None) -> None:
+    """Refuse, before tokenizing, prompt text that cannot fit the tokens a prompt may have (`room`, the most
+    max_model_len leaves it, within `prompt_tokens`): no token spans more than `prompt_token_bytes` bytes, so a
+    longer text has more tokens than that; tokenizing it would only cost memory (a 5 MB line: over 1 GB)."""
+    most = limit("prompt_tokens") if room is None else max(1, min(room, limit("prompt_tokens")))
+    per = limit("prompt_token_bytes")
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    if size > most * per:
+        raise PromptFileError(f"{where}: a prompt of {size} bytes has more than the {most} tokens it may have here "
+                              f"(no token spans more than {per} bytes); refused before tokenizing",
+                              hint=None if room is None or room >= limit("prompt_tokens") else
+                              "shorten the prompt, or pass a larger --max-model-len")
+
+
+def prompt_ids(where: str, obj: dict[str, Any], tokenizer: Any, vocab: int | None, room: int | None = None
+               ) -> list[int]:
+    """One prompt line's token ids; texts are checked against `room` (`text_fits`) before they are tokenized."""
     if "prompt_token_ids" in obj:
         ids = obj["prompt_token_ids"]
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -216,12 +226,14 @@ def prompt_ids(where: str, obj: dict[str, Any], tokenizer: Any, vocab: int | Non
         text = _text(where, "prompt", obj["prompt"])
         if tokenizer is None:
             raise PromptFileError(f"{where}: a 'prompt' text needs the target's tokenizer; give 'prompt_token_ids'")
+        text_fits(where, [text], room)
         ids = tokenizer(text, add_special_tokens=True).input_ids
     elif "messages" in obj:
         msgs = messages_of(where, obj["messages"])
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise PromptFileError(f"{where}: chat 'messages' need a target tokenizer with a chat template; give "
                                   "'prompt' or 'prompt_token_ids'")
+        text_fits(where, [m["content"] for m in msgs], room)
         ids = chat_ids(tokenizer, msgs, where)
     else:
         raise PromptFileError(f"{where}: needs a 'prompt' text, chat 'messages' (target with a chat template) or "
@@ -253,6 +265,7 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
         if "messages" not in obj:
             raise PromptFileError(f"{where}: --templates needs chat 'messages'", path=path)
         messages = messages_of(where, obj["messages"])
+        text_fits(where, [m["content"] for m in messages] + [system_prompt])
         rest = [m for m in messages if m["role"] != "system"]
         if template == "changed":
             messages = [{"role": "system", "content": system_prompt}, *rest]
@@ -349,7 +362,13 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
     except ImportError:
         raise MissingDependencyError("reading a SPEED-Bench folder needs pyarrow",
                                      hint="pip install 'eaglectl-cli[speedbench]'") from None
-    files = sorted(folder.rglob("*.parquet"))
+    from .io.bounded import walk
+
+    def fail(path: str, why: str) -> PromptFileError:
+        return PromptFileError(f"{path}: {why}", path=path)
+
+    # iterative and bounded (tree_depth, tree_entries): a folder 1,500 levels deep is refused, not a RecursionError
+    files = [e.path for e in walk(folder, fail, follow_links=True) if e.rel.endswith(".parquet")]
     if not files:
         raise PromptFileError(f"{folder}: no parquet files (a SPEED-Bench folder holds its splits' parquet)",
                               path=str(folder))
@@ -371,6 +390,7 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
             if len(turns[0].encode("utf-8")) > limit("prompt_line_bytes"):
                 raise PromptFileError(f"{file}: {qid}: a first turn of more than {limit('prompt_line_bytes')} bytes",
                                       path=str(file))
+            text_fits(f"{file}: {qid}", [turns[0]], None if length is not None else max_model_len - max_tokens - k - 2)
             if SPEED_PLACEHOLDER in turns[0]:
                 raise PromptFileError(
                     f"{file}: {qid}: a placeholder, not a prompt (the public repo withholds restricted sources)",
@@ -407,15 +427,16 @@ def _parquet(file: Path) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from .io.bounded import open_regular
+
+    # a FIFO or device named *.parquet is refused before it is opened; pyarrow reads the descriptor checked here
+    with open_regular(file, lambda p, why: PromptFileError(f"{p}: {why}", path=p), limit("prompt_file_bytes")) as f:
+        return _parquet_table(file, f, pa, pq)
+
+
+def _parquet_table(file: Path, f: BinaryIO, pa: Any, pq: Any) -> Any:
     try:
-        size = file.stat().st_size
-    except OSError as e:
-        raise filesystem_error(e, "read", file) from None
-    if size > limit("prompt_file_bytes"):
-        raise PromptFileError(f"{file}: {size} bytes exceeds the {limit('prompt_file_bytes')}-byte limit",
-                              path=str(file))
-    try:
-        schema = pq.read_schema(file)
+        schema = pq.read_schema(f)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
         raise PromptFileError(f"{file}: not a readable parquet file ({type(e).__name__})", path=str(file)) from None
     missing = [c for c in ("category", "turns") if c not in schema.names]
@@ -433,7 +454,8 @@ def _parquet(file: Path) -> Any:
                               "schema)", path=str(file))
     columns = ["category", "turns"] + (["question_id"] if "question_id" in schema.names else [])
     try:
-        return pq.read_table(file, columns=columns)
+        f.seek(0)
+        return pq.read_table(f, columns=columns)
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file
         raise PromptFileError(f"{file}: not a readable parquet file ({type(e).__name__})", path=str(file)) from None
 

@@ -5,6 +5,7 @@ through bounded readers: each surface has its own error and exit code (19 invali
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
@@ -249,6 +250,131 @@ def test_a_server_that_never_answers_is_cut_off_at_the_timeout(invoke):
     assert r.exit_code == 22, r.output
     assert first_line(r.stderr) == f"error[server-reply]: {url}/v1/models: no complete reply within 1 s"
     assert elapsed < 10  # the inspect pre-flight plus one bounded wait
+
+
+# --------------------------------------------------------------- issue 30: no hang, no unbounded read
+
+def test_a_speed_bench_folder_1500_levels_deep_is_refused(tmp_path, invoke):
+    """The walk was rglob (recursive): a RecursionError, exit 70. It is iterative and stops at tree_depth."""
+    folder = tmp_path / "speed"
+    here = str(folder)
+    os.mkdir(here)
+    for _ in range(1500):  # one by one: pathlib's and os.makedirs' own parents=True recurse
+        here = os.path.join(here, "d")
+        os.mkdir(here)
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
+    below = folder.joinpath(*["d"] * 33)
+    assert r.exit_code == 20, r.output
+    assert first_line(r.stderr) == (f"error[prompt-file]: {below}: a folder 33 levels below {folder}; at most 32 "
+                                    "are read")
+
+
+def test_a_fifo_named_parquet_is_refused_without_opening_it(tmp_path, invoke):
+    folder = tmp_path / "speed"
+    folder.mkdir()
+    os.mkfifo(folder / "x.parquet")  # opening it for reading would block until a writer came
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
+    assert r.exit_code == 20, r.output
+    assert first_line(r.stderr) == (f"error[prompt-file]: {folder}/x.parquet: not a regular file (a FIFO); it is "
+                                    "not read")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_manifest_that_is_no_regular_file_is_refused_unread(tmp_path, invoke, kind):
+    """A FIFO as --manifest hung; /dev/zero (size 0 by stat) was read until MemoryError at 3.4 GB (exit 70)."""
+    m = tmp_path / "m.jsonl"
+    if kind == "fifo":
+        os.mkfifo(m)
+    else:
+        m.symlink_to(kind)
+    r = invoke("convert", "--manifest", m, "--to", "modelopt")
+    assert r.exit_code == 21, r.output
+    what = "a FIFO" if kind == "fifo" else "a device"
+    assert first_line(r.stderr) == f"error[manifest]: {m}: not a regular file ({what}); it is not read"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "big"])
+def test_a_calibration_text_that_is_no_regular_file_or_too_big_is_refused(tmp_path, invoke, kind):
+    from eaglectl.limits import limit
+
+    text = tmp_path / "text.txt"
+    if kind == "fifo":
+        os.mkfifo(text)
+        says = "not a regular file (a FIFO); it is not read"
+    elif kind == "big":
+        with text.open("wb") as f:
+            f.truncate(limit("calibration_text_bytes") + 1)  # sparse
+        says = f"{limit('calibration_text_bytes') + 1} bytes exceeds the {limit('calibration_text_bytes')}-byte limit"
+    else:
+        text.symlink_to(kind)
+        says = "not a regular file (a device); it is not read"
+    dest = tmp_path / "up"
+    r = invoke("upgrade", DRAFTER, dest, "--target", TARGET, "--calibration-text", text)
+    assert r.exit_code == 2 and f"Invalid value for '--calibration-text': {text}: {says}" in r.stderr, r.stderr
+    assert not dest.exists()
+    r = invoke("verify", DRAFTER, "--target", TARGET, "--text", text)
+    assert r.exit_code == 2 and f"{text}: {says}" in r.stderr, r.stderr
+
+
+def test_a_prompt_too_long_for_max_model_len_is_refused_before_tokenizing(tmp_path, invoke, monkeypatch):
+    """A 5 MB prompt line was tokenized (1.2-1.4 GB) before its length was checked."""
+    from eaglectl import workload
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": "word " * 20_000}) + "\n")  # 100,000 bytes: over 64 x the 1,021 tokens left
+    monkeypatch.setattr(workload._FastTokenizer, "__call__", never)
+    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", p, "--max-tokens", "8",
+               "--max-model-len", "1034")
+    assert r.exit_code == 20, r.output
+    assert first_line(r.stderr) == (f"error[prompt-file]: {p}:1: a prompt of 100000 bytes has more than the 1021 "
+                                    "tokens it may have here (no token spans more than 64 bytes); refused before "
+                                    "tokenizing")
+
+
+def test_reads_of_2_gib_or_more_loop_until_done(tmp_path, monkeypatch):
+    """One pread returns at most 2 GiB - 4 KiB on Linux: a tensor of 2 GiB or more read as "data truncated".
+    Stand-in: a pread (and preadv) that returns at most 1,000 bytes at a time."""
+    from eaglectl.io import bounded
+    from eaglectl.io.safetensors import LocalFile
+
+    data = bytes(range(256)) * 40
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    real_pread, real_preadv = os.pread, os.preadv
+    monkeypatch.setattr(bounded.os, "pread", lambda fd, n, off: real_pread(fd, min(n, 1000), off))
+    monkeypatch.setattr(bounded.os, "preadv", lambda fd, bufs, off: real_preadv(fd, [bufs[0][:1000]], off))
+    f = LocalFile(path)
+    assert bytes(f.read(5, 9000)) == data[5:9005]
+    assert bytes(f.read(10_000, 500)) == data[10_000:] and bytes(f.read(20_000, 10)) == b""
+
+
+@pytest.mark.slow
+def test_a_sparse_file_read_of_2_gib_is_whole(tmp_path):
+    from eaglectl.io.safetensors import LocalFile
+
+    path = tmp_path / "sparse.bin"
+    with path.open("wb") as f:
+        f.truncate(2**31 + 16)
+        f.seek(2**31 + 8)
+        f.write(b"12345678")
+    raw = LocalFile(path).read(8, 2**31 + 8)
+    assert len(raw) == 2**31 + 8 and bytes(raw[-8:]) == b"12345678"
+
+
+def test_200000_quantisation_exclusions_are_refused_in_seconds(tmp_path, invoke):
+    """200,000 ignore patterns kept convert running past 120 s (each matched against every module, renamed with
+    a quadratic duplicate check): beyond quant_exclusions the list is a finding and convert refuses."""
+    src = _copy(ROOT / "fixtures" / "drafters" / "speculators-fp8", tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"]["ignore"] += [f"*layers.{i}.mlp.x*" for i in range(200_000)]
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = invoke("convert", src, tmp_path / "out", "--to", "modelopt")
+    assert r.exit_code == 7, r.output
+    assert "'ignore' holds 200002 entries, more than the limit of 10000" in first_line(r.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------------------------------------ fuzzing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 
 import pytest
@@ -232,3 +233,130 @@ def test_upload_takes_a_local_folder_and_a_hub_id(invoke, drafter):
     assert invoke("upload", drafter, "./not-an-id").exit_code == 2
     r = invoke("upload", drafter / "config.json", "acme/x")
     assert r.exit_code == 2 and "local folder" in r.stderr
+
+
+# ------------------------------------------------------------------ issue 30: the folder, and nothing outside it
+
+def test_upload_refuses_a_link_out_of_the_folder_and_sends_nothing(invoke, drafter, tmp_path, no_network):
+    """`ln -s /etc/passwd D/notes.txt` once went up with /etc/passwd's digest: a token or key would be published."""
+    secret = tmp_path / "token"
+    secret.write_text("hf_secret_token\n")
+    (drafter / "notes.txt").symlink_to(secret)
+    r = invoke("upload", drafter, "acme/head-31", "--target", TARGET, "--dry-run", "--json")
+    doc = json.loads(r.stdout)
+    line = f"{drafter}/notes.txt: a link to {secret}, outside the folder; upload never reads or sends a file from " \
+           "outside it"
+    assert r.exit_code == 1 and doc["refused"] == line and doc["operations"] == [] and no_network == [], r.stdout
+    publish = next(s for s in doc["gate"]["stages"] if s["name"] == "publish")
+    assert publish["status"] == "fail" and publish["detail"] == f"[usage] {line}"
+    assert hashlib.sha256(secret.read_bytes()).hexdigest() not in r.stdout
+    r = invoke("upload", drafter, "acme/head-31", "--target", TARGET)  # not a dry run: still nothing sent
+    assert r.exit_code == 1 and no_network == [] and "not uploaded" in r.stdout and "outside the folder" in r.stdout
+
+
+def test_what_upload_files_follows_and_what_it_refuses(tmp_path):
+    """A link to a file inside the folder is followed (sent under its own name, the file it resolves to read);
+    every other link, and anything but a regular file, is refused naming it, before a file is read."""
+    from eaglectl.errors import UsageError
+
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="d")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "key").write_text("secret")
+    (d / "docs").mkdir()
+    (d / "docs" / "notes.md").write_text("notes")
+    (d / "NOTES.md").symlink_to("docs/notes.md")
+    files = dict(upload_files(d))
+    assert files["NOTES.md"] == (d / "docs" / "notes.md").resolve() and "docs/notes.md" in files
+    for name, make, says in (
+            ("keys", lambda p: p.symlink_to(outside), f"a link to {outside}, outside the folder"),
+            ("up", lambda p: p.symlink_to("../.."), f"a link to {tmp_path}, outside the folder"),
+            ("same", lambda p: p.symlink_to("."), "a link to a folder; upload follows links to files inside"),
+            ("gone", lambda p: p.symlink_to("no-such-file"), "a link to nothing"),
+            ("pipe", lambda p: os.mkfifo(p), "not a regular file (a FIFO); upload sends regular files only")):
+        make(d / "docs" / name)
+        with pytest.raises(UsageError) as e:
+            upload_files(d)
+        assert e.value.message.startswith(f"{d}/docs/{name}: {says}"), e.value.message
+        (d / "docs" / name).unlink()
+    assert dict(upload_files(d)) == files
+
+
+def test_the_upload_walk_is_bounded(tmp_path, monkeypatch):
+    from eaglectl.errors import UsageError
+    from eaglectl.limits import LIMITS, Limit
+
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="d")
+    deep = d / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    (deep / "x.txt").write_text("x")
+    monkeypatch.setitem(LIMITS, "tree_depth", Limit(2, "test"))
+    with pytest.raises(UsageError, match=f"^{d}/a/b/c: a folder 3 levels below {d}; at most 2 are read$"):
+        upload_files(d)
+    monkeypatch.setitem(LIMITS, "tree_depth", Limit(32, "test"))
+    monkeypatch.setitem(LIMITS, "tree_entries", Limit(5, "test"))
+    with pytest.raises(UsageError, match=f"^{d}: more than 5 files and folders under it"):
+        upload_files(d)
+
+
+def test_check_reads_a_deep_json_and_a_huge_profile_number_without_an_internal_error(invoke, tmp_path):
+    """A *.json nested 100,000 deep once crashed the publish stage (RecursionError, exit 70), and a 400-digit
+    mean_accept_length_per_request the card (OverflowError formatting it, exit 70)."""
+    from eaglectl import profile as sp
+
+    from .test_profile import _doc
+
+    p = sp.from_smoke(_doc(10, [6, 3, 1]))
+    p["mean_accept_length_per_request"] = 10**400
+    deep = "[" * 100_000 + "]" * 100_000
+    d = edited(TRAINED / "eagle3.1", tmp_path, name="d", files={"extra.json": deep, sp.FILE: json.dumps(p)})
+    r = invoke("check", d, "--card", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert {s["name"]: s["status"] for s in doc["stages"]}["publish"] == "pass"
+    card = (d / "README.md").read_text()
+    assert "mean acceptance length 2.000 per decode step" in card and "averaged per request" not in card
+    p["mean_accept_length"] = 10**400  # a number no float holds is no mean: refused by the validator, not a crash
+    assert "mean_accept_length 1" in sp.validate(p)[0] and "is not in [1, k + 1]" in sp.validate(p)[0]
+    assert local_paths(d) == []
+    (d / "extra.json").write_text('{"a": ' * 100 + '"/home/alice/run/x"' + "}" * 100)  # searched as text instead
+    assert [x.value for x in local_paths(d)] == ["/home/alice/run/x"]
+
+
+def test_a_card_over_its_limit_is_refused_and_not_read(invoke, tmp_path, monkeypatch, no_network):
+    """A 2.2 GB README once made `upload --dry-run` use 4.6 GB and pass; card_bytes lowered as a stand-in."""
+    from eaglectl.limits import LIMITS, Limit
+
+    monkeypatch.setitem(LIMITS, "card_bytes", Limit(1000, "test"))
+    card = "---\ntags: [eagle3]\n---\n" + "x" * 2000 + "\n"
+    d = edited(DRAFTERS / "speculators-3.1", tmp_path, name="d", files={"README.md": card})
+    r = invoke("upload", d, "acme/d", "--target", TARGET, "--dry-run", "--json")
+    doc = json.loads(r.stdout)
+    stage = next(s for s in doc["gate"]["stages"] if s["name"] == "card")
+    assert stage["status"] == "fail" and stage["detail"] == (f"[corrupt-checkpoint] {d}/README.md: 2024 bytes exceeds "
+                                                             "the 1000-byte limit (the model card)")
+    assert r.exit_code == 1 and doc["refused"] == "the gate failed" and no_network == []
+    assert (d / "README.md").read_text() == card
+
+
+@pytest.mark.parametrize("target", ["fifo", "/dev/zero", "big"])
+def test_a_profile_that_is_no_regular_file_or_too_big_is_refused_unread(tmp_path, monkeypatch, target):
+    """A 3 GB speculation_profile.json once used 3.3 GB (read whole); /dev/zero would never end."""
+    from eaglectl import profile as sp
+    from eaglectl.errors import CorruptCheckpointError
+    from eaglectl.limits import limit
+
+    path = tmp_path / sp.FILE
+    if target == "fifo":
+        os.mkfifo(path)
+        says = "not a regular file (a FIFO); it is not read"
+    elif target == "big":
+        with path.open("wb") as f:
+            f.truncate(limit("profile_bytes") + 1)  # sparse
+        says = f"{limit('profile_bytes') + 1} bytes exceeds the {limit('profile_bytes')}-byte limit"
+    else:
+        path.symlink_to(target)
+        says = "not a regular file (a device); it is not read"
+    with pytest.raises(CorruptCheckpointError) as e:
+        sp.read(path)
+    assert e.value.message == f"{path}: {says}"

@@ -39,7 +39,6 @@ from .jsonio import loads
 QUANT_FILE = "hf_quant_config.json"
 # Scale tensors a quantised export stores next to a weight (`X.weight` -> `X.weight_scale`, ...).
 SCALE_SUFFIXES = (".weight_scale_2", ".weight_scale_inv", ".weight_scale", ".input_scale", ".k_scale", ".v_scale")
-MAX_ENTRIES = 10_000  # entries of an ignore / exclude_modules list considered (a hostile list may be longer)
 # quant_algo -> scheme eaglectl can dequantise, and the scale tensors vLLM needs per quantised linear
 SCHEMES: dict[str, tuple[str, tuple[str, ...]]] = {
     "FP8": ("fp8", (".weight_scale", ".input_scale")),
@@ -79,12 +78,17 @@ class QuantConfig:
 
 
 def _entries(value: Any, key: str, problems: list[str]) -> tuple[str, ...] | None:
+    """The entries of an exclusion list; beyond `quant_exclusions` entries it is a problem and only those are read
+    (each entry is matched against every module: a hostile list of 200,000 would take minutes)."""
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value[:MAX_ENTRIES]):
+    most = limit("quant_exclusions")
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value[:most]):
         problems.append(f"'{key}' is not a list of strings")
         return ()
-    return tuple(value[:MAX_ENTRIES])
+    if len(value) > most:
+        problems.append(f"'{key}' holds {len(value)} entries, more than the limit of {most}")
+    return tuple(value[:most])
 
 
 def read_config(data: Any, where: str) -> QuantConfig | None:
@@ -339,6 +343,7 @@ def rewrite_entries(entries: list[Any], src: Any, dst: Any) -> list[Any]:
     are not vLLM's (`midlayer.`: sglang's module names), the canonical spelling, which vLLM's module names
     contain, is kept next to the renamed one, so both engines exclude the same layers."""
     out: list[Any] = []
+    seen: set[str] = set()  # a set, not `in out`: a long list stays linear
     for e in entries:
         if not isinstance(e, str):
             out.append(e)
@@ -347,7 +352,8 @@ def rewrite_entries(entries: list[Any], src: Any, dst: Any) -> list[Any]:
         head = e[: len(e) - len(body)]
         canon = src.to_canonical(body)
         for spelled in (head + dst.from_canonical(canon), head + canon):
-            if spelled not in out:
+            if spelled not in seen:
+                seen.add(spelled)
                 out.append(spelled)
     return out
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from ..errors import CorruptCheckpointError, filesystem_error
 from ..limits import limit
+from .bounded import pread_all
 from .dtypes import DTYPE_BITS, DTYPES
 from .jsonio import loads
 
@@ -58,7 +59,7 @@ class LocalFile:
         except OSError as e:
             raise filesystem_error(e, "read", self.path) from None
         try:
-            return os.pread(fd, length, offset)
+            return pread_all(fd, length, offset)
         finally:
             os.close(fd)
 

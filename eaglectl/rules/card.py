@@ -22,7 +22,7 @@ def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, An
     from ..profile import FILE, read, validate
 
     path = folder / FILE
-    if not path.is_file():
+    if not path.exists():  # a FIFO or device is reported by read, never opened
         return None, []
     ctx = Context(drafter)
     try:
