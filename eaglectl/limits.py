@@ -32,6 +32,10 @@ LIMITS: dict[str, Limit] = {
     "aux_ids": Limit(64, "entries in an aux-layer-id list"),
     "config_int": Limit(2**40, "any other integer config field (sizes, vocab, positions)"),
     "config_string_chars": Limit(4096, "characters in a config string field"),
+    # GGUF headers (llama.cpp's own rules, GGML_MAX_DIMS and the rest, are the format's: io/gguf.py)
+    "gguf_kv": Limit(65_536, "key-value pairs in one GGUF header"),
+    "gguf_string_bytes": Limit(16 << 20, "bytes of one GGUF key or string value"),
+    "gguf_array_items": Limit(1 << 22, "items of one GGUF array value (a tokenizer's vocabulary, merges)"),
     "folder_entries": Limit(10_000, "files directly inside a checkpoint folder"),
     "weight_files": Limit(10_000, "weight files listed by one shard index"),
     # captures (--states): capture.json + one safetensors per request
