@@ -52,6 +52,9 @@ DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT; general.alignment (a UINT32, a
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name has fewer bytes than this
 TYPE_COUNT = 43  # GGML_TYPE_COUNT: a ggml type id is in [0, 43)
+# the loader maps the file and uses each tensor's bytes in place, asserting (abort) that they start on a 32-byte
+# boundary (ggml-backend.cpp: TENSOR_ALIGNMENT): a general.alignment below 32 that leaves one off it is refused
+TENSOR_ALIGNMENT = 32
 # gguf_type: value type id -> numpy dtype (8 STRING and 9 ARRAY are read apart; 7 BOOL is one byte, != 0)
 _VALUES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<i1", 10: "<u8", 11: "<i8",
            12: "<f8"}
@@ -273,6 +276,9 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
             raise h.fail(f"data offset {offset} is not where the previous tensor's padded data ends ({expected}; "
                          f"alignment {alignment})", name)
         begin = data_start + offset
+        if begin % TENSOR_ALIGNMENT:
+            raise h.fail(f"data at offset {offset} starts at byte {begin} of the file, not on the {TENSOR_ALIGNMENT}-"
+                         f"byte boundary llama.cpp maps tensors on (general.alignment {alignment})", name)
         if begin + nbytes > h.size:  # llama_model_loader: "data is not within the file bounds"
             raise h.fail(f"data at offset {offset} (bytes {begin}..{begin + nbytes} of the file) is not within the "
                          f"file ({h.size} bytes)", name)
