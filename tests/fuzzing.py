@@ -1514,8 +1514,9 @@ def llama_cpp_available() -> str | None:
 
 
 def llama_cpp_load(path: Path, timeout: float = 120) -> tuple[str, str]:
-    """(outcome, detail) of llama.cpp loading PATH: loaded | range (refused the file's structure or tensor ranges) |
-    model (refused the model it describes) | crashed; detail: the loaded line or the last error lines."""
+    """(outcome, detail) of llama.cpp loading PATH: loaded | range (refused, or aborted on, the file's structure or
+    tensor ranges) | model (refused, or aborted on, the model the file describes: a shape against the
+    hyperparameters, a missing key, a layer count its GGML_ASSERTs refuse); detail: the loaded line or its errors."""
     import subprocess
     import sys
 
@@ -1527,7 +1528,7 @@ def llama_cpp_load(path: Path, timeout: float = 120) -> tuple[str, str]:
               or any(m in line for m in LLAMA_CPP_RANGE_REFUSALS)]
     detail = " | ".join(errors[-3:]) or out.stderr[-300:]
     if out.returncode not in (0, 3):  # an abort (GGML_ASSERT): a refusal too, of whatever it asserted
-        return "crashed", f"exit {out.returncode}: {detail}"
+        detail = f"aborted ({out.returncode}): {detail}"
     return ("range" if any(m in line for line in errors for m in LLAMA_CPP_RANGE_REFUSALS) else "model"), detail
 
 
@@ -1574,11 +1575,11 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
         if rng.random() < convert_share:
             dest = work / "converted"
             shutil.rmtree(dest, ignore_errors=True)
-            code, _ = _timed(rep, label + " (convert)", lambda: convert.run(str(case), str(dest), "speculators",
+            code, _ = _timed(rep, label + " (convert)", lambda: convert.run(str(case), str(dest), "speculators",  # noqa: B023
                                                                             measure=False))
         else:
             def go(scan: bool = rng.random() < 0.3) -> Any:
-                result = inspect.run(str(case), scan=scan)
+                result = inspect.run(str(case), scan=scan)  # noqa: B023 - called at once
                 render(result)
                 return result
 
@@ -1603,7 +1604,7 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
         for label, path in rep.accepted:
             outcome, detail = llama_cpp_load(path)
             rep.llama[outcome] = rep.llama.get(outcome, 0) + 1
-            if outcome in ("range", "crashed"):
+            if outcome == "range":
                 rep.refused_by_llama.append(f"{label}: {detail}")
             elif outcome == "model":
                 rep.model_refusals.append(f"{label}: {detail}")

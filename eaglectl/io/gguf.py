@@ -5,9 +5,10 @@ src/llama-model-loader.cpp): whatever that loader refuses (a bad header, a KV of
 is not where the previous tensor's padded bytes end, bytes beyond the end of the file, ...) is refused here too
 (exit 4, naming the file, the tensor and the offset), with eaglectl's bounds (limits.py) on counts and lengths. The
 file is memory-mapped; tensor bytes are touched only when a tensor is read (`--scan`, the small d2t table). The
-`gguf` package (optional extra `gguf`) is imported lazily, only to write. What llama.cpp stores differently from the HF layout is undone on read, so the checkpoint looks
-like any other dialect's: q/k rows are un-permuted (llama.cpp's converter permutes them for its RoPE), `d2t` is
-made relative again (it is stored as absolute target ids) and the `eagle3.*` keys become a synthesised config.
+`gguf` package (optional extra `gguf`) is imported lazily, only to write. What llama.cpp stores differently from the
+HF layout is undone on read, so the checkpoint looks like any other dialect's: q/k rows are un-permuted (llama.cpp's
+converter permutes them for its RoPE), `d2t` is made relative again (it is stored as absolute target ids) and the
+`eagle3.*` keys become a synthesised config.
 Names stay as llama.cpp spells them; formats/gguf.py's key rules map them to canonical names.
 The checkpoint reads the GGUF through `HFLayout`, a byte source that lays those HF-layout tensors end to end.
 Source of truth: llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (docs/gguf.md).
@@ -151,7 +152,8 @@ class _Header:
         self.path, self.data, self.pos, self.size = path, data, 0, len(data)
 
     def fail(self, reason: str, tensor: str | None = None) -> CorruptCheckpointError:
-        where = f"{self.path}: tensor '{tensor}': " if tensor is not None else f"{self.path}: not a readable GGUF file: "
+        where = f"tensor '{tensor}'" if tensor is not None else "not a readable GGUF file"
+        where = f"{self.path}: {where}: "
         return CorruptCheckpointError(f"{where}{reason}"[:400], file=str(self.path), tensor=tensor)
 
     def take(self, n: int, what: str) -> int:
