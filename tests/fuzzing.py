@@ -1584,8 +1584,6 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
                 return result
 
             code, _ = _timed(rep, label, go)
-        if os.environ.get("EAGLECTL_FUZZ_RSS") and _rss_mb() - rss0 > float(os.environ["EAGLECTL_FUZZ_RSS"]):
-            raise AssertionError(f"{label}: rss {_rss_mb() - rss0:.0f} MB")
         rep.cases += 1
         rep.codes[code] = rep.codes.get(code, 0) + 1
         if code in (0, 1):  # read (findings or none): its structure and tensor ranges were accepted

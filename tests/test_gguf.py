@@ -373,6 +373,17 @@ def test_a_zero_dim_d2t_is_refused(invoke, written, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_bool_head_count_is_no_count(invoke, written, tmp_path):
+    """Found by the GGUF fuzzer: eagle3.attention.head_count_kv stored as a BOOL un-permuted k over True heads (70)."""
+    img = _image(written)
+    img.set("eagle3.attention.head_count_kv", 7, 1)
+    path = tmp_path / "bool.gguf"
+    path.write_bytes(img.to_bytes())
+    r = invoke("inspect", path, "--scan")
+    assert r.exit_code == 4, (r.exit_code, r.stderr)
+    assert f"{path}: tensor 'blk.0.attn_k.weight': cannot un-permute 64 rows over True heads" in r.stderr
+
+
 @pytest.mark.parametrize("target", [TARGET, FIXTURES / "target-llama"], ids=["runnable", "target-llama"])
 def test_a_gguf_with_a_target_never_exits_70(invoke, written, tmp_path, target):
     """Issue 30 item 6: any GGUF with a runnable --target exited 70 (no aux reading for llama.cpp): inspect, check

@@ -133,7 +133,7 @@ class GGUFFile:
         data = self.stored(name)
         if name in PERMUTED:
             heads = self.config().get(PERMUTED[name])
-            if not isinstance(heads, int) or heads < 1 or data.shape[0] % (2 * heads):
+            if type(heads) is not int or heads < 1 or data.shape[0] % (2 * heads):  # a BOOL key is no count
                 raise CorruptCheckpointError(f"{self.path}: tensor '{name}': cannot un-permute {data.shape[0]} rows "
                                              f"over {heads} heads", file=str(self.path), tensor=name)
             # `permute`'s inverse: each head's rows from (d/2, 2) back to (2, d/2) order
