@@ -20,6 +20,10 @@ export EAGLECTL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export EAGLECTL_SPECULATORS_PYTHON := $(abspath $(SPECULATORS_VENV))/bin/python
 export EAGLECTL_SPECFORGE_PYTHON := $(abspath $(SPECFORGE_VENV))/bin/python
 export EAGLECTL_MODELOPT_PYTHON := $(abspath $(MODELOPT_VENV))/bin/python
+# llama.cpp's own GGUF loader for tests/test_gguf.py: llama-cpp-python's CPU build from this wheel cache, when the
+# folder exists (building it from the sdist takes ~25 minutes); without it those tests skip and say why
+LLAMA_CPP_WHEELS ?= ../shared/wheels
+LLAMA_CPP_PACKAGE ?= llama-cpp-python==0.3.36
 CLIENT_STAMPS := $(SPECULATORS_VENV)/.installed-stamp $(SPECFORGE_VENV)/.installed-stamp $(MODELOPT_VENV)/.installed-stamp
 
 .PHONY: demo test quick docs fixtures train bench clients
@@ -30,6 +34,9 @@ $(STAMP): pyproject.toml
 	# the CPU build of torch 2.13.0 (a local wheel on our machines); installed first so nothing pulls a CUDA build
 	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[test]"
+	if [ -d "$(LLAMA_CPP_WHEELS)" ]; then \
+		$(PY) -m pip install -q --find-links "$(LLAMA_CPP_WHEELS)" --only-binary llama-cpp-python "$(LLAMA_CPP_PACKAGE)"; \
+	else echo "no $(LLAMA_CPP_WHEELS): the llama.cpp loader tests will skip"; fi
 	touch $(STAMP)
 
 $(VLLM_STAMP):

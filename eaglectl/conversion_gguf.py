@@ -10,6 +10,7 @@ rename it is re-read, un-permuted and compared bit for bit with what the plan sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +88,10 @@ def _llama_layout(name: str, data: np.ndarray, meta: dict[str, Any]) -> np.ndarr
 
 
 def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
-                 force: bool = False, replay: bool = False, inputs: list[str] | None = None) -> tuple[list[str], str]:
-    """Write `plan` as DEST/model.gguf; (what was checked, the source digest)."""
+                 force: bool = False, after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
+                 inputs: list[str] | None = None) -> tuple[list[str], str]:
+    """Write `plan` as DEST/model.gguf; (what was checked, the source digest). `after_write(out)` (convert's
+    behavioural replay) runs on the staged file, re-read, before the rename, as for every other destination."""
     if "lm_head.weight" not in {a.canonical for a in plan.tensors}:
         raise ConversionError(f"{plan.source}: no lm_head: llama.cpp's eagle3 graph needs the draft's own output head",
                               hint="pass --target to take it from the target model")
@@ -108,10 +111,10 @@ def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: Target
             digest.pool.shutdown(wait=True, cancel_futures=True)
         out = interpret(ggufio.open_gguf(str(stage / FILE_NAME), stage / FILE_NAME))
         checked = [_check_round_trip(out, wanted), *_check_spec(out, src, plan)]
+        if after_write is not None:  # under llama.cpp's reading of eagle3.target_layers (engines.AUX_READINGS)
+            checked += after_write(out)
         src.ckpt.ensure_unchanged()
         checked.append("the source did not change while it was read")
-    if replay:  # the behavioural replay reads the output the way vLLM's runners do; vLLM does not load GGUF
-        checked.append("not replayed under the reference loop: no engine table for llama.cpp's reading of GGUF")
     return checked, source_digest
 
 

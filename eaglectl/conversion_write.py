@@ -272,13 +272,12 @@ def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -
     from .engines import aux_reading, engine_boundaries, engine_ids
     from .runners import readings_for
 
-    readings = readings_for(out, target)
+    dialect = formats.get(to)
     found: dict[tuple[int, ...], list[str]] = {}
-    for r in readings.runners:
+    for r in readings_for(out, target).runners if dialect.vllm_loads else ():  # vLLM loads no GGUF draft
         ids = r.boundary_ids if r.boundary_ids is not None else default_aux_ids(L, "boundary")
         if not r.error:
             found.setdefault(ids, []).append(f"vLLM {r.runner}")
-    dialect = formats.get(to)
     if dialect.consumer != "vllm":
         ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
         found.setdefault(ids, []).append(f"{dialect.consumer} (since {aux_reading(dialect.consumer).since})")

@@ -223,7 +223,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
         from .conversion_gguf import execute_gguf
 
         return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force,
-                                                                replay=after_write is not None, inputs=inputs))
+                                                                after_write=after_write, inputs=inputs))
     by_name = {a.dest: a for a in plan.tensors}
     names = plan.file_names()
     total = sum(a.nbytes for a in plan.tensors)

@@ -46,6 +46,9 @@ AUX_READINGS: tuple[AuxReading, ...] = (
     AuxReading("sglang", "PR #25454, 2026-05-16", "output-if-first-is-1",
                "sglang PR #25454: boundary-numbered Kimi drafters lost 0.10 AL to the +1"),
     AuxReading("trt-llm", "EAGLE-3 support", "output", "_torch/speculative/eagle3.py"),
+    AuxReading("llama.cpp", "EAGLE-3 support (0c1e5709)", "boundary",
+               "common/speculative.cpp captures the input of target layer k (llama_set_embeddings_layer_inp) for "
+               "each k in eagle3.target_layers; k = L is the final hidden state (docs/gguf.md#aux-ids)"),
 )
 
 

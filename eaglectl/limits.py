@@ -33,6 +33,10 @@ LIMITS: dict[str, Limit] = {
     "config_int": Limit(2**40, "any other integer config field (sizes, vocab, positions)"),
     "config_string_chars": Limit(4096, "characters in a config string field"),
     "quant_scale_bytes": Limit(1 << 20, "bytes of one quantisation scale inspect reads without --scan (--scan: all)"),
+    # GGUF headers (llama.cpp's own rules, GGML_MAX_DIMS and the rest, are the format's: io/gguf.py)
+    "gguf_kv": Limit(65_536, "key-value pairs in one GGUF header"),
+    "gguf_string_bytes": Limit(16 << 20, "bytes of one GGUF key or string value"),
+    "gguf_array_items": Limit(1 << 22, "items of one GGUF array value (a tokenizer's vocabulary, merges)"),
     "folder_entries": Limit(10_000, "files directly inside a checkpoint folder"),
     "quant_exclusions": Limit(10_000, "entries of a quantisation ignore / exclude_modules list"),
     # folders walked whole: a SPEED-Bench --prompts folder, the folder `upload` sends

@@ -1216,3 +1216,394 @@ def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2
     rep.seconds = time.perf_counter() - t0
     rep.rss_growth_mb = _rss_mb() - rss0
     return rep
+
+
+# =============================================================================== third round (issue 30): GGUF
+# eaglectl's own GGUF output (the trained EAGLE-3 fixture, `convert --to gguf`) split into its parts, mutated (header,
+# KV metadata, tensor infos, data, bytes) and written back. Every case ends in a report or an EaglectlError; the
+# cases that exit 0 are offered to llama.cpp's real loader (llama-cpp-python, where installed), which must not
+# refuse their tensor ranges.
+
+GGUF_ALIGN = 32
+# gguf_type ids (ggml/include/gguf.h) -> struct format; 8 = STRING, 9 = ARRAY
+GGUF_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<b", 10: "<Q", 11: "<q", 12: "<d"}
+GGML_BYTES = {0: 4, 1: 2, 24: 1, 25: 2, 26: 4, 27: 8, 28: 8, 30: 2}  # the unquantised ggml types: bytes per element
+
+
+def gguf_value(kind: int, value: Any) -> bytes:
+    """A KV's type and value as GGUF stores them (an array: kind 9 with (item kind, items))."""
+    if kind == 9:
+        sub, items = value
+        return struct.pack("<iiQ", 9, sub, len(items)) + b"".join(gguf_value(sub, v)[4:] for v in items)
+    if kind == 8:
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogatepass")
+        return struct.pack("<iQ", 8, len(raw)) + raw
+    fmt = GGUF_FORMATS[kind]
+    if fmt[-1] not in "fd":  # an integer wider than the type wraps, as a C cast would
+        bits = 8 * struct.calcsize(fmt)
+        value = int(value) % 2**bits
+        value = value - 2**bits if fmt[-1].islower() and value >= 2 ** (bits - 1) else value
+    return struct.pack("<i", kind) + struct.pack(fmt, value)
+
+
+@dataclass
+class GGUFImage:
+    """A GGUF file as parts: raw KV pairs (key, type and value bytes), tensor infos, the data section. `n_tensors` /
+    `n_kv` override the counts written; `align` is what the data section is padded to when written."""
+
+    version: int
+    kvs: list[tuple[bytes, bytes]]
+    tensors: list[dict[str, Any]]  # name (bytes), dims (ggml order), type, offset
+    data: bytes
+    align: int = GGUF_ALIGN
+    n_tensors: int | None = None
+    n_kv: int | None = None
+    tail: bytes = b""  # bytes after the data section
+
+    @classmethod
+    def parse(cls, raw: bytes) -> GGUFImage:
+        """A valid file's parts (eaglectl's own output: no general.alignment, so 32)."""
+        pos = 4
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", raw, pos)
+        pos += 20
+
+        def string() -> bytes:
+            nonlocal pos
+            (n,) = struct.unpack_from("<Q", raw, pos)
+            pos += 8 + n
+            return raw[pos - n: pos]
+
+        def skip(kind: int) -> None:
+            nonlocal pos
+            if kind == 8:
+                string()
+            elif kind == 9:
+                sub, n = struct.unpack_from("<iQ", raw, pos)
+                pos += 12
+                for _ in range(n):
+                    skip(sub)
+            else:
+                pos += struct.calcsize(GGUF_FORMATS[kind])
+
+        kvs = []
+        for _ in range(n_kv):
+            key = string()
+            start = pos
+            (kind,) = struct.unpack_from("<i", raw, pos)
+            pos += 4
+            skip(kind)
+            kvs.append((key, raw[start:pos]))
+        tensors = []
+        for _ in range(n_tensors):
+            name = string()
+            (n_dims,) = struct.unpack_from("<I", raw, pos)
+            dims = list(struct.unpack_from(f"<{n_dims}q", raw, pos + 4))
+            pos += 4 + 8 * n_dims
+            kind, offset = struct.unpack_from("<iQ", raw, pos)
+            pos += 12
+            tensors.append({"name": name, "dims": dims, "type": kind, "offset": offset})
+        start = -(-pos // GGUF_ALIGN) * GGUF_ALIGN
+        return cls(version, kvs, tensors, raw[start:])
+
+    def to_bytes(self) -> bytes:
+        out = bytearray(b"GGUF" + struct.pack("<I", self.version))
+        out += struct.pack("<qq", len(self.tensors) if self.n_tensors is None else self.n_tensors,
+                           len(self.kvs) if self.n_kv is None else self.n_kv)
+        for key, value in self.kvs:
+            out += struct.pack("<Q", len(key)) + key + value
+        for t in self.tensors:
+            out += struct.pack("<Q", len(t["name"])) + t["name"] + struct.pack("<I", len(t["dims"]))
+            out += b"".join(struct.pack("<q", d) for d in t["dims"])
+            out += struct.pack("<iQ", t["type"], t["offset"] % 2**64)
+        # padded as declared, up to 4 KiB (a declared 2^31 leaves the data where 32 puts it: no 2 GiB case files)
+        align = self.align if 0 < self.align <= 4096 and not self.align & (self.align - 1) else GGUF_ALIGN
+        out += b"\0" * (-len(out) % align)
+        return bytes(out + self.data + self.tail)
+
+    def key(self, name: str) -> int | None:
+        return next((i for i, (k, _) in enumerate(self.kvs) if k == name.encode()), None)
+
+    def set(self, name: str, kind: int, value: Any) -> None:
+        i, raw = self.key(name), (name.encode(), gguf_value(kind, value))
+        if i is None:
+            self.kvs.append(raw)
+        else:
+            self.kvs[i] = raw
+
+
+def hostile_kv(rng: random.Random) -> tuple[int, Any]:
+    """(gguf type, value) for an eagle3.* key: wrong types, out-of-range sizes, arrays of the wrong length."""
+    kind = rng.randrange(9)
+    if kind == 0:
+        return 4, rng.choice([0, 1, 3, 2**31, 2**32 - 1, 127, 129, 320, 100_000])  # UINT32
+    if kind == 1:
+        return 5, rng.choice([-1, -(2**31), 0, 2**31 - 1])  # INT32
+    if kind == 2:
+        return 6, rng.choice([float("nan"), float("inf"), -1.0, 0.0, 1e-30, 3.0e38])  # FLOAT32
+    if kind == 3:
+        return 8, rng.choice(["", "eagle3", "x" * 5000, b"\xff\xfe", "\x1b[31m"])
+    if kind == 4:
+        return 7, rng.choice([0, 1, 2, -1])  # BOOL (any byte)
+    if kind == 5:
+        n = rng.choice([0, 1, 2, 3, 4, 64, 65, 1000])
+        return 9, (5, [rng.choice([-1, 0, 1, 2, 4, 5, 6, 7, 2**31 - 1]) for _ in range(n)])  # INT32 array
+    if kind == 6:
+        return 9, (8, ["a", "b", "c"])  # an array of strings
+    if kind == 7:
+        return 10, rng.choice([0, 2**63, 2**64 - 1, 128])  # UINT64
+    return 12, rng.choice([0.5, 128.0, float("nan")])  # FLOAT64
+
+
+def mutate_gguf(img: GGUFImage, rng: random.Random) -> str:
+    """1-3 mutations of header, KV metadata, tensor infos or data, in place; a label naming them."""
+    done = []
+    for _ in range(rng.randrange(1, 4)):
+        op = rng.random()
+        t = rng.choice(img.tensors) if img.tensors else None
+        if op < 0.06:
+            img.version = rng.choice([0, 1, 2, 4, 0x03000000, 2**32 - 1])
+            done.append(f"version {img.version}")
+        elif op < 0.12:
+            which = rng.choice(["n_tensors", "n_kv"])
+            n = len(img.tensors) if which == "n_tensors" else len(img.kvs)
+            setattr(img, which, rng.choice([n - 1, n + 1, 0, -1, 2**62, 2**40]))
+            done.append(f"{which} {getattr(img, which)}")
+        elif op < 0.2:
+            value = rng.choice([0, 1, 2, 3, 8, 16, 48, 64, 2**31, 4096])
+            kind = rng.choice([4, 4, 4, 10, 0, 5])
+            img.set("general.alignment", kind, value)
+            if rng.random() < 0.7:  # the data section padded as declared (else as before)
+                img.align = value
+            done.append(f"general.alignment {value} (type {kind})")
+        elif op < 0.36:
+            key = rng.choice(["eagle3.target_layers", "eagle3.block_count", "eagle3.embedding_length",
+                              "eagle3.attention.head_count", "eagle3.attention.head_count_kv", "eagle3.vocab_size",
+                              "eagle3.feed_forward_length", "eagle3.attention.layer_norm_rms_epsilon",
+                              "eagle3.rope.freq_base", "eagle3.target_hidden_size", "eagle3.norm_before_residual",
+                              "eagle3.norm_before_fc", "eagle3.context_length", "eagle3.attention.key_length",
+                              "general.architecture"])
+            kind, value = hostile_kv(rng)
+            img.set(key, kind, value)
+            done.append(f"{key} = type {kind}")
+        elif op < 0.44 and img.kvs:
+            i = rng.randrange(len(img.kvs))
+            key, value = img.kvs[i]
+            how = rng.randrange(6)
+            if how == 0:
+                del img.kvs[i]
+            elif how == 1:
+                img.kvs.append((key, value))  # a duplicate key
+            elif how == 2:
+                img.kvs[i] = (b"", value)
+            elif how == 3:  # another type id over the same value bytes
+                img.kvs[i] = (key, struct.pack("<i", rng.choice([-1, 9, 13, 99, 2, 6, 8, 11])) + value[4:])
+            elif how == 4 and value[:4] in (struct.pack("<i", 8), struct.pack("<i", 9)):  # a huge length
+                at = 4 if value[:4] == struct.pack("<i", 8) else 8
+                img.kvs[i] = (key, value[:at] + struct.pack("<Q", rng.choice([2**63, 2**40, 10**9, 1 << 22]))
+                              + value[at + 8:])
+            else:
+                img.kvs[i] = (rng.choice([b"\xff\xfe", b"x" * 300, b"general.architecture"]), value)
+            done.append(f"kv {key[:40]!r} op {how}")
+        elif op < 0.62 and t is not None:
+            how = rng.randrange(7)
+            other = rng.choice(img.tensors)
+            if how == 0:
+                t["offset"] += rng.choice([1, 2, 16, 31, 32, 64, -32, -1])
+            elif how == 1:
+                t["offset"] = rng.choice([2**64 - 32, 2**64 - 1, 2**63, len(img.data), len(img.data) - 32, 0])
+            elif how == 2:
+                t["offset"], other["offset"] = other["offset"], t["offset"]
+            elif how == 3:  # wrap past 2^64 back into the header
+                t["offset"] = 2**64 - rng.choice([32, 64, 4096])
+            elif how == 4:  # two tensors on the same bytes
+                t["offset"] = other["offset"]
+            elif how == 5:
+                img.tensors.remove(t)
+                img.tensors.insert(rng.randrange(len(img.tensors) + 1), t)  # reordered, offsets kept
+            else:  # infos and data consistent, tensors dropped from the end (a smaller, valid layout)
+                t["offset"] = t["offset"]
+                img.tensors.pop()
+            done.append(f"tensor {t['name']!r} offset op {how}")
+        elif op < 0.76 and t is not None:
+            how = rng.randrange(6)
+            dims = t["dims"]
+            if how == 0:
+                t["dims"] = rng.choice([[], [0], dims + [1], dims + [1, 1, 1], [1] * 5, list(reversed(dims))])
+            elif how == 1 and dims:
+                dims[rng.randrange(len(dims))] = rng.choice([0, -1, 2, 2**31, 2**40 + 1, 2**62, -(2**63)])
+            elif how == 2 and dims:
+                dims[rng.randrange(len(dims))] *= 2  # a tensor widened over its neighbour
+            elif how == 3:
+                t["dims"] = [2**32, 2**32, 2**32, 2**32][: rng.randrange(2, 5)]
+            else:
+                t["dims"] = [d // 2 for d in dims] or [1]
+            done.append(f"tensor {t['name']!r} dims {t['dims']}")
+        elif op < 0.86 and t is not None:
+            t["type"] = rng.choice([0, 1, 30, 27, 26, 24, 28, 8, 2, 4, 31, 42, 43, 200, -1])
+            done.append(f"tensor {t['name']!r} type {t['type']}")
+        elif op < 0.92 and t is not None:
+            other = rng.choice(img.tensors)
+            t["name"] = rng.choice([other["name"], b"t2d", b"x" * 64, b"x" * 63, b"\xff", b"", b"blk.1.attn_q.weight",
+                                    b"d2t"])
+            done.append(f"tensor renamed {t['name'][:20]!r}")
+        elif op < 0.96:
+            cut = rng.randrange(len(img.data) + 1)
+            img.data = img.data[:cut] if rng.random() < 0.8 else img.data + b"\0" * rng.choice([1, 31, 32, 4096])
+            done.append(f"data {len(img.data)} bytes")
+        else:
+            done.append("bytes")
+            img.tail = b"\x00"  # the byte-level mutation is applied to the written file (gguf_case)
+    return "; ".join(done)
+
+
+def gguf_case(img: GGUFImage, rng: random.Random, label: str) -> bytes:
+    raw = img.to_bytes()
+    if label.endswith("bytes"):
+        b = bytearray(raw)
+        for _ in range(rng.randrange(1, 6)):
+            i = rng.randrange(min(len(b), 4096))
+            b[i] = rng.randrange(256)
+        raw = bytes(b)
+    return raw
+
+
+# llama.cpp's own loader on one file, in its own process (it may abort): "loaded N_EMBD [ids]" or its refusal
+LLAMA_CPP_LOAD = r"""
+import ctypes, sys
+import llama_cpp
+from llama_cpp import llama_cpp as _ll
+llama_cpp.llama_backend_init()
+params = llama_cpp.llama_model_default_params()
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+if not model:
+    print("refused")
+    sys.exit(3)
+lib = _ll._lib
+
+
+def symbol(*names):  # the C name first; this build exports the accessors C++-mangled
+    for name in names:
+        try:
+            return getattr(lib, name)
+        except AttributeError:
+            continue
+    raise SystemExit(f"llama.cpp exports none of {names}")
+
+
+ids = symbol("llama_model_target_layer_ids", "_Z28llama_model_target_layer_idsPK11llama_model")
+count = symbol("llama_model_target_layer_ids_n", "_Z30llama_model_target_layer_ids_nPK11llama_model")
+ids.restype, ids.argtypes = ctypes.POINTER(ctypes.c_int32), [ctypes.c_void_p]
+count.restype, count.argtypes = ctypes.c_uint32, [ctypes.c_void_p]
+p = ids(model)
+print("loaded", llama_cpp.llama_model_n_embd(model), [p[i] for i in range(count(model))])
+"""
+# what llama.cpp says when it refuses a file's structure or tensor ranges (ggml/src/gguf.cpp, llama-model-loader.cpp),
+# as opposed to refusing the model it describes (a shape against the hyperparameters, a missing key)
+LLAMA_CPP_RANGE_REFUSALS = ("gguf_init_from_", "not within the file bounds", "cannot mmap", "failed to read",
+                            "must be aligned")
+
+
+def llama_cpp_available() -> str | None:
+    """None when llama-cpp-python imports here; else why not (the reason a test skips with)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        return ("llama-cpp-python is not installed in this interpreter (make's test venv installs it from "
+                "../shared/wheels when that wheel cache exists)")
+    return None
+
+
+def llama_cpp_load(path: Path, timeout: float = 120) -> tuple[str, str]:
+    """(outcome, detail) of llama.cpp loading PATH: loaded | range (refused, or aborted on, the file's structure or
+    tensor ranges) | model (refused, or aborted on, the model the file describes: a shape against the
+    hyperparameters, a missing key, a layer count its GGML_ASSERTs refuse); detail: the loaded line or its errors."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LLAMA_CPP_LOAD, str(path)], capture_output=True, text=True,
+                         timeout=timeout, errors="replace")
+    if out.returncode == 0 and out.stdout.startswith("loaded"):
+        return "loaded", out.stdout.strip()
+    errors = [line for line in out.stderr.splitlines() if "error" in line.lower() or "failed" in line.lower()
+              or any(m in line for m in LLAMA_CPP_RANGE_REFUSALS)]
+    detail = " | ".join(errors[-3:]) or out.stderr[-300:]
+    if out.returncode not in (0, 3):  # an abort (GGML_ASSERT): a refusal too, of whatever it asserted
+        detail = f"aborted ({out.returncode}): {detail}"
+    return ("range" if any(m in line for line in errors for m in LLAMA_CPP_RANGE_REFUSALS) else "model"), detail
+
+
+@dataclass
+class GGUFFuzzReport(FuzzReport):
+    accepted: list[tuple[str, Path]] = field(default_factory=list)  # (label, kept copy) of sampled cases read
+    exit0: int = 0
+    read: int = 0  # exit 0 or 1 (findings): the file was read
+    llama: dict[str, int] = field(default_factory=dict)  # llama.cpp's outcomes on the sampled cases read
+    refused_by_llama: list[str] = field(default_factory=list)  # read here, structure or ranges refused there: bugs
+    model_refusals: list[str] = field(default_factory=list)  # read here, the model refused there (reported)
+
+
+def gguf_seed(work: Path) -> Path:
+    """eaglectl's GGUF output of the trained EAGLE-3 fixture (the fuzzers' seed)."""
+    from eaglectl import convert
+
+    out = work / "seed"
+    convert.run(str(TRAINED / "eagle3"), str(out), "gguf", target=str(TRAINED_TARGET), measure=False)
+    return out / "model.gguf"
+
+
+def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, convert_share: float = 0.1
+              ) -> GGUFFuzzReport:
+    """`cases` mutated GGUF files through inspect (a share with --scan) and convert (to speculators, streaming the
+    tensors); up to `llama_sample` of the cases that exit 0 are then loaded by llama.cpp (where installed), each in
+    its own process: a refusal of their structure or tensor ranges (or an abort) is a bug here."""
+    from eaglectl import convert
+
+    rng = random.Random(seed)
+    rep = GGUFFuzzReport()
+    base = gguf_seed(work).read_bytes()
+    kept = work / "accepted"
+    kept.mkdir()
+    rss0 = _rss_mb()
+    t0 = time.perf_counter()
+    for i in range(cases):
+        img = GGUFImage.parse(base)
+        label = mutate_gguf(img, rng)
+        case = work / "case" / "model.gguf"
+        _clear(case.parent).mkdir()
+        case.write_bytes(gguf_case(img, rng, label))
+        label = f"#{i} {label}"
+        if rng.random() < convert_share:
+            dest = work / "converted"
+            shutil.rmtree(dest, ignore_errors=True)
+            code, _ = _timed(rep, label + " (convert)", lambda: convert.run(str(case), str(dest), "speculators",  # noqa: B023
+                                                                            measure=False))
+        else:
+            def go(scan: bool = rng.random() < 0.3) -> Any:
+                result = inspect.run(str(case), scan=scan)  # noqa: B023 - called at once
+                render(result)
+                return result
+
+            code, _ = _timed(rep, label, go)
+        rep.cases += 1
+        rep.codes[code] = rep.codes.get(code, 0) + 1
+        if code in (0, 1):  # read (findings or none): its structure and tensor ranges were accepted
+            rep.exit0 += code == 0
+            rep.read += 1
+            # reservoir sampling: the llama.cpp check sees an even sample of all the cases read
+            if len(rep.accepted) < llama_sample:
+                rep.accepted.append((label, kept / f"{len(rep.accepted)}.gguf"))
+                shutil.copyfile(case, rep.accepted[-1][1])
+            elif llama_sample and (j := rng.randrange(rep.read)) < llama_sample:
+                rep.accepted[j] = (label, rep.accepted[j][1])
+                shutil.copyfile(case, rep.accepted[j][1])
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    if llama_sample and llama_cpp_available() is None:
+        for label, path in rep.accepted:
+            outcome, detail = llama_cpp_load(path)
+            rep.llama[outcome] = rep.llama.get(outcome, 0) + 1
+            if outcome == "range":
+                rep.refused_by_llama.append(f"{label}: {detail}")
+            elif outcome == "model":
+                rep.model_refusals.append(f"{label}: {detail}")
+    return rep

@@ -1,10 +1,14 @@
 """GGUF EAGLE-3 drafts (llama.cpp): header-only reading into a Checkpoint, and the writer `convert --to gguf` uses.
 
-The `gguf` package (optional extra `gguf`) is imported lazily, only when a `.gguf` file is opened or written.
-Reading parses the metadata and tensor infos; tensor bytes are touched only when a tensor is read (`--scan`, the
-small d2t table). What llama.cpp stores differently from the HF layout is undone on read, so the checkpoint looks
-like any other dialect's: q/k rows are un-permuted (llama.cpp's converter permutes them for its RoPE), `d2t` is
-made relative again (it is stored as absolute target ids) and the `eagle3.*` keys become a synthesised config.
+Reading is eaglectl's own parser, as strict as llama.cpp's (ggml/src/gguf.cpp `gguf_init_from_file_impl` and
+src/llama-model-loader.cpp): whatever that loader refuses (a bad header, a KV of an unknown type, a tensor offset that
+is not where the previous tensor's padded bytes end, bytes beyond the end of the file, ...) is refused here too
+(exit 4, naming the file, the tensor and the offset), with eaglectl's bounds (limits.py) on counts and lengths. The
+file is memory-mapped; tensor bytes are touched only when a tensor is read (`--scan`, the small d2t table). The
+`gguf` package (optional extra `gguf`) is imported lazily, only to write. What llama.cpp stores differently from the
+HF layout is undone on read, so the checkpoint looks like any other dialect's: q/k rows are un-permuted (llama.cpp's
+converter permutes them for its RoPE), `d2t` is made relative again (it is stored as absolute target ids) and the
+`eagle3.*` keys become a synthesised config.
 Names stay as llama.cpp spells them; formats/gguf.py's key rules map them to canonical names.
 The checkpoint reads the GGUF through `HFLayout`, a byte source that lays those HF-layout tensors end to end.
 Source of truth: llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (docs/gguf.md).
@@ -12,6 +16,9 @@ Source of truth: llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (docs
 
 from __future__ import annotations
 
+import mmap
+import os
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError, MissingDependencyError, UnknownFormatError
+from ..errors import CorruptCheckpointError, MissingDependencyError, UnknownFormatError, filesystem_error
+from ..limits import limit
 from .checkpoint import Checkpoint, WeightFile
 from .safetensors import Header, TensorInfo, file_identity
 
@@ -35,14 +43,41 @@ CONFIG_KEYS = {
     f"{ARCH}.norm_before_residual": "norm_before_residual", f"{ARCH}.norm_before_fc": "norm_before_fc",
 }
 PERMUTED = {"blk.0.attn_q.weight": "num_attention_heads", "blk.0.attn_k.weight": "num_key_value_heads"}
-_GGML_DTYPES = ("F32", "F16", "BF16", "I8", "I16", "I32", "I64", "F64")
+# the tensors eaglectl reshapes on reading (un-permute, d2t - arange) need their rank; llama.cpp's loader refuses any
+# other shape for them (create_tensor's shape check), so another rank is a corrupt file, not a finding
+RANKS = {"d2t": 1, "blk.0.attn_q.weight": 2, "blk.0.attn_k.weight": 2}
+
+# ---- the GGUF format as llama.cpp 0c1e5709 reads it (ggml/include/gguf.h, ggml/include/ggml.h, ggml/src/gguf.cpp)
+GGUF_VERSION = 3  # the newest version the loader reads; version 1 is refused
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT; general.alignment (a UINT32, a power of 2) overrides it
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: a tensor name has fewer bytes than this
+TYPE_COUNT = 43  # GGML_TYPE_COUNT: a ggml type id is in [0, 43)
+# the loader maps the file and uses each tensor's bytes in place, asserting (abort) that they start on a 32-byte
+# boundary (ggml-backend.cpp: TENSOR_ALIGNMENT): a general.alignment below 32 that leaves one off it is refused
+TENSOR_ALIGNMENT = 32
+# gguf_type: value type id -> numpy dtype (8 STRING and 9 ARRAY are read apart; 7 BOOL is one byte, != 0)
+_VALUES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<i1", 10: "<u8", 11: "<i8",
+           12: "<f8"}
+_STRING, _ARRAY, _UINT32, _FLOAT32, _BOOL = 8, 9, 4, 6, 7
+# ggml_type: the unquantised types eaglectl reads -> (name, bytes per element; block size 1)
+_READ = {0: ("F32", 4), 1: ("F16", 2), 24: ("I8", 1), 25: ("I16", 2), 26: ("I32", 4), 27: ("I64", 8),
+         28: ("F64", 8), 30: ("BF16", 2)}
+# the quantised ones (refused as such, exit 5); an id in [0, TYPE_COUNT) in neither table is a removed type
+# (Q4_2, Q4_0_4_4, ...): ggml's block size 0, which the loader refuses as corrupt
+_QUANTISED = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K",
+              13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+              20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0",
+              39: "MXFP4", 40: "NVFP4", 41: "Q1_0"}
+_NUMPY = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I8": "i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
+          "F64": "<f8"}
 
 
 def _gguf() -> Any:
     try:
         import gguf
     except ImportError:
-        raise MissingDependencyError("reading or writing GGUF needs the 'gguf' package", package="gguf",
+        raise MissingDependencyError("writing GGUF needs the 'gguf' package", package="gguf",
                                      hint="pip install 'eaglectl[gguf]' (or: pip install gguf)") from None
     return gguf
 
@@ -72,9 +107,9 @@ class GGUFFile:
     """One parsed GGUF header: metadata values, tensor infos, and lazy access to each tensor's stored bytes."""
 
     path: Path
-    reader: Any  # gguf.GGUFReader (memory-mapped; data pages are read only when touched)
+    data: Any  # the file, memory-mapped (pages are read only when a tensor's values are)
     metadata: dict[str, Any]
-    tensors: dict[str, TensorInfo]  # torch-order shapes, eaglectl dtype names
+    tensors: dict[str, TensorInfo]  # torch-order shapes, eaglectl dtype names, absolute file offsets
 
     def config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"gguf_architecture": self.metadata.get("general.architecture"),
@@ -82,7 +117,7 @@ class GGUFFile:
         for key, name in CONFIG_KEYS.items():
             if key in self.metadata:
                 cfg[name] = self.metadata[key]
-        if "d2t" in self.tensors:
+        if "d2t" in self.tensors:  # 1-D (RANKS)
             cfg["draft_vocab_size"] = self.tensors["d2t"].shape[0]
         if "output.weight" in self.tensors:  # the draft's own head: not tied to token_embd
             cfg["tie_word_embeddings"] = False
@@ -90,18 +125,15 @@ class GGUFFile:
 
     def stored(self, name: str) -> np.ndarray:
         """The tensor's stored values, shaped as torch shapes it (BF16 as uint16 bit patterns)."""
-        t = next(t for t in self.reader.tensors if t.name == name)
-        data = np.asarray(t.data)
-        if t.tensor_type.name == "BF16":
-            data = data.view(np.uint16)
-        return data.reshape(self.tensors[name].shape)
+        t = self.tensors[name]
+        return np.frombuffer(self.data, dtype=_NUMPY[t.dtype], count=t.numel, offset=t.begin).reshape(t.shape)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor as the HF layout holds it: q/k un-permuted, d2t relative (bit patterns kept)."""
         data = self.stored(name)
         if name in PERMUTED:
             heads = self.config().get(PERMUTED[name])
-            if not isinstance(heads, int) or heads < 1 or data.shape[0] % (2 * heads):
+            if type(heads) is not int or heads < 1 or data.shape[0] % (2 * heads):  # a BOOL key is no count
                 raise CorruptCheckpointError(f"{self.path}: tensor '{name}': cannot un-permute {data.shape[0]} rows "
                                              f"over {heads} heads", file=str(self.path), tensor=name)
             # `permute`'s inverse: each head's rows from (d/2, 2) back to (2, d/2) order
@@ -112,38 +144,162 @@ class GGUFFile:
         return np.ascontiguousarray(data)
 
 
-def read_gguf(path: Path) -> GGUFFile:
-    gguf = _gguf()
+class _Header:
+    """A cursor over the mapped file that reads GGUF's little-endian fields; reading past the end is a corrupt
+    file (llama.cpp: "failed to read ...")."""
+
+    def __init__(self, path: Path, data: Any) -> None:
+        self.path, self.data, self.pos, self.size = path, data, 0, len(data)
+
+    def fail(self, reason: str, tensor: str | None = None) -> CorruptCheckpointError:
+        where = f"tensor '{tensor}'" if tensor is not None else "not a readable GGUF file"
+        where = f"{self.path}: {where}: "
+        return CorruptCheckpointError(f"{where}{reason}"[:400], file=str(self.path), tensor=tensor)
+
+    def take(self, n: int, what: str) -> int:
+        if n > self.size - self.pos:
+            raise self.fail(f"{what} at byte {self.pos} runs past the end of the file ({self.size} bytes)")
+        self.pos += n
+        return self.pos - n
+
+    def unpack(self, fmt: str, what: str) -> int:
+        return struct.unpack_from(fmt, self.data, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str, bound: int) -> bytes:
+        n = self.unpack("<Q", what)
+        if n > bound:
+            raise self.fail(f"{what} at byte {self.pos - 8} is {n} bytes long, over the limit of {bound}")
+        return bytes(self.data[self.take(n, what):self.pos])
+
+    def value(self, key: str, kind: int, count: int | None) -> Any:
+        """One KV value (`count` items when an array): Python values, FLOAT32 as its shortest decimal."""
+        if kind == _STRING:
+            items = [self.string(f"a string of key '{key}'", limit("gguf_string_bytes"))
+                     for _ in range(1 if count is None else count)]
+            values: list[Any] = [b.decode("utf-8", "surrogateescape") for b in items]
+        else:
+            dtype = np.dtype(_VALUES[kind])
+            n = 1 if count is None else count
+            raw = np.frombuffer(self.data, dtype=dtype, count=n, offset=self.take(n * dtype.itemsize,
+                                                                                  f"key '{key}'"))
+            if kind == _BOOL:
+                values = [bool(v) for v in raw]
+            elif kind == _FLOAT32:  # the shortest decimal that is this float32 (1e-05, not 9.99e-06)
+                values = [float(str(v)) for v in raw]
+            else:
+                values = raw.tolist()
+        return values if count is not None else values[0]
+
+
+def _name(h: _Header, raw: bytes, what: str) -> str:
     try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # noqa: BLE001 - a malformed file can make the parser raise anything
-        raise CorruptCheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})"[:300],
-                                     file=str(path)) from None
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise h.fail(f"{what} {raw[:64]!r} is not UTF-8") from None
+
+
+def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """The metadata and the tensor infos (absolute offsets), checked as llama.cpp's gguf_init_from_file_impl and
+    llama_model_loader check them, in their order, with eaglectl's bounds on counts and lengths."""
+    h = _Header(path, data)
+    if h.size < 4 or bytes(data[:4]) != b"GGUF":
+        raise h.fail("no GGUF magic")
+    h.pos = 4
+    version = h.unpack("<I", "the version")
+    if version in (0, 1) or version & 0xFFFF == 0 or version > GGUF_VERSION:
+        raise h.fail(f"GGUF version {version} is not read (llama.cpp reads versions 2 and 3, little-endian)")
+    n_tensors, n_kv = h.unpack("<q", "the tensor count"), h.unpack("<q", "the KV count")
+    for n, what, bound in ((n_tensors, "tensors", limit("tensors_per_file")), (n_kv, "KV pairs", limit("gguf_kv"))):
+        if not 0 <= n <= bound:
+            raise h.fail(f"header says {n} {what}; the limit is {bound}")
     metadata: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            value = f.contents()
-        except Exception:  # noqa: BLE001, S112 - an undecodable value is reported as absent
-            continue
-        if f.types == [gguf.GGUFValueType.FLOAT32]:  # the shortest decimal that is this float32 (1e-05, not 9.99e-06)
-            value = float(str(np.float32(value)))
+    seen: set[bytes] = set()
+    alignment: Any = DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        raw_key = h.string(f"key {i}", limit("gguf_string_bytes"))
+        if not raw_key or raw_key in seen:
+            raise h.fail(f"key {i} is {'empty' if not raw_key else f'a duplicate of {raw_key[:64]!r}'}")
+        seen.add(raw_key)
+        key = raw_key.decode("utf-8", "surrogateescape")
+        kind, count = h.unpack("<i", f"the type of key '{key}'"), None
+        if kind == _ARRAY:
+            kind, count = h.unpack("<i", f"the item type of key '{key}'"), h.unpack("<Q", f"the length of '{key}'")
+            if count > limit("gguf_array_items"):
+                raise h.fail(f"key '{key}' is an array of {count} items, over the limit of "
+                             f"{limit('gguf_array_items')}")
+        if kind != _STRING and kind not in _VALUES:
+            raise h.fail(f"key '{key}' has invalid GGUF type {kind}")
+        value = h.value(key, kind, count)
+        if raw_key == b"general.alignment":
+            if kind != _UINT32 or count is not None:
+                raise h.fail("key 'general.alignment' must be a UINT32")
+            alignment = value
         metadata[key] = value
+    if alignment == 0 or alignment & (alignment - 1):
+        raise h.fail(f"general.alignment {alignment} is not a power of 2")
     if metadata.get("general.architecture") != ARCH:
         raise UnknownFormatError(f"{path}: GGUF architecture {metadata.get('general.architecture')!r}, not an "
                                  f"EAGLE-3 draft ('{ARCH}')", path=str(path),
                                  hint="only llama.cpp EAGLE-3 drafts (general.architecture = eagle3) are read")
+    infos: list[tuple[str, str, tuple[int, ...], int, int]] = []  # name, dtype, torch shape, offset, bytes
+    names: set[str] = set()
+    for i in range(n_tensors):
+        raw = h.string(f"tensor name {i}", MAX_NAME - 1)
+        name = _name(h, raw, f"tensor name {i}")
+        if name in names:
+            raise h.fail("duplicate tensor name", name)
+        names.add(name)
+        n_dims = h.unpack("<I", f"the dimension count of tensor '{name}'")
+        if n_dims > MAX_DIMS:
+            raise h.fail(f"{n_dims} dimensions, more than GGML_MAX_DIMS ({MAX_DIMS})", name)
+        ne = [h.unpack("<q", f"the shape of tensor '{name}'") for _ in range(n_dims)]
+        if any(not 0 <= d <= limit("tensor_dim") for d in ne):
+            raise h.fail(f"shape {ne} has a dimension outside [0, {limit('tensor_dim')}]", name)
+        numel = int(np.prod(ne, dtype=object)) if ne else 1
+        if numel >= 2**63 - 1:
+            raise h.fail(f"shape {ne} has {numel} elements, more than an int64 counts", name)
+        type_id = h.unpack("<i", f"the type of tensor '{name}'")
+        if type_id in _QUANTISED:
+            raise UnknownFormatError(f"{path}: tensor '{name}' is {_QUANTISED[type_id]}-quantised; only unquantised "
+                                     "GGUF drafts are read", path=str(path), tensor=name)
+        if type_id not in _READ:
+            raise h.fail(f"invalid ggml type {type_id}" + ("" if 0 <= type_id < TYPE_COUNT else
+                                                            f" (not in [0, {TYPE_COUNT}))"), name)
+        dtype, size = _READ[type_id]
+        offset = h.unpack("<Q", f"the offset of tensor '{name}'")
+        infos.append((name, dtype, tuple(reversed(ne)), offset, numel * size))
+    # the data section starts at the first aligned byte after the tensor infos; each tensor's offset (relative to
+    # it) must be exactly where the previous tensor's bytes, padded to the alignment, end: aligned, in order, no
+    # overlap, no gap (gguf.cpp: "tensor '%s' has offset %lu, expected %zu")
+    data_start, expected = -(-h.pos // alignment) * alignment, 0
     tensors: dict[str, TensorInfo] = {}
-    for t in reader.tensors:
-        dtype = t.tensor_type.name
-        if dtype not in _GGML_DTYPES:
-            raise UnknownFormatError(f"{path}: tensor '{t.name}' is {dtype}-quantised; only unquantised GGUF drafts "
-                                     "are read", path=str(path), tensor=t.name)
-        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
-        begin = int(t.data_offset)
-        tensors[t.name] = TensorInfo(t.name, dtype, shape, begin, begin + int(t.n_bytes))
-    return GGUFFile(path, reader, metadata, tensors)
+    for name, dtype, shape, offset, nbytes in infos:
+        if offset != expected:
+            raise h.fail(f"data offset {offset} is not where the previous tensor's padded data ends ({expected}; "
+                         f"alignment {alignment})", name)
+        begin = data_start + offset
+        if begin % TENSOR_ALIGNMENT:
+            raise h.fail(f"data at offset {offset} starts at byte {begin} of the file, not on the {TENSOR_ALIGNMENT}-"
+                         f"byte boundary llama.cpp maps tensors on (general.alignment {alignment})", name)
+        if begin + nbytes > h.size:  # llama_model_loader: "data is not within the file bounds"
+            raise h.fail(f"data at offset {offset} (bytes {begin}..{begin + nbytes} of the file) is not within the "
+                         f"file ({h.size} bytes)", name)
+        if name in RANKS and len(shape) != RANKS[name]:
+            raise h.fail(f"shape {list(shape)}: llama.cpp's eagle3 loader reads a {RANKS[name]}-D '{name}'", name)
+        tensors[name] = TensorInfo(name, dtype, shape, begin, begin + nbytes)
+        expected += -(-nbytes // alignment) * alignment
+    return metadata, tensors
+
+
+def read_gguf(path: Path) -> GGUFFile:
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+    except OSError as e:
+        raise filesystem_error(e, "read", path) from None
+    metadata, tensors = _parse(path, data)
+    return GGUFFile(path, data, metadata, tensors)
 
 
 class HFLayout:
