@@ -28,12 +28,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _measure import measure, scratch, work_args  # noqa: E402
 
 TARGET = ROOT / "fixtures" / "trained" / "target"
-CAPTURE = "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'capture', *sys.argv[1:]]\nmain()\n"
+CAPTURE = "from eaglectl.cli.app import main\nsys.argv = ['eaglectl', 'capture', *sys.argv[1:]]\nmain()\n"
 PLAIN_HF = """
 import time, torch
 from eaglectl import capture
 from eaglectl.model.hf import load_model
-from eaglectl.target import open_target
+from eaglectl.checkpoint.target import open_target
 prompts, _ = capture.prompt_set(open_target(sys.argv[1]), 'builtin:calibration', 16, 256, 0)
 model = load_model(sys.argv[1])
 t = time.perf_counter()
@@ -74,9 +74,9 @@ def capture_rows(work: Path) -> list[tuple[str, float, float, float, str]]:
                  f"whole command {wall:.1f} s"))
     vpy = os.environ.get("EAGLECTL_VLLM_PYTHON")
     if vpy:
-        from eaglectl import capture
-        from eaglectl.smoke import WorkerRun
-        from eaglectl.target import open_target
+        from eaglectl.checkpoint.target import open_target
+        from eaglectl.commands import capture
+        from eaglectl.commands.smoke.command import WorkerRun
 
         wall, rss, _ = measure(py, CAPTURE, str(TARGET), "--out", str(work / "vllm"), "--force", "--engine",
                                     "vllm", "--vllm-python", vpy, "--json")

@@ -24,7 +24,7 @@ from _measure import measure, scratch, work_args  # noqa: E402
 from bench_verify import DIMS, build  # noqa: E402
 
 REPEATS = 5
-CONVERT = "from eaglectl.cli import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
+CONVERT = "from eaglectl.cli.app import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
 
 
 def durable_copy(src: Path, dst: Path) -> float:

@@ -26,7 +26,7 @@ from _measure import measure  # noqa: E402
 
 CODE = """
 import sys, time, torch
-from eaglectl.drift import measure_chains
+from eaglectl.commands.drift import measure_chains
 from eaglectl.model.reference import Drafter, DrafterArgs
 torch.manual_seed(0)
 T, attention = int(sys.argv[1]), sys.argv[2] == "drift"

@@ -89,7 +89,7 @@ def measure(argv: list[str]) -> tuple[float, float]:
     return wall, rss
 
 
-INSPECT = ("import sys\nfrom eaglectl.cli import cli\n"
+INSPECT = ("import sys\nfrom eaglectl.cli.app import cli\n"
            "try:\n    cli(['inspect', sys.argv[1], '--json'])\nexcept SystemExit as e:\n    code = e.code\n"
            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)\n")
 # load_file maps lazily; touching every tensor once is what using the state dict costs

@@ -33,13 +33,13 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._measure import measure  # noqa: E402
 
 TRAINED = ROOT / "fixtures" / "trained"
-CLI = "import sys; from eaglectl.cli import main; sys.argv = ['eaglectl'] + sys.argv[1:]; main()"
+CLI = "import sys; from eaglectl.cli.app import main; sys.argv = ['eaglectl'] + sys.argv[1:]; main()"
 FLOOR = """
 import sys, torch
-from eaglectl.drafter import open_drafter
+from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.model.loader import load_reference
 from eaglectl.model.hf import load_model, forward
-from eaglectl.workload import heldout_prompts, measurement_text, text_token_ids
+from eaglectl.measure.workload import heldout_prompts, measurement_text, text_token_ids
 target, drafter, text_tokens, prompts, new, readings = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 m = load_model(target)
 d = load_reference(open_drafter(drafter))

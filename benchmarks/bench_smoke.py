@@ -43,7 +43,7 @@ if __name__ == "__main__":
 
 
 def overhead(python: str) -> None:
-    from eaglectl.workload import load_prompts, tokenizer_of
+    from eaglectl.measure.workload import load_prompts, tokenizer_of
 
     tok = tokenizer_of(str(TRAINED / "target"))
     prompts = load_prompts("builtin:short", tok, count=16, max_tokens=64, max_model_len=1024, k=3, seed=0).prompts
@@ -67,7 +67,7 @@ def overhead(python: str) -> None:
 
 
 def table(ks: tuple[int, ...]) -> None:
-    from eaglectl.smoke import parse_baselines, smoke
+    from eaglectl.commands.smoke.command import parse_baselines, smoke
 
     base = parse_baselines(f"{TRAINED / 'eagle3.1'},draft_model:{TRAINED / 'vanilla-draft'},ngram,none")
     names = ["EAGLE-3", "EAGLE-3.1", "vanilla draft", "ngram"]

@@ -36,12 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from eaglectl.convert import run as convert  # noqa: E402
-from eaglectl.smoke import Baseline  # noqa: E402
-from eaglectl.smoke import run as smoke  # noqa: E402
-from eaglectl.upgrade import INITS  # noqa: E402
-from eaglectl.upgrade import run as upgrade  # noqa: E402
-from eaglectl.workload import heldout_prompts, tokenizer_of  # noqa: E402
+from eaglectl.commands.convert.command import run as convert  # noqa: E402
+from eaglectl.commands.smoke.command import Baseline  # noqa: E402
+from eaglectl.commands.smoke.command import run as smoke  # noqa: E402
+from eaglectl.commands.upgrade.command import INITS  # noqa: E402
+from eaglectl.commands.upgrade.command import run as upgrade  # noqa: E402
+from eaglectl.measure.workload import heldout_prompts, tokenizer_of  # noqa: E402
 
 TRAINED = ROOT / "fixtures" / "trained"
 WORK = ROOT / "benchmarks" / "_work"

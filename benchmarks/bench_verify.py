@@ -68,7 +68,7 @@ def build(folder: Path, H: int, I: int, NH: int, NKV: int, V: int, VD: int) -> N
         "tie_word_embeddings": False}))
 
 
-VERIFY = ("from eaglectl.cli import main\n"
+VERIFY = ("from eaglectl.cli.app import main\n"
           "sys.argv = ['eaglectl', 'verify', sys.argv[1], '--tokens', '128', '--steps', '3', '--json']\n"
           "main()\n")
 
@@ -76,8 +76,8 @@ VERIFY = ("from eaglectl.cli import main\n"
 def split(folder: Path) -> dict[str, float]:
     import torch
 
-    from eaglectl import verify as parity
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
+    from eaglectl.commands import verify as parity
     from eaglectl.model.loader import load_reference
 
     times = {}

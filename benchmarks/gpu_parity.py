@@ -68,7 +68,7 @@ def main() -> int:
 
     import torch
 
-    from eaglectl.verify import run as verify
+    from eaglectl.commands.verify import run as verify
 
     sources = [] if args.skip_parity else [p for p in sorted((ROOT / "fixtures" / "drafters").iterdir())
                                            if p.name not in ("modelopt-mla", "eagle-3-bin")]
@@ -148,10 +148,10 @@ def _ids_in(line: str | None) -> list[int] | None:
 def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max_tokens: int) -> dict:
     """Three drafters served by real vLLM with Model Runner V2 (one process each), against eaglectl's V2
     prediction (the reference loop on V2's reading, same prompts)."""
-    from eaglectl.convert import run as convert
+    from eaglectl.commands.convert.command import run as convert
+    from eaglectl.commands.smoke.command import run as smoke
+    from eaglectl.commands.upgrade.command import run as upgrade
     from eaglectl.errors import EaglectlError
-    from eaglectl.smoke import run as smoke
-    from eaglectl.upgrade import run as upgrade
 
     target = ROOT / "fixtures" / "trained" / "target"
     base = work / "runners"
@@ -168,7 +168,7 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
         made[name] = dest
     print(f"runner check: drafters written in {time.perf_counter() - t:.1f} s", flush=True)
     # every runner reading in one vLLM import (cached on disk: the smoke runs below read the cache)
-    from eaglectl.runners import Request, read_batch
+    from eaglectl.engines.runners import Request, read_batch
 
     t = time.perf_counter()
     asked = read_batch([Request(str(f), json.loads((f / "config.json").read_text()), 8, str(target))
@@ -250,9 +250,9 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
 def vllm_fp8(work: Path) -> list[dict]:
     """VLLM FP8 SERVING: vLLM's FP8 paths need a GPU. Smoke under real vLLM (bf16 activations, greedy, k=3)
     for the bf16 source, the FP8 fixture as stored (speculators format) and converted to `modelopt`."""
-    from eaglectl.convert import run as convert
+    from eaglectl.commands.convert.command import run as convert
+    from eaglectl.commands.smoke.command import run as smoke
     from eaglectl.errors import EaglectlError
-    from eaglectl.smoke import run as smoke
 
     trained = ROOT / "fixtures" / "trained"
     fp8 = ROOT / "fixtures" / "drafters" / "speculators-fp8"

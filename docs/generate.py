@@ -21,9 +21,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from eaglectl import errors  # noqa: E402
-from eaglectl.cli import cli  # noqa: E402
-from eaglectl.docs_data import dialect_rows  # noqa: E402
-from eaglectl.engines import AUX_READINGS, CLIENTS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
+from eaglectl.cli.app import cli  # noqa: E402
+from eaglectl.cli.docs_data import dialect_rows  # noqa: E402
+from eaglectl.engines.facts import AUX_READINGS, CLIENTS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
 from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
@@ -92,7 +92,7 @@ def formats_page() -> str:
 def engines_page() -> str:
     out = [BANNER, "# What engines do with a drafter's files\n\n",
            "Engines changed how they read a checkpoint over time, so these facts carry the version (or the change "
-           "and its date) they hold from. The table lives in `eaglectl/engines.py`; `inspect --target` checks the "
+           "and its date) they hold from. The table lives in `eaglectl/engines/facts.py`; `inspect --target` checks the "
            "measured layers against the reading of the engine that serves each dialect, `convert --target` checks "
            "its output under that reading, and `smoke` finds which reading vLLM actually ran. eaglectl's checks "
            f"are pinned to vLLM {REFERENCE['vllm']}.\n\n",
@@ -121,7 +121,7 @@ def engines_page() -> str:
             out.append(f"| `{d['id']}` | {path} | {f['convention']} |\n")
     out.append("\n## runners\n\nvLLM carries two model runners, and they choose an EAGLE-3 drafter's target layers "
                "with different code. eaglectl asks that code itself where a vLLM interpreter is at hand "
-               "(`eaglectl/runners.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
+               "(`eaglectl/engines/runners.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
                "runner's selection run on a stand-in target of the right depth, the draft model class built on the "
                "meta device); elsewhere it uses these tables, and its readings say `assumed`. A CI test asks vLLM "
                "for every fixture and published layout and checks the tables give exactly the same "
@@ -131,7 +131,7 @@ def engines_page() -> str:
                "| when | runner | note |\n|---|---|---|\n")
     for when, runner, note in RUNNER_CHOICE:
         out.append(f"| {_cell(when)} | {runner} | {_cell(note)} |\n")
-    from eaglectl.runner_smoke import SERVING_OPTIONS
+    from eaglectl.commands.smoke.runner import SERVING_OPTIONS
 
     out.append("\n`smoke` measures each runner on its own reading (`--runner v1|v2|both`, "
                "[smoke.md](smoke.md#runners)): without a GPU vLLM runs V1, so V2 is emulated on the V1 runner by a "
@@ -181,7 +181,7 @@ def engines_page() -> str:
                "in its own interpreter and run by `tests/test_clients.py` with its own loader and its own forward pass "
                "([ci.md](ci.md#client-libraries)). The forward column is the largest |logits difference| against "
                "eaglectl's reference drafter in fp32, on the same real target states and token ids, per draft step "
-               "(the fp32 tolerance is rtol = atol = 1e-4); the table lives in `eaglectl/engines.py` (`CLIENTS`).\n\n"
+               "(the fp32 tolerance is rtol = atol = 1e-4); the table lives in `eaglectl/engines/facts.py` (`CLIENTS`).\n\n"
                "| client | dialect | outputs | loads | forward: max abs Δ logits per step | differences |\n"
                "|---|---|---|---|---|---|\n")
     for c in CLIENTS:

@@ -3,7 +3,7 @@
 
 import sys
 
-from .interrupts import install
+from .cli.interrupts import install
 
 STOPPED = {130: "interrupted (Ctrl-C)", 143: "terminated (SIGTERM)"}
 
@@ -16,7 +16,7 @@ def _stop(code: int) -> None:
 def run() -> None:
     install(sigterm=lambda signum, frame: _stop(143))
     try:
-        from .cli import main
+        from .cli.app import main
     except KeyboardInterrupt:  # only where no import was under way to defer it to
         _stop(130)
     main()

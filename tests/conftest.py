@@ -79,7 +79,7 @@ def runner() -> CliRunner:
 @pytest.fixture
 def invoke(runner):
     """Run the CLI in-process; returns the click Result (stdout and stderr kept apart)."""
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     def run(*args: str):
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglectl import inspection as inspect
+from eaglectl.commands import inspect as inspect
 from eaglectl.errors import EaglectlError
 from eaglectl.progress import passthrough
 
@@ -162,7 +162,7 @@ def render(result: Any) -> None:
 
     from rich.console import Console
 
-    from eaglectl import console, views
+    from eaglectl.cli import console, views
 
     json.dumps(result.to_json(), default=str).encode("utf-8")
     saved = console.stdout
@@ -307,7 +307,7 @@ def read_dump(path: Path) -> dict[str, tuple[str, Any]]:
 
 def make_capture(out: Path, num_prompts: int = 2, length: int = 32) -> Path:
     """A small valid capture of the trained fixture target (HF engine, boundaries 0..8): what the fuzzer mutates."""
-    from eaglectl import capture
+    from eaglectl.commands import capture
 
     capture.run(str(TRAINED_TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=num_prompts,
                 length=length)
@@ -480,7 +480,9 @@ CONSUMER_WEIGHTS = (4, 3, 3, 2, 1)
 
 def consume(name: str, case: Path, work: Path) -> Any:
     """Run one --states consumer on a capture, as the CLI would (its library entry point)."""
-    from eaglectl import drift, inspection as inspect, upgrade, verify
+    from eaglectl.commands import drift, verify
+    from eaglectl.commands import inspect as inspect
+    from eaglectl.commands.upgrade import command as upgrade
 
     drafter = str(TRAINED / "eagle3")
     if name == "verify":
@@ -510,7 +512,7 @@ def render_with(result: Any, renderer: str) -> None:
 
     from rich.console import Console
 
-    from eaglectl import console, views
+    from eaglectl.cli import console, views
 
     json.dumps(result.to_json(), default=str).encode("utf-8")
     saved = console.stdout
@@ -545,9 +547,9 @@ class Parts:
     run. The full commands (`consume`) run on a share of the cases."""
 
     def __init__(self) -> None:
-        from eaglectl.drafter import open_drafter
+        from eaglectl.checkpoint.drafter import open_drafter
+        from eaglectl.commands.drift import PROTOCOLS
         from eaglectl.model.loader import load_reference
-        from eaglectl.drift import PROTOCOLS
 
         self.eagle3 = load_reference(open_drafter(str(TRAINED / "eagle3")))
         self.no_table = load_reference(open_drafter(str(TRAINED / "eagle3.1")))  # ships no embedding: reads boundary 0
@@ -556,8 +558,10 @@ class Parts:
     def run(self, name: str, case: Path) -> Any:
         import numpy as np
 
-        from eaglectl import calibration, drift, probe, upgrade, verify
+        from eaglectl.commands import drift, verify
+        from eaglectl.commands.upgrade import command as upgrade
         from eaglectl.io.states import open_states
+        from eaglectl.measure import calibration, probe
 
         st = open_states(str(case))
         d = self.eagle3
@@ -766,7 +770,7 @@ def write_prompt_case(path: Path, rng: random.Random) -> str:
 def fuzz_prompt_files(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
     """`cases` hostile prompt files through the workload reader (smoke's, capture's and drift's), with a plain
     tokenizer, a chat one (template that may raise) or none."""
-    from eaglectl import workload
+    from eaglectl.measure import workload
 
     rng = random.Random(seed)
     rep = FuzzReport()
@@ -844,7 +848,7 @@ def fuzz_manifests(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
 
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     rng = random.Random(seed)
     rep = FuzzReport()
@@ -1162,7 +1166,8 @@ class HostileServer:
 def fuzz_server(work: Path, *, cases: int, seed: int = 0, timeout_s: float = 0.2) -> FuzzReport:
     """`cases` runs of smoke --server and capture --engine server against a local server with one hostile reply
     each (or a bad URL); the reply cap is lowered to 1 MiB here so oversized replies are quick to send."""
-    from eaglectl import capture, server_smoke
+    from eaglectl.commands import capture
+    from eaglectl.commands.smoke import server as server_smoke
     from eaglectl.limits import LIMITS, Limit
 
     rng = random.Random(seed)
@@ -1544,7 +1549,7 @@ class GGUFFuzzReport(FuzzReport):
 
 def gguf_seed(work: Path) -> Path:
     """eaglectl's GGUF output of the trained EAGLE-3 fixture (the fuzzers' seed)."""
-    from eaglectl import convert
+    from eaglectl.commands.convert import command as convert
 
     out = work / "seed"
     convert.run(str(TRAINED / "eagle3"), str(out), "gguf", target=str(TRAINED_TARGET), measure=False)
@@ -1556,7 +1561,7 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
     """`cases` mutated GGUF files through inspect (a share with --scan) and convert (to speculators, streaming the
     tensors); up to `llama_sample` of the cases that exit 0 are then loaded by llama.cpp (where installed), each in
     its own process: a refusal of their structure or tensor ranges (or an abort) is a bug here."""
-    from eaglectl import convert
+    from eaglectl.commands.convert import command as convert
 
     rng = random.Random(seed)
     rep = GGUFFuzzReport()

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from eaglectl import calibration, capture, probe, upgrade
-from eaglectl.drafter import open_drafter
-from eaglectl.target import Target
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands import capture
+from eaglectl.commands.upgrade import command as upgrade
 from eaglectl.io.states import open_states
+from eaglectl.measure import calibration, probe
+from eaglectl.measure.target import Target
 from eaglectl.model.hf import forward, load_model
 
 from .conftest import ROOT, vllm_server

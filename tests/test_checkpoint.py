@@ -15,14 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eaglectl.errors import CheckpointNotFoundError, CorruptCheckpointError, OutputExistsError, PickleNotAllowedError
 from eaglectl.io.atomic import remove_stale_staging, staged_output
 from eaglectl.io.checkpoint import open_checkpoint
-from eaglectl.errors import (
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    OutputExistsError,
-    PickleNotAllowedError,
-)
 
 from .conftest import CORRUPT, DRAFTERS, ROOT
 

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from eaglectl import errors, formats
-from eaglectl.cli import cli
-from eaglectl.inspection import run as inspect_checkpoint
+from eaglectl.cli.app import cli
+from eaglectl.commands.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import DRAFTERS, ROOT
@@ -122,9 +122,9 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 
 
 def test_convert_and_upgrade_json_keys_are_documented(tmp_path):
-    from eaglectl.convert import execute, plan_conversion
-    from eaglectl.drafter import open_drafter
-    from eaglectl.upgrade import run as upgrade
+    from eaglectl.checkpoint.drafter import open_drafter
+    from eaglectl.commands.convert.command import execute, plan_conversion
+    from eaglectl.commands.upgrade.command import run as upgrade
 
     src = open_drafter(str(DRAFTERS / "speculators-3"))
     doc = execute(plan_conversion(src, tmp_path / "c", "modelopt"), src).to_json()

@@ -24,11 +24,11 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from eaglectl.cli import cli as eaglectl_cli
-from eaglectl.drafter import open_drafter
-from eaglectl.model.loader import load_reference
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.cli.app import cli as eaglectl_cli
+from eaglectl.commands.verify import TOLERANCES
 from eaglectl.model.hf import forward, load_model
-from eaglectl.verify import TOLERANCES
+from eaglectl.model.loader import load_reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.clients]
 

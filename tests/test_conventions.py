@@ -14,7 +14,7 @@ import time
 import click
 import pytest
 
-from eaglectl.cli import cli
+from eaglectl.cli.app import cli
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, ROOT, TARGET
 
@@ -147,21 +147,21 @@ def test_json_prints_the_envelope_under_sigterm_and_ctrl_c(tmp_path, sig, code, 
 
 
 def test_an_interrupt_mid_command_and_mid_write_prints_one_envelope(invoke, tmp_path, monkeypatch):
-    import eaglectl.inspection
+    import eaglectl.commands.inspect
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(eaglectl.inspection, "run", interrupted)
+    monkeypatch.setattr(eaglectl.commands.inspect, "run", interrupted)
     r = invoke("inspect", DRAFTERS / "speculators-3", "--json")
     assert r.exit_code == 130 and json.loads(r.stdout)["error"]["reference"] == "interrupted"
     monkeypatch.undo()
-    import eaglectl.convert
+    import eaglectl.commands.convert.command
 
     def terminated(*a, **k):  # what io/atomic.py's SIGTERM handler raises inside a staged write
         raise SystemExit(143)
 
-    monkeypatch.setattr(eaglectl.convert, "write_safetensors", terminated)
+    monkeypatch.setattr(eaglectl.commands.convert.command, "write_safetensors", terminated)
     r = invoke("convert", DRAFTERS / "speculators-3", tmp_path / "o", "--to", "modelopt", "--json")
     doc = json.loads(r.stdout)
     assert r.exit_code == 143 and doc["error"]["reference"] == "terminated" and not (tmp_path / "o").exists()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from eaglectl import formats
-from eaglectl.io.checkpoint import open_checkpoint
-from eaglectl.convert import execute, plan_conversion
-from eaglectl.drafter import open_drafter
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.checkpoint.target import open_target
+from eaglectl.commands.convert.command import execute, plan_conversion
+from eaglectl.commands.inspect import run as inspect_checkpoint
+from eaglectl.commands.verify import run as verify
 from eaglectl.errors import ConversionError, FilesystemError
-from eaglectl.inspection import run as inspect_checkpoint
-from eaglectl.target import open_target
-from eaglectl.verify import run as verify
+from eaglectl.io.checkpoint import open_checkpoint
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
 from .helpers import edited
@@ -36,8 +36,8 @@ def convert(src, dest, to, **kw):
 
 def tensors(path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     ck = open_checkpoint(str(path), allow_pickle=True)
+    from eaglectl.checkpoint.drafter import CanonicalView, probe_of
     from eaglectl.formats import detect
-    from eaglectl.drafter import CanonicalView, probe_of
 
     view = CanonicalView(ck, detect(probe_of(ck))[0])
     return {c: (view.info(c).dtype, view.info(c).shape, view.read(c).tobytes()) for c in view.names()}
@@ -347,7 +347,7 @@ def test_existing_destination_needs_force_and_source_is_untouched(invoke, tmp_pa
 
 
 def test_a_failure_while_writing_leaves_nothing(monkeypatch, tmp_path):
-    import eaglectl.convert as conv
+    import eaglectl.commands.convert.command as conv
 
     calls = []
 

@@ -89,7 +89,7 @@ def test_one_perturbed_tensor_is_named_across_dialects(invoke, tmp_path):
 
 
 def test_values_are_streamed_in_row_blocks(invoke, tmp_path, monkeypatch):
-    from eaglectl import diff as diff_mod
+    from eaglectl.commands import diff as diff_mod
 
     monkeypatch.setattr(diff_mod, "BLOCK_BYTES", 64)  # one 32-wide BF16 row per block
     bad = tmp_path / "bad"

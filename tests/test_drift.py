@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from eaglectl import capture, drift, workload
-from eaglectl.drafter import open_drafter
-from eaglectl.model.loader import load_reference
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands import capture, drift
 from eaglectl.io.states import open_states
+from eaglectl.measure import workload
 from eaglectl.model.hf import forward, load_model
+from eaglectl.model.loader import load_reference
 from eaglectl.model.reference import ChainCache, chain_step, prefill
 
 from .conftest import ROOT
@@ -122,7 +123,7 @@ def test_masses_are_proportions_and_self_is_zero_at_depth_zero(fixture_sequence)
 def drift_doc(tmp_path_factory):
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     png = tmp_path_factory.mktemp("plot") / "drift.png"
     res = CliRunner().invoke(cli, ["drift", str(TRAINED / "eagle3"), str(TRAINED / "eagle3.1"), "--target",

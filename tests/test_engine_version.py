@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eaglectl.engines import FEATURES
+from eaglectl.engines.facts import FEATURES
 
 from .conftest import DRAFTERS, FIXTURES, TARGET
 

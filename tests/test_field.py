@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from eaglectl.convert import plan_conversion
-from eaglectl.drafter import open_drafter
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.checkpoint.target import open_target
+from eaglectl.commands.convert.command import plan_conversion
 from eaglectl.formats.families import FAMILIES
 from eaglectl.rules import RULES
 from eaglectl.rules.hazards import TYPED_TEMPLATE_FIELDS, init_match
-from eaglectl.target import open_target
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, ROOT, TARGET
 from .helpers import edited

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from eaglectl.smoke import Baseline
-from eaglectl.smoke import run as smoke
+from eaglectl.commands.smoke.command import Baseline
+from eaglectl.commands.smoke.command import run as smoke
 
 from .conftest import ROOT
 from .helpers import edited, run_json
@@ -80,9 +80,9 @@ def test_the_post_write_check_refuses_a_count_the_engine_would_misread(tmp_path)
     """The backstop behind every conversion: a written config vLLM would build fc wrongly for is refused."""
     import json
 
-    from eaglectl.conversion_write import check_readings
-    from eaglectl.convert import execute, plan_conversion
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
+    from eaglectl.commands.convert.command import execute, plan_conversion
+    from eaglectl.commands.convert.write import check_readings
     from eaglectl.errors import ConversionError
 
     src = open_drafter(str(AUX4))

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eaglectl import formats
-from eaglectl.io.checkpoint import open_checkpoint
-from eaglectl.cli import inspect_cmd
+from eaglectl.checkpoint.drafter import probe_of
+from eaglectl.cli.app import inspect_cmd
 from eaglectl.formats import Probe, Signal
-from eaglectl.drafter import probe_of
+from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.rules.layout import CANONICAL
 
 from .conftest import DRAFTERS, ROOT, TARGET
@@ -111,7 +111,7 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
     """CLI choices, detection, conversion both ways, card lint and the docs table all come from the registry."""
     import sys
 
-    from eaglectl.verify import run as verify
+    from eaglectl.commands.verify import run as verify
 
     formats.register(toy_dialect())
     try:

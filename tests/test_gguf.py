@@ -65,7 +65,7 @@ def written(tmp_path_factory):
     """Each trained fixture converted once, through the CLI, with the target's default aux ids."""
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     outs = {}
     for name in ("eagle3", "eagle3-output"):
@@ -105,7 +105,7 @@ def test_round_trip_is_bit_identical(written, name):
             assert not np.array_equal(got, _bits(tensor)), canon  # the permutation really moved rows
         # read back through eaglectl (un-permuted) is the source, bit for bit
         assert t.tensor_type.name == "BF16" and tensor.dtype == torch.bfloat16
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
 
     d = open_drafter(str(path))
     g = d.ckpt.files[0].source.gguf
@@ -167,7 +167,7 @@ def test_detection_and_registry(written):
     from eaglectl import formats
 
     assert "gguf" in formats.names() and "gguf" in formats.writable()
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
 
     d = open_drafter(str(written["eagle3"][0]))
     assert d.dialect.name == "gguf" and d.ckpt.layout == "gguf"
@@ -188,7 +188,7 @@ def test_refuses_what_llama_cpp_cannot_load(invoke, tmp_path, source, args, need
 
 
 def test_help_does_not_import_gguf():
-    code = ("import sys\nfrom click.testing import CliRunner\nfrom eaglectl.cli import cli\n"
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom eaglectl.cli.app import cli\n"
             "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0\nprint('gguf' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -389,7 +389,7 @@ def test_a_gguf_with_a_target_never_exits_70(invoke, written, tmp_path, target):
     """Issue 30 item 6: any GGUF with a runnable --target exited 70 (no aux reading for llama.cpp): inspect, check
     and convert now read it as llama.cpp does (boundaries, engines.AUX_READINGS), and convert --to gguf replays the
     written file under that reading. fixtures/target-llama (no tokenizer: not runnable) is another width: findings."""
-    from eaglectl.engines import aux_reading
+    from eaglectl.engines.facts import aux_reading
 
     assert aux_reading("llama.cpp").rule == "boundary"
     path, _ = written["eagle3"]

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from eaglectl.cli import COMMAND_ORDER, cli
-from eaglectl.cli_params import PATH_PARAMS
+from eaglectl.cli.app import COMMAND_ORDER, cli
+from eaglectl.cli.params import PATH_PARAMS
 
 from .conftest import FIXTURES
 

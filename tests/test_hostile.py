@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from eaglectl import calibration
 from eaglectl.errors import InvalidStatesError
+from eaglectl.measure import calibration
 
 from .conftest import ROOT
 from .fuzzing import (
@@ -96,7 +96,7 @@ def test_capture_json_fields_are_typed(small_capture, tmp_path, invoke):
 
 def test_a_huge_token_id_never_sizes_an_array(small_capture, tmp_path):
     """drift --states once sized a lookup table by the largest token id (numpy.full of 2**62 entries)."""
-    from eaglectl import drift
+    from eaglectl.commands import drift
 
     cap = _copy(small_capture, tmp_path / "huge")
     meta = json.loads((cap / "capture.json").read_text())
@@ -318,7 +318,7 @@ def test_a_calibration_text_that_is_no_regular_file_or_too_big_is_refused(tmp_pa
 
 def test_a_prompt_too_long_for_max_model_len_is_refused_before_tokenizing(tmp_path, invoke, monkeypatch):
     """A 5 MB prompt line was tokenized (1.2-1.4 GB) before its length was checked."""
-    from eaglectl import workload
+    from eaglectl.measure import workload
 
     def never(*args, **kwargs):
         raise AssertionError("tokenized")

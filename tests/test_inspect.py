@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from eaglectl.inspection import run as inspect_checkpoint
+from eaglectl.commands.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
@@ -176,8 +176,8 @@ def test_ambiguous_dialect_asks_for_from(invoke, tmp_path):
 
 
 def test_unknown_dialect(invoke, tmp_path):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"encoder.weight": torch.zeros(2)}, tmp_path / "model.safetensors")
     r = invoke("inspect", tmp_path)
@@ -192,18 +192,18 @@ def test_missing_source(invoke):
 def test_usage_error_is_2(invoke):
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     assert CliRunner().invoke(cli, ["inspect", str(DRAFTERS / "eagle-3"), "--from", "nope"]).exit_code == 2
 
 
 def test_internal_error_is_70_with_debug_hint(monkeypatch, invoke):
-    import eaglectl.inspection
+    import eaglectl.commands.inspect
 
     def boom(*a, **k):
         raise ZeroDivisionError("oops")
 
-    monkeypatch.setattr(eaglectl.inspection, "run", boom)
+    monkeypatch.setattr(eaglectl.commands.inspect, "run", boom)
     r = invoke("inspect", DRAFTERS / "eagle-3")
     assert r.exit_code == 70 and "EAGLECTL_DEBUG" in r.stderr and "Traceback" not in r.stderr
 
@@ -301,7 +301,7 @@ def test_target_without_weights_still_checks_config(invoke, tmp_path):
 def test_header_only_inspect_does_not_import_torch():
     code = (
         "import sys\n"
-        "from eaglectl.cli import cli\n"
+        "from eaglectl.cli.app import cli\n"
         f"try:\n    cli(['inspect', {str(DRAFTERS / 'speculators-3.1')!r}, '--target', {str(TARGET)!r}, '--json'])\n"
         "except SystemExit as e:\n    assert e.code == 0, e.code\n"
         "heavy = [m for m in ('torch', 'safetensors.torch', 'transformers', 'vllm') if m in sys.modules]\n"
@@ -311,7 +311,7 @@ def test_header_only_inspect_does_not_import_torch():
 
 
 def test_help_does_not_import_torch():
-    code = "import sys\nfrom eaglectl.cli import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules"
+    code = "import sys\nfrom eaglectl.cli.app import cli\ntry:\n    cli(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, capture_output=True)
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from eaglectl import __version__
-from eaglectl.cli import cli
+from eaglectl.cli.app import cli
 
 from .conftest import FIXTURES, ROOT
 

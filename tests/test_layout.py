@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from eaglectl import report
-from eaglectl.layout import grid, short_path
+from eaglectl.cli import report
+from eaglectl.text import grid, short_path
 
 from .conftest import FIXTURES, ROOT
 
@@ -140,7 +140,7 @@ def _one_line(command, lines):
 
 def _printed(doc):
     """Every command a JSON document holds (finding hints, the serve line, rule fixes)."""
-    from eaglectl.layout import COMMAND
+    from eaglectl.text import COMMAND
 
     texts = [f.get("hint") for f in doc.get("findings", []) if f.get("severity") != "info"]  # info is hidden
     texts += [r.get("hint") for r in doc.get("rules", [])]
@@ -177,7 +177,7 @@ def test_the_rule_catalogue_prints_each_fix_command_whole(invoke, width):
 
 
 def test_messages_keep_a_minimum_width_and_identifiers_stack():
-    from eaglectl.layout import MIN_PROSE
+    from eaglectl.text import MIN_PROSE
 
     where = "fixtures/drafters/specforge-3.1/config.json:speculators_config.verifier.name_or_path"
     rows = [("warning", "specforge-norm-output-window", where, "word " * 30)]
@@ -192,7 +192,7 @@ def test_messages_keep_a_minimum_width_and_identifiers_stack():
 
 
 def test_a_command_in_prose_is_one_unit():
-    from eaglectl.layout import wrap_words
+    from eaglectl.text import wrap_words
 
     fix = ("for vLLM: eaglectl convert fixtures/drafters/specforge-3.1 DEST --to speculators --target "
            "fixtures/target-llama (translates them)")

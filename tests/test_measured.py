@@ -11,15 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglectl import convert, formats, inspection as inspect
-from eaglectl.drafter import open_drafter
+from eaglectl import formats
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands import inspect as inspect
+from eaglectl.commands.convert import command as convert
+from eaglectl.commands.smoke.command import run as smoke
+from eaglectl.measure.probe import measure
+from eaglectl.measure.reading import engine_reading
+from eaglectl.measure.target import Target
+from eaglectl.measure.workload import heldout_prompts
 from eaglectl.model.loader import load_reference
 from eaglectl.model.specloop import speculative_generate
-from eaglectl.probe import measure
-from eaglectl.reading import engine_reading
-from eaglectl.smoke import run as smoke
-from eaglectl.target import Target
-from eaglectl.workload import heldout_prompts
 
 from .conftest import ROOT
 from .helpers import edited, run_json

@@ -12,14 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglectl.convert import run as convert
-from eaglectl.drafter import open_drafter
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands.convert.command import run as convert
+from eaglectl.commands.inspect import run as inspect_checkpoint
+from eaglectl.commands.upgrade.command import run as upgrade
+from eaglectl.commands.verify import run as verify
 from eaglectl.errors import ConversionError
-from eaglectl.inspection import run as inspect_checkpoint
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.model.loader import load_reference
-from eaglectl.upgrade import run as upgrade
-from eaglectl.verify import run as verify
 
 from .conftest import ROOT
 from .helpers import edited
@@ -274,8 +274,8 @@ def test_trained_mla_verify_with_target_and_upgrade_calibration(invoke, tmp_path
 def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path, vllm_py):
     """vLLM's Eagle3DeepseekV2ForCausalLM (CPU_MLA backend, DeepSeek YaRN, fc_norm, norm_output) drafts
     exactly what the reference loop drafts: the committed counts, as shipped and after a conversion."""
-    from eaglectl.smoke import Baseline
-    from eaglectl.smoke import run as smoke
+    from eaglectl.commands.smoke.command import Baseline
+    from eaglectl.commands.smoke.command import run as smoke
 
     from .test_smoke import COUNTS, EXPECTED
 

@@ -9,13 +9,13 @@ import time
 import pytest
 import torch
 
-from eaglectl import loads
-from eaglectl.drafter import open_drafter
+from eaglectl import counters as loads
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.measure.target import Target
+from eaglectl.measure.workload import heldout_prompts
 from eaglectl.model.loader import load_reference
 from eaglectl.model.replay import replay
 from eaglectl.model.specloop import speculative_generate
-from eaglectl.target import Target
-from eaglectl.workload import heldout_prompts
 
 from .conftest import ROOT
 

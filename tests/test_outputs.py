@@ -151,7 +151,7 @@ def test_capture_out_never_lands_in_the_target_or_the_drafter(invoke, tmp_path, 
 def test_a_server_never_moves_a_dump_outside_its_storage_folder(tmp_path):
     """`capture --engine server`: a reply naming an earlier capture's dump (same tokens) is refused and the file
     stays; a dump in the storage folder is moved into OUT."""
-    from eaglectl import capture
+    from eaglectl.commands import capture
     from eaglectl.errors import CaptureFailedError
     from eaglectl.progress import passthrough
 

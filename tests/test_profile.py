@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eaglectl import profile as sp
+from eaglectl.checkpoint import speculation_profile as sp
 
 from .conftest import ROOT
 from .helpers import edited

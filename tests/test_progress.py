@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from eaglectl import report
-from eaglectl.smoke import WorkerRun, _configs_done
+from eaglectl.cli import report
+from eaglectl.commands.smoke.command import WorkerRun, _configs_done
 
 from .conftest import ROOT
 

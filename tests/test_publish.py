@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from eaglectl.publish import is_local_path, local_paths, public_name, public_value, upload_files
+from eaglectl.checkpoint.publish import is_local_path, local_paths, public_name, public_value, upload_files
 
 from .conftest import DRAFTERS, FIXTURES, ROOT, TARGET
 from .helpers import edited
@@ -302,7 +302,7 @@ def test_the_upload_walk_is_bounded(tmp_path, monkeypatch):
 def test_check_reads_a_deep_json_and_a_huge_profile_number_without_an_internal_error(invoke, tmp_path):
     """A *.json nested 100,000 deep once crashed the publish stage (RecursionError, exit 70), and a 400-digit
     mean_accept_length_per_request the card (OverflowError formatting it, exit 70)."""
-    from eaglectl import profile as sp
+    from eaglectl.checkpoint import speculation_profile as sp
 
     from .test_profile import _doc
 
@@ -342,7 +342,7 @@ def test_a_card_over_its_limit_is_refused_and_not_read(invoke, tmp_path, monkeyp
 @pytest.mark.parametrize("target", ["fifo", "/dev/zero", "big"])
 def test_a_profile_that_is_no_regular_file_or_too_big_is_refused_unread(tmp_path, monkeypatch, target):
     """A 3 GB speculation_profile.json once used 3.3 GB (read whole); /dev/zero would never end."""
-    from eaglectl import profile as sp
+    from eaglectl.checkpoint import speculation_profile as sp
     from eaglectl.errors import CorruptCheckpointError
     from eaglectl.limits import limit
 

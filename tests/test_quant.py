@@ -11,7 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eaglectl import formats
-from eaglectl.drafter import open_drafter
+from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.io.quant import excluded, layout_of, rewrite_entries, vllm_module
 from eaglectl.model.loader import load_reference
 

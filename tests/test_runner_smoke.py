@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from eaglectl import runner_smoke
-from eaglectl.drafter import open_drafter
-from eaglectl.runners import table_readings
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands.smoke import runner as runner_smoke
+from eaglectl.engines.runners import table_readings
 
 from .conftest import ROOT
 
@@ -184,8 +184,8 @@ def test_no_split_runs_one_runner_quietly(invoke):
 @pytest.mark.slow
 def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path, vllm_py):
     """One worker run: V1 and V2 (emulated: the staged copy) of the split drafter, and a copy pinned by hand."""
-    from eaglectl.smoke import Baseline
-    from eaglectl.smoke import run as smoke
+    from eaglectl.commands.smoke.command import Baseline
+    from eaglectl.commands.smoke.command import run as smoke
 
     from .test_smoke import EXPECTED
 

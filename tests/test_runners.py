@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglectl import runners
-from eaglectl.engines import RUNNERS
-from eaglectl.runners import Request, read_batch, select, table_readings, vllm_view
+from eaglectl.engines import runners
+from eaglectl.engines.facts import RUNNERS
+from eaglectl.engines.runners import Request, read_batch, select, table_readings, vllm_view
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
 from .helpers import edited

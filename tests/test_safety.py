@@ -165,7 +165,7 @@ def test_outputs_follow_the_umask(invoke, tmp_path):
 
 
 def test_a_source_that_changes_during_the_run_fails_it(invoke, tmp_path, monkeypatch):
-    import eaglectl.convert as conv
+    import eaglectl.commands.convert.command as conv
 
     src = source(tmp_path)
     real = conv.write_safetensors

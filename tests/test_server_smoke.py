@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglectl.server_smoke import parse_metrics
+from eaglectl.commands.smoke.server import parse_metrics
 
 from .conftest import FIXTURES, free_port, vllm_server
 

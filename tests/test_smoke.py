@@ -13,12 +13,12 @@ import os
 
 import pytest
 
-from eaglectl import convert
-from eaglectl.convert import execute, plan_conversion
-from eaglectl.drafter import open_drafter
-from eaglectl.target import open_target
-from eaglectl.smoke import Baseline, parse_baselines
-from eaglectl.smoke import run as smoke
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.checkpoint.target import open_target
+from eaglectl.commands.convert import command as convert
+from eaglectl.commands.convert.command import execute, plan_conversion
+from eaglectl.commands.smoke.command import Baseline, parse_baselines
+from eaglectl.commands.smoke.command import run as smoke
 
 from .conftest import ROOT, vllm_python  # noqa: F401 (vllm_python: read from here by other tests)
 from .helpers import edited
@@ -56,7 +56,7 @@ def test_reference_loop_reproduces_the_committed_counts(case):
 
 
 def test_trained_fixtures_are_clean():
-    from eaglectl.inspection import run as inspect_checkpoint
+    from eaglectl.commands.inspect import run as inspect_checkpoint
 
     for name in ("eagle3", "eagle3.1"):
         rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))
@@ -138,7 +138,7 @@ def test_vllm_counts_equal_the_reference_loop_exactly(parity_drafters, tmp_path,
     """One vLLM worker for every parity drafter; the same run writes the speculation profile of vLLM's counters
     (its checks are test_profile's: the profile's numbers are the headline counts, which the context-length groups
     do not change)."""
-    from eaglectl import profile as sp
+    from eaglectl.checkpoint import speculation_profile as sp
 
     python = vllm_py
     names = list(parity_drafters)
@@ -195,7 +195,7 @@ def test_vllm_reading_other_layers_is_a_red_flag(tmp_path, vllm_py, vllm_default
 
 def test_local_paths_reach_the_engine_absolute(monkeypatch):
     """The vLLM worker runs in a scratch folder: a relative folder would be read there as a Hub id."""
-    from eaglectl.smoke import engine_path, speculative_config
+    from eaglectl.commands.smoke.command import engine_path, speculative_config
 
     monkeypatch.chdir(ROOT)
     rel = "fixtures/trained/target"

@@ -12,9 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglectl.drafter import open_drafter
-from eaglectl.model.loader import load_reference
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.measure.workload import load_prompts, tokenizer_of
 from eaglectl.model.hf import HFModel, croppable, forward, load_model, new_cache
+from eaglectl.model.loader import load_reference
 from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step, prefill
 from eaglectl.model.specloop import (
     PREFILL_ROWS,
@@ -24,7 +25,6 @@ from eaglectl.model.specloop import (
     greedy_generate,
     speculative_generate,
 )
-from eaglectl.workload import load_prompts, tokenizer_of
 
 from .conftest import ROOT
 

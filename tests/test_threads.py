@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from eaglectl import threads
+from eaglectl.commands.smoke.command import WorkerRun
+from eaglectl.engines.process_group import group_members
 from eaglectl.errors import SmokeFailedError
-from eaglectl.processes import group_members
-from eaglectl.smoke import WorkerRun
 
 from .conftest import ROOT
 
@@ -24,7 +24,7 @@ import json, os, sys
 if sys.argv[1] != "all":
     os.sched_setaffinity(0, {int(sys.argv[1])})
 from click.testing import CliRunner
-from eaglectl.cli import cli
+from eaglectl.cli.app import cli
 assert "torch" not in sys.modules
 r = CliRunner().invoke(cli, ["rules", "fc-norm-weights-without-flag"])
 assert r.exit_code == 0, r.output
@@ -158,7 +158,7 @@ def test_a_worker_that_exits_leaves_no_child_running(tmp_path):
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_a_timeout_while_vllm_loads_leaves_no_engine_behind(vllm_py, vllm_default_processes):
     """vLLM's EngineCore (and its worker) are children of our worker: the timeout must end them too."""
-    from eaglectl.smoke import engine_path
+    from eaglectl.commands.smoke.command import engine_path
 
     from .test_smoke import TARGET
 

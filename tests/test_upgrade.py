@@ -7,17 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from eaglectl.io.checkpoint import open_checkpoint
+from eaglectl.commands.inspect import run as inspect_checkpoint
+from eaglectl.commands.upgrade.command import run as upgrade
 from eaglectl.errors import ConversionError
-from eaglectl.inspection import run as inspect_checkpoint
-from eaglectl.upgrade import run as upgrade
+from eaglectl.io.checkpoint import open_checkpoint
 
 from .conftest import DRAFTERS, TARGET
 
 
 def _canonical_tensors(path):
+    from eaglectl.checkpoint.drafter import CanonicalView, probe_of
     from eaglectl.formats import detect
-    from eaglectl.drafter import CanonicalView, probe_of
 
     ck = open_checkpoint(str(path))
     view = CanonicalView(ck, detect(probe_of(ck))[0])
@@ -134,7 +134,7 @@ TRAINED_TARGET = TRAINED / "target"
 
 def _prompt_file(tmp_path, count=6, length=48, seed=41):
     """Prompts the tool never ranks, fits or calibrates on (held-out code windows at another seed)."""
-    from eaglectl.workload import heldout_prompts, tokenizer_of
+    from eaglectl.measure.workload import heldout_prompts, tokenizer_of
 
     path = tmp_path / "prompts.jsonl"
     ps = heldout_prompts(tokenizer_of(str(TRAINED_TARGET)), count, length, seed=seed)
@@ -223,11 +223,11 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
     fit_fc); the kept parameters never have a worse held-out loss than the start."""
     import torch
 
-    from eaglectl import fitting
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
+    from eaglectl.commands.upgrade import fitting
+    from eaglectl.measure.target import Target
+    from eaglectl.measure.workload import heldout_prompts
     from eaglectl.model.loader import load_reference
-    from eaglectl.target import Target
-    from eaglectl.workload import heldout_prompts
 
     t = Target.open(str(TRAINED_TARGET))
     loaded = load_reference(open_drafter(str(TRAINED / "eagle3")))
@@ -255,7 +255,7 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
 def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path, vllm_py):
     """`upgrade --prompts P` then real vLLM on DEST with P: the AL after the upgrade that upgrade printed is
     vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
-    from eaglectl.smoke import run as smoke
+    from eaglectl.commands.smoke.command import run as smoke
 
     python = vllm_py
     prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)

@@ -20,7 +20,7 @@ def upgrades(tmp_path_factory):
     """Each flag set x (--to speculators with the target, the default init | --to specforge without)."""
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     root, out = tmp_path_factory.mktemp("verdict"), {}
     for label, flags in FLAG_SETS.items():
@@ -131,7 +131,8 @@ def test_serve_line_withheld_until_the_printed_fix_ran(invoke, tmp_path, name, t
 
 
 def test_the_card_withholds_it_too(tmp_path):
-    from eaglectl import card, inspection as inspect
+    from eaglectl.commands import card
+    from eaglectl.commands import inspect as inspect
 
     rep = inspect.run(str(TRAINED / "eagle3-output"))
     assert "vllm serve" not in card._serve(rep, None) and "eaglectl convert" in card._serve(rep, None)
@@ -178,7 +179,7 @@ def test_upgrade_to_specforge_trusts_its_own_norm_output(invoke, tmp_path):
 
 
 def test_mla_fix_for_vllm_names_a_dialect_that_holds_mla():
-    from eaglectl.drafter import open_drafter
+    from eaglectl.checkpoint.drafter import open_drafter
     from eaglectl.rules import hint_values
 
     v = hint_values(open_drafter(str(FIXTURES / "drafters" / "modelopt-mla")))
@@ -211,8 +212,8 @@ def _target_for(path) -> str:
 def _first_fix(doc: dict) -> tuple[str, str] | None:
     """The first counting finding whose fix is an eaglectl command that writes DEST; None when the first counting
     finding is an error no conversion repairs (its fix is not a command: the chain ends there)."""
-    from eaglectl.layout import COMMAND
     from eaglectl.rules import RULES
+    from eaglectl.text import COMMAND
 
     first = next((f for f in doc["findings"] if f["severity"] in ("error", "warning")), None)
     if first is not None and first["severity"] == "error" and not RULES[first["rule_id"]].repaired_by_convert:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eaglectl.commands.verify import run as verify
 from eaglectl.model.hf import forward, load_model
-from eaglectl.verify import run as verify
 
 from .conftest import DRAFTERS, ROOT, TARGET
 from .helpers import edited, same_weights

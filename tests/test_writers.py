@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from eaglectl import convert, formats, runners
-from eaglectl.drafter import open_drafter
+from eaglectl import formats
+from eaglectl.checkpoint.drafter import open_drafter
+from eaglectl.commands.convert import command as convert
+from eaglectl.engines import runners
+from eaglectl.engines.runners import Request, read_batch
 from eaglectl.errors import ConversionError
-from eaglectl.runners import Request, read_batch
 
 from .conftest import FIXTURES
 from .helpers import edited
@@ -44,7 +46,7 @@ def written(tmp_path_factory):
     with the measured ids given (--aux-layer-ids), which is what the measured path writes. {(name, dialect): dir}"""
     from click.testing import CliRunner
 
-    from eaglectl.cli import cli
+    from eaglectl.cli.app import cli
 
     root = tmp_path_factory.mktemp("writers")
     out: dict[tuple[str, str], Path] = {}

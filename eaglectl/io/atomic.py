@@ -38,14 +38,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..errors import (
-    ConversionError,
-    FilesystemError,
-    OutputBusyError,
-    OutputExistsError,
-    UsageError,
-    filesystem_error,
-)
+from ..errors import ConversionError, FilesystemError, OutputBusyError, OutputExistsError, UsageError, filesystem_error
 from ..limits import limit
 
 # What --force may replace: the files of a checkpoint folder (and eaglectl's own capture dumps).

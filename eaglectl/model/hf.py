@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import loads
+from .. import counters as loads
 from ..errors import IncompatibleDrafterError, MissingDependencyError
 from ..io.hub import local_snapshot
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import loads
-from ..drafter import DrafterCheckpoint
+from .. import counters as loads
+from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import IncompatibleDrafterError, ReferenceLimitError
 from ..spec import DrafterSpec, layer_index
 from .blocks import MLADims

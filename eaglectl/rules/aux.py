@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ..drafter import AUX_ID_PATHS
+from ..checkpoint.drafter import AUX_ID_PATHS
 from ..limits import limit
 from ..spec import default_aux_ids
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 def _in_vllm_numbering(ctx: Context, lists: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
@@ -88,7 +88,7 @@ def _built(ctx: Context) -> dict[str, int]:
     read on the config (runners.table_readings)."""
     readings = ctx.readings
     if readings is None:
-        from ..runners import table_readings
+        from ..engines.runners import table_readings
 
         readings = table_readings(ctx.ckpt.config, None)
     return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}

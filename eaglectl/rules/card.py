@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import formats
-from ..drafter import DrafterCheckpoint
+from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import EaglectlError
-from . import Context, Finding
 from . import catalogue as rule
+from .base import Context, Finding
 from .target import same_model
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, Any] | None, list[Finding]]:
     """The profile found beside the drafter when it is valid and measured (for the card), and the findings."""
-    from ..profile import FILE, read, validate
+    from ..checkpoint.speculation_profile import FILE, read, validate
 
     path = folder / FILE
     if not path.exists():  # a FIFO or device is reported by read, never opened

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import tomllib
 
-from . import RULES, Rule, Severity
+from .base import RULES, Rule, Severity
 
 CATALOGUE = Path(__file__).with_name("catalogue.toml")
 

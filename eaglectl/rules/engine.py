@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..engines import REFERENCE, needed_features, version_key
-from . import Context, check
+from ..engines.facts import REFERENCE, needed_features, version_key
 from . import catalogue as rule
+from .base import Context, check
 
 # RoPE types whose rotary table vLLM may resize (>= 0.33 `_CACHE_ONLY_ROPE_TYPES`); any other type keeps the
 # drafter's max_position_embeddings, and under Model Runner V2 the server's max_model_len follows it.

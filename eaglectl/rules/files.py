@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..io.dtypes import COMMON_DTYPES, CONFIG_NAMES, FLOAT_DTYPES
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 @check

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 # Typed fields of transformers' PretrainedConfig / LlamaConfig that an export template may leave null. Each has a
 # non-optional type (a null is not its default), and no other rule names it: `hidden_size: null` and friends are

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 
-from ..engines import DRAFT_CLASSES, version_key
+from ..checkpoint.target import is_hub_id
+from ..engines.facts import DRAFT_CLASSES, version_key
 from ..io.quant import SCALE_SUFFIXES
 from ..spec import DrafterSpec, layer_index
-from ..target import is_hub_id
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 _PLAIN = {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
 # Registered EAGLE-3 classes in vLLM 0.32 (engines.DRAFT_CLASSES), by weight family.

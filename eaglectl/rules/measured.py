@@ -4,9 +4,9 @@ predicts this target at all (docs/math.md#reading-probe, docs/engines.md#aux-ids
 
 from __future__ import annotations
 
-from ..engines import aux_reading, engine_boundaries, engine_ids
-from . import Context, check
+from ..engines.facts import aux_reading, engine_boundaries, engine_ids
 from . import catalogue as rule
+from .base import Context, check
 
 
 @check

@@ -3,8 +3,8 @@ the facts about them the files cannot settle (docs/math.md#mla)."""
 
 from __future__ import annotations
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 HEAD_SIZES = (320, 512, 576)  # kv_lora_rank + qk_rope_head_dim vLLM 0.32's MLA backends accept (CPU_MLA: 576);
 # mla-head-size's title in catalogue.toml names them

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 
-from ..drafter import FLAG_ALIASES
+from ..checkpoint.drafter import FLAG_ALIASES
 from ..formats import ConfigStyle
-from . import RULES, Context, check
 from . import catalogue as rule
+from .base import RULES, Context, check
 
 # (reader, config style it reads, default when the flag is absent). "hf" = HF-style configs,
 # "speculators" = the speculators format. Only readers of the dialect's style can disagree.

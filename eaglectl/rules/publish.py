@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..drafter import DrafterCheckpoint
-from ..publish import is_local_path, local_paths
-from . import Context, Finding
+from ..checkpoint.drafter import DrafterCheckpoint
+from ..checkpoint.publish import is_local_path, local_paths
 from . import catalogue as rule
+from .base import Context, Finding
 
 
 def lint_publish(drafter: DrafterCheckpoint, folder: Path) -> list[Finding]:

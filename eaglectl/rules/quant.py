@@ -18,8 +18,8 @@ from ..io.quant import (
     vllm_modules,
 )
 from ..limits import limit
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 def quant_layout(ctx: Context) -> QuantLayout | None:

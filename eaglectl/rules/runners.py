@@ -4,8 +4,8 @@ readings were computed (`inspect`, `check`)."""
 
 from __future__ import annotations
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 _ROLE = {"v1": "V1 (CPU)", "v2": "V2 (GPU default)"}
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 @check

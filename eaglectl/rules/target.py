@@ -7,8 +7,8 @@ import numpy as np
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable
 from ..spec import default_aux_ids
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 @check

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 _INT_DTYPES = ("I64", "I32", "I16", "U8", "I8")
 _MAX_VOCAB = 1 << 26  # larger than any tokenizer; a bigger d2t/t2d is not read into memory

@@ -9,8 +9,8 @@ unless told otherwise, so these drafters are common. The reference drafter appli
 
 from __future__ import annotations
 
-from . import Context, check
 from . import catalogue as rule
+from .base import Context, check
 
 
 @check

@@ -76,7 +76,6 @@ import os
 
 import torch
 from safetensors.torch import save_file
-
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (  # noqa: E501
     ExampleHiddenStatesConnector,
     PendingSave,

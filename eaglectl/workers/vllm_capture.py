@@ -167,8 +167,8 @@ def _argmax_from(out) -> list[int]:
 
 
 def _add_target_argmax(path: str, argmax: list[int]) -> None:
-    from safetensors.torch import load_file, save_file
     import torch
+    from safetensors.torch import load_file, save_file
 
     tensors = load_file(path)
     tensors["target_argmax"] = torch.tensor(argmax, dtype=torch.int64)

@@ -210,8 +210,7 @@ def _init_distributed(vllm_config) -> None:  # type: ignore[no-untyped-def]
 
 
 def read_one(req: dict, method: str, tmp: str) -> dict:
-    from vllm.config import (DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig,
-                             VllmConfig)
+    from vllm.config import DeviceConfig, LoadConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
     drafter, n_layers = req["drafter_dir"], int(req["target_layers"])
     out: dict = {"drafter_dir": drafter, "target_dir": req.get("target_dir"), "target_layers": n_layers,

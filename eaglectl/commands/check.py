@@ -1,0 +1,369 @@
+"""`eaglectl check`: the pre-publish gate — inspect, a parity self-check, optional smoke, the model card.
+
+One summary, one exit code, and no stage reported as passed that did not run. A stage that eaglectl
+cannot run — this machine lacks a piece (vLLM, a device), or eaglectl's reference drafter lacks a feature
+the drafter uses — is "undecided" with the reason and what would let it run, never "fail": the gate
+exits 10 where nothing failed, and `upload` refuses it as undecided. A stage the user asked for
+(`--smoke`, `--min-acceptance`, `--card`) that cannot run for a reason of the drafter's or the options
+fails; only stages nobody asked for may be "skipped". The drafter is opened once. SARIF output carries the
+findings for code-scanning UIs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError, ReferenceLimitError
+from ..io.atomic import check_outputs, local_inputs, write_file
+from ..progress import Progress, passthrough
+from ..result import Result
+from ..rules import RULES, Finding
+
+if TYPE_CHECKING:
+    from ..checkpoint.drafter import DrafterCheckpoint
+    from .inspect import InspectReport
+
+
+@dataclass
+class Stage:
+    name: str
+    status: str  # pass | fail | undecided (eaglectl could not run it: see `environment`) | skipped
+    detail: str
+    seconds: float = 0.0
+    data: dict[str, Any] | None = None
+    requested: bool = False  # the user asked for it (a requested stage is never "skipped")
+    environment: bool = False  # undecided because this machine cannot run it (no vLLM, no device)
+
+
+@dataclass
+class CheckReport(Result):
+    SCHEMA, COMMAND = "eaglectl.check/1", "check"
+
+    source: str
+    stages: list[Stage]
+    findings: list[Finding] = field(default_factory=list)
+    card_written: str | None = None
+    root: str = ""
+    config_written: str | None = None  # --card --base-model named the speculators verifier in config.json
+
+    @property
+    def exit_code(self) -> int:
+        """1 when a stage failed on the drafter; else 10 when a stage is undecided (eaglectl could not run it
+        here: rerun where vLLM is, or measure what its reference cannot run with vLLM); else 0."""
+        if any(s.status == "fail" for s in self.stages):
+            return EXIT_FINDINGS
+        return MissingDependencyError.exit_code if any(s.status == "undecided" for s in self.stages) else 0
+
+    def summary_line(self) -> str:
+        return ", ".join(f"{s.name} {s.status}" for s in self.stages)
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL, or UNDECIDED (nothing failed, but eaglectl could not run every stage)."""
+        return {0: "PASS", EXIT_FINDINGS: "FAIL"}.get(self.exit_code, "UNDECIDED")
+
+    def payload(self) -> dict[str, Any]:
+        return {"source": self.source,
+                "stages": [{"name": s.name, "status": s.status, "detail": s.detail, "seconds": round(s.seconds, 3),
+                            "requested": s.requested, "environment": s.environment, "data": s.data}
+                           for s in self.stages],
+                "findings": [f.to_json() for f in self.findings], "card_written": self.card_written,
+                "config_written": self.config_written,
+                "passed": self.exit_code == 0, "verdict": self.verdict}
+
+
+def _timed(fn: Callable[[], Stage]) -> Stage:
+    t = time.perf_counter()
+    stage = fn()
+    stage.seconds = time.perf_counter() - t
+    return stage
+
+
+# What the smoke stage passes to `smoke.measure` when the user gave nothing (the CLI's defaults).
+SMOKE_DEFAULTS: dict[str, Any] = {"engine": "vllm", "k": 3, "prompts": "builtin:short", "num_prompts": 16,
+                                  "timeout_s": 900.0}
+
+
+def run(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
+    """Run the gate on o["source"] with its options as the command line names them (`check`'s, `upload`'s or a
+    manifest line's). `--min-acceptance`, or any of the smoke stage's options (passed to `smoke.measure`),
+    implies the smoke stage."""
+    from ..checkpoint.drafter import open_drafter
+    from ..measure.target import Target
+    from .inspect import inspect_opened
+
+    source, target, states, strict = o["source"], o["target"], o["states"], o["strict"]
+    min_acceptance, vllm_python = o["min_acceptance"], o["vllm_python"]
+    given = {k: o[f"smoke_{k}"] for k in SMOKE_DEFAULTS if o[f"smoke_{k}"] is not None}
+    t0 = time.perf_counter()
+    d = open_drafter(source, allow_pickle=o["allow_pickle"])
+    tgt = Target.open(target, states, progress=progress)
+    others = local_inputs(tgt, given.get("prompts"))
+    check_outputs({"--sarif": o.get("sarif_path")}, [*others, *local_inputs(d)])
+    if o["card"] and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
+        from .card import CARD
+
+        check_outputs({"the model card": Path(d.root) / CARD}, [*others, *d.ckpt.identities])
+    rep = inspect_opened(d, tgt, strict=strict, measure=o["measure"], engine_version=o["engine_version"],
+                         progress=progress, vllm_python=vllm_python)
+    inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
+                          f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
+                          (f", against {target}" if target else f", against the capture {states}" if states else ""),
+                          time.perf_counter() - t0,
+                          {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": rep.summary},
+                          requested=True)
+    out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
+    out.stages.append(_timed(lambda: _parity(rep)))
+    wants_smoke = o["run_smoke"] or min_acceptance is not None or bool(given)
+    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress,
+                                        {**SMOKE_DEFAULTS, **given}))
+    out.stages.append(smoke_stage)
+    smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
+    out.stages.append(_timed(lambda: _card(out, rep, o["card"], smoke_doc, o["base_model"])))
+    out.stages.append(_timed(lambda: _publish(out, rep)))
+    return out
+
+
+@contextlib.contextmanager
+def gates(sarif_path: str | None,
+          progress: Progress = passthrough) -> Iterator[Callable[[dict[str, Any]], CheckReport]]:
+    """Yield `run` that keeps each report; when the block ends (an error or an exit included), the
+    reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
+    reports: list[CheckReport] = []
+
+    def gate(o: dict[str, Any]) -> CheckReport:
+        reports.append(run(o, progress))
+        return reports[-1]
+
+    try:
+        yield gate
+    finally:
+        if sarif_path and reports:
+            write_file(sarif_path, (json.dumps(sarif(reports), indent=1) + "\n").encode())
+
+
+def _publish(out: CheckReport, rep: InspectReport) -> Stage:
+    """The files an upload would send (after the card stage wrote README.md): no local path, and a drafter
+    the loaders it meets on the Hub can load (rules/publish.py)."""
+    from ..checkpoint.publish import upload_files
+    from ..rules.publish import lint_publish
+
+    folder = Path(rep.drafter.root)
+    if rep.drafter.ckpt.hub_ref is not None and not folder.is_dir():
+        return Stage("publish", "skipped", "a Hub repo, read remotely: its files are published already")
+    drafter = rep.drafter
+    if out.config_written:  # the card stage named the verifier: lint the config as it is now
+        from ..checkpoint.drafter import open_drafter
+
+        drafter = open_drafter(str(folder), from_dialect=drafter.dialect.name)
+    try:
+        files = upload_files(folder)  # refuses a link out of the folder, a FIFO, a device: before reading any file
+        found = lint_publish(drafter, folder)
+    except EaglectlError as e:
+        return Stage("publish", "fail", f"[{e.reference}] {e.message}")
+    out.findings.extend(found)
+    errors = [f for f in found if f.severity == "error"]
+    local = sum(f.rule_id == "local-path" for f in found)
+    return Stage("publish", "fail" if errors else "pass",
+                 f"{len(files)} file(s) an upload would send: " + (f"{local} local path(s)" if local else
+                                                                   "no local path")
+                 + (f", {len(found) - local} warning(s)" if len(found) > local else ""),
+                 data={"files": [rel for rel, _ in files]})
+
+
+def undecided(name: str, e: EaglectlError, requested: bool = False) -> Stage:
+    """A stage eaglectl could not run: this machine lacks a piece, or its reference drafter lacks a feature."""
+    why = "cannot run here" if isinstance(e, MissingDependencyError) else "beyond eaglectl's reference drafter"
+    return Stage(name, "undecided", f"{why}: [{e.reference}] {e.message}" + (f"; {e.hint}" if e.hint else ""),
+                 requested=requested, environment=isinstance(e, MissingDependencyError))
+
+
+def _parity(rep: InspectReport) -> Stage:
+    if not rep.servable:
+        return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
+    from .verify import compare, real_inputs, synthetic_inputs
+
+    try:
+        from ..model.loader import load_reference
+        loaded = load_reference(rep.drafter)
+        t = rep.opened_target
+        if t is not None and t.has_states:
+            inputs = real_inputs(t, loaded, 32, 3)
+        else:
+            inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
+        par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)
+    except (MissingDependencyError, ReferenceLimitError) as e:
+        return undecided("parity", e)
+    except EaglectlError as e:
+        return Stage("parity", "fail", f"[{e.reference}] {e.message}")
+    worst = max(par.metrics, key=lambda m: m.kl_mean)
+    return Stage("parity", "pass" if par.passed else "fail",
+                 f"strict load into the reference drafter; bf16 vs fp32 CPU over {par.steps} steps x {par.tokens} "
+                 f"anchors ({par.inputs.split(':')[0]}): KL mean <= {worst.kl_mean:.2e}, top-1 >= "
+                 f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
+
+
+def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptance: float | None,
+           vllm_python: str | None, progress: Progress, options: dict[str, Any]) -> Stage:
+    if not requested:
+        return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM, --engine reference "
+                     "under eaglectl's reference loop)")
+    why_not = ("needs --target" if target is None else
+               "inspect found errors" if not rep.servable else None)
+    if why_not:
+        return Stage("smoke", "fail", f"requested but cannot run: {why_not}", requested=True)
+    from .smoke import command as smoke
+
+    try:
+        sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
+                           concurrency=(1,), measured=rep.measured, progress=progress, **options).to_json()
+    except (MissingDependencyError, ReferenceLimitError) as e:  # eaglectl cannot run it: undecided (exit 10)
+        return undecided("smoke", e, requested=True)
+    except EaglectlError as e:
+        return Stage("smoke", "fail", f"requested but failed: [{e.reference}] {e.message}", requested=True)
+    al = sm["mean_acceptance_length"]
+    engine = (f"vLLM {sm['versions'].get('vllm_version')}" if sm["engine"] == "vllm" else
+              "the reference loop" if sm["engine"] == "reference" else str(sm["engine"]))
+    detail = (f"{engine}: acceptance length {al:.3f} at k={sm['num_speculative_tokens']} on "
+              f"{sm['prompts']['description']}" if al is not None else f"{engine}: no drafts")
+    if min_acceptance is not None:
+        detail += f" (--min-acceptance {min_acceptance:g})"
+    if sm["red_flags"]:
+        return Stage("smoke", "fail", detail + "; " + sm["red_flags"][0], data=sm, requested=True)
+    return Stage("smoke", "pass", detail, data=sm, requested=True)
+
+
+def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
+          explicit_base: str | None) -> Stage:
+    from ..rules.card import lint_card, lint_profile
+    from .card import CARD, base_model, load_card, render_card
+
+    if card is False:
+        return Stage("card", "skipped", "--no-card")
+    if rep.drafter.ckpt.hub_ref is not None and card:
+        return Stage("card", "fail", "requested but cannot run: cards are written into local folders, not Hub repos",
+                     requested=True)
+    folder = Path(rep.drafter.root)
+    base = base_model(rep, explicit_base)
+    profile, profile_findings = lint_profile(folder, rep.drafter) if folder.is_dir() else (None, [])
+    out.findings.extend(profile_findings)  # speculation_profile.json: validated; its figures go on the card
+    try:
+        existing = load_card(folder) if folder.is_dir() else None
+        if card and explicit_base:
+            out.config_written = name_verifier(rep.drafter, explicit_base)
+        if card:
+            text = render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile)
+            out.card_written = str(write_file(folder / CARD, text.encode("utf-8"), doing="write the model card"))
+            existing = load_card(folder)
+    except EaglectlError as e:
+        return Stage("card", "fail", f"[{e.reference}] {e.message}", requested=bool(card))
+    if existing is None:
+        bad = [f for f in profile_findings if f.severity == "error"]
+        if bad:
+            return Stage("card", "fail", f"[{bad[0].rule_id}] {bad[0].message}")
+        return Stage("card", "skipped", "no README.md (--card writes one)" + (
+            "; the config's verifier stays null (--card --base-model writes it)"
+            if explicit_base and _unnamed_verifier(rep.drafter) else ""))
+    found = lint_card(existing, rep.drafter, base, rep.drafter.speculative_tokens)
+    out.findings.extend(found)
+    found = profile_findings + found
+    errors = [f for f in found if f.severity == "error"]
+    note = "" if base else "; base_model unknown (pass --base-model ORG/NAME)"
+    if out.config_written:
+        note += f"; config.json names the verifier {explicit_base}"
+    elif explicit_base and not card and _unnamed_verifier(rep.drafter):
+        note += "; the config's verifier stays null (--card --base-model writes it)"
+    return Stage("card", "fail" if errors else "pass",
+                 ("written and " if card else "") + f"linted: {len(errors)} error(s), {len(found) - len(errors)} "
+                 "warning(s)" + note, requested=bool(card))
+
+
+def _unnamed_verifier(d: DrafterCheckpoint) -> bool:
+    """A speculators config whose verifier is null or a local path (vllm serve DRAFTER cannot find the target)."""
+    from ..checkpoint.publish import is_local_path
+
+    verifier = None if d.dialect.config_style == "hf" else d.config.dict("speculators_config.verifier")
+    if verifier is None:
+        return False
+    name = verifier.get("name_or_path")
+    return name is None or (isinstance(name, str) and is_local_path(name))
+
+
+def name_verifier(d: DrafterCheckpoint, base: str) -> str | None:
+    """Write `base` (a Hub id) as the speculators verifier into the drafter's config.json when it is null or a
+    local path; the file is replaced atomically, its other keys untouched. The path written, or None."""
+    import json
+    import os
+    import tempfile
+
+    from ..errors import filesystem_error
+
+    if not _unnamed_verifier(d) or d.ckpt.config_name is None:
+        return None
+    path = Path(d.ckpt.config_name)
+    config = json.loads(path.read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = base
+    try:
+        mode = path.stat().st_mode & 0o777
+        fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(config, indent=2) + "\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise filesystem_error(e, "write the verifier into", path) from None
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ SARIF
+
+def sarif(reports: list[CheckReport]) -> dict[str, Any]:
+    """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file."""
+    used = sorted({f.rule_id for r in reports for f in r.findings})
+    level = {"error": "error", "warning": "warning", "info": "note"}
+    results = []
+    for r in reports:
+        for f in r.findings:
+            uri, logical = _location(r, f)
+            loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": uri}}}
+            if logical:
+                loc["logicalLocations"] = [{"name": logical, "kind": "member"}]
+            results.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": level[f.severity],
+                            "message": {"text": f.message}, "locations": [loc]})
+    return {
+        "version": "2.1.0",
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "runs": [{
+            "tool": {"driver": {"name": "eaglectl", "version": __version__, "rules": [
+                {"id": rid, "shortDescription": {"text": RULES[rid].title},
+                 **({"help": {"text": RULES[rid].hint()}} if RULES[rid].fix else {}),
+                 "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used]}},
+            "results": results,
+        }],
+    }
+
+
+def _location(r: CheckReport, f: Finding) -> tuple[str, str | None]:
+    """(file URI relative to the working directory, tensor or key) from a finding's locator."""
+    loc = f.locator or ""
+    root = Path(r.root)
+    if ":" in loc and not loc.startswith("/"):
+        file, _, name = loc.partition(":")
+        path = root / file
+    elif ":" in loc:
+        file, _, name = loc.rpartition(":")
+        path = Path(file)
+    else:
+        path, name = (root / "config.json"), loc
+    try:
+        uri = str(path.resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        uri = path.resolve().as_uri()
+    return uri, name or None

@@ -1,0 +1,284 @@
+"""Writing and re-checking a conversion plan (what `convert.execute` runs). Copied tensors move with
+`copy_file_range` while another core hashes the source from the page cache (`SourceDigest`, the provenance
+digest, patched into the headers afterwards: same length). The checks compare every copied range with its source
+byte for byte and every produced tensor with the CRC-32 taken while writing, re-open, detect and inspect the
+output, and ask every runner that serves it how it reads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import formats
+from ...checkpoint.drafter import DrafterCheckpoint, interpret
+from ...checkpoint.target import TargetCheckpoint
+from ...errors import ConversionError, EaglectlError
+from ...io import cast as casting
+from ...io.checkpoint import Checkpoint, open_checkpoint
+from ...io.safetensors import TensorEntry, Written, crc32_range, same_bytes, sha256_range
+from ...rules import Context, run_checks
+from ...spec import default_aux_ids
+from .plan import ConversionPlan, TensorAction
+
+if TYPE_CHECKING:
+    from ...measure.target import Target
+
+
+class SourceDigest:
+    """sha256 of every source tensor (the provenance digest), computed off the main thread.
+
+    Local copied ranges are hashed from the page cache by a worker while the main thread copies;
+    bytes the main thread reads anyway (casts) are hashed as they pass; the rest at the end.
+    """
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self.ckpt = ckpt
+        self.per_tensor: dict[str, Future[str] | str] = {}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eaglectl-sha256")
+
+    def start(self, stored: str) -> None:
+        r = self.ckpt.tensor_file[stored].byte_range(stored)
+        if r is not None and stored not in self.per_tensor:
+            self.per_tensor[stored] = self.pool.submit(sha256_range, r)
+
+    def chunks(self, stored: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        h = hashlib.sha256()
+        for chunk in chunks:
+            h.update(chunk)
+            yield chunk
+        self.per_tensor[stored] = h.hexdigest()
+
+    def result(self) -> str:
+        h = hashlib.sha256()
+        try:
+            for name in sorted(self.ckpt.tensor_file):
+                info = self.ckpt.tensors[name]
+                got = self.per_tensor.get(name)
+                if got is None:
+                    digest = hashlib.sha256()
+                    for chunk in raw_chunks(self.ckpt, name):
+                        digest.update(chunk)
+                    got = digest.hexdigest()
+                value = got.result() if isinstance(got, Future) else got
+                h.update(f"{name}|{info.dtype}|{list(info.shape)}|{value}\n".encode())
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        return "sha256:" + h.hexdigest()
+
+
+def raw_chunks(ckpt: Checkpoint, stored: str, chunk: int = 1 << 24) -> Iterator[bytes]:
+    wf = ckpt.tensor_file[stored]
+    if wf.pickled is not None:
+        import torch
+
+        yield wf.pickled[stored].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return
+    assert wf.source is not None
+    info = wf.header.tensors[stored]
+    start = wf.header.data_start + info.begin
+    for off in range(0, info.nbytes, chunk):
+        yield wf.source.read(start + off, min(chunk, info.nbytes - off))
+
+
+def _target_table(target: TargetCheckpoint, canon: str) -> str:
+    which = canon.split(".")[0]
+    name = target.table_name(which)
+    if name is None:
+        raise ConversionError(f"{target.source}: the target has no {which} tensor", path=target.source)
+    return name
+
+
+def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoint | None, supplied: dict[str, bytes],
+                 digest: SourceDigest) -> TensorEntry:
+    """How one destination tensor's bytes are produced, exactly as the plan says."""
+    if a.action == "copy":
+        assert a.source is not None
+        r = src.ckpt.tensor_file[a.source].byte_range(a.source)
+        if r is not None:
+            digest.start(a.source)
+            return TensorEntry(a.dest, a.dtype, a.shape, copy=r)
+        return TensorEntry(a.dest, a.dtype, a.shape, lambda: digest.chunks(a.source, raw_chunks(src.ckpt, a.source)))
+    if a.action == "cast":
+        assert a.source is not None and a.source_dtype is not None
+        src_dtype = a.source_dtype
+
+        def cast_chunks() -> Iterator[bytes]:
+            for raw in digest.chunks(a.source, raw_chunks(src.ckpt, a.source)):
+                yield casting.cast(raw, src_dtype, a.dtype)  # elementwise; 16 MB chunks hold whole elements
+
+        return TensorEntry(a.dest, a.dtype, a.shape, cast_chunks)
+    if a.action == "derive":
+        if a.canonical in supplied:
+            data = supplied[a.canonical]
+            return TensorEntry(a.dest, a.dtype, a.shape, lambda: (data,))
+        assert a.canonical == "t2d"
+
+        def t2d() -> Iterator[bytes]:
+            d2t = src.view.read("d2t").astype(np.int64)
+            mask = np.zeros(a.shape[0], dtype=np.bool_)
+            mask[np.arange(len(d2t)) + d2t] = True
+            yield mask.tobytes()
+
+        return TensorEntry(a.dest, a.dtype, a.shape, t2d)
+    assert a.action == "from-target" and target is not None
+    name = _target_table(target, a.canonical)
+
+    def table() -> Iterator[bytes]:
+        if a.canonical == "lm_head.weight" and "d2t" in src.view:
+            rows = (np.arange(a.shape[0]) + src.view.read("d2t").astype(np.int64)).tolist()  # arange + d2t
+            yield casting.encode(target.ckpt.read_rows(name, rows), a.dtype)
+        else:
+            yield casting.encode(target.ckpt.read(name), a.dtype)
+
+    return TensorEntry(a.dest, a.dtype, a.shape, table)
+
+
+def public_provenance(plan: ConversionPlan) -> None:
+    """What a caller added to the plan's provenance (upgrade's calibration record names its target and
+    capture) is made public before it is written: Hub ids and basenames only."""
+    from ...checkpoint.publish import public_value
+
+    prov = plan.config.get("eaglectl_provenance")
+    if isinstance(prov, dict):
+        plan.config["eaglectl_provenance"] = prov = public_value(prov)
+        if "eaglectl" in plan.metadata:
+            plan.metadata["eaglectl"] = json.dumps(prov, sort_keys=True)
+
+
+def patch_header(path: Path, old: bytes, new: bytes) -> None:
+    """Replace a same-length placeholder inside a safetensors header (the metadata)."""
+    assert len(old) == len(new)
+    with path.open("r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = f.read(n)
+        at = header.find(old)
+        if at < 0:
+            return
+        f.seek(8 + at)
+        f.write(new)
+
+
+def check_tensors(plan: ConversionPlan, written: list[Written], src: DrafterCheckpoint) -> str:
+    """Re-read every written tensor: a copied tensor's bytes equal the source's (compared directly), a
+    produced one's equal what was written (the CRC-32 taken while writing)."""
+    ranges = {name: (w, r) for w in written for name, r in w.ranges.items()}
+    for a in plan.tensors:
+        w, r = ranges[a.dest]
+        source = src.ckpt.tensor_file[a.source].byte_range(a.source) if a.action == "copy" and a.source else None
+        ok = same_bytes(source, r) if a.dest not in w.crc32 and source is not None else \
+            crc32_range(r) == w.crc32.get(a.dest)
+        if not ok:
+            raise ConversionError(f"{plan.dest} (staged): tensor '{a.dest}' does not equal its source ({a.action})",
+                                  tensor=a.dest)
+    return f"{len(plan.tensors)} tensors equal their source or documented transform (re-read after writing)"
+
+
+def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
+                     ) -> tuple[DrafterCheckpoint, list[str]]:
+    """The finished output opens, holds exactly the planned tensors where they were written, is detected
+    as the planned dialect, and inspect finds no errors in it: (the output, interpreted; what was checked)."""
+    where = f"{plan.dest} (staged)"
+    try:
+        out = open_checkpoint(str(stage))
+    except EaglectlError as e:
+        raise ConversionError(f"{where}: the written output does not open ({e.message})") from None
+    expected = {a.dest for a in plan.tensors}
+    if set(out.tensor_file) != expected:
+        raise ConversionError(f"{where}: written tensors differ from the plan "
+                              f"({sorted(set(out.tensor_file) ^ expected)[:3]})")
+    ranges = {name: r for w in written for name, r in w.ranges.items()}
+    for a in plan.tensors:
+        info = out.tensors[a.dest]
+        if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)) or \
+                out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
+            raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
+                                  f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
+    d = interpret(out)
+    if d.dialect.name != plan.dest_dialect:
+        raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
+    errors = [f for f in run_checks(Context(d, target)) if f.severity == "error"]
+    if errors:
+        raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}",
+                              tensor=errors[0].locator)
+    return d, [f"detected as {d.dialect.name}", "inspect finds no errors"]
+
+
+def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetCheckpoint | None) -> list[str]:
+    """After writing: every vLLM runner's reading of the WRITTEN config (asked of vLLM's own selection code and
+    draft model class where its interpreter is available, else the table: runners.readings_for) captures the
+    intended boundaries, applies the intended flags and builds fc for as many aux states as fc.weight holds
+    (ConversionError naming the runner, the key and both values otherwise: nothing is left at DEST)."""
+    from ...engines.runners import FLAG_NAMES, readings_for
+
+    intended = plan.intended
+    if intended is None:
+        return []
+    readings = readings_for(out, target)
+    want = tuple(intended["boundary_ids"]) if intended["boundary_ids"] is not None else None
+    where = f"{plan.dest} (staged)"
+    skipped = []
+    for r in readings.runners:
+        if r.error:
+            skipped.append(f"vLLM {r.runner} refuses the config ({r.error})")
+            continue
+        if want is not None and r.boundary_ids != want:
+            got = r.ids_text()
+            raise ConversionError(
+                f"{where}: vLLM's {r.runner} runner reads {r.source or 'nothing'} as boundaries {got}, but the "
+                f"drafter reads {list(want)} ({intended['basis']}); nothing was written",
+                path=plan.dest, runner=r.runner, key=r.source, read=got, intended=list(want), dialect=plan.dest_dialect,
+                hint="the destination cannot make this runner read the drafter's layers: pick another --to "
+                     "(or --for vllm)")
+        count = out.spec.num_aux_hidden_states
+        if r.num_aux is not None and count is not None and r.num_aux != count:
+            from .plan import count_carriers
+
+            carriers = count_carriers(out, count, target)
+            raise ConversionError(
+                f"{where}: vLLM's {r.runner} runner builds fc for {r.num_aux} aux states from the {plan.dest_dialect} "
+                f"config, but fc.weight holds {count}: its weight loader would fail; nothing was written",
+                path=plan.dest, runner=r.runner, dialect=plan.dest_dialect,
+                hint=(f"--to {' or --to '.join(carriers)} writes the count where vLLM reads it" if carriers else
+                      f"no dialect eaglectl writes makes vLLM build fc for {count}"))
+        if r.flags is not None:
+            flags = intended["flags"]
+            wrong = [f for f in FLAG_NAMES if bool(r.flags.get(f)) != bool(flags.get(f))]
+            if wrong:
+                applies = ", ".join(f"{f}={str(bool(r.flags.get(f))).lower()}" for f in wrong)
+                means = ", ".join(f"{f}={str(bool(flags.get(f))).lower()}" for f in wrong)
+                raise ConversionError(
+                    f"{where}: vLLM's {r.runner} runner applies {applies}, but the drafter has {means} "
+                    f"({intended['basis']}); nothing was written", path=plan.dest, runner=r.runner,
+                    dialect=plan.dest_dialect, hint="pick another --to (or --for vllm)")
+    if len(readings.runners) < 2 and not skipped:
+        return []
+    read = readings.runners[0].ids_text() if want is None else str(list(want))
+    line = (f"vLLM's runners read the written config as the drafter means it ({intended['basis']}): "
+            f"{' = '.join(r.runner for r in readings.runners if not r.error)} capture {read}, same flags; "
+            f"{readings.basis}")
+    return [line] + skipped
+
+
+def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
+    where it is installed, else its table: runners.readings_for) and, for a dialect another engine serves
+    (`Dialect.consumer`), that engine's reading of the dialect's own field."""
+    from ...engines.facts import aux_reading, engine_boundaries, engine_ids
+    from ...engines.runners import readings_for
+
+    dialect = formats.get(to)
+    found: dict[tuple[int, ...], list[str]] = {}
+    for r in readings_for(out, target).runners if dialect.vllm_loads else ():  # vLLM loads no GGUF draft
+        ids = r.boundary_ids if r.boundary_ids is not None else default_aux_ids(L, "boundary")
+        if not r.error:
+            found.setdefault(ids, []).append(f"vLLM {r.runner}")
+    if dialect.consumer != "vllm":
+        ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
+        found.setdefault(ids, []).append(f"{dialect.consumer} (since {aux_reading(dialect.consumer).since})")
+    return [(" and ".join(who), ids) for ids, who in found.items()]

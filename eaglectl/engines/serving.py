@@ -1,0 +1,100 @@
+"""`convert --for ENGINE`: which dialect an engine serves this drafter from, and the line that serves it.
+
+The choice is data: the writable dialects whose `consumer` is the engine (formats registry), each
+planned for real (a dialect that cannot hold the drafter refuses with its reason), ranked by the
+oldest engine release that serves the drafter's features in that dialect's config style
+(engines.FEATURES), then engines.SERVE_PREFERENCE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .. import formats
+from ..checkpoint.drafter import DrafterCheckpoint
+from ..checkpoint.target import TargetCheckpoint, is_hub_id
+from ..errors import ConversionError
+from .facts import REFERENCE, SERVE_PREFERENCE, needed_features, version_key
+
+ENGINES = tuple(SERVE_PREFERENCE)
+P = TypeVar("P")  # what `pick`'s caller plans a dialect into
+
+
+def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], P]) -> tuple[str, P, dict[str, Any]]:
+    """(dialect, its plan, the record of the choice). `plan_for(dialect)` plans the conversion (raising
+    ConversionError when the dialect cannot hold this drafter)."""
+    order = [name for name, _ in SERVE_PREFERENCE[engine]]
+    why = dict(SERVE_PREFERENCE[engine])
+    candidates = [d for d in formats.DIALECTS.values() if d.writer is not None and d.consumer == engine]
+    candidates.sort(key=lambda d: order.index(d.name) if d.name in order else len(order))
+    rows: list[dict[str, Any]] = []
+    fits: list[tuple[tuple[tuple[int, ...], int], str, P]] = []
+    for d in candidates:
+        try:
+            plan = plan_for(d.name)
+        except ConversionError as e:
+            rows.append({"dialect": d.name, "refused": e.message})
+            continue
+        feats = needed_features(engine, src.spec, d.config_style)
+        newest = max((f for f in feats), key=lambda f: version_key(f.release), default=None)
+        needs = newest.release if newest is not None and newest.release else (
+            f"unconfirmed release with {newest.since}" if newest is not None else "any")
+        rows.append({"dialect": d.name, "needs": needs, "features": [f.feature for f in feats]})
+        rank = (version_key(newest.release) if newest is not None else (0,),
+                order.index(d.name) if d.name in order else len(order))
+        fits.append((rank, d.name, plan))
+    if not fits:
+        raise ConversionError(f"{src.source}: no dialect {engine} serves can hold this drafter ("
+                              + "; ".join(f"{r['dialect']}: {r['refused']}" for r in rows) + ")")
+    fits.sort(key=lambda x: x[0])
+    _, name, plan = fits[0]
+    chosen = next(r for r in rows if r["dialect"] == name)
+    reason = (f"{engine} serves this drafter's features from {chosen['needs']} in the {name} layout"
+              if chosen["needs"] != "any" else f"every {engine} release with EAGLE-3 serves it")
+    if name in why:
+        reason += f"; {why[name]}"
+    return name, plan, {"engine": engine, "dialect": name, "why": reason, "candidates": rows,
+                        "reference_release": REFERENCE.get(engine)}
+
+
+def speculative_config(d: DrafterCheckpoint) -> dict[str, Any]:
+    """The vLLM `--speculative-config` for this drafter: method is always explicit (a path with
+    'eagle-' would otherwise run as EAGLE-1)."""
+    cfg: dict[str, Any] = {"method": "eagle3"}
+    ref = d.ckpt.hub_ref
+    if ref is not None:
+        cfg["model"] = ref.repo_id + (f"/{ref.subfolder}" if ref.subfolder else "")
+        if ref.sha:
+            cfg["revision"] = ref.sha
+    else:
+        cfg["model"] = os.path.abspath(d.root)
+    cfg["num_speculative_tokens"] = d.speculative_tokens
+    cfg["draft_tensor_parallel_size"] = 1
+    return cfg
+
+
+def serve_line(served: str, spec: dict[str, Any]) -> str:
+    """`vllm serve SERVED --speculative-config 'SPEC'`, shell-quoted: the one builder of the line that inspect,
+    `convert --for vllm` and the model card print."""
+    return f"vllm serve {shlex.quote(served)} --speculative-config {shlex.quote(json.dumps(spec))}"
+
+
+def serve_command(src: DrafterCheckpoint, dest: str, target: TargetCheckpoint | None, base_model: str | None,
+                  config: dict[str, Any]) -> str:
+    """The serve line for the converted folder at `dest` (written config `config`; its k is the source's,
+    `DrafterCheckpoint.speculative_tokens`). A local target is served by its absolute path (a command here, not
+    an identity)."""
+    spec = speculative_config(src)
+    spec.pop("revision", None)
+    spec["model"] = os.path.abspath(dest)
+    if target is not None and target.ckpt.hub_ref is None and os.path.exists(target.source):
+        served = os.path.abspath(target.source)
+    else:
+        verifier = ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+        served = base_model or (target.hub_id if target is not None else None) \
+            or (verifier if is_hub_id(verifier) else None) or "<target-model>"
+    return serve_line(served, spec)

@@ -1,0 +1,1 @@
+"""Numbers from running the target and the reference drafter: the target loaded once, the probe, workloads, acceptance."""

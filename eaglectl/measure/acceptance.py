@@ -1,0 +1,237 @@
+"""An upgrade measured the way it will be served: the prompts (`Workload`), how the engine reads a config's aux
+ids (`Reading`), the fc_norm inits ranked by the acceptance they keep (`rank_by_acceptance`), the acceptance
+length before and after with a bootstrap interval (`before_after`), and the written files replayed to the counts
+reported (`check_written`).
+
+Every figure is the reference loop's greedy fp32 replay of the target's greedy continuations, decoded once per
+command (model/replay.py); those counts equal vLLM's (docs/smoke.md#engine-parity). Values are rounded to the
+stored dtype first: what is measured is what is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..checkpoint.drafter import DrafterCheckpoint
+from ..errors import BehaviourChangedError
+from ..io import cast as casting
+from ..progress import Progress, passthrough
+from .calibration import Fit
+from .target import Target
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..model.specloop import LoopCounts
+
+RANK_SEED = 3  # of the bundled held-out windows the inits are ranked on
+STEPS = 3  # draft steps (k) of the ranking loop, as smoke's default
+BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+SMOKE_MAX_MODEL_LEN, SMOKE_SEED = 1024, 0  # smoke's defaults: its --prompts loader reads the same prompts
+
+
+@dataclass
+class Workload:
+    """The prompts the inits are ranked on and the acceptance is reported on."""
+
+    prompts: list[list[int]]
+    source: str  # the --prompts spec, or "bundled"
+    description: str
+    given: bool  # the user's --prompts
+    max_tokens: int
+    num_prompts: int
+    k: int = STEPS
+
+    def identity(self) -> dict[str, Any]:
+        digest = hashlib.sha256(json.dumps(self.prompts, separators=(",", ":")).encode()).hexdigest()
+        return {"source": self.source, "given": self.given, "count": len(self.prompts), "description":
+                self.description, "digest": f"sha256:{digest}", "max_tokens": self.max_tokens, "k": self.k}
+
+
+def workload_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens: int) -> Workload:
+    """The user's prompts (`--prompts`: smoke's loaders and defaults, so `smoke --prompts` sees the same
+    tokens), else windows of the bundled held-out code that calibration, the probe and `fit` never read."""
+    from .workload import heldout_prompts, load_prompts, needs_chat, tokenizer_of
+
+    if prompts is not None:
+        tokenizer = tokenizer_of(tgt.source, chat=needs_chat(prompts))
+        got = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
+                           max_model_len=SMOKE_MAX_MODEL_LEN, k=STEPS, seed=SMOKE_SEED)
+        return Workload(got.prompts, prompts, got.description, True, max_tokens, num_prompts)
+    ps = heldout_prompts(tgt.model().tokenizer, num_prompts, 64, seed=RANK_SEED)
+    return Workload(ps, "bundled", f"{len(ps)} windows of 64 tokens of the bundled held-out code (seed {RANK_SEED}), "
+                    "not your prompts", False, max_tokens, num_prompts)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a serving engine turns a drafter's config into the target boundaries it captures."""
+
+    name: str
+    description: str
+    boundaries: Callable[[dict[str, Any], int], tuple[int, ...]]
+
+
+def v1_boundaries(config: dict[str, Any], target_layers: int) -> tuple[int, ...]:
+    """vLLM's V1 runner's boundaries for these files, from the runner table (runners.select: the lookups of its
+    selection code), else the target's default; sorted and de-duplicated, as vLLM captures them."""
+    from ..engines.facts import RUNNERS
+    from ..engines.runners import select, vllm_view
+    from ..spec import default_aux_ids
+
+    ids, _, _ = select(vllm_view(config), next(t for t in RUNNERS if t.runner == "v1"))
+    return tuple(sorted(set(ids))) if ids else default_aux_ids(target_layers, "boundary")
+
+
+VLLM_V1 = Reading("vllm-v1", "as vLLM's V1 runner reads the files", v1_boundaries)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the stages of one upgrade share."""
+
+    src: DrafterCheckpoint
+    tgt: Target | None  # None: nothing to measure
+    flags: dict[str, bool]  # fc_norm / norm_output of the output
+    dtype: str  # the stored dtype of the tensors the upgrade writes
+    reading: Reading = VLLM_V1  # the engine's reading of the files
+    progress: Progress = passthrough
+    ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
+    work: Workload | None = None  # the prompts acceptance is measured on (None: no runnable target)
+
+
+def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Each candidate init on the ranking prompts (never the calibration text, never what `fit` fitted on),
+    ranked by the acceptance it keeps, among the candidates `ranked` before.
+
+    The ranking uses the reference loop's acceptance length on the target's greedy continuations of the
+    workload's prompts (decoded once, replayed for every init) at the measured boundaries; ties go to the chain
+    acceptance estimated teacher-forced over every anchor of those continuations. The top-1 agreement with
+    the source drafter is reported too."""
+    import torch
+
+    from ..model.loader import load_reference
+    from ..model.replay import chains, correct, counts_of
+
+    tgt, work = s.tgt, s.work
+    assert tgt is not None and work is not None and s.ids is not None
+    loaded = load_reference(s.src)
+    ids = tuple(sorted(set(s.ids)))
+    table = None if loaded.has_embed else tgt.model().embedding().float()
+    conts = tgt.continuations(work.prompts, max_tokens=work.max_tokens, k=work.k, boundaries=ids)
+
+    def chain(drafted: list[torch.Tensor]) -> float:  # leading correct steps per anchor, over every anchor
+        right = torch.cat([correct(c, d) for c, d in zip(conts, drafted, strict=True)], dim=1)
+        return 1 + float(right.long().cumprod(0).sum(0).float().mean())
+
+    source = chains(loaded.build(torch.float32, "cpu"), conts, aux_ids=ids, embed=table)
+    source_chain, source_al = chain(source), counts_of(conts, source).mean_acceptance_length
+    out = []
+    for init, (gammas, new_fc, _) in s.progress(list(fits.items()), label="upgrade: fc_norm inits measured"):
+        drafter = loaded.build(torch.float32, "cpu", replace=stored(gammas, new_fc, s.dtype), **s.flags)
+        cand = chains(drafter, conts, aux_ids=ids, embed=table)
+        agreement = [float(torch.cat([(c[j] == r[j]).float() for c, r in zip(cand, source, strict=True)]).mean())
+                     for j in range(work.k)]
+        al = counts_of(conts, cand).mean_acceptance_length
+        out.append({"init": init, "agreement_with_source": [round(a, 4) for a in agreement],
+                    "estimated_acceptance_kept": round(chain(cand) / source_chain, 4),
+                    "acceptance_length": round(al, 4), "source_acceptance_length": round(source_al, 4),
+                    "acceptance_kept": round(al / source_al, 4)})
+    # best first: acceptance kept, then the chain estimate; `fit` must beat a closed-form init, not tie it
+    return sorted([*ranked, *out], key=lambda r: (-r["acceptance_kept"], -r["estimated_acceptance_kept"],
+                                                  r["init"] == "fit"))
+
+
+def stored(gammas: list[np.ndarray], new_fc: np.ndarray | None, dtype: str) -> dict[str, torch.Tensor]:
+    """The added / changed tensors as they will be stored (rounded to `dtype`), fp32 for the reference."""
+    import torch
+
+    def as_stored(values: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(casting.decode(casting.encode(values, dtype), dtype).astype(np.float32).reshape(
+            values.shape).copy())
+
+    out = {f"fc_norm.{j}.weight": as_stored(g) for j, g in enumerate(gammas)}
+    if new_fc is not None:
+        out["fc.weight"] = as_stored(new_fc)
+    return out
+
+
+def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bool) -> dict[str, Any]:
+    """The reference loop's acceptance on the workload for the source (read as the engine reads its files) and
+    for the output about to be written (as the engine will read the written config): greedy fp32 counts,
+    which equal vLLM's. Without `--prompts`, a seeded bootstrap 95 % interval over the prompts."""
+    from ..model.loader import load_reference
+    from .probe import acceptance
+
+    tgt, work = s.tgt, s.work
+    assert tgt is not None and work is not None and tgt.num_layers is not None
+    src_b = s.reading.boundaries(s.src.ckpt.config or {}, tgt.num_layers)
+    dst_b = s.reading.boundaries(dest_config, tgt.num_layers)
+    tgt.need(set(src_b) | set(dst_b))
+    loaded = load_reference(s.src)
+    before = acceptance(loaded, tgt, work.prompts, boundaries=src_b, k=work.k, max_tokens=work.max_tokens)
+    after = acceptance(loaded, tgt, work.prompts, boundaries=dst_b, k=work.k, max_tokens=work.max_tokens,
+                       replace=stored(fitted[0], fitted[1], s.dtype), **s.flags)
+    al_b, al_a = before.mean_acceptance_length, after.mean_acceptance_length
+    return {
+        "before": round(al_b, 4), "after": round(al_a, 4), "kept": round(al_a / al_b, 4) if al_b else None,
+        "reading": s.reading.name, "reading_description": s.reading.description,
+        "source_boundary_ids": list(src_b), "dest_boundary_ids": list(dst_b),
+        "measured_boundary_ids": list(s.ids) if s.ids is not None else None,
+        "prompts": work.identity(), "counts_before": counts_json(before), "counts_after": counts_json(after),
+        "predicted_for": "the written files" if written else "the files a run without --dry-run would write",
+        "how": "the reference loop's greedy fp32 counts on the target's greedy continuations (replayed), which "
+               "equal vLLM's (docs/smoke.md#engine-parity)",
+        "interval": None if work.given else bootstrap(before, after),
+    }
+
+
+def counts_json(c: LoopCounts) -> dict[str, Any]:
+    return {"num_drafts": c.num_drafts, "num_accepted_tokens": c.num_accepted_tokens,
+            "accepted_per_pos": c.accepted_per_pos,
+            "per_request": [[r.num_drafts, r.num_accepted_tokens] for r in c.per_request]}
+
+
+def bootstrap(before: LoopCounts, after: LoopCounts) -> dict[str, Any]:
+    """Percentile 95 % intervals of AL before, after and kept, resampling prompts with replacement (paired:
+    one draw of prompts serves all three). AL of a draw = 1 + accepted / drafts over its prompts, as vLLM
+    pools a batch."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    b = np.array([[r.num_drafts, r.num_accepted_tokens] for r in before.per_request], dtype=np.float64)
+    a = np.array([[r.num_drafts, r.num_accepted_tokens] for r in after.per_request], dtype=np.float64)
+    pick = rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))
+    al_b = 1 + b[pick, 1].sum(1) / np.maximum(b[pick, 0].sum(1), 1)
+    al_a = 1 + a[pick, 1].sum(1) / np.maximum(a[pick, 0].sum(1), 1)
+
+    def ci(x: np.ndarray) -> list[float]:
+        return [round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4)]
+
+    return {"confidence": 0.95, "resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "before": ci(al_b),
+            "after": ci(al_a), "kept": ci(al_a / al_b)}
+
+
+def check_written(s: Setup, out: DrafterCheckpoint, reported: dict[str, Any]) -> list[str]:
+    """After writing: the written files, read back and read as the engine reads them, replay to the counts
+    that were reported (else nothing is written)."""
+    from ..model.loader import load_reference
+    from .probe import acceptance
+
+    tgt, work = s.tgt, s.work
+    assert tgt is not None and work is not None and tgt.num_layers is not None
+    boundaries = s.reading.boundaries(out.ckpt.config or {}, tgt.num_layers)
+    got = counts_json(acceptance(load_reference(out), tgt, work.prompts, boundaries=boundaries, k=work.k,
+                                 max_tokens=work.max_tokens))
+    if list(boundaries) != reported["dest_boundary_ids"] or got != reported["counts_after"]:
+        raise BehaviourChangedError(
+            f"the written files replay to {got['num_accepted_tokens']} accepted in {got['num_drafts']} drafts at "
+            f"boundaries {list(boundaries)}, not the reported {reported['counts_after']['num_accepted_tokens']} in "
+            f"{reported['counts_after']['num_drafts']} at {reported['dest_boundary_ids']}; nothing was written",
+            path=out.root)
+    return [f"the written files replay to AL {reported['after']:.3f} {s.reading.description} (boundaries "
+            f"{list(boundaries)}) on {work.identity()['count']} prompts, as reported"]

@@ -1,0 +1,184 @@
+"""The target of one command, run: its weights loaded once and its states computed once (`Target`).
+
+`Target` wraps a `TargetCheckpoint` for one command: the HF model is loaded at most once, the states over the
+measurement text are captured in one forward pass at every boundary the command declared (`need`), and greedy
+continuations of evaluation prompts are decoded once and replayed for every drafter and reading
+(model/replay.py). A capture (`--states DIR`) stands in for running it. torch is only imported when the target runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import counters as loads
+from ..errors import IncompatibleDrafterError
+from ..io.states import Request, States, open_states
+from ..progress import Progress, passthrough
+
+if TYPE_CHECKING:
+    from ..model.hf import HFModel
+    from ..model.replay import Continuation
+
+from ..checkpoint.target import TargetCheckpoint, open_target, target_of_capture
+
+
+class MemoryStates(States):
+    """States computed in this process (the target's run over the measurement text), read like a capture."""
+
+    def __init__(self, description: str, layer_ids: tuple[int, ...], requests: list[Request],
+                 target: TargetCheckpoint, num_layers: int, hidden_size: int, vocab_size: int) -> None:
+        super().__init__(Path(description), {"target_config": target.config.data}, layer_ids, [], num_layers,
+                         hidden_size, vocab_size)
+        self.held = requests
+        self.description = description
+
+    def requests(self, ids: tuple[int, ...] | None = None, which: slice = slice(None),
+                 vocab: int | None = None) -> Iterator[Request]:
+        """The held requests (computed here, from the target's own run: nothing to check)."""
+        if ids is not None:
+            self.require(ids)
+        index = [self.layer_ids.index(i) for i in ids] if ids is not None else None
+        for r in self.held[which]:
+            yield Request(r.name, r.token_ids, r.hidden[:, index] if index is not None else r.hidden, r.target_argmax)
+
+    @property
+    def labels_are(self) -> str:
+        return "target"
+
+    def embedding_source(self) -> str | None:
+        return None if 0 in self.layer_ids else "the run captured no boundary 0"
+
+
+@dataclass
+class Target:
+    """The target of one command, as the module says (docs/big-targets.md#one-pass)."""
+
+    checkpoint: TargetCheckpoint
+    states: States | None = None
+    progress: Progress = passthrough
+    text: str | None = None  # the calibration text (default: bundled)
+    dtype: str = "float32"  # the precision the target runs at
+    _model: HFModel | None = None
+    _boundaries: set[int] = field(default_factory=set)
+    _tokens: int = 0
+    _text_states: MemoryStates | None = None
+    _continuations: dict[tuple[int, ...], Continuation] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, target: str | None, states: str | None = None, *, progress: Progress = passthrough,
+             text: str | None = None, dtype: str = "float32") -> Target | None:
+        """`--target` (its files; runnable when they allow), else what `--states` records of it, else None."""
+        captured = open_states(states) if states else None
+        if target:
+            return cls(open_target(target), captured, progress, text, dtype)
+        return cls(target_of_capture(captured), captured, progress, text, dtype) if captured is not None else None
+
+    @property
+    def source(self) -> str:
+        return self.checkpoint.source
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.checkpoint.num_layers if self.states is None else self.states.num_layers
+
+    def why_not_runnable(self) -> str | None:
+        """Why this target cannot be run here (None: it can); a capture stands in for running it."""
+        if self.states is not None:
+            return f"{self.states.root}: the capture stands in for the target, which is not run"
+        return self.checkpoint.why_not_runnable()
+
+    @property
+    def runnable(self) -> bool:
+        """It can be run on text and prompts (weights and a tokenizer), or stands in as a capture? The former."""
+        return self.why_not_runnable() is None
+
+    @property
+    def has_states(self) -> bool:
+        """Its states can be had: a capture, or weights to run (without a tokenizer, on the text's bytes)."""
+        return self.states is not None or bool(self.checkpoint.ckpt.tensor_file)
+
+    def model(self) -> HFModel:
+        """The HF model, loaded on first use only."""
+        if self._model is None:
+            from ..model.hf import load_model
+            from ..model.loader import DTYPES
+
+            for _ in self.progress([0], label=f"loading the target {self.source}", total=1):
+                self._model = load_model(self.source, dtype=DTYPES[self.dtype])
+        assert self._model is not None
+        return self._model
+
+    def need(self, boundaries: Iterable[int] = (), tokens: int = 0) -> None:
+        """Declare boundaries (and a text length) the command will read, before the first capture, so one
+        forward pass serves every measurement."""
+        self._boundaries |= set(boundaries)
+        self._tokens = max(self._tokens, tokens)
+
+    def text_states(self, boundaries: Iterable[int], tokens: int) -> States:
+        """The target's states over the measurement text at `boundaries` (>= `tokens` positions, target argmax
+        labels): the capture given with --states, else one forward pass of the model (again only when a
+        boundary or a length was not declared before the first one)."""
+        if self.states is not None:
+            return self.states
+        wanted = set(boundaries)
+        held = self._text_states
+        if held is None or not wanted <= set(held.layer_ids) or len(held.held[0].token_ids) < tokens:
+            self.need(wanted, tokens)
+            self._text_states = held = self._capture_text()
+        return held
+
+    def _capture_text(self) -> MemoryStates:
+        import numpy as np
+        import torch
+
+        from ..measure.workload import measurement_text, text_token_ids
+        from ..model.hf import forward
+
+        model = self.model()
+        head, tail, how = measurement_text(self.text)
+        ids = text_token_ids(model.tokenizer, model.vocab_size, head + tail)[: max(self._tokens, 1)]
+        wanted = tuple(sorted(self._boundaries))
+        loads.count("target_text")
+        for _ in self.progress([0], label=f"target: {len(ids)} tokens of {how}", total=1):
+            with torch.no_grad():
+                logits, aux = forward(model, torch.tensor([ids]), wanted)
+        hidden = aux[0].reshape(len(ids), len(wanted), -1).numpy()
+        request = Request("text", np.asarray(ids, dtype=np.int64), hidden, logits[0].argmax(-1).numpy())
+        calibration = len(text_token_ids(model.tokenizer, model.vocab_size, head))
+        desc = f"target {self.source}: {len(ids)} tokens of {how}" + (
+            "" if model.tokenizer is not None else " (its bytes as token ids: the target has no tokenizer)")
+        out = MemoryStates(desc, wanted, [request], self.checkpoint, model.num_layers, model.hidden_size,
+                           model.vocab_size)
+        out.meta["calibration_tokens"] = calibration
+        return out
+
+    def continuations(self, prompts: list[list[int]], *, max_tokens: int, k: int, boundaries: Iterable[int]
+                      ) -> list[Continuation]:
+        """Each prompt's greedy continuation (max_tokens + k tokens) with the states at `boundaries`: decoded
+        once per prompt for the command, whatever the drafter or reading (model/replay.py)."""
+        from ..model.replay import continue_greedily, with_states
+
+        if self.states is not None or not self.runnable:
+            raise IncompatibleDrafterError(f"{self.source}: acceptance needs a runnable target "
+                                           f"({self.why_not_runnable()})")
+        wanted = set(boundaries) | self._boundaries
+        held = self._continuations
+
+        def long_enough(c: Continuation | None) -> bool:
+            return c is not None and c.max_tokens >= max_tokens and c.max_tokens + c.k >= max_tokens + k
+
+        todo = [p for p in dict.fromkeys(map(tuple, prompts)) if not long_enough(held.get(p))]
+        if todo:
+            loads.count("target_continuations")
+            loads.count("target_prompts_decoded", len(todo))
+            made = continue_greedily(self.model(), [list(p) for p in todo], max_tokens=max_tokens, k=k,
+                                     boundaries=tuple(sorted(wanted)), progress=self.progress)
+            held.update(zip(todo, made, strict=True))
+        short = [held[tuple(p)] for p in dict.fromkeys(map(tuple, prompts)) if not wanted <= set(held[tuple(p)].states)]
+        if short:  # a boundary nobody declared: one more forward over the same tokens, no decoding
+            loads.count("target_continuation_states")
+            with_states(self.model(), short, tuple(sorted(wanted | set(short[0].states))))
+        return [held[tuple(p)].cut(max_tokens, k) for p in prompts]

@@ -1,0 +1,235 @@
+"""The rule machinery: severities, rules, findings, the check context and the check registry (`check`, `run`).
+
+The package's face (`rules/__init__.py`) re-exports it and imports the check modules, which register here."""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import formats
+from ..checkpoint.drafter import CanonicalView, DrafterCheckpoint
+from ..checkpoint.target import TargetCheckpoint
+from ..errors import UsageError
+from ..formats import Dialect
+from ..io.checkpoint import Checkpoint
+from ..io.jsonio import ConfigView
+from ..progress import Progress, passthrough
+from ..spec import DrafterSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..engines.runners import Readings
+    from ..measure.probe import Measurement
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+
+# Placeholders a rule's fix may hold, so that a printed hint is a command that runs as printed:
+# {source}, {target}; {convert}: rewrite in the drafter's own dialect (speculators when eaglectl
+# cannot write that one), with --target only where the conversion needs one; {convert_t}: the
+# same, always with --target; {to_vllm}: to speculators (modelopt for MLA) with --target; {pickle}: --allow-pickle for
+# a .bin source (the three commands carry it already). Only DEST is left to fill;
+# a command runs to the next "(", ";" or the end (tests/test_ux_errors.py runs each one).
+# The catalogue (docs, `eaglectl rules`) shows them as SOURCE / TARGET / DIALECT.
+CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
+                    "convert": "eaglectl convert SOURCE DEST --to DIALECT",
+                    "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
+                    "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                    "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
+                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: Severity
+    title: str
+    fix: str | None  # None: nothing to do (info); may hold the placeholders above
+    repaired_by_convert: bool = False  # a conversion fixes it by construction, so it does not block one
+    # the one engine whose reading the rule is about (None: vLLM, the reference consumer, or every reader);
+    # a finding scoped to another engine says nothing about vLLM
+    engine: str | None = None
+    # a finding means `vllm serve` as printed would capture other target layers than the drafter reads: inspect
+    # withholds the serve line and prints the fix instead
+    wrong_layers: bool = False
+
+    def hint(self, values: dict[str, str] | None = None) -> str | None:
+        return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule_id": self.id, "severity": self.severity.value, "title": self.title, "hint": self.hint(),
+                "repaired_by_convert": self.repaired_by_convert, "engine": self.engine}
+
+
+def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = None) -> dict[str, str]:
+    """The placeholders filled in for this drafter (and target, when one was given)."""
+    source = shlex.quote(drafter.ckpt.source)
+    tgt = shlex.quote(target.source) if target is not None and getattr(target, "source", None) else "TARGET"
+    name = drafter.dialect.name
+    own = name if name in formats.writable() else "speculators"
+    # speculators names its verifier: a source that does not already name one needs the target
+    needs_target = own == "speculators" and name != "speculators"
+    pickle = " --allow-pickle" if drafter.ckpt.layout == "pickle" else ""
+    convert = f"eaglectl convert {source} DEST --to {own}"
+    return {"source": source, "target": tgt, "pickle": pickle,
+            "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
+            "convert_t": f"{convert} --target {tgt}{pickle}",
+            # speculators cannot hold MLA: modelopt serves it to vLLM (the same dialect to_runners names)
+            "to_vllm": f"eaglectl convert {source} DEST --to "
+                       f"{'modelopt' if drafter.spec.arch == 'mla' else 'speculators'} --target {tgt}{pickle}",
+            # a dialect that writes the ids at the top level: the drafter's own when it does (then the
+            # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
+            "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
+                          f"{tgt}{pickle}",
+            # the dialect whose written config vLLM reads the aux count from: `inspect` plans each and fills it in
+            "to_count": convert + (f" --target {tgt}" if needs_target else "") + pickle}
+
+
+def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:
+    writer = formats.get(own).writer if own in formats.writable() else None
+    if writer is not None and "eagle_aux_hidden_state_layer_ids" in writer.aux_ids_paths and (
+            drafter.spec.arch in writer.architectures) and formats.get(own).consumer == "vllm":
+        return own
+    return "modelopt" if drafter.spec.arch == "mla" else "speculators"
+
+
+RULES: dict[str, Rule] = {}  # filled by catalogue.py (a TOML table cannot declare a rule twice)
+
+
+@dataclass
+class Finding:
+    rule: Rule
+    message: str
+    locator: str | None = None
+    values: dict[str, str] | None = None  # hint placeholders for this drafter (hint_values)
+    # the engine the report is for (inspect --for), when the rule is about another one: then it is advice for
+    # that engine, shown as info and never failing a command
+    other_engine: str | None = None
+
+    @property
+    def hint(self) -> str | None:
+        return self.rule.hint(self.values)
+
+    @property
+    def rule_id(self) -> str:
+        return self.rule.id
+
+    @property
+    def severity(self) -> str:
+        return "info" if self.other_engine is not None else self.rule.severity.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule_id": self.rule.id, "severity": self.severity, "message": self.message,
+                "hint": self.hint, "locator": self.locator}
+
+
+ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
+
+
+def scope(findings: list[Finding], for_engine: str) -> list[Finding]:
+    """Findings for `for_engine`: a rule about the other engine --for can name is advice for that engine (info),
+    re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
+    for f in findings:
+        f.other_engine = for_engine if f.rule.engine in ENGINES and f.rule.engine != for_engine else None
+    # an error no conversion repairs comes first: convert refuses the source until it is fixed, so the fixes
+    # that convert are not the next step
+    findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.severity != "error" or f.rule.repaired_by_convert))
+    return findings
+
+
+def blocking(findings: list[Finding]) -> list[Finding]:
+    """The errors no conversion repairs: convert refuses the source while one stands."""
+    return [f for f in findings if f.severity == "error" and not f.rule.repaired_by_convert]
+
+
+@dataclass
+class Context:
+    drafter: DrafterCheckpoint
+    target: TargetCheckpoint | None = None
+    scan: bool = False
+    measured: Measurement | None = None  # when --target could be run
+    readings: Readings | None = None  # each vLLM runner's reading (None: not computed; runner rules skip)
+    engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
+    progress: Progress = passthrough
+    findings: list[Finding] = field(default_factory=list)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    # the drafter's parts every check reads, taken from `drafter`
+    spec: DrafterSpec = field(init=False)
+    view: CanonicalView = field(init=False)
+    ckpt: Checkpoint = field(init=False)
+    dialect: Dialect = field(init=False)
+    config: ConfigView = field(init=False)
+
+    def __post_init__(self) -> None:
+        d = self.drafter
+        self.spec, self.view, self.ckpt, self.dialect, self.config = d.spec, d.view, d.ckpt, d.dialect, d.config
+
+    def emit(self, r: Rule, message: str, locator: str | None = None) -> None:
+        self.findings.append(Finding(r, message, locator, hint_values(self.drafter, self.target)))
+
+    def array(self, canon: str) -> np.ndarray:
+        if canon not in self._arrays:
+            self._arrays[canon] = self.view.read(canon)
+        return self._arrays[canon]
+
+    @property
+    def where(self) -> str:
+        return self.ckpt.config_name or f"{self.ckpt.root}/config.json"
+
+    def at(self, key: str) -> str:
+        return f"{self.where}:{key}"
+
+
+CHECKS: list[Callable[[Context], None]] = []
+
+
+def check(fn: Callable[[Context], None]) -> Callable[[Context], None]:
+    CHECKS.append(fn)
+    return fn
+
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def run_checks(ctx: Context) -> list[Finding]:
+    """Every check, then the config fields any check found invalid; sorted by severity."""
+    for fn in CHECKS:
+        fn(ctx)
+    for path, message in ctx.config.problems.items():  # last: any check may have read an invalid field
+        ctx.emit(RULES["config-field-invalid"], message, ctx.at(path))
+    ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
+    return ctx.findings
+
+
+def explain(rule_id: str | None = None) -> list[Rule]:
+    """The rule `rule_id` (every rule with None); an unknown id is a usage error naming the closest ones."""
+    if rule_id is None:
+        return list(RULES.values())
+    if rule_id not in RULES:
+        near = difflib.get_close_matches(rule_id, list(RULES), n=3, cutoff=0.5)
+        raise UsageError(f"no rule '{rule_id}'", hint=(f"did you mean {' or '.join(near)}? " if near else "")
+                         + "eaglectl rules lists them all")
+    return [RULES[rule_id]]
+
+
+def summarise(findings: list[Finding]) -> dict[str, int]:
+    out = {"error": 0, "warning": 0, "info": 0}
+    for f in findings:
+        out[f.severity] += 1
+    return out
