@@ -78,6 +78,24 @@ def config_of(folder: str | Path) -> dict[str, Any]:
     return json.loads((Path(folder) / "config.json").read_text())
 
 
+def unreadable(path: Path, kind: str, limit_name: str) -> str:
+    """Make PATH a FIFO ("fifo"), a link to a device (a path such as "/dev/zero") or a sparse file one byte over
+    the limit LIMIT_NAME ("big"); what the refusal says about it."""
+    import os
+
+    from eaglectl.limits import limit
+
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "not a regular file (a FIFO); it is not read"
+    if kind == "big":
+        with path.open("wb") as f:
+            f.truncate(limit(limit_name) + 1)  # sparse
+        return f"{limit(limit_name) + 1} bytes exceeds the {limit(limit_name)}-byte limit"
+    path.symlink_to(kind)
+    return "not a regular file (a device); it is not read"
+
+
 def run_json(invoke: Callable[..., Any], *args: Any, code: int | None = None) -> tuple[Any, dict[str, Any]]:
     """The CLI run with `--json` (added when ARGS lack it): (click result, parsed stdout). With `code`, the exit code
     is asserted first (the output in the message)."""

@@ -28,6 +28,7 @@ from .fuzzing import (
     scale_cases,
     write_dump,
 )
+from .helpers import unreadable
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -295,19 +296,8 @@ def test_a_manifest_that_is_no_regular_file_is_refused_unread(tmp_path, invoke, 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "big"])
 def test_a_calibration_text_that_is_no_regular_file_or_too_big_is_refused(tmp_path, invoke, kind):
-    from eaglectl.limits import limit
-
     text = tmp_path / "text.txt"
-    if kind == "fifo":
-        os.mkfifo(text)
-        says = "not a regular file (a FIFO); it is not read"
-    elif kind == "big":
-        with text.open("wb") as f:
-            f.truncate(limit("calibration_text_bytes") + 1)  # sparse
-        says = f"{limit('calibration_text_bytes') + 1} bytes exceeds the {limit('calibration_text_bytes')}-byte limit"
-    else:
-        text.symlink_to(kind)
-        says = "not a regular file (a device); it is not read"
+    says = unreadable(text, kind, "calibration_text_bytes")
     dest = tmp_path / "up"
     r = invoke("upgrade", DRAFTER, dest, "--target", TARGET, "--calibration-text", text)
     assert r.exit_code == 2 and f"Invalid value for '--calibration-text': {text}: {says}" in r.stderr, r.stderr

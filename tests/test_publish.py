@@ -12,7 +12,7 @@ import pytest
 from eaglectl.checkpoint.publish import is_local_path, local_paths, public_name, public_value, upload_files
 
 from .conftest import DRAFTERS, FIXTURES, ROOT, TARGET
-from .helpers import edited
+from .helpers import edited, unreadable
 
 TRAINED = FIXTURES / "trained"
 
@@ -344,19 +344,9 @@ def test_a_profile_that_is_no_regular_file_or_too_big_is_refused_unread(tmp_path
     """A 3 GB speculation_profile.json once used 3.3 GB (read whole); /dev/zero would never end."""
     from eaglectl.checkpoint import speculation_profile as sp
     from eaglectl.errors import CorruptCheckpointError
-    from eaglectl.limits import limit
 
     path = tmp_path / sp.FILE
-    if target == "fifo":
-        os.mkfifo(path)
-        says = "not a regular file (a FIFO); it is not read"
-    elif target == "big":
-        with path.open("wb") as f:
-            f.truncate(limit("profile_bytes") + 1)  # sparse
-        says = f"{limit('profile_bytes') + 1} bytes exceeds the {limit('profile_bytes')}-byte limit"
-    else:
-        path.symlink_to(target)
-        says = "not a regular file (a device); it is not read"
+    says = unreadable(path, target, "profile_bytes")
     with pytest.raises(CorruptCheckpointError) as e:
         sp.read(path)
     assert e.value.message == f"{path}: {says}"
