@@ -206,3 +206,17 @@ def test_another_targets_states_are_named_not_a_crash(invoke, tmp_path, command)
     r = invoke(command, DRAFTERS / "eagle-3", *args, "--target", TRAINED / "target")
     assert r.exit_code == 13 and "aux states are 384 wide, the drafter's fc takes 96" in r.stderr, r.stderr
     assert "internal error" not in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_every_incompatible_drafter_error_names_what_would_let_it_run():
+    """Each place that raises incompatible-drafter (exit 13) gives a hint: the missing piece, or, for a limit of
+    eaglectl's reference drafter (ReferenceLimitError), the engine that runs it."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "eaglectl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "IncompatibleDrafterError":
+                if not any(k.arg == "hint" for k in node.keywords):
+                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing

@@ -495,7 +495,8 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
     if not d.has_embed:  # the target's rows of every token the capture saw, read off boundary 0
         why = captured.embedding_source()
         if why is not None:
-            raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
+            raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}",
+                                           hint="capture boundary 0 too, or pass --target for its embedding table")
         found: dict[int, np.ndarray] = {}
         for r in captured.requests(fetch, slice(0, count), vocab=d.args.vocab_size):
             for t, tok in enumerate(r.token_ids.tolist()):

@@ -98,7 +98,8 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
 
     ids = boundaries or loaded.spec.capture_ids(target.num_layers)  # type: ignore[arg-type]
     if len(ids) != loaded.args.num_aux:
-        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {loaded.args.num_aux} states")
+        raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {loaded.args.num_aux} states",
+                                       hint="give the config one aux id per aux state fc takes (convert writes them)")
     if target.states is not None:
         needed = not loaded.has_embed if table_needed is None else table_needed
         return states_inputs(target.states, ids, tokens, steps, table_needed=needed, shrink=shrink,
@@ -124,7 +125,8 @@ def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: in
 
     why = captured.embedding_source() if table_needed else None
     if why is not None:
-        raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}")
+        raise IncompatibleDrafterError(f"{captured.root}: the drafter ships no embedding table and {why}",
+                                       hint="capture boundary 0 too, or pass --target for its embedding table")
     fetch = ids + ((0,) if table_needed and 0 not in ids else ())
     req = None
     for r in captured.requests(fetch, vocab=vocab):
@@ -528,7 +530,8 @@ def _is_upgrade(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str],
 def _run(d: LoadedDrafter, dtype: str, device: str, inputs: Inputs, embed: torch.Tensor | None,
          steps: int) -> list[StepOutput]:
     if not d.has_embed and embed is None:
-        raise IncompatibleDrafterError(f"{d.source}: no embed_tokens and no target embedding to borrow")
+        raise IncompatibleDrafterError(f"{d.source}: no embed_tokens and no target embedding to borrow",
+                                       hint="pass --target: the drafter borrows the target's embedding table")
     model = d.build(DTYPES[dtype], device)
     return model.run(inputs.aux.to(device), inputs.tokens.to(device), steps, embed=None if d.has_embed else embed)
 
@@ -539,7 +542,8 @@ def _same_shape(cand: LoadedDrafter, ref: LoadedDrafter) -> None:
     for f in fields:
         if getattr(cand.args, f) != getattr(ref.args, f):
             raise IncompatibleDrafterError(f"{f} differs: candidate {getattr(cand.args, f)}, reference "
-                                           f"{getattr(ref.args, f)}", key=f)
+                                           f"{getattr(ref.args, f)}", key=f,
+                                           hint="--against compares two drafters of the same shape")
 
 
 def _shared_embedding(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs) -> torch.Tensor | None:

@@ -433,7 +433,8 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
                                          tensor=d.view.stored[s.canon])
     if info.dtype == "F8_E4M3":
         if ".weight_scale" not in scales:
-            raise IncompatibleDrafterError(f"{where} is FP8 without a weight_scale", tensor=stored)
+            raise IncompatibleDrafterError(f"{where} is FP8 without a weight_scale", tensor=stored,
+                                           hint="the quantiser's export lost the scales: export the drafter again")
         role = scales[".weight_scale"].role
         if role == "block":
             raise ReferenceLimitError(f"{where}: FP8 weight_scale of shape "
@@ -447,7 +448,8 @@ def dequantize(d: Any, canon: str, layout: QuantLayout) -> np.ndarray:
         return w * scale.reshape(-1, 1)  # per output channel (a 2-D weight: scales_of checked)
     if info.dtype == "U8" and ".weight_scale_2" in got:
         if ".weight_scale" not in scales:
-            raise IncompatibleDrafterError(f"{where}: NVFP4 needs an FP8 weight_scale", tensor=stored)
+            raise IncompatibleDrafterError(f"{where}: NVFP4 needs an FP8 weight_scale", tensor=stored,
+                                           hint="the quantiser's export lost the block scales: export it again")
         rows, packed = info.shape  # 2-D, block scales [rows, 2 * packed / 16] in F8_E4M3: scales_of checked
         k = packed * 2
         raw = raw_bytes(d.ckpt, stored).reshape(rows, packed)

@@ -324,7 +324,8 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     spec = d.spec
     L = target.num_layers
     if L is None:
-        raise IncompatibleDrafterError(f"{target.source}: the target config has no valid num_hidden_layers")
+        raise IncompatibleDrafterError(f"{target.source}: the target config has no valid num_hidden_layers",
+                                       hint="fix num_hidden_layers in the target's config.json")
     aux = aux_candidates(spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L)
     if target.states is not None:
         aux = [c for c in aux if set(c.boundary_ids) <= set(target.states.layer_ids)]

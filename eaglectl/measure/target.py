@@ -163,7 +163,8 @@ class Target:
 
         if self.states is not None or not self.runnable:
             raise IncompatibleDrafterError(f"{self.source}: acceptance needs a runnable target "
-                                           f"({self.why_not_runnable()})")
+                                           f"({self.why_not_runnable()})",
+                                           hint="pass --target with weights and a tokenizer (not --states)")
         wanted = set(boundaries) | self._boundaries
         held = self._continuations
 

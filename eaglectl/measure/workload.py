@@ -259,7 +259,8 @@ def template_prompts(path: str, tokenizer: Any, template: str, system_prompt: st
     if template not in TEMPLATES:
         raise UsageError(f"template '{template}' is not one of {', '.join(TEMPLATES)}")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template")
+        raise IncompatibleDrafterError("--templates needs a target tokenizer with a chat template",
+                                       hint="give a target whose tokenizer_config.json has a chat_template")
     out = []
     for where, obj in prompt_lines(path, count):
         if "messages" not in obj:

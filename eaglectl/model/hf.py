@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import counters as loads
-from ..errors import IncompatibleDrafterError, MissingDependencyError
+from ..errors import IncompatibleDrafterError, MissingDependencyError, ReferenceLimitError
 from ..io.hub import local_snapshot
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
         except AttributeError:
             continue
         return node
-    raise IncompatibleDrafterError(f"{type(model).__name__}: cannot find the decoder layers to capture")
+    raise ReferenceLimitError(f"{type(model).__name__}: cannot find the decoder layers to capture",
+                              hint="capture the states with vLLM (`eaglectl capture`) and pass --states")
 
 
 @torch.no_grad()
@@ -90,7 +91,8 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
     L = target.num_layers
     bad = [i for i in layer_ids if not 0 <= i <= L]
     if bad:
-        raise IncompatibleDrafterError(f"aux ids {bad} are outside 0..{L} for this {L}-layer target")
+        raise IncompatibleDrafterError(f"aux ids {bad} are outside 0..{L} for this {L}-layer target",
+                                       hint="give the target the drafter was trained for (inspect --target compares)")
     layers = decoder_layers(target.model)
     captured: dict[int, torch.Tensor] = {}
     hooks = []

@@ -26,7 +26,8 @@ def args_from_spec(spec: DrafterSpec, source: str = "") -> DrafterArgs:
     def need(name: str) -> int:
         value = getattr(spec, name)
         if value is None:
-            raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name)
+            raise IncompatibleDrafterError(f"{where}the drafter's config lacks '{name}'", key=name,
+                                           hint=f"add '{name}' to config.json (vLLM needs it too)")
         return value
 
     mla, rope_scaling = None, spec.rope_scaling
@@ -69,10 +70,12 @@ def _mla_args(spec: DrafterSpec, where: str) -> tuple[MLADims, dict[str, Any] | 
     dims = spec.mla or {}
     for key, value in dims.items():
         if value is None and (key != "q_lora_rank" or spec.sources.get(key, "").startswith("invalid")):
-            raise IncompatibleDrafterError(f"{where}the drafter's config has no valid '{key}'", key=key)
+            raise IncompatibleDrafterError(f"{where}the drafter's config has no valid '{key}'", key=key,
+                                           hint=f"fix '{key}' in config.json (inspect names what it read)")
     if spec.norm_before_fc:
         raise IncompatibleDrafterError(f"{where}MLA drafters have no input_norm / norm_before_fc (vLLM's DeepSeek "
-                                       "EAGLE-3 model cannot load one)", key="norm_before_fc")
+                                       "EAGLE-3 model cannot load one)", key="norm_before_fc",
+                                       hint="drop norm_before_fc and input_norm.weight, or serve it as a Llama drafter")
     scaling = dict(spec.rope_scaling) if spec.rope_scaling else None
     if scaling is not None and rope_kind(scaling) != "default":
         # transformers fills the original context from max_position_embeddings (its default 4096)
@@ -124,7 +127,8 @@ class LoadedDrafter:
             what = f"unexpected {extra[0]!r}" if extra else f"missing {missing[0]!r}"
             raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
                                            f"({len(extra)} unexpected, {len(missing)} missing)",
-                                           tensor=(extra or missing)[0])
+                                           tensor=(extra or missing)[0],
+                                           hint=f"eaglectl inspect {self.source} names the tensors vLLM would refuse")
         model.load_state_dict(state, strict=True, assign=True)  # shares the fp32 tensors, no copy
         return model.to(device=device, dtype=dtype).eval()
 
