@@ -3,7 +3,10 @@
 vLLM 0.32 makes a draft layer sliding when `layer_types[i]` is `sliding_attention` (llama.py, qwen3_eagle3.py;
 the index is draft-relative), with `sliding_window` as the window; it reads neither `use_sliding_window` nor
 `max_window_layers`, its MLA drafter (deepseek_eagle3.py) applies no window, and its Llama drafter asserts
-when `layer_types` is shorter than the layers. speculators 0.9.0 `train` writes every layer sliding (2048)
+when `layer_types` is shorter than the layers. Its proposer also asserts that every draft layer sits in one KV
+cache group (`validate_same_kv_cache_group`, llm_base_proposer.py), so draft layers that mix full and sliding
+attention fail to start (seen on vLLM 0.32 CPU: "All drafting layers should belong to the same kv cache
+group"); a sliding drafter over a full-attention target is served. speculators 0.9.0 `train` writes every layer sliding (2048)
 unless told otherwise, so these drafters are common. The reference drafter applies the window as vLLM does.
 """
 
@@ -21,6 +24,10 @@ def sliding_window(ctx: Context) -> None:
     layers = spec.num_hidden_layers or 0
     if types and len(types) < layers and spec.arch == "llama":
         ctx.emit(rule.LAYER_TYPES_SHORT, f"layer_types has {len(types)} entries for {layers} layers", where)
+    kinds = set(spec.layer_windows)
+    if len(kinds) > 1:
+        ctx.emit(rule.LAYER_TYPES_MIXED, f"layers {list(spec.sliding_layers)} slide (window {spec.sliding_window}), "
+                 f"the other {layers - len(spec.sliding_layers)} attend fully", where)
     if spec.sliding_window is not None:
         slide = ", ".join(str(i) for i in spec.sliding_layers)
         ctx.emit(rule.SLIDING_WINDOW, f"layer(s) {slide} attend to the last {spec.sliding_window} positions only "
