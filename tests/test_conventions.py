@@ -7,9 +7,9 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import time
 
 import click
 import pytest
@@ -122,27 +122,36 @@ def test_none_never_appears_in_human_output(invoke, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------ §5 interruptions
 
-def _signalled(sig, tmp_path):
-    """A real eaglectl process with --json, stopped by `sig` while it blocks reading its --text file."""
-    fifo = tmp_path / "text.fifo"
-    os.mkfifo(fifo)
-    proc = subprocess.Popen([sys.executable, "-m", "eaglectl", "verify", str(TRAINED / "eagle3"), "--text", str(fifo),
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    with open(fifo, "w"):  # returns once eaglectl opened it for reading: its signal handlers are installed
-        time.sleep(0.3)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+def _signalled(sig):
+    """A real eaglectl process with --json, stopped by `sig` while it waits on a server that accepted its connection
+    and never answers (its signal handlers are installed by then; eaglectl refuses a FIFO before opening it, so a
+    FIFO no longer blocks it)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(120)
+        proc = subprocess.Popen([sys.executable, "-m", "eaglectl", "smoke", str(TRAINED / "eagle3"), "--target",
+                                 str(TRAINED / "target"), "--server", f"http://127.0.0.1:{server.getsockname()[1]}",
+                                 "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            conn, _ = server.accept()
+        except TimeoutError:
+            proc.kill()
+            raise
+        with conn:
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
     return proc.returncode, out, err
 
 
 @pytest.mark.parametrize("sig,code,reference", [(signal.SIGTERM, 143, "terminated"),
                                                 (signal.SIGINT, 130, "interrupted")])
-def test_json_prints_the_envelope_under_sigterm_and_ctrl_c(tmp_path, sig, code, reference):
-    rc, out, err = _signalled(sig, tmp_path)
+def test_json_prints_the_envelope_under_sigterm_and_ctrl_c(sig, code, reference):
+    rc, out, err = _signalled(sig)
     doc = json.loads(out)  # one document, nothing else on stdout
     assert rc == code == doc["exit_code"] == doc["error"]["exit_code"], (rc, out, err)
-    assert doc["schema"] == "eaglectl.error/1" and doc["command"] == "verify" and doc["error"]["reference"] == reference
+    assert doc["schema"] == "eaglectl.error/1" and doc["command"] == "smoke" and doc["error"]["reference"] == reference
     assert "no output was left behind" in err
 
 
