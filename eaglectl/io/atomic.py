@@ -176,7 +176,8 @@ def _hard_link_twin(final: Path, inputs: list[Path]) -> Path | None:
             return path
         if stat.S_ISDIR(s.st_mode) and depth < 3:
             try:
-                stack.extend((Path(e.path), depth + 1) for e in os.scandir(path))
+                with os.scandir(path) as entries:
+                    stack.extend((Path(e.path), depth + 1) for e in entries)
             except OSError:
                 continue
     return None
