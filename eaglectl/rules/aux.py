@@ -70,25 +70,24 @@ def aux(ctx: Context) -> None:
             "dialect") and not decided:
         ctx.emit(rule.AUX_CONVENTION_UNVERIFIABLE, ctx.dialect.aux_convention_note, ctx.where)
     count = n if n is not None else (len(ids) if ids else None)
-    built = _built(ctx)
+    built, basis = _built(ctx)
     if count is None:
         return
     wrong = {runner: b for runner, b in built.items() if b != count}
     if wrong:  # the engine's own reading decides (asked of vLLM where it is installed, else its table)
         said = ", ".join(f"{runner.upper()} builds fc for {b}" for runner, b in wrong.items())
-        basis = ctx.readings.basis if ctx.readings is not None else "assumed (eaglectl's table of vLLM)"
         ctx.emit(rule.AUX_COUNT_UNSIZED, f"fc.weight holds {count} aux states; vLLM's reading: {said} ({basis}): "
                  "its weight loader fails on fc", ctx.where)
     elif count != 3:
         ctx.emit(rule.AUX_COUNT_NOT_3, f"{count} aux states", ctx.where)
 
 
-def _built(ctx: Context) -> dict[str, int]:
-    """How many aux states each vLLM runner builds fc for: the readings the command computed, else vLLM's table
-    read on the config (runners.table_readings)."""
+def _built(ctx: Context) -> tuple[dict[str, int], str]:
+    """How many aux states each vLLM runner builds fc for, and on what basis: the readings the command computed,
+    else vLLM's table read on the config (runners.table_readings)."""
     readings = ctx.readings
     if readings is None:
         from ..engines.runners import table_readings
 
         readings = table_readings(ctx.ckpt.config, None)
-    return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}
+    return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}, readings.basis

@@ -34,8 +34,8 @@ def sliding_window(ctx: Context) -> None:
                                       f"(sliding_window {spec.sliding_window}); the rest attend fully", where)
         ctx.emit(rule.SLIDING_WINDOW_SGLANG, f"window {spec.sliding_window} on layer(s) {slide}", where)
         return
-    asked = [key for key in ("use_sliding_window", "max_window_layers") if layer.bool(key) is True
-             or (key == "max_window_layers" and layer.has(key) and layer.bool(key) is None)]
+    # max_window_layers only means something beside use_sliding_window (Qwen configs carry it either way)
+    asked = ["use_sliding_window"] if layer.bool("use_sliding_window") is True else []
     if "sliding_attention" in types:
         asked.append("layer_types" + (" on an MLA drafter" if spec.arch == "mla" else " without sliding_window"))
     if asked:
