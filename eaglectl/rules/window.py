@@ -6,8 +6,9 @@ the index is draft-relative), with `sliding_window` as the window; it reads neit
 when `layer_types` is shorter than the layers. Its proposer also asserts that every draft layer sits in one KV
 cache group (`validate_same_kv_cache_group`, llm_base_proposer.py), so draft layers that mix full and sliding
 attention fail to start (seen on vLLM 0.32 CPU: "All drafting layers should belong to the same kv cache
-group"); a sliding drafter over a full-attention target is served. speculators 0.9.0 `train` writes every layer sliding (2048)
-unless told otherwise, so these drafters are common. The reference drafter applies the window as vLLM does.
+group"); a sliding drafter over a full-attention target is served. speculators 0.9.0 `train` writes every
+layer sliding (2048) unless told otherwise, so these drafters are common. The reference drafter applies the
+window as vLLM does.
 """
 
 from __future__ import annotations
