@@ -37,7 +37,9 @@ import sys, time, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from eaglectl.model.hf import HFModel, forward
 from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step
-from eaglectl.model.specloop import LoopCounts, _context, speculative_generate
+from eaglectl.model.replay import LoopCounts
+sys.path.insert(0, sys.argv[5])  # tests/: the live loop is the tests' oracle
+from specloop import _context, speculative_generate
 
 T, mode, short, long = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 H, L, V, K, IDS = 512, 4, 4096, 3, (1, 2, 3)
@@ -114,7 +116,7 @@ def main() -> None:
     for T in lengths:
         row = {}
         for mode, (short, long) in TOKENS.items():
-            _, mb, out = measure(python, CODE, str(T), mode, str(short), str(long))
+            _, mb, out = measure(python, CODE, str(T), mode, str(short), str(long), str(ROOT / "tests"))
             floor, t_short, t_long, drafts, accepted = (float(x) for x in out.split())
             row[mode] = ((t_long - t_short) / (long - short), t_long / long, mb, floor)
         rows[T] = row

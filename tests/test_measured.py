@@ -21,10 +21,10 @@ from eaglectl.measure.reading import engine_reading
 from eaglectl.measure.target import Target
 from eaglectl.measure.workload import heldout_prompts
 from eaglectl.model.loader import load_reference
-from eaglectl.model.specloop import speculative_generate
 
 from .conftest import ROOT
 from .helpers import edited, run_json
+from .specloop import speculative_generate
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"

@@ -15,9 +15,9 @@ from eaglectl.measure.target import Target
 from eaglectl.measure.workload import heldout_prompts
 from eaglectl.model.loader import load_reference
 from eaglectl.model.replay import replay
-from eaglectl.model.specloop import speculative_generate
 
 from .conftest import ROOT
+from .specloop import speculative_generate
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"

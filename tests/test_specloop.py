@@ -17,16 +17,10 @@ from eaglectl.measure.workload import load_prompts, tokenizer_of
 from eaglectl.model.hf import HFModel, croppable, forward, load_model, new_cache
 from eaglectl.model.loader import load_reference
 from eaglectl.model.reference import ChainCache, Drafter, DrafterArgs, chain_step, prefill
-from eaglectl.model.specloop import (
-    PREFILL_ROWS,
-    LoopCounts,
-    RequestCounts,
-    TargetRun,
-    greedy_generate,
-    speculative_generate,
-)
+from eaglectl.model.replay import LoopCounts, RequestCounts
 
 from .conftest import ROOT
+from .specloop import PREFILL_ROWS, TargetRun, greedy_generate, speculative_generate
 
 TRAINED = ROOT / "fixtures" / "trained"
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ..io.states import States
     from ..model.loader import LoadedDrafter
     from ..model.reference import Attention, Drafter, StepOutput
-    from ..model.specloop import LoopCounts
+    from ..model.replay import LoopCounts
 
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
 DEFAULT_SYSTEM = "You are a careful assistant. Think before answering, then answer briefly."

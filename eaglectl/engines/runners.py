@@ -167,6 +167,23 @@ def select(view: dict[str, Any], table: RunnerTable) -> tuple[tuple[int, ...] | 
     return None, "model default", 0
 
 
+def captured(chosen: tuple[int, ...] | None, target_layers: int | None) -> tuple[int, ...] | None:
+    """What a runner captures from the ids its selection code chose: sorted and de-duplicated, or the target's
+    default when it chose none (None: that default, the target's depth unknown)."""
+    if chosen is None:
+        return default_aux_ids(target_layers, "boundary") if target_layers is not None else None
+    return tuple(sorted(set(chosen)))
+
+
+def runner_boundaries(config: dict[str, Any], runner: str, target_layers: int) -> tuple[int, ...]:
+    """The target boundaries vLLM's runner `runner` (v1 | v2) captures for a drafter with this config.json, from
+    the table of its selection code: the one answer every caller without a vLLM reading uses."""
+    chosen, _, _ = select(vllm_view(config), next(t for t in RUNNERS if t.runner == runner))
+    got = captured(chosen, target_layers)
+    assert got is not None
+    return got
+
+
 def draft_module(view: dict[str, Any]) -> str | None:
     """The vLLM module whose class the registry resolves for this config (method eagle3), or None."""
     archs = view.get("architectures") or []
@@ -231,10 +248,7 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
             out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
                                              error=str(e), build="eaglectl's reading of the config"))
             continue
-        if chosen is None:
-            ids = default_aux_ids(target_layers, "boundary") if target_layers is not None else None
-        else:
-            ids = tuple(sorted(set(chosen)))
+        ids = captured(chosen, target_layers)
         out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, flags, n, ASSUMED,
                                          build="eaglectl's reading of the config", model_class=module))
     return out

@@ -33,8 +33,7 @@ from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import EaglectlError, IncompatibleDrafterError, InvalidStatesError
 from ..io.states import States
 from ..model.loader import LoadedDrafter, load_reference
-from ..model.replay import Continuation, replay
-from ..model.specloop import LoopCounts
+from ..model.replay import Continuation, LoopCounts, replay
 from ..progress import Progress, passthrough
 from .target import Target
 from .workload import heldout_prompts
@@ -417,7 +416,7 @@ def measured_layers(d: DrafterCheckpoint, target: Target) -> tuple[tuple[int, ..
                   "how": "as the files say" + (f" ({reason})" if reason else "")}
 
 
-def acceptance(loaded: LoadedDrafter, target: Target, prompts: list[list[int]], *, boundaries: tuple[int, ...],
+def replay_counts(loaded: LoadedDrafter, target: Target, prompts: list[list[int]], *, boundaries: tuple[int, ...],
                k: int, max_tokens: int, **overrides: Any) -> LoopCounts:
     """The reference speculative loop for one reading of a drafter on the target's greedy continuations of
     `prompts` (decoded once per command): its LoopCounts (drafts, accepted, per position), exactly as vLLM

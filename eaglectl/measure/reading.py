@@ -22,17 +22,20 @@ if TYPE_CHECKING:
     from .target import Target
 
 
-ReadingKey = tuple[tuple[int, ...], tuple[tuple[str, bool], ...]]  # boundaries, sorted flags
+CandidateKey = tuple[tuple[int, ...], tuple[tuple[str, bool], ...]]  # boundaries, sorted flags
 
 
 @dataclass
-class Reading:
+class Candidate:
+    """One reading of the files an engine might run (boundaries, flags), and the counts the reference loop
+    replayed under it."""
+
     name: str
     boundary_ids: tuple[int, ...]
     flags: dict[str, bool]
     counts: dict[str, int | list[int]] | None = None
 
-    def key(self) -> ReadingKey:
+    def key(self) -> CandidateKey:
         return self.boundary_ids, tuple(sorted(self.flags.items()))
 
     def to_json(self) -> dict[str, Any]:
@@ -41,10 +44,12 @@ class Reading:
 
 @dataclass
 class EngineReading:
+    """The reading a served engine ran, measured: the candidate whose replay reproduced its counts exactly."""
+
     engine: str
-    intended: Reading
-    matched: Reading | None
-    candidates: list[Reading] = field(default_factory=list)
+    intended: Candidate
+    matched: Candidate | None
+    candidates: list[Candidate] = field(default_factory=list)
     basis: str = ""  # where the intended reading comes from
     runner: str | None = None  # v1 | v2: the runner whose counts were matched
 
@@ -68,8 +73,8 @@ class EngineReading:
                 "candidates": [c.to_json() for c in self.candidates]}
 
 
-def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Reading,
-                       runner: RunnerReading | None = None) -> list[Reading]:
+def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Candidate,
+                       runner: RunnerReading | None = None) -> list[Candidate]:
     """What vLLM should read, the intended reading, and the near misses: aux ids one boundary off either
     way, and each flag flipped (an engine that drops or defaults a flag). What vLLM should read is the
     runner's own reading (runners.readings_for: asked of vLLM, else its table) when there is one, else the
@@ -77,21 +82,21 @@ def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Readi
     spec = d.spec
     flags = {f: bool(getattr(spec, f)) for f in FLAGS}
     if runner is not None and runner.boundary_ids is not None and not runner.error:
-        expected = Reading(f"vllm-{runner.runner} ({'asked' if runner.asked else 'assumed'})",
+        expected = Candidate(f"vllm-{runner.runner} ({'asked' if runner.asked else 'assumed'})",
                            tuple(runner.boundary_ids), flags)
     else:
-        expected = Reading("vllm-0.32", engine_boundaries("vllm", spec.aux_layer_ids, target_layers), flags)
+        expected = Candidate("vllm-0.32", engine_boundaries("vllm", spec.aux_layer_ids, target_layers), flags)
     out = [expected, intended]
     for shift in (-1, 1):
         ids = tuple(i + shift for i in expected.boundary_ids)
         if all(0 <= i <= target_layers for i in ids):
-            out.append(Reading(f"boundaries {shift:+d}", ids, flags))
+            out.append(Candidate(f"boundaries {shift:+d}", ids, flags))
     for flag in ("norm_output", "fc_norm", "norm_before_residual", "norm_before_fc"):
         if flag in ("fc_norm", "norm_before_fc") and not flags[flag]:
             continue  # an engine cannot apply norm weights the files do not have
-        out.append(Reading(f"{flag} {'off' if flags[flag] else 'on'}", expected.boundary_ids,
+        out.append(Candidate(f"{flag} {'off' if flags[flag] else 'on'}", expected.boundary_ids,
                            {**flags, flag: not flags[flag]}))
-    unique: dict[ReadingKey, Reading] = {}
+    unique: dict[CandidateKey, Candidate] = {}
     for r in out:
         unique.setdefault(r.key(), r)
     return list(unique.values())
@@ -103,16 +108,16 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
     """Replay candidate readings (on the target's greedy continuations, decoded once) until one reproduces
     the engine's counts exactly. `runner`: the reading of the runner that produced the counts (tried first);
     `engine` names it in the difference ("vLLM V1", "vLLM V2 (emulated on V1)")."""
-    from .probe import acceptance, flag_overrides
+    from .probe import flag_overrides, replay_counts
 
     L = target.num_layers
     assert L is not None
     flags = {f: bool(getattr(d.spec, f)) for f in FLAGS}
     if measured is not None and measured.boundary_ids is not None:
-        intended = Reading("measured", tuple(measured.boundary_ids), {**flags, **flag_overrides(measured)})
+        intended = Candidate("measured", tuple(measured.boundary_ids), {**flags, **flag_overrides(measured)})
         basis = "measured by the probe"
     else:
-        intended = Reading("files", d.spec.capture_ids(L), flags)
+        intended = Candidate("files", d.spec.capture_ids(L), flags)
         basis = "as the files say (not measured)"
     from ..model.loader import load_reference
     loaded = load_reference(d)
@@ -121,7 +126,7 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
     matched = None
     want = {key: engine_counts[key] for key in ("num_drafts", "num_accepted_tokens", "accepted_per_pos")}
     for c in candidates:
-        counts = acceptance(loaded, target, prompts, boundaries=c.boundary_ids, k=k, max_tokens=max_tokens,
+        counts = replay_counts(loaded, target, prompts, boundaries=c.boundary_ids, k=k, max_tokens=max_tokens,
                             **{f: v for f, v in c.flags.items() if v != flags[f]})
         c.counts = {key: getattr(counts, key) for key in want}
         if c.counts == want:

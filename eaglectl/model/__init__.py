@@ -1,2 +1,2 @@
-"""The torch side: the reference drafter (`reference.py`, torch only), loading a checkpoint into it
-(`loader.py`), running an HF target (`hf.py`) and the reference speculative loop (`specloop.py`)."""
+"""The torch side: the reference drafter (`reference.py`), loading a checkpoint into it (`loader.py`), running an
+HF target (`hf.py`) and the speculative loop's counts by replay (`replay.py`)."""

@@ -8,7 +8,7 @@ teacher-forced chain over the continuation (`Drafter.run`), and the loop's count
 chains: from the last prompt position, accept the leading correct drafts a (<= k), record one draft, move on
 by a + 1, until `max_tokens` output tokens exist (the last chain may run past them, as vLLM counts it). This
 is the offline replay that reproduces vLLM's counters exactly (docs/smoke.md#engine-parity); the live loop
-(`specloop.speculative_generate`) computes the same counts one verification at a time.
+(tests/specloop.py, the test oracle) computes the same counts one verification at a time.
 
 `continue_greedily` runs the target once per prompt group (prompts of one length decode together, no
 padding): greedy decoding with its KV cache, then one forward over the result for the states at every
@@ -17,7 +17,7 @@ boundary any drafter asks for. `replay` then costs one batched drafter pass per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,10 +25,44 @@ import torch
 from ..progress import Progress, passthrough
 from .hf import HFModel, forward
 from .reference import Drafter
-from .specloop import LoopCounts, RequestCounts
 
 TOP_K = 32  # the target's next-token candidates kept per position (Continuation.top)
 BATCH = 16  # sequences per target pass
+
+
+@dataclass
+class RequestCounts:
+    k: int
+    num_drafts: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, accepted: int) -> None:
+        """One draft whose first `accepted` tokens the target accepted."""
+        self.num_drafts += 1
+        self.num_accepted_tokens += accepted
+        for p in range(accepted):
+            self.accepted_per_pos[p] += 1
+
+    def row(self) -> dict[str, object]:
+        """The fields vLLM's per-request spec-decode metrics give (smoke's `requests` rows)."""
+        return {"num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted_tokens,
+                "num_draft_tokens": self.num_drafts * self.k, "accepted_per_pos": self.accepted_per_pos}
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+
+@dataclass
+class LoopCounts(RequestCounts):
+    num_draft_tokens: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+    per_request: list[RequestCounts] = field(default_factory=list)
+
+    def record(self, accepted: int) -> None:
+        super().record(accepted)
+        self.num_draft_tokens += self.k
 
 
 @dataclass

@@ -170,7 +170,7 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
     """After writing: the reference loop drafts exactly as much with the output (read the way the
     destination's engine reads it) as with the source (read as measured), on the same greedy continuations."""
     from ...errors import BehaviourChangedError
-    from ...measure.probe import LOOP_TOKENS, acceptance, flag_overrides, probe_prompts
+    from ...measure.probe import LOOP_TOKENS, flag_overrides, probe_prompts, replay_counts
     from ...model.loader import load_reference
 
     def check(out: DrafterCheckpoint) -> list[str]:
@@ -187,14 +187,14 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
             src_ids = spec.capture_ids(L)
         prompts = probe_prompts(target.model().tokenizer)  # decoded once already, for the probe
         k = m.steps
-        a = acceptance(load_reference(src), target, prompts, boundaries=src_ids, k=k, max_tokens=LOOP_TOKENS,
+        a = replay_counts(load_reference(src), target, prompts, boundaries=src_ids, k=k, max_tokens=LOOP_TOKENS,
                        **flag_overrides(m))
         counts = lambda c: (c.num_drafts, c.num_accepted_tokens, c.accepted_per_pos)  # noqa: E731
         lines = []
         # once per distinct reading of the written files (normally one: the post-write check made vLLM's two
         # runners agree), under every engine that serves them
         for who, out_ids in distinct_readings(out, to, target, L):
-            b = acceptance(load_reference(out), target, prompts, boundaries=out_ids, k=k, max_tokens=LOOP_TOKENS)
+            b = replay_counts(load_reference(out), target, prompts, boundaries=out_ids, k=k, max_tokens=LOOP_TOKENS)
             if counts(a) != counts(b):
                 raise BehaviourChangedError(
                     f"{to} output under {who} (boundaries {list(out_ids)}): acceptance length "

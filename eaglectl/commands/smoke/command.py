@@ -107,18 +107,18 @@ class ConfigResult:
 
     def by_context_length(self, labels: list[dict[str, Any]], prompts: list[list[int]]) -> list[dict[str, Any]]:
         """--context-lengths groups, then the workload's own throughput buckets (SPEED-Bench)."""
-        rows = [{"context_length": g["label"]["context_length"], **acceptance(g["counters"], g["requests"])}
+        rows = [{"context_length": g["label"]["context_length"], **acceptance_summary(g["counters"], g["requests"])}
                 for g in self.groups if "context_length" in g["label"]]
         buckets = sorted({lab["bucket"] for lab in labels if lab.get("bucket")}, key=lambda b: int(b[:-1]))
         for b in buckets:
             idx = [i for i, lab in enumerate(labels) if lab.get("bucket") == b]
             rows.append({"context_length": round(sum(len(prompts[i]) for i in idx) / len(idx)), "bucket": b,
-                         **acceptance(None, [self.requests[i] for i in idx if i < len(self.requests)])})
+                         **acceptance_summary(None, [self.requests[i] for i in idx if i < len(self.requests)])})
         return rows
 
     def by_category(self, labels: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cats = sorted({lab["category"] for lab in labels if lab.get("category")})
-        return [{"category": c, **acceptance(None, [self.requests[i] for i, lab in enumerate(labels)
+        return [{"category": c, **acceptance_summary(None, [self.requests[i] for i, lab in enumerate(labels)
                                                      if lab.get("category") == c and i < len(self.requests)])}
                 for c in cats]
 
@@ -127,7 +127,7 @@ class ConfigResult:
         c = self.counters
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "path": self.path, "skipped": self.skipped}
         if c is not None:
-            a = acceptance(c, self.requests)
+            a = acceptance_summary(c, self.requests)
             al = a["mean_acceptance_length"]
             out.update({
                 "mean_acceptance_length": al,
@@ -151,7 +151,7 @@ class ConfigResult:
         return out
 
 
-def acceptance(counters: dict[str, Any] | None, requests: list[dict[str, Any]]) -> dict[str, Any]:
+def acceptance_summary(counters: dict[str, Any] | None, requests: list[dict[str, Any]]) -> dict[str, Any]:
     """AL both ways the ecosystem reports it: pooled (1 + accepted / drafts, vLLM's counters) and the mean
     over requests of each request's own AL (SPEED-Bench's); pooled from `requests` when no counters."""
     rows = [r for r in requests if r.get("num_drafts")]

@@ -41,17 +41,16 @@ from ...errors import ConversionError, UsageError
 from ...io import cast as casting
 from ...io.atomic import check_destination, local_inputs
 from ...io.states import States
-from ...measure.acceptance import (
+from ...measure.calibration import Fit, Moments, accumulate, fit, held_out_error
+from ...measure.fidelity import (
     STEPS,
-    VLLM_V1,
-    Reading,
     Setup,
     before_after,
+    boundaries,
     check_written,
     rank_by_acceptance,
     workload_for,
 )
-from ...measure.calibration import Fit, Moments, accumulate, fit, held_out_error
 from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
@@ -60,7 +59,7 @@ from ..convert.command import ConversionPlan, ConversionResult, execute, plan_co
 if TYPE_CHECKING:
     import torch
 
-    from ...measure.acceptance import Workload
+    from ...measure.fidelity import Workload
     from ...measure.probe import Measurement
     from ...model.loader import LoadedDrafter
     from ...spec import DrafterSpec
@@ -137,13 +136,13 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
         prompts: str | None = None, num_prompts: int = RANK_PROMPTS, max_tokens: int = RANK_TOKENS,
         fit_fc: bool = False, to: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
         force: bool = False, dry_run: bool = False, fidelity: bool = True, fidelity_tokens: int = 64,
-        progress: Progress = passthrough, base_model: str | None = None, reading: Reading | None = None
+        progress: Progress = passthrough, base_model: str | None = None, runner: str = "v1"
         ) -> UpgradeResult:
     """Take SOURCE to the EAGLE-3.1 layout at DEST. The target (when given) is loaded once, its states over
     the calibration text are captured once, and its greedy continuations of the ranking (and fitting) prompts
     are decoded once; the probe, calibration, the ranking of the inits, the acceptance before / after and the
-    fidelity report all read them. `reading` says how the served engine reads a config's aux ids (default:
-    vLLM's V1 runner)."""
+    fidelity report all read them. `runner` is the vLLM runner whose reading of a config's aux ids the
+    figures follow (v1: every CPU build)."""
     src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
     tgt = Target.open(target, states, progress=progress, text=calibration_text)
     again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
@@ -158,7 +157,7 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
-              fc if fc in ("F32", "BF16", "F16") else "BF16", reading or VLLM_V1, progress, ids, work)
+              fc if fc in ("F32", "BF16", "F16") else "BF16", runner, progress, ids, work)
     choice = choose_init(s, init, fit_fc) if "add-fc-norm" in steps else Choice()
     plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, fit_fc, base_model, measurement)
     acceptance = before_after(s, choice.fitted, plan.config, written=not dry_run) if work is not None else None
@@ -373,7 +372,7 @@ def _declare(s: Setup, with_fit: bool = False) -> None:
     ranking prompts and the calibration prompts)."""
     tgt, work = s.tgt, s.work
     assert tgt is not None and work is not None and s.ids is not None and tgt.num_layers is not None
-    wanted = set(s.ids) | set(s.reading.boundaries(s.src.ckpt.config or {}, tgt.num_layers))
+    wanted = set(s.ids) | set(boundaries(s, s.src.ckpt.config or {}))
     tgt.need(wanted)
     extra = _calibration_prompts(tgt) if _from_continuations(tgt) or with_fit else []
     tgt.continuations(work.prompts + extra, max_tokens=max(work.max_tokens, RANK_TOKENS), k=work.k,

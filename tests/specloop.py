@@ -1,4 +1,7 @@
-"""The reference speculative loop: a real HF target and the reference drafter, pure torch.
+"""The live speculative loop, kept as the test oracle: a real HF target and the reference drafter, pure torch.
+
+Production counts come from the replay (eaglectl/model/replay.py); this loop computes the same counts one
+verification at a time, independently, and the tests assert both agree.
 
 Chain drafting with k tokens and greedy verification, counted the way vLLM counts: one draft per
 verification step that had drafts, k draft tokens each, accepted = the longest prefix equal to the
@@ -14,50 +17,15 @@ its length (docs/math.md#reference-loop-cache).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .hf import HFModel, crop_cache, croppable, forward, new_cache
-from .reference import ChainCache, Drafter, chain_step, prefill
+from eaglectl.model.hf import HFModel, crop_cache, croppable, forward, new_cache
+from eaglectl.model.reference import ChainCache, Drafter, chain_step, prefill
+from eaglectl.model.replay import LoopCounts, RequestCounts
 
 PREFILL_ROWS = 1024  # drafter context entries written per call (a long prompt's first prefill)
-
-
-@dataclass
-class RequestCounts:
-    k: int
-    num_drafts: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    def record(self, accepted: int) -> None:
-        """One draft whose first `accepted` tokens the target accepted."""
-        self.num_drafts += 1
-        self.num_accepted_tokens += accepted
-        for p in range(accepted):
-            self.accepted_per_pos[p] += 1
-
-    def row(self) -> dict[str, object]:
-        """The fields vLLM's per-request spec-decode metrics give (smoke's `requests` rows)."""
-        return {"num_drafts": self.num_drafts, "num_accepted_tokens": self.num_accepted_tokens,
-                "num_draft_tokens": self.num_drafts * self.k, "accepted_per_pos": self.accepted_per_pos}
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
-
-
-@dataclass
-class LoopCounts(RequestCounts):
-    num_draft_tokens: int = 0
-    outputs: list[list[int]] = field(default_factory=list)
-    per_request: list[RequestCounts] = field(default_factory=list)
-
-    def record(self, accepted: int) -> None:
-        super().record(accepted)
-        self.num_draft_tokens += self.k
 
 
 class TargetRun:

@@ -1,7 +1,7 @@
-"""An upgrade measured the way it will be served: the prompts (`Workload`), how the engine reads a config's aux
-ids (`Reading`), the fc_norm inits ranked by the acceptance they keep (`rank_by_acceptance`), the acceptance
-length before and after with a bootstrap interval (`before_after`), and the written files replayed to the counts
-reported (`check_written`).
+"""An upgrade measured the way it will be served: the prompts (`Workload`), the vLLM runner whose reading of a
+config's aux ids counts (`Setup.runner`: engines/runners.runner_boundaries), the fc_norm inits ranked by the
+acceptance they keep (`rank_by_acceptance`), the acceptance length before and after with a bootstrap interval
+(`before_after`), and the written files replayed to the counts reported (`check_written`).
 
 Every figure is the reference loop's greedy fp32 replay of the target's greedy continuations, decoded once per
 command (model/replay.py); those counts equal vLLM's (docs/smoke.md#engine-parity). Values are rounded to the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from .target import Target
 if TYPE_CHECKING:
     import torch
 
-    from ..model.specloop import LoopCounts
+    from ..model.replay import LoopCounts
 
 RANK_SEED = 3  # of the bundled held-out windows the inits are ranked on
 STEPS = 3  # draft steps (k) of the ranking loop, as smoke's default
@@ -70,29 +70,6 @@ def workload_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """How a serving engine turns a drafter's config into the target boundaries it captures."""
-
-    name: str
-    description: str
-    boundaries: Callable[[dict[str, Any], int], tuple[int, ...]]
-
-
-def v1_boundaries(config: dict[str, Any], target_layers: int) -> tuple[int, ...]:
-    """vLLM's V1 runner's boundaries for these files, from the runner table (runners.select: the lookups of its
-    selection code), else the target's default; sorted and de-duplicated, as vLLM captures them."""
-    from ..engines.facts import RUNNERS
-    from ..engines.runners import select, vllm_view
-    from ..spec import default_aux_ids
-
-    ids, _, _ = select(vllm_view(config), next(t for t in RUNNERS if t.runner == "v1"))
-    return tuple(sorted(set(ids))) if ids else default_aux_ids(target_layers, "boundary")
-
-
-VLLM_V1 = Reading("vllm-v1", "as vLLM's V1 runner reads the files", v1_boundaries)
-
-
-@dataclass(frozen=True)
 class Setup:
     """What the stages of one upgrade share."""
 
@@ -100,10 +77,23 @@ class Setup:
     tgt: Target | None  # None: nothing to measure
     flags: dict[str, bool]  # fc_norm / norm_output of the output
     dtype: str  # the stored dtype of the tensors the upgrade writes
-    reading: Reading = VLLM_V1  # the engine's reading of the files
+    runner: str = "v1"  # the vLLM runner whose reading of the files the figures follow (v1: every CPU build)
     progress: Progress = passthrough
     ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
     work: Workload | None = None  # the prompts acceptance is measured on (None: no runnable target)
+
+
+def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
+    """The boundaries the engine captures for a config, as the setup's runner reads it."""
+    from ..engines.runners import runner_boundaries
+
+    assert s.tgt is not None and s.tgt.num_layers is not None
+    return runner_boundaries(config, s.runner, s.tgt.num_layers)
+
+
+def reading_name(s: Setup) -> tuple[str, str]:
+    """The reading the figures follow: its name and how it is said."""
+    return f"vllm-{s.runner}", f"as vLLM's {s.runner.upper()} runner reads the files"
 
 
 def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
@@ -167,21 +157,21 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
     for the output about to be written (as the engine will read the written config): greedy fp32 counts,
     which equal vLLM's. Without `--prompts`, a seeded bootstrap 95 % interval over the prompts."""
     from ..model.loader import load_reference
-    from .probe import acceptance
+    from .probe import replay_counts
 
     tgt, work = s.tgt, s.work
     assert tgt is not None and work is not None and tgt.num_layers is not None
-    src_b = s.reading.boundaries(s.src.ckpt.config or {}, tgt.num_layers)
-    dst_b = s.reading.boundaries(dest_config, tgt.num_layers)
+    src_b = boundaries(s, s.src.ckpt.config or {})
+    dst_b = boundaries(s, dest_config)
     tgt.need(set(src_b) | set(dst_b))
     loaded = load_reference(s.src)
-    before = acceptance(loaded, tgt, work.prompts, boundaries=src_b, k=work.k, max_tokens=work.max_tokens)
-    after = acceptance(loaded, tgt, work.prompts, boundaries=dst_b, k=work.k, max_tokens=work.max_tokens,
+    before = replay_counts(loaded, tgt, work.prompts, boundaries=src_b, k=work.k, max_tokens=work.max_tokens)
+    after = replay_counts(loaded, tgt, work.prompts, boundaries=dst_b, k=work.k, max_tokens=work.max_tokens,
                        replace=stored(fitted[0], fitted[1], s.dtype), **s.flags)
     al_b, al_a = before.mean_acceptance_length, after.mean_acceptance_length
     return {
         "before": round(al_b, 4), "after": round(al_a, 4), "kept": round(al_a / al_b, 4) if al_b else None,
-        "reading": s.reading.name, "reading_description": s.reading.description,
+        "reading": reading_name(s)[0], "reading_description": reading_name(s)[1],
         "source_boundary_ids": list(src_b), "dest_boundary_ids": list(dst_b),
         "measured_boundary_ids": list(s.ids) if s.ids is not None else None,
         "prompts": work.identity(), "counts_before": counts_json(before), "counts_after": counts_json(after),
@@ -220,18 +210,18 @@ def check_written(s: Setup, out: DrafterCheckpoint, reported: dict[str, Any]) ->
     """After writing: the written files, read back and read as the engine reads them, replay to the counts
     that were reported (else nothing is written)."""
     from ..model.loader import load_reference
-    from .probe import acceptance
+    from .probe import replay_counts
 
     tgt, work = s.tgt, s.work
     assert tgt is not None and work is not None and tgt.num_layers is not None
-    boundaries = s.reading.boundaries(out.ckpt.config or {}, tgt.num_layers)
-    got = counts_json(acceptance(load_reference(out), tgt, work.prompts, boundaries=boundaries, k=work.k,
-                                 max_tokens=work.max_tokens))
-    if list(boundaries) != reported["dest_boundary_ids"] or got != reported["counts_after"]:
+    read = boundaries(s, out.ckpt.config or {})
+    got = counts_json(replay_counts(load_reference(out), tgt, work.prompts, boundaries=read, k=work.k,
+                                    max_tokens=work.max_tokens))
+    if list(read) != reported["dest_boundary_ids"] or got != reported["counts_after"]:
         raise BehaviourChangedError(
             f"the written files replay to {got['num_accepted_tokens']} accepted in {got['num_drafts']} drafts at "
-            f"boundaries {list(boundaries)}, not the reported {reported['counts_after']['num_accepted_tokens']} in "
+            f"boundaries {list(read)}, not the reported {reported['counts_after']['num_accepted_tokens']} in "
             f"{reported['counts_after']['num_drafts']} at {reported['dest_boundary_ids']}; nothing was written",
             path=out.root)
-    return [f"the written files replay to AL {reported['after']:.3f} {s.reading.description} (boundaries "
-            f"{list(boundaries)}) on {work.identity()['count']} prompts, as reported"]
+    return [f"the written files replay to AL {reported['after']:.3f} {reading_name(s)[1]} (boundaries "
+            f"{list(read)}) on {work.identity()['count']} prompts, as reported"]
