@@ -55,3 +55,24 @@ def work_args(description: str) -> Any:
     ap.add_argument("--work", type=Path, default=ROOT / "benchmarks" / "_work")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     return ap.parse_args()
+
+
+# each command's library call takes its request (eaglectl/commands/requests.py): built here from the positional
+# fields and keyword options a benchmark passes, as the command line builds it
+_COMMANDS = {"convert": ("convert.command", "ConvertRequest"), "smoke": ("smoke.command", "SmokeRequest"),
+             "upgrade": ("upgrade.command", "UpgradeRequest"), "verify": ("verify", "VerifyRequest")}
+
+
+def library(command: str) -> Any:
+    """`eaglectl <command>`'s library call, taking the request's fields as arguments."""
+    import importlib
+
+    from eaglectl.commands import requests
+
+    module, kind = _COMMANDS[command]
+
+    def call(*args: Any, **options: Any) -> Any:
+        run = importlib.import_module(f"eaglectl.commands.{module}").run
+        return run(getattr(requests, kind)(*args, **options))
+
+    return call

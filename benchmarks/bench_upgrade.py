@@ -35,13 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from eaglectl.commands.convert.command import run as convert  # noqa: E402
+from _measure import library  # noqa: E402
+
 from eaglectl.commands.smoke.command import Baseline  # noqa: E402
-from eaglectl.commands.smoke.command import run as smoke  # noqa: E402
 from eaglectl.commands.upgrade.command import INITS  # noqa: E402
-from eaglectl.commands.upgrade.command import run as upgrade  # noqa: E402
 from eaglectl.measure.workload import heldout_prompts, tokenizer_of  # noqa: E402
+
+convert, smoke, upgrade = library("convert"), library("smoke"), library("upgrade")
 
 TRAINED = ROOT / "fixtures" / "trained"
 WORK = ROOT / "benchmarks" / "_work"

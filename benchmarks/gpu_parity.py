@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _measure import library  # noqa: E402
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -68,7 +70,7 @@ def main() -> int:
 
     import torch
 
-    from eaglectl.commands.verify import run as verify
+    verify = library("verify")
 
     sources = [] if args.skip_parity else [p for p in sorted((ROOT / "fixtures" / "drafters").iterdir())
                                            if p.name not in ("modelopt-mla", "eagle-3-bin")]
@@ -148,9 +150,9 @@ def _ids_in(line: str | None) -> list[int] | None:
 def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max_tokens: int) -> dict:
     """Three drafters served by real vLLM with Model Runner V2 (one process each), against eaglectl's V2
     prediction (the reference loop on V2's reading, same prompts)."""
-    from eaglectl.commands.convert.command import run as convert
-    from eaglectl.commands.smoke.command import run as smoke
-    from eaglectl.commands.upgrade.command import run as upgrade
+    convert = library("convert")
+    smoke = library("smoke")
+    upgrade = library("upgrade")
     from eaglectl.errors import EaglectlError
 
     target = ROOT / "fixtures" / "trained" / "target"
@@ -250,8 +252,8 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
 def vllm_fp8(work: Path) -> list[dict]:
     """VLLM FP8 SERVING: vLLM's FP8 paths need a GPU. Smoke under real vLLM (bf16 activations, greedy, k=3)
     for the bf16 source, the FP8 fixture as stored (speculators format) and converted to `modelopt`."""
-    from eaglectl.commands.convert.command import run as convert
-    from eaglectl.commands.smoke.command import run as smoke
+    convert = library("convert")
+    smoke = library("smoke")
     from eaglectl.errors import EaglectlError
 
     trained = ROOT / "fixtures" / "trained"

@@ -25,6 +25,7 @@ from eaglectl.errors import EaglectlError
 from eaglectl.progress import passthrough
 
 from .conftest import DRAFTERS, TARGET
+from .helpers import capture_run, convert_run, drift_run, inspect_checkpoint, upgrade_run, verify_run
 
 SEEDS_DRAFTERS = ["speculators-3.1", "specforge-3.1", "modelopt-mla", "speculators-sharded", "eagle-3", "nemo-3.1"]
 
@@ -254,7 +255,7 @@ def fuzz(work: Path, *, headers: int, configs: int, seed: int = 0, render_every:
                 cfg = json.loads((case / "config.json").read_text())
                 (case / "config.json").write_text(json.dumps(mutate_tree(cfg, rng, rng.randrange(1, 5))))
                 label += " config"
-        run_case(rep, label, lambda: inspect.run(str(case), target=str(target) if use_target else None,
+        run_case(rep, label, lambda: inspect_checkpoint(str(case), target=str(target) if use_target else None,
                                                  scan=rng.random() < 0.2), rendered=i % render_every == 0)
         if use_target:
             (target / "config.json").write_text(json.dumps(target_cfg))
@@ -307,9 +308,8 @@ def read_dump(path: Path) -> dict[str, tuple[str, Any]]:
 
 def make_capture(out: Path, num_prompts: int = 2, length: int = 32) -> Path:
     """A small valid capture of the trained fixture target (HF engine, boundaries 0..8): what the fuzzer mutates."""
-    from eaglectl.commands import capture
 
-    capture.run(str(TRAINED_TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=num_prompts,
+    capture_run(str(TRAINED_TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=num_prompts,
                 length=length)
     return out
 
@@ -480,21 +480,19 @@ CONSUMER_WEIGHTS = (4, 3, 3, 2, 1)
 
 def consume(name: str, case: Path, work: Path) -> Any:
     """Run one --states consumer on a capture, as the CLI would (its library entry point)."""
-    from eaglectl.commands import drift, verify
     from eaglectl.commands import inspect as inspect
-    from eaglectl.commands.upgrade import command as upgrade
 
     drafter = str(TRAINED / "eagle3")
     if name == "verify":
-        return verify.run(drafter, states=str(case), tokens=16)
+        return verify_run(drafter, states=str(case), tokens=16)
     if name == "drift":
-        return drift.run([drafter], states=str(case), max_tokens=8, num_prompts=2, bootstrap_reps=100, depth=3)
+        return drift_run([drafter], states=str(case), max_tokens=8, num_prompts=2, bootstrap_reps=100, depth=3)
     if name == "inspect":
-        return inspect.run(drafter, states=str(case))
+        return inspect_checkpoint(drafter, states=str(case))
     dest = work / "dest"
     shutil.rmtree(dest, ignore_errors=True)
     try:
-        return upgrade.run(drafter, str(dest), states=str(case), init="auto", to="speculators",
+        return upgrade_run(drafter, str(dest), states=str(case), init="auto", to="speculators",
                            dry_run=name == "upgrade-dry", fidelity_tokens=16)
     except EaglectlError:
         if dest.exists():  # nothing may be written when the capture is refused
@@ -1549,10 +1547,9 @@ class GGUFFuzzReport(FuzzReport):
 
 def gguf_seed(work: Path) -> Path:
     """eaglectl's GGUF output of the trained EAGLE-3 fixture (the fuzzers' seed)."""
-    from eaglectl.commands.convert import command as convert
 
     out = work / "seed"
-    convert.run(str(TRAINED / "eagle3"), str(out), "gguf", target=str(TRAINED_TARGET), measure=False)
+    convert_run(str(TRAINED / "eagle3"), str(out), "gguf", target=str(TRAINED_TARGET), measure=False)
     return out / "model.gguf"
 
 
@@ -1561,7 +1558,6 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
     """`cases` mutated GGUF files through inspect (a share with --scan) and convert (to speculators, streaming the
     tensors); up to `llama_sample` of the cases that exit 0 are then loaded by llama.cpp (where installed), each in
     its own process: a refusal of their structure or tensor ranges (or an abort) is a bug here."""
-    from eaglectl.commands.convert import command as convert
 
     rng = random.Random(seed)
     rep = GGUFFuzzReport()
@@ -1580,11 +1576,11 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
         if rng.random() < convert_share:
             dest = work / "converted"
             shutil.rmtree(dest, ignore_errors=True)
-            code, _ = _timed(rep, label + " (convert)", lambda: convert.run(str(case), str(dest), "speculators",  # noqa: B023
+            code, _ = _timed(rep, label + " (convert)", lambda: convert_run(str(case), str(dest), "speculators",  # noqa: B023
                                                                             measure=False))
         else:
             def go(scan: bool = rng.random() < 0.3) -> Any:
-                result = inspect.run(str(case), scan=scan)  # noqa: B023 - called at once
+                result = inspect_checkpoint(str(case), scan=scan)  # noqa: B023 - called at once
                 render(result)
                 return result
 

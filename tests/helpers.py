@@ -104,3 +104,32 @@ def run_json(invoke: Callable[..., Any], *args: Any, code: int | None = None) ->
     if code is not None:
         assert r.exit_code == code, r.stdout[-3000:] + r.stderr[-3000:]
     return r, json.loads(r.stdout)
+
+
+# ------------------------------------------------------------------ the library calls, as the tests write them
+# Each command's one library call takes its request (commands/requests.py); these build it from the positional
+# names and keyword options the tests pass (fields of the request), as the command line does.
+
+def _call(module: str, kind: str, *names: str) -> Callable[..., Any]:
+    def call(*args: Any, progress: Any = None, **options: Any) -> Any:
+        import importlib
+
+        from eaglectl.commands import requests
+        from eaglectl.progress import passthrough
+
+        req = getattr(requests, kind)(**dict(zip(names, args, strict=False)), **options)
+        return importlib.import_module(f"eaglectl.commands.{module}").run(req, progress or passthrough)
+
+    return call
+
+
+inspect_checkpoint = _call("inspect", "InspectRequest", "source")
+convert_run = _call("convert.command", "ConvertRequest", "source", "dest", "to")
+upgrade_run = _call("upgrade.command", "UpgradeRequest", "source", "dest")
+smoke = _call("smoke.command", "SmokeRequest", "drafter", "target")
+capture_run = _call("capture", "CaptureRequest", "target", "out")
+verify_run = _call("verify", "VerifyRequest", "candidate")
+
+
+def drift_run(drafters: list[str], **options: Any) -> Any:
+    return _call("drift", "DriftRequest", "drafters")(tuple(drafters), **options)

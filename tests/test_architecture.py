@@ -4,6 +4,7 @@ contracts in pyproject.toml kept, as import-linter (a real tool, not a script of
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -39,3 +40,47 @@ def test_the_import_contracts_are_kept():
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout and "Contracts: 3 kept" in r.stdout, r.stdout[-2000:]
+
+
+def test_no_library_function_takes_more_than_twelve_parameters():
+    """Options cross the library seam as one request (commands/requests.py), not as long keyword lists."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs) if x.arg not in ("self", "cls")]
+                if len(names) > 12:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({len(names)})")
+    assert not long, long
+
+
+def test_every_command_builds_one_request_whose_defaults_are_the_command_lines():
+    """Each option the command line gives a request has the request's default (defined once), and every option
+    of a command is a field of its request: nothing the user types is dropped on the way to the library."""
+    import click
+
+    from eaglectl.cli.app import cli
+    from eaglectl.commands import requests
+
+    kinds = {"inspect": requests.InspectRequest, "convert": requests.ConvertRequest,
+             "upgrade": requests.UpgradeRequest, "verify": requests.VerifyRequest, "diff": requests.DiffRequest,
+             "smoke": requests.SmokeRequest, "check": requests.CheckRequest, "capture": requests.CaptureRequest,
+             "drift": requests.DriftRequest, "upload": requests.UploadRequest}
+    batch = {"manifest", "fail_fast", "sources"}
+    for name, kind in kinds.items():
+        fields = {f.name: f for f in dataclasses.fields(kind)}
+        if kind is requests.UploadRequest:  # the gate's options are CheckRequest's
+            fields.update({f.name: f for f in dataclasses.fields(requests.CheckRequest)})
+        ctx = click.Context(cli.commands[name])
+        for p in cli.commands[name].params:
+            if not p.expose_value or p.name in batch:
+                continue
+            assert p.name in fields, f"{name}: --{p.name} is not a field of {kind.__name__}"
+            default = p.get_default(ctx, call=True)
+            if not isinstance(default, (str, int, float, tuple)) or p.name == "baselines":
+                continue  # none (click's unset): the request's default applies; baselines: the parsed 'none'
+            assert fields[p.name].default is not dataclasses.MISSING, f"{name} --{p.name}: a default for a must"
+            want = fields[p.name].default
+            got = p.type_cast_value(ctx, default) if isinstance(default, str) else default
+            assert got == want, f"{name} --{p.name}: the command line's default {got!r}, the request's {want!r}"

@@ -22,6 +22,7 @@ from eaglectl.measure.target import Target
 from eaglectl.model.hf import forward, load_model
 
 from .conftest import ROOT, vllm_server
+from .helpers import capture_run, upgrade_run
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -31,7 +32,7 @@ TRUTH = {"eagle3": [2, 4, 5], "eagle3.1": [2, 4, 5], "eagle3-output": [3, 5, 6]}
 @pytest.fixture(scope="module")
 def hf_states(tmp_path_factory):
     out = tmp_path_factory.mktemp("cap") / "hf"
-    capture.run(str(TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"))
+    capture_run(str(TARGET), str(out), engine="hf", drafter=str(TRAINED / "eagle3"))
     return out
 
 
@@ -110,7 +111,7 @@ def test_calibration_from_states_equals_calibration_from_the_target(hf_states, t
 
 
 def test_auto_init_from_states_ranks_on_held_out_requests(hf_states, tmp_path):
-    r = upgrade.run(str(TRAINED / "eagle3"), str(tmp_path / "up"), states=str(hf_states), to="speculators",
+    r = upgrade_run(str(TRAINED / "eagle3"), str(tmp_path / "up"), states=str(hf_states), to="speculators",
                     fidelity=False)
     errors = [c["heldout_fc_output_relative_error"] for c in r.init_candidates]
     assert [c["init"] for c in r.init_candidates][0] == r.init and errors == sorted(errors)

@@ -10,10 +10,11 @@ import pytest
 
 from eaglectl import errors, formats
 from eaglectl.cli.app import cli
-from eaglectl.commands.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import DRAFTERS, ROOT
+from .helpers import inspect_checkpoint
+from .helpers import upgrade_run as upgrade
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in cli.commands)])
@@ -124,8 +125,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
 def test_convert_and_upgrade_json_keys_are_documented(tmp_path):
     from eaglectl.checkpoint.drafter import open_drafter
     from eaglectl.commands.convert.command import execute, plan_conversion
-    from eaglectl.commands.upgrade.command import run as upgrade
-
+    
     src = open_drafter(str(DRAFTERS / "speculators-3"))
     doc = execute(plan_conversion(src, tmp_path / "c", "modelopt"), src).to_json()
     page = (ROOT / "docs" / "convert.md").read_text()

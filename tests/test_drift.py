@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eaglectl.checkpoint.drafter import open_drafter
-from eaglectl.commands import capture, drift
+from eaglectl.commands import drift
 from eaglectl.io.states import open_states
 from eaglectl.measure import workload
 from eaglectl.model.hf import forward, load_model
@@ -20,7 +20,7 @@ from eaglectl.model.loader import load_reference
 from eaglectl.model.reference import ChainCache, chain_step, prefill
 
 from .conftest import ROOT
-from .helpers import edited
+from .helpers import capture_run, edited
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -202,7 +202,7 @@ def test_template_axis_needs_and_uses_the_chat_template(tmp_path, invoke):
 
 def test_drift_on_a_capture_has_masses_but_no_loop(tmp_path, invoke):
     states = tmp_path / "states"
-    capture.run(str(TARGET), str(states), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=4, length=128)
+    capture_run(str(TARGET), str(states), engine="hf", drafter=str(TRAINED / "eagle3"), num_prompts=4, length=128)
     doc = _json(invoke("drift", TRAINED / "eagle3", "--states", states, "--max-tokens", 48, "--depth", 4,
                        "--bootstrap", 100, "--json"))
     assert doc["mean_acceptance_length"] is None and "--target" in doc["acceptance_note"]

@@ -8,10 +8,9 @@ from __future__ import annotations
 import pytest
 
 from eaglectl.commands.smoke.command import Baseline
-from eaglectl.commands.smoke.command import run as smoke
 
 from .conftest import ROOT
-from .helpers import edited, run_json
+from .helpers import edited, run_json, smoke
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"

@@ -28,7 +28,7 @@ from .fuzzing import (
     scale_cases,
     write_dump,
 )
-from .helpers import unreadable
+from .helpers import drift_run, unreadable
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -97,7 +97,6 @@ def test_capture_json_fields_are_typed(small_capture, tmp_path, invoke):
 
 def test_a_huge_token_id_never_sizes_an_array(small_capture, tmp_path):
     """drift --states once sized a lookup table by the largest token id (numpy.full of 2**62 entries)."""
-    from eaglectl.commands import drift
 
     cap = _copy(small_capture, tmp_path / "huge")
     meta = json.loads((cap / "capture.json").read_text())
@@ -108,7 +107,7 @@ def test_a_huge_token_id_never_sizes_an_array(small_capture, tmp_path):
     t["token_ids"][1][0] = 2**62
     write_dump(f, t)
     with pytest.raises(InvalidStatesError, match=r"token_ids\[0\] = 4611686018427387904 is outside the vocabulary"):
-        drift.run([str(TRAINED / "eagle3.1")], states=str(cap), max_tokens=8, num_prompts=2, bootstrap_reps=100)
+        drift_run([str(TRAINED / "eagle3.1")], states=str(cap), max_tokens=8, num_prompts=2, bootstrap_reps=100)
 
 
 def test_requests_too_short_for_the_fidelity_check_are_refused_before_writing(small_capture, tmp_path, invoke):

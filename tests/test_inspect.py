@@ -10,11 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from eaglectl.commands.inspect import run as inspect_checkpoint
 from eaglectl.rules import RULES
 
 from .conftest import CORRUPT, DEFECTS, DRAFTERS, ROOT, TARGET
-from .helpers import edited
+from .helpers import edited, inspect_checkpoint
 
 # fixture -> (dialect, eagle version, arch, exit code)
 EXPECTED = {

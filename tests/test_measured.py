@@ -14,8 +14,6 @@ from safetensors.torch import load_file
 from eaglectl import formats
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.commands import inspect as inspect
-from eaglectl.commands.convert import command as convert
-from eaglectl.commands.smoke.command import run as smoke
 from eaglectl.measure.probe import measure
 from eaglectl.measure.reading import engine_reading
 from eaglectl.measure.target import Target
@@ -23,7 +21,7 @@ from eaglectl.measure.workload import heldout_prompts
 from eaglectl.model.loader import load_reference
 
 from .conftest import ROOT
-from .helpers import edited, run_json
+from .helpers import convert_run, edited, inspect_checkpoint, run_json, smoke
 from .specloop import speculative_generate
 
 TRAINED = ROOT / "fixtures" / "trained"
@@ -42,7 +40,7 @@ def model():
 
 
 def measured(path, **kw) -> dict:
-    doc = inspect.run(str(path), target=str(TARGET), **kw).to_json()
+    doc = inspect_checkpoint(str(path), target=str(TARGET), **kw).to_json()
     assert doc["measured"] is not None, doc["measured_note"]
     return doc
 
@@ -69,7 +67,7 @@ def written(tmp_path_factory):
     for name in ("eagle3", "eagle3-output"):
         for to in WITH_IDS:
             dest = out / f"{name}-{to}"
-            convert.run(str(TRAINED / name), str(dest), to,
+            convert_run(str(TRAINED / name), str(dest), to,
                         target=str(TARGET) if to == "speculators" else None, measure=False)
             made[(name, to)] = dest
     return made

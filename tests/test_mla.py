@@ -14,15 +14,14 @@ from safetensors.torch import load_file, save_file
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.commands.convert.command import run as convert
-from eaglectl.commands.inspect import run as inspect_checkpoint
-from eaglectl.commands.upgrade.command import run as upgrade
 from eaglectl.commands.verify import run as verify
 from eaglectl.errors import ConversionError
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.model.loader import load_reference
 
 from .conftest import ROOT
-from .helpers import edited
+from .helpers import edited, inspect_checkpoint, smoke
+from .helpers import upgrade_run as upgrade
 
 TRAINED = ROOT / "fixtures" / "trained"
 H, HEADS, VOCAB, INTER = 64, 2, 256, 96
@@ -275,8 +274,7 @@ def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path, 
     """vLLM's Eagle3DeepseekV2ForCausalLM (CPU_MLA backend, DeepSeek YaRN, fc_norm, norm_output) drafts
     exactly what the reference loop drafts: the committed counts, as shipped and after a conversion."""
     from eaglectl.commands.smoke.command import Baseline
-    from eaglectl.commands.smoke.command import run as smoke
-
+    
     from .test_smoke import COUNTS, EXPECTED
 
     python = vllm_py

@@ -19,6 +19,7 @@ from eaglectl.commands.smoke import runner as runner_smoke
 from eaglectl.engines.runners import table_readings
 
 from .conftest import ROOT
+from .helpers import smoke
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -185,8 +186,7 @@ def test_no_split_runs_one_runner_quietly(invoke):
 def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path, vllm_py):
     """One worker run: V1 and V2 (emulated: the staged copy) of the split drafter, and a copy pinned by hand."""
     from eaglectl.commands.smoke.command import Baseline
-    from eaglectl.commands.smoke.command import run as smoke
-
+    
     from .test_smoke import EXPECTED
 
     python = vllm_py

@@ -15,13 +15,11 @@ import pytest
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.checkpoint.target import open_target
-from eaglectl.commands.convert import command as convert
 from eaglectl.commands.convert.command import execute, plan_conversion
 from eaglectl.commands.smoke.command import Baseline, parse_baselines
-from eaglectl.commands.smoke.command import run as smoke
 
 from .conftest import ROOT, vllm_python  # noqa: F401 (vllm_python: read from here by other tests)
-from .helpers import edited
+from .helpers import convert_run, edited, inspect_checkpoint, smoke
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -56,8 +54,7 @@ def test_reference_loop_reproduces_the_committed_counts(case):
 
 
 def test_trained_fixtures_are_clean():
-    from eaglectl.commands.inspect import run as inspect_checkpoint
-
+    
     for name in ("eagle3", "eagle3.1"):
         rep = inspect_checkpoint(str(TRAINED / name), target=str(TARGET))
         assert rep.exit_code == 0, [f.rule for f in rep.findings]
@@ -125,7 +122,7 @@ def parity_drafters(tmp_path_factory):
         made[name] = out / name
     # the output-numbered drafter, converted with its layers measured (and its behaviour checked)
     for to in ("speculators", "modelopt"):
-        convert.run(str(TRAINED / "eagle3-output"), str(out / f"eagle3-output->{to}"), to, target=str(TARGET))
+        convert_run(str(TRAINED / "eagle3-output"), str(out / f"eagle3-output->{to}"), to, target=str(TARGET))
         made[f"eagle3-output->{to}"] = out / f"eagle3-output->{to}"
     # (the bf16 -> fp32 -> bf16 round trip gives eagle3's bytes back: tests/test_convert.py checks them, so vLLM,
     # which would load the same bytes, is not asked again)

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from eaglectl.commands.inspect import run as inspect_checkpoint
-from eaglectl.commands.upgrade.command import run as upgrade
 from eaglectl.errors import ConversionError
 from eaglectl.io.checkpoint import open_checkpoint
 
 from .conftest import DRAFTERS, TARGET
+from .helpers import inspect_checkpoint, smoke
+from .helpers import upgrade_run as upgrade
 
 
 def _canonical_tensors(path):
@@ -255,8 +255,7 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
 def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path, vllm_py):
     """`upgrade --prompts P` then real vLLM on DEST with P: the AL after the upgrade that upgrade printed is
     vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
-    from eaglectl.commands.smoke.command import run as smoke
-
+    
     python = vllm_py
     prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)
     dest = tmp_path / "up"

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from .conftest import FIXTURES
+from .helpers import inspect_checkpoint
 
 TRAINED = FIXTURES / "trained"
 SOURCE = TRAINED / "eagle3"
@@ -134,7 +135,7 @@ def test_the_card_withholds_it_too(tmp_path):
     from eaglectl.commands import card
     from eaglectl.commands import inspect as inspect
 
-    rep = inspect.run(str(TRAINED / "eagle3-output"))
+    rep = inspect_checkpoint(str(TRAINED / "eagle3-output"))
     assert "vllm serve" not in card._serve(rep, None) and "eaglectl convert" in card._serve(rep, None)
 
 

@@ -18,13 +18,12 @@ import pytest
 
 from eaglectl import formats
 from eaglectl.checkpoint.drafter import open_drafter
-from eaglectl.commands.convert import command as convert
 from eaglectl.engines import runners
 from eaglectl.engines.runners import Request, read_batch
 from eaglectl.errors import ConversionError
 
 from .conftest import FIXTURES
-from .helpers import edited
+from .helpers import convert_run, edited
 
 TRAINED = FIXTURES / "trained"
 # fixture -> (its target, the boundaries its weights were trained on: tests/test_measured.py measures them)
@@ -127,7 +126,7 @@ def test_every_written_dialect_is_read_alike_by_vllms_own_runner_code(written, t
         Path(report).write_text("\n".join(rows) + "\n")
     # the post-write check itself asks vLLM when its interpreter is at hand
     monkeypatch.setenv("EAGLECTL_VLLM_PYTHON", python)
-    result = convert.run(str(TRAINED / "eagle3-output"), str(tmp_path / "asked"), "specforge",
+    result = convert_run(str(TRAINED / "eagle3-output"), str(tmp_path / "asked"), "specforge",
                          target=str(TRAINED / "target"), measure=False, aux_layer_ids=(3, 5, 6))
     line = next(c for c in result.checked if c.startswith("vLLM's runners read"))
     assert "v1 = v2 capture [3, 5, 6]" in line and "asked vLLM" in line, line
@@ -153,7 +152,7 @@ def test_the_post_write_check_fails_closed_naming_runner_key_and_both_lists(tmp_
     monkeypatch.setitem(formats.DIALECTS, "specforge", broken)
     dest = tmp_path / "out"
     with pytest.raises(ConversionError) as e:
-        convert.run(str(TRAINED / "eagle3-output"), str(dest), "specforge", target=str(TRAINED / "target"),
+        convert_run(str(TRAINED / "eagle3-output"), str(dest), "specforge", target=str(TRAINED / "target"),
                     measure=False, aux_layer_ids=(3, 5, 6))
     assert not dest.exists()
     msg = e.value.message
@@ -172,7 +171,7 @@ def test_a_flag_the_runners_would_not_apply_fails_closed(tmp_path, monkeypatch):
                         dataclasses.replace(real, writer=dataclasses.replace(real.writer, flag_paths=flags)))
     dest = tmp_path / "out"
     with pytest.raises(ConversionError) as e:
-        convert.run(str(TRAINED / "eagle3"), str(dest), "speculators", target=str(TRAINED / "target"),
+        convert_run(str(TRAINED / "eagle3"), str(dest), "speculators", target=str(TRAINED / "target"),
                     measure=False)
     assert not dest.exists()
     assert "vLLM's v1 runner applies norm_before_residual=true, but the drafter has norm_before_residual=false" in \

@@ -17,7 +17,20 @@ from typing import Any
 import click
 
 from .. import __version__, threads
-from ..commands.drift import DEFAULT_SYSTEM, PROTOCOLS
+from ..commands.drift import PROTOCOLS
+from ..commands.requests import (
+    CaptureRequest,
+    CheckRequest,
+    ConvertRequest,
+    DiffRequest,
+    DriftRequest,
+    InspectRequest,
+    SmokeRequest,
+    UpgradeRequest,
+    UploadRequest,
+    VerifyRequest,
+    build,
+)
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EaglectlError, filesystem_error
 from ..measure.workload import TEMPLATES
 from . import params as params
@@ -123,7 +136,8 @@ Examples:
 @params.from_option
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-@click.option("--for", "for_engine", type=click.Choice(["vllm", "sglang"]), default="vllm", show_default=True,
+@click.option("--for", "for_engine", type=click.Choice(["vllm", "sglang"]), default=InspectRequest.for_engine,
+              show_default=True,
               help="The engine the report is for: advice scoped to another engine is shown as info.")
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
 @params.engine_version_option
@@ -142,7 +156,7 @@ def inspect_cmd(source: str, **options: Any) -> None:
     """
     from ..commands import inspect as inspection
 
-    report.finish("inspect", inspection.run(source, **options, progress=report.progress))
+    report.finish("inspect", inspection.run(build(InspectRequest, options, source=source), report.progress))
 
 
 @cli.command("convert", short_help="Convert a drafter between dialects, checked after writing.", epilog="""\b
@@ -186,7 +200,7 @@ def convert_cmd(**options: Any) -> None:
     """
     from ..commands.convert import command as convert
 
-    single_or_batch("convert", lambda o: convert.run(**o, progress=report.progress))
+    single_or_batch("convert", lambda o: convert.run(build(ConvertRequest, o), report.progress))
 
 
 @cli.command("upgrade", short_help="Take an EAGLE-3 drafter to the EAGLE-3.1 layout.", epilog="""\b
@@ -199,9 +213,12 @@ Examples:
 """)
 @click.argument("source", required=False, metavar="SOURCE")
 @click.argument("dest", required=False, metavar="DEST")
-@click.option("--fc-norm/--no-fc-norm", default=True, show_default=True, help="Add per-aux fc_norm weights.")
-@click.option("--norm-output/--no-norm-output", default=True, show_default=True, help="Feed back the post-norm state.")
-@click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit", "fit"]), default="auto",
+@click.option("--fc-norm/--no-fc-norm", default=UpgradeRequest.fc_norm, show_default=True,
+              help="Add per-aux fc_norm weights.")
+@click.option("--norm-output/--no-norm-output", default=UpgradeRequest.norm_output, show_default=True,
+              help="Feed back the post-norm state.")
+@click.option("--init", type=click.Choice(["auto", "ones", "harmonic", "calibrated", "refit", "fit"]),
+              default=UpgradeRequest.init,
               show_default=True, help="How fc_norm starts; auto measures every init with --target (acceptance on "
               "held-out prompts, or --prompts) or --states (FC-output error on held-out requests) and keeps the "
               "best; ones without either. fit: the best closed-form init tuned by the target's likelihood.")
@@ -212,15 +229,15 @@ Examples:
 @click.option("--prompts", metavar="FILE|DIR", help="Rank the inits and report the acceptance lengths before and "
               "after on these prompts (smoke's loaders: builtin:NAME, JSONL, SPEED-Bench folder); needs --target. "
               "The figure is what vLLM prints on them (greedy, fp32).")
-@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True,
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=UpgradeRequest.num_prompts, show_default=True,
               help="Prompts ranked on (as smoke's --num-prompts).")
-@click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(1, 32768), default=UpgradeRequest.max_tokens, show_default=True,
               help="New tokens per prompt (as smoke's --max-tokens).")
 @click.option("--calibration-text", type=params.TextFile(),
               help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=params.DialectChoice(writable=True), help="Output dialect (default: the source's).")
 @params.from_option
-@click.option("--fidelity/--no-fidelity", default=True, show_default=True,
+@click.option("--fidelity/--no-fidelity", default=UpgradeRequest.fidelity, show_default=True,
               help="Measure the result against the source through the reference drafter.")
 @params.write_options
 @params.allow_pickle_option
@@ -235,7 +252,7 @@ def upgrade_cmd(**options: Any) -> None:
     """
     from ..commands.upgrade import command as upgrade
 
-    single_or_batch("upgrade", lambda o: upgrade.run(**o, progress=report.progress))
+    single_or_batch("upgrade", lambda o: upgrade.run(build(UpgradeRequest, o), report.progress))
 
 
 @cli.command("verify", short_help="Numerical parity through the reference drafter.", epilog="""\b
@@ -248,12 +265,14 @@ Examples:
 @click.option("--against", metavar="REFERENCE", help="Compare with this checkpoint (any dialect) on the same inputs.")
 @params.target_option("Real aux states from this HF target (folder or Hub id); default: seeded synthetic states.")
 @params.states_option
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=VerifyRequest.device, show_default=True,
               help="Where CANDIDATE runs (the reference of a precision check stays on CPU).")
 @params.dtype_option(None, "Precision CANDIDATE runs at (a precision check compares it with fp32).",
               shown="float32 with --against, else bfloat16")
-@click.option("--steps", type=click.IntRange(1, 32), default=3, show_default=True, help="Draft steps per anchor.")
-@click.option("--tokens", type=click.IntRange(2, 8192), default=64, show_default=True, help="Anchors (positions).")
+@click.option("--steps", type=click.IntRange(1, 32), default=VerifyRequest.steps, show_default=True,
+              help="Draft steps per anchor.")
+@click.option("--tokens", type=click.IntRange(2, 8192), default=VerifyRequest.tokens, show_default=True,
+              help="Anchors (positions).")
 @params.seed_option("Seed of the synthetic inputs.")
 @click.option("--text", type=params.TextFile(), help="UTF-8 text for --target (default: bundled).")
 @params.from_option
@@ -270,7 +289,7 @@ def verify_cmd(candidate: str, **options: Any) -> None:
     """
     from ..commands import verify
 
-    report.finish("verify", verify.run(candidate, **options, progress=report.progress))
+    report.finish("verify", verify.run(build(VerifyRequest, options, candidate=candidate), report.progress))
 
 
 @cli.command("diff", epilog="""\b
@@ -281,9 +300,9 @@ Examples:
 """)
 @click.argument("a")
 @click.argument("b")
-@click.option("--values/--no-values", default=True, show_default=True,
+@click.option("--values/--no-values", default=DiffRequest.values, show_default=True,
               help="Compare tensor values (max |A-B|, streamed); --no-values compares names, dtypes and shapes only.")
-@click.option("--atol", type=params.Number(0.0), default=0.0, show_default=True,
+@click.option("--atol", type=params.Number(0.0), default=DiffRequest.atol, show_default=True,
               help="Values within this max absolute difference count as equal.")
 @params.target_option("Target model (its config): compare aux ids as the boundaries vLLM captures on it, so "
                "'no ids' (engine default) equals the default written out.")
@@ -300,7 +319,7 @@ def diff_cmd(a: str, b: str, **options: Any) -> None:
     """
     from ..commands import diff
 
-    report.finish("diff", diff.run(a, b, **options, progress=report.progress))
+    report.finish("diff", diff.run(build(DiffRequest, options, a=a, b=b), report.progress))
 
 
 @cli.command("smoke", short_help="Measure acceptance under vLLM or the reference loop.", epilog="""\b
@@ -311,20 +330,23 @@ Examples:
 """)
 @click.argument("drafter")
 @params.target_option("Target model folder or Hub id (with a tokenizer).", required=True)
-@click.option("--engine", type=click.Choice(["vllm", "reference"]), default="vllm", show_default=True,
+@click.option("--engine", type=click.Choice(["vllm", "reference"]), default=SmokeRequest.engine, show_default=True,
               help="Real vLLM (its own interpreter) or eaglectl's reference loop (same counts, no vLLM needed).")
-@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True,
+@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=SmokeRequest.k,
+              show_default=True,
               help="Draft tokens per step (k).")
-@click.option("--prompts", default="builtin:short", show_default=True,
+@click.option("--prompts", default=SmokeRequest.prompts, show_default=True,
               help="builtin:short, builtin:long, builtin:calibration, a JSONL file ({'prompt': text}, {'messages': "
                    "[...]} or {'prompt_token_ids'}), or a local SPEED-Bench folder (parquet; reported per category).")
-@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True,
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=SmokeRequest.num_prompts, show_default=True,
               help="How many prompts to run.")
-@click.option("--max-tokens", type=click.IntRange(1, 32768), default=64, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(1, 32768), default=SmokeRequest.max_tokens, show_default=True,
               help="New tokens per prompt (greedy, EOS ignored).")
-@click.option("--max-model-len", type=click.IntRange(16, 1 << 20), default=1024, show_default=True,
+@click.option("--max-model-len", type=click.IntRange(16, 1 << 20), default=SmokeRequest.max_model_len,
+              show_default=True,
               help="Context window given to vLLM.")
-@click.option("--concurrency", type=params.IntList(1, 4096), default="1,4,16", show_default=True,
+@click.option("--concurrency", type=params.IntList(1, 4096), default=",".join(map(str, SmokeRequest.concurrency)),
+              show_default=True,
               help="Concurrency levels for throughput and speedup (vLLM engine).")
 @click.option("--baseline", "baselines", type=params.BASELINES, default="none", show_default=True,
               help="Comma list: none, ngram, draft_model:PATH, eagle3:PATH (or a drafter path).")
@@ -335,7 +357,8 @@ Examples:
               "prompts via its completions API, acceptance from its /metrics counters (deltas around the run).")
 @click.option("--min-acceptance", type=params.Number(1.0, 65.0),
               help="Fail (exit 9) below this mean acceptance length.")
-@click.option("--timeout-s", type=params.Number(0.0, 86400.0, lo_open=True), default=900.0, show_default=True,
+@click.option("--timeout-s", type=params.Number(0.0, 86400.0, lo_open=True), default=SmokeRequest.timeout_s,
+              show_default=True,
               help="Give up on vLLM after this many seconds.")
 @params.seed_option("Seed for prompt sampling and vLLM.")
 @click.option("--context-lengths", type=params.IntList(16, 1 << 20, example="2k,8k", k_suffix=True),
@@ -347,14 +370,15 @@ Examples:
 @click.option("--runner", type=click.Choice(["v1", "v2", "both"]), help="vLLM model runner(s) to measure: V1 (every "
               "CPU build), V2 (the GPU default; emulated on CPU by pinning its layers in a staged copy), or both. "
               "Default: both when their readings differ, else the one vLLM uses here.")
-@click.option("--reference-layers", type=click.Choice(["runner", "measured"]), default="runner", show_default=True,
+@click.option("--reference-layers", type=click.Choice(["runner", "measured"]),
+              default=SmokeRequest.reference_layers, show_default=True,
               help="--engine reference: run the layers each vLLM runner reads, or the layers the probe measured.")
 @click.option("--serving-option", "serving_options", multiple=True, type=params.SERVING_OPTION, metavar="KEY=VALUE",
               callback=params.merge_serving_options,
               help="Override a serving option that changes acceptance (rejection_sample_method, "
                    "draft_lm_head_quantization); recorded as an override. Default: vLLM's standard ones, forced.")
 @params.json_option
-def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None, **options: Any) -> None:
+def smoke_cmd(**options: Any) -> None:
     """Run DRAFTER on TARGET under real vLLM (or the reference loop) and measure acceptance.
 
     Greedy, fixed prompts, counters around the measured batch. Reports mean acceptance length
@@ -366,8 +390,7 @@ def smoke_cmd(drafter: str, target: str, context_lengths: tuple[int, ...] | None
     """
     from ..commands.smoke import command as smoke
 
-    report.finish("smoke", smoke.run(drafter, target, **options, context_lengths=context_lengths or (),
-                                     progress=report.progress))
+    report.finish("smoke", smoke.run(build(SmokeRequest, options), report.progress))
 
 
 @cli.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b
@@ -393,7 +416,7 @@ def check_cmd(sarif_path: str | None, **options: Any) -> None:
     from ..commands import check
 
     with check.gates(sarif_path, report.progress) as gate:
-        single_or_batch("check", gate, need_dest=False)
+        single_or_batch("check", lambda o: gate(build(CheckRequest, o)), need_dest=False)
 
 
 @cli.command("upload", short_help="After a PASS: the gate, then the folder to the Hub.", epilog="""\b
@@ -425,12 +448,11 @@ def upload_cmd(folder: str, repo_id: str, revision: str | None, create_pr: bool,
     the upload, named); the commit message and description are made from the gate's report. The token is HF_TOKEN (or
     the one `hf auth login` stored); the network is touched only after the gate passed.
     """
-    from ..commands import check, upload
+    from ..commands import upload
 
-    upload.require_folder(folder)
-    gate = check.run({**options, "source": folder}, report.progress)
-    report.finish("upload", upload.run(folder, repo_id, gate=gate, revision=revision, create_pr=create_pr,
-                                       private=private, dry_run=dry_run, commit_message=commit_message))
+    req = UploadRequest(folder, repo_id, build(CheckRequest, options, source=folder), revision, create_pr, private,
+                        commit_message, dry_run)
+    report.finish("upload", upload.run(req, report.progress))
 
 
 @cli.command("capture", short_help="Capture a target's hidden states for --states.", epilog="""\b
@@ -442,22 +464,22 @@ Examples:
 """)
 @click.argument("target")
 @click.option("--out", required=True, metavar="DIR", help="Folder to write (must not exist, unless --force).")
-@click.option("--engine", type=click.Choice(["hf", "vllm", "server"]), default="hf", show_default=True,
+@click.option("--engine", type=click.Choice(["hf", "vllm", "server"]), default=CaptureRequest.engine, show_default=True,
               help="hf: HF transformers (one device); vllm: vLLM in its own interpreter (whatever it serves); "
                    "server: your running vllm serve (--server-url; start it as --print-recipe says).")
 @click.option("--server-url", metavar="URL", help="The vllm serve to drive with --engine server.")
 @click.option("--server-storage", metavar="DIR", help="--engine server: the shared_storage_path the server dumps into; "
               "only dumps in it are read and removed (default: OUT.raw, as --print-recipe configures).")
-@click.option("--layers", default="auto", show_default=True, metavar="IDS|auto",
+@click.option("--layers", default=CaptureRequest.layers, show_default=True, metavar="IDS|auto",
               help="Boundary ids (vLLM's numbering, 0..L), or auto: the drafter's readings and their neighbours "
                    "(what the probe compares), plus 0 and L.")
 @click.option("--drafter", metavar="DRAFTER", help="The drafter whose layers --layers auto captures.")
-@click.option("--prompts", default="builtin:calibration", show_default=True,
+@click.option("--prompts", default=CaptureRequest.prompts, show_default=True,
               help="builtin:calibration, builtin:short, builtin:long, or a JSONL file ({'prompt'}, {'messages'} "
                    "or {'prompt_token_ids'}).")
-@click.option("--num-prompts", type=click.IntRange(1, 1_000_000), default=16, show_default=True,
+@click.option("--num-prompts", type=click.IntRange(1, 1_000_000), default=CaptureRequest.num_prompts, show_default=True,
               help="Requests to capture.")
-@click.option("--length", type=click.IntRange(8, 1 << 20), default=256, show_default=True,
+@click.option("--length", type=click.IntRange(8, 1 << 20), default=CaptureRequest.length, show_default=True,
               help="Tokens per request of the built-in prompt sets.")
 @params.dtype_option("float32", "Precision the target runs at (the states are stored at it).")
 @params.tensor_parallel_option("vLLM tensor parallelism of the target (--engine vllm, --print-recipe).")
@@ -468,13 +490,13 @@ Examples:
 @params.vllm_python_option("Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
 @click.option("--print-recipe", is_flag=True, help="Run nothing: print the vllm serve flags and client loop that "
               "write the same folder from your own server.")
-@click.option("--timeout-s", type=params.Number(0.0, 7 * 86400.0, lo_open=True), default=3600.0, show_default=True,
+@click.option("--timeout-s", type=params.Number(0.0, 7 * 86400.0, lo_open=True), default=CaptureRequest.timeout_s,
+              show_default=True,
               help="Give up on vLLM after this many seconds.")
 @params.seed_option("Seed for prompt sampling.")
 @click.option("--force", is_flag=True, help="Replace an existing --out folder that holds only a capture.")
 @params.json_option
-def capture_cmd(target: str, out: str, vllm_args: tuple[tuple[str, Any], ...], print_recipe: bool,
-                **options: Any) -> None:
+def capture_cmd(vllm_args: tuple[tuple[str, Any], ...], **options: Any) -> None:
     """Capture TARGET's hidden states at chosen boundaries, for --states on the other commands.
 
     Writes vLLM's own dump layout (one safetensors per request: token_ids, hidden_states
@@ -484,9 +506,8 @@ def capture_cmd(target: str, out: str, vllm_args: tuple[tuple[str, Any], ...], p
     from ..commands import capture
 
     flags = params.given_flags("prompts", "num_prompts", "length", "seed")  # what the recipe's client loop repeats
-    report.finish("capture", capture.recipe(target, options["layers"], options["drafter"], out,
-                                            options["tensor_parallel_size"], flags) if print_recipe else
-                  capture.run(target, out, vllm_args=dict(vllm_args), **options, progress=report.progress))
+    req = build(CaptureRequest, options, vllm_args=dict(vllm_args), recipe_flags=flags)
+    report.finish("capture", capture.run(req, report.progress))
 
 
 @cli.command("drift", short_help="Measure attention drift and state growth by depth.", epilog="""\b
@@ -499,35 +520,37 @@ Examples:
 @click.argument("drafters", nargs=-1, required=True)
 @params.target_option("Target model (folder or Hub id): runs the acceptance loop and gives the states.")
 @params.states_option
-@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default="paper-v1", show_default=True,
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=DriftRequest.protocol, show_default=True,
               help="Named definitions of sink, window and anchors (docs/drift.md); the options below override them.")
-@click.option("--depth", type=click.IntRange(1, 64), default=8, show_default=True,
+@click.option("--depth", type=click.IntRange(1, 64), default=DriftRequest.depth, show_default=True,
               help="Draft steps per chain (deeper than training shows extrapolation).")
-@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=3, show_default=True,
+@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=DriftRequest.k,
+              show_default=True,
               help="k of the acceptance loop (the same loop as smoke --engine reference).")
-@click.option("--prompts", default="builtin:short", show_default=True,
+@click.option("--prompts", default=DriftRequest.prompts, show_default=True,
               help="builtin:short, builtin:long, builtin:calibration, or a JSONL file (as smoke).")
-@click.option("--num-prompts", type=click.IntRange(1, 10000), default=16, show_default=True, help="Prompts per "
+@click.option("--num-prompts", type=click.IntRange(1, 10000), default=DriftRequest.num_prompts, show_default=True,
+              help="Prompts per "
               "condition (with --states: captured requests).")
-@click.option("--max-tokens", type=click.IntRange(2, 32768), default=64, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(2, 32768), default=DriftRequest.max_tokens, show_default=True,
               help="Answer tokens per prompt; anchors step through the answer.")
 @click.option("--context-lengths", type=params.IntList(16, 1 << 20, example="1k,4k", k_suffix=True),
               help="Axis: prompts of exactly these lengths (1k = 1024 tokens), built from the workload.")
 @click.option("--templates", type=params.ChoiceList(TEMPLATES),
               help="Axis: the JSONL chat prompts as written, with --system-prompt instead, or with no system prompt.")
-@click.option("--system-prompt", default=DEFAULT_SYSTEM, show_default=True,
+@click.option("--system-prompt", default=DriftRequest.system_prompt, show_default=True,
               help="The system prompt of the `changed` template.")
 @click.option("--sink-tokens", type=click.IntRange(1, 1 << 20), help="Positions counted as the sink (protocol: 1).")
 @click.option("--recent-window", type=click.IntRange(1, 1 << 20), help="Context positions counted as recent "
               "(protocol: 16).")
 @click.option("--anchor-every", type=click.IntRange(1, 1 << 20), help="Anchor spacing in the answer (protocol: 8).")
-@click.option("--bootstrap", "bootstrap_reps", type=click.IntRange(100, 100_000), default=1000, show_default=True,
+@click.option("--bootstrap", "bootstrap_reps", type=click.IntRange(100, 100_000),
+              default=DriftRequest.bootstrap_reps, show_default=True,
               help="Bootstrap resamples for the 95 % intervals.")
 @params.seed_option("Seed for prompt sampling and the bootstrap.")
 @params.plot_option("attention masses and state RMS by depth, drafters overlaid")
 @params.json_option
-def drift_cmd(drafters: tuple[str, ...], context_lengths: tuple[int, ...] | None, templates: tuple[str, ...] | None,
-              **options: Any) -> None:
+def drift_cmd(**options: Any) -> None:
     """Measure attention drift of DRAFTERS: where each one's attention goes as speculation deepens.
 
     Free-running chains from anchors inside real text, in the reference drafter. Per depth:
@@ -538,8 +561,7 @@ def drift_cmd(drafters: tuple[str, ...], context_lengths: tuple[int, ...] | None
     """
     from ..commands import drift
 
-    report.finish("drift", drift.run(list(drafters), context_lengths=context_lengths or (), templates=templates or (),
-                                     **options, progress=report.progress))
+    report.finish("drift", drift.run(build(DriftRequest, options), report.progress))
 
 
 @cli.command("formats", short_help="List the dialects eaglectl reads and writes.")

@@ -17,6 +17,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from .. import formats
+from ..commands.requests import SmokeRequest
 from ..io.dtypes import CONFIG_NAMES, DTYPES, TO_CONFIG
 from . import report
 
@@ -372,16 +373,20 @@ def gate_options(fn: F) -> F:
         target_option("Target model (inspect against it; parity inputs; smoke)."),
         click.option("--smoke", "run_smoke", is_flag=True,
                      help="Also run the drafter under vLLM (needs --target; --engine reference: eaglectl's loop)."),
-        click.option("--engine", "smoke_engine", type=click.Choice(["vllm", "reference"]), show_default="vllm",
+        click.option("--engine", "smoke_engine", type=click.Choice(["vllm", "reference"]),
+                     show_default=SmokeRequest.engine,
                      help="The smoke stage's engine: real vLLM, or eaglectl's reference loop (same counts, runs on "
                           "any CPU runner); implies the smoke stage."),
-        click.option("-k", "--num-speculative-tokens", "smoke_k", type=click.IntRange(1, 16), show_default="3",
+        click.option("-k", "--num-speculative-tokens", "smoke_k", type=click.IntRange(1, 16),
+                     show_default=str(SmokeRequest.k),
                      help="k of the smoke stage (implies it)."),
-        click.option("--prompts", "smoke_prompts", show_default="builtin:short",
+        click.option("--prompts", "smoke_prompts", show_default=SmokeRequest.prompts,
                      help="The smoke stage's prompts, as `smoke --prompts` (implies it)."),
-        click.option("--num-prompts", "smoke_num_prompts", type=click.IntRange(1, 10000), show_default="16",
+        click.option("--num-prompts", "smoke_num_prompts", type=click.IntRange(1, 10000),
+                     show_default=str(SmokeRequest.num_prompts),
                      help="How many prompts the smoke stage runs (implies it)."),
-        click.option("--timeout-s", "smoke_timeout_s", type=Number(0.0, 86400.0, lo_open=True), show_default="900",
+        click.option("--timeout-s", "smoke_timeout_s", type=Number(0.0, 86400.0, lo_open=True),
+                     show_default=f"{SmokeRequest.timeout_s:g}",
                      help="Give up on vLLM after this many seconds (implies the smoke stage)."),
         click.option("--min-acceptance", type=Number(1.0, 65.0), help="Run the smoke stage and fail below this mean "
                      "acceptance length."),

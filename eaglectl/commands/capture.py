@@ -31,6 +31,7 @@ from ..io.states import CAPTURE_JSON, SCHEMA
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..spec import default_aux_ids
+from .requests import CaptureRequest
 
 WORKER = WORKERS / "vllm_capture.py"
 
@@ -95,26 +96,28 @@ def prompt_set(t: TargetCheckpoint, prompts: str, count: int, length: int, seed:
     return ps.prompts, ps.description
 
 
-def run(target: str, out: str, *, engine: str = "hf", layers: str = "auto", drafter: str | None = None,
-        prompts: str = "builtin:calibration", num_prompts: int = 16, length: int = 256, dtype: str = "float32",
-        tensor_parallel_size: int = 1, max_model_len: int | None = None, vllm_args: dict[str, Any] | None = None,
-        vllm_python: str | None = None, server_url: str | None = None, server_storage: str | None = None,
-        seed: int = 0, force: bool = False, timeout_s: float = 1800.0, progress: Progress = passthrough
-        ) -> CaptureResult:
-    """Capture `target`'s states at boundaries `layers` for the prompts into OUT (staged, then renamed)."""
-    if engine == "server" and not server_url:
+def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
+    """Capture `target`'s states at boundaries `layers` for the prompts into OUT (staged, then renamed); with
+    `print_recipe`, run nothing: the serve flags and client loop that write the same folder."""
+    if req.print_recipe:
+        return recipe(req.target, req.layers, req.drafter, req.out, req.tensor_parallel_size, req.recipe_flags)
+    target, out, engine, prompts, dtype, timeout_s = req.target, req.out, req.engine, req.prompts, req.dtype, \
+        req.timeout_s
+    if engine == "server" and not req.server_url:
         raise UsageError("--engine server needs --server-url (a vllm serve started as --print-recipe says)")
     t = open_target(target)
-    ids = choose_layers(t, layers, drafter)
-    token_lists, how = prompt_set(t, prompts, num_prompts, length, seed)
+    ids = choose_layers(t, req.layers, req.drafter)
+    token_lists, how = prompt_set(t, prompts, req.num_prompts, req.length, req.seed)
     started = time.perf_counter()
-    with staged_output(out, force=force, sources=local_inputs(t, drafter, prompts)) as stage:
+    with staged_output(out, force=req.force, sources=local_inputs(t, req.drafter, prompts)) as stage:
         if engine == "vllm":
-            (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, tensor_parallel_size,
-                                             max_model_len, vllm_args or {}, vllm_python, timeout_s, progress)
+            (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, req.tensor_parallel_size,
+                                             req.max_model_len, dict(req.vllm_args or {}), req.vllm_python,
+                                             timeout_s, progress)
         elif engine == "server":
-            (versions, timings), log = _server(server_url, stage, ids, token_lists, timeout_s, progress,
-                                               t.hidden_size, t.vocab_size, server_storage or storage_folder(out)), None
+            (versions, timings), log = _server(req.server_url, stage, ids, token_lists, timeout_s, progress,
+                                               t.hidden_size, t.vocab_size, req.server_storage or storage_folder(out)
+                                               ), None
         else:
             (versions, timings), log = _hf(target, stage, ids, token_lists, dtype, progress), None
         stored = read_header(LocalFile(stage / "00000.safetensors")).tensors["hidden_states"].dtype

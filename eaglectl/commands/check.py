@@ -25,6 +25,7 @@ from ..io.atomic import check_outputs, local_inputs, write_file
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..rules import RULES, Finding
+from .requests import CheckRequest, SmokeRequest
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
@@ -87,32 +88,26 @@ def _timed(fn: Callable[[], Stage]) -> Stage:
 
 
 # What the smoke stage passes to `smoke.measure` when the user gave nothing (the CLI's defaults).
-SMOKE_DEFAULTS: dict[str, Any] = {"engine": "vllm", "k": 3, "prompts": "builtin:short", "num_prompts": 16,
-                                  "timeout_s": 900.0}
-
-
-def run(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
-    """Run the gate on o["source"] with its options as the command line names them (`check`'s, `upload`'s or a
-    manifest line's). `--min-acceptance`, or any of the smoke stage's options (passed to `smoke.measure`),
-    implies the smoke stage."""
+def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
+    """Run the gate on the request's source (`check`'s, `upload`'s or a manifest line's). `--min-acceptance`, or
+    any of the smoke stage's options, implies the smoke stage."""
     from ..checkpoint.drafter import open_drafter
     from ..measure.target import Target
     from .inspect import inspect_opened
 
-    source, target, states, strict = o["source"], o["target"], o["states"], o["strict"]
-    min_acceptance, vllm_python = o["min_acceptance"], o["vllm_python"]
-    given = {k: o[f"smoke_{k}"] for k in SMOKE_DEFAULTS if o[f"smoke_{k}"] is not None}
+    source, target, states, strict = req.source, req.target, req.states, req.strict
+    given = req.smoke_given()
     t0 = time.perf_counter()
-    d = open_drafter(source, allow_pickle=o["allow_pickle"])
+    d = open_drafter(source, allow_pickle=req.allow_pickle)
     tgt = Target.open(target, states, progress=progress)
     others = local_inputs(tgt, given.get("prompts"))
-    check_outputs({"--sarif": o.get("sarif_path")}, [*others, *local_inputs(d)])
-    if o["card"] and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
+    check_outputs({"--sarif": req.sarif_path}, [*others, *local_inputs(d)])
+    if req.card and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
         from .card import CARD
 
         check_outputs({"the model card": Path(d.root) / CARD}, [*others, *d.ckpt.identities])
-    rep = inspect_opened(d, tgt, strict=strict, measure=o["measure"], engine_version=o["engine_version"],
-                         progress=progress, vllm_python=vllm_python)
+    rep = inspect_opened(d, tgt, strict=strict, measure=req.measure, engine_version=req.engine_version,
+                         progress=progress, vllm_python=req.vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
                           (f", against {target}" if target else f", against the capture {states}" if states else ""),
@@ -121,25 +116,26 @@ def run(o: dict[str, Any], progress: Progress = passthrough) -> CheckReport:
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
     out.stages.append(_timed(lambda: _parity(rep)))
-    wants_smoke = o["run_smoke"] or min_acceptance is not None or bool(given)
-    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, min_acceptance, vllm_python, progress,
-                                        {**SMOKE_DEFAULTS, **given}))
+    wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
+    smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
+                         concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
+    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, smoke, progress))
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
-    out.stages.append(_timed(lambda: _card(out, rep, o["card"], smoke_doc, o["base_model"])))
+    out.stages.append(_timed(lambda: _card(out, rep, req.card, smoke_doc, req.base_model)))
     out.stages.append(_timed(lambda: _publish(out, rep)))
     return out
 
 
 @contextlib.contextmanager
 def gates(sarif_path: str | None,
-          progress: Progress = passthrough) -> Iterator[Callable[[dict[str, Any]], CheckReport]]:
+          progress: Progress = passthrough) -> Iterator[Callable[[CheckRequest], CheckReport]]:
     """Yield `run` that keeps each report; when the block ends (an error or an exit included), the
     reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
     reports: list[CheckReport] = []
 
-    def gate(o: dict[str, Any]) -> CheckReport:
-        reports.append(run(o, progress))
+    def gate(req: CheckRequest) -> CheckReport:
+        reports.append(run(req, progress))
         return reports[-1]
 
     try:
@@ -210,8 +206,7 @@ def _parity(rep: InspectReport) -> Stage:
                  f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
 
 
-def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptance: float | None,
-           vllm_python: str | None, progress: Progress, options: dict[str, Any]) -> Stage:
+def _smoke(rep: InspectReport, target: str | None, requested: bool, req: SmokeRequest, progress: Progress) -> Stage:
     if not requested:
         return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM, --engine reference "
                      "under eaglectl's reference loop)")
@@ -222,8 +217,7 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptan
     from .smoke import command as smoke
 
     try:
-        sm = smoke.measure(rep.drafter, rep.opened_target, min_acceptance=min_acceptance, vllm_python=vllm_python,
-                           concurrency=(1,), measured=rep.measured, progress=progress, **options).to_json()
+        sm = smoke.measure(rep.drafter, rep.opened_target, req, measured=rep.measured, progress=progress).to_json()
     except (MissingDependencyError, ReferenceLimitError) as e:  # eaglectl cannot run it: undecided (exit 10)
         return undecided("smoke", e, requested=True)
     except EaglectlError as e:
@@ -233,8 +227,8 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, min_acceptan
               "the reference loop" if sm["engine"] == "reference" else str(sm["engine"]))
     detail = (f"{engine}: acceptance length {al:.3f} at k={sm['num_speculative_tokens']} on "
               f"{sm['prompts']['description']}" if al is not None else f"{engine}: no drafts")
-    if min_acceptance is not None:
-        detail += f" (--min-acceptance {min_acceptance:g})"
+    if req.min_acceptance is not None:
+        detail += f" (--min-acceptance {req.min_acceptance:g})"
     if sm["red_flags"]:
         return Stage("smoke", "fail", detail + "; " + sm["red_flags"][0], data=sm, requested=True)
     return Stage("smoke", "pass", detail, data=sm, requested=True)

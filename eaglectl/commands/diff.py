@@ -19,6 +19,7 @@ from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
 from ..progress import Progress, passthrough
 from ..result import Result
 from .inspect import inputs
+from .requests import DiffRequest
 
 BLOCK_BYTES = 16 << 20  # per side, per read
 # spelling, not meaning (ids compare as aux_layer_ids_vllm), or covered by the per-tensor comparison; others as stored
@@ -75,13 +76,12 @@ def _side(d: DrafterCheckpoint) -> dict[str, Any]:
     return {"source": d.source, "dialect": d.dialect.name, "eagle_version": d.spec.eagle_version}
 
 
-def run(a: str, b: str, *, from_a: str | None = None, from_b: str | None = None, values: bool = True,
-        atol: float = 0.0, target: str | None = None, allow_pickle: bool = False,
-        progress: Progress = passthrough) -> DiffReport:
+def run(req: DiffRequest, progress: Progress = passthrough) -> DiffReport:
     """Compare A and B. With `target` (its config is enough), aux ids are compared as the boundaries
     vLLM captures on it: a drafter listing no ids and one listing the engine default are the same."""
-    da = open_drafter(a, from_dialect=from_a, allow_pickle=allow_pickle)
-    db = open_drafter(b, from_dialect=from_b, allow_pickle=allow_pickle)
+    values, atol, target = req.values, req.atol, req.target
+    da = open_drafter(req.a, from_dialect=req.from_a, allow_pickle=req.allow_pickle)
+    db = open_drafter(req.b, from_dialect=req.from_b, allow_pickle=req.allow_pickle)
     layers = None
     if target is not None:
         from ..checkpoint.target import open_target

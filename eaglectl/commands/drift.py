@@ -27,6 +27,7 @@ from ..measure.target import Target
 from ..measure.workload import load_prompts, template_prompts
 from ..progress import Progress, passthrough
 from ..result import Result
+from .requests import DriftRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from ..model.replay import LoopCounts
 
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
-DEFAULT_SYSTEM = "You are a careful assistant. Think before answering, then answer briefly."
 
 
 @dataclass(frozen=True)
@@ -382,20 +382,18 @@ def anchor_positions(start: int, end: int, every: int) -> list[int]:
     return list(range(max(0, start), end + 1, every))
 
 
-def run(drafters: list[str], *, target: str | None = None, states: str | None = None, protocol: str = "paper-v1",
-        depth: int = 8, k: int = 3, prompts: str = "builtin:short", num_prompts: int = 16, max_tokens: int = 64,
-        context_lengths: tuple[int, ...] = (), templates: tuple[str, ...] = (), system_prompt: str = DEFAULT_SYSTEM,
-        sink_tokens: int | None = None, recent_window: int | None = None, anchor_every: int | None = None,
-        bootstrap_reps: int = 1000, seed: int = 0, plot: str | None = None,
-        progress: Progress = passthrough) -> DriftReport:
+def run(req: DriftRequest, progress: Progress = passthrough) -> DriftReport:
     """Measure drift for each drafter under each condition (context length × template)."""
     import torch
 
     from ..checkpoint.drafter import open_drafter
     from ..measure.probe import measured_layers
 
-    given = {"sink_tokens": sink_tokens, "recent_window": recent_window, "anchor_every": anchor_every}
-    proto = replace(PROTOCOLS[protocol], **{k: v for k, v in given.items() if v is not None})
+    drafters, target, states, prompts, context_lengths, templates = (req.drafters, req.target, req.states,
+                                                                     req.prompts, req.context_lengths, req.templates)
+    depth, k, max_tokens, reps, seed, plot = req.depth, req.k, req.max_tokens, req.bootstrap_reps, req.seed, req.plot
+    given = {"sink_tokens": req.sink_tokens, "recent_window": req.recent_window, "anchor_every": req.anchor_every}
+    proto = replace(PROTOCOLS[req.protocol], **{k: v for k, v in given.items() if v is not None})
     if not drafters:
         raise UsageError("name at least one drafter")
     if context_lengths and templates:
@@ -417,18 +415,18 @@ def run(drafters: list[str], *, target: str | None = None, states: str | None = 
     runs: list[DriftRun] = []
     note = None
     if target is not None:
-        conditions = _conditions(t.model().tokenizer, prompts, num_prompts, max_tokens, k, seed, context_lengths,
-                                 templates, system_prompt, t.model().vocab_size)
+        conditions = _conditions(t.model().tokenizer, prompts, req.num_prompts, max_tokens, k, seed, context_lengths,
+                                 templates, req.system_prompt, t.model().vocab_size)
         t.need({i for ids in layers.values() for i in ids})
         for (length, template, prompt_ids), d in progress([(c, d) for c in conditions for d in loaded],
                                                           label="drift"):
             runs.append(_target_run(d, t, prompt_ids, length, template, proto, depth, k, max_tokens,
-                                    bootstrap_reps, seed, layers[id(d)]))
+                                    reps, seed, layers[id(d)]))
     else:
         assert t.states is not None
         note = "no acceptance loop: the target does not run with --states (run drift with --target for it)"
         for d in progress(loaded, label="drift"):
-            runs.append(_states_run(d, t.states, proto, depth, max_tokens, num_prompts, bootstrap_reps, seed,
+            runs.append(_states_run(d, t.states, proto, depth, max_tokens, req.num_prompts, reps, seed,
                                     layers[id(d)]))
     versions = {"eaglectl_version": __version__, "torch_version": torch.__version__,
                 "python": sys.version.split()[0]}
@@ -477,7 +475,7 @@ def _target_run(d: LoadedDrafter, tgt: Target, prompt_ids: list[list[int]], leng
         aux = c.aux(ids)[None, : len(tokens)]
         # the loop's first chain is drafted from position len(prompt) - 1; anchors step through the answer
         seqs.append(Sequence(tokens, aux, anchor_positions(len(prompt) - 1, len(tokens) - 2, proto.anchor_every)))
-    return _measure(d, model, seqs, proto, depth, reps, seed, embed, None, loop, length, template, [])
+    return _measure(d, model, seqs, proto, depth, reps, seed, embed, None, loop, (length, template), [])
 
 
 def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int, max_tokens: int, count: int,
@@ -519,7 +517,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
             if anchors:
                 yield Sequence(r.token_ids.tolist(), aux, anchors)
 
-    run = _measure(d, model, sequences(), proto, depth, reps, seed, embed, token_rows, None, None, None, notes)
+    run = _measure(d, model, sequences(), proto, depth, reps, seed, embed, token_rows, None, (None, None), notes)
     if not run.prompts:
         raise InvalidStatesError(f"{captured.root}: no captured request has 2 tokens or more: too few states")
     return run
@@ -527,8 +525,11 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
 
 def _measure(d: LoadedDrafter, model: Drafter, seqs: Iterable[Sequence], proto: Protocol, depth: int, reps: int,
              seed: int, embed: torch.Tensor | None, token_rows: torch.Tensor | None, loop: LoopCounts | None,
-             length: int | None, template: str | None, notes: list[str]) -> DriftRun:
+             condition: tuple[int | None, str | None], notes: list[str]) -> DriftRun:
+    """One drafter's chains over the sequences of one condition (context length, template)."""
     import torch
+
+    length, template = condition
 
     chains = []
     chunk_sq = torch.zeros(d.args.num_aux, dtype=torch.float64)

@@ -15,6 +15,7 @@ from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..rules import Context, Finding, run_checks, scope, summarise
+from .requests import InspectRequest
 
 
 @dataclass
@@ -152,14 +153,13 @@ class InspectReport(Result):
         }
 
 
-def run(source: str, *, target: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
-        revision: str | None = None, states: str | None = None, progress: Progress = passthrough,
-        **options: Any) -> InspectReport:
-    """Open SOURCE, name its dialect and run every rule (`options` are `inspect_opened`'s). With `target`, check
-    against its config and, when it can be run (weights and a tokenizer), measure what the files cannot settle
-    (`probe.measure`)."""
-    d = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
-    return inspect_opened(d, Target.open(target, states, progress=progress), progress=progress, **options)
+def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport:
+    """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
+    be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
+    d = open_drafter(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+    return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
+                          strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
+                          vllm_python=req.vllm_python, for_engine=req.for_engine)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,

@@ -20,8 +20,11 @@ from .. import __version__
 from ..checkpoint.publish import upload_files
 from ..errors import CheckpointNotFoundError, MissingDependencyError, UsageError, first_line
 from ..io.hub import hub_failure
+from ..progress import Progress, passthrough
 from ..result import Result
 from .check import CheckReport
+from .check import run as run_gate
+from .requests import UploadRequest
 
 if TYPE_CHECKING:
     from huggingface_hub import CommitInfo, CommitOperationAdd
@@ -104,12 +107,15 @@ def require_folder(folder: str) -> Path:
     return path
 
 
-def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = None, create_pr: bool = False,
-        private: bool = False, dry_run: bool = False, commit_message: str | None = None) -> UploadReport:
-    """Upload `folder` to the Hub repo `repo_id` after `gate` (check.run on the same folder) passed."""
+def run(req: UploadRequest, progress: Progress = passthrough) -> UploadReport:
+    """Run the gate (check.run on the same folder), then upload the folder to the Hub repo `repo_id` when it
+    passed."""
     from huggingface_hub import CommitOperationAdd
 
-    root = require_folder(folder)
+    folder, repo_id, revision, create_pr, private, dry_run = (req.folder, req.repo_id, req.revision, req.create_pr,
+                                                              req.private, req.dry_run)
+    root = require_folder(folder)  # before the gate runs: upload sends a folder
+    gate = run_gate(req.gate, progress)  # the gate's source is the folder
     try:  # every file publish.upload_files lists (the file a link inside the folder resolves to: never one outside)
         operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
                       for rel, path in upload_files(root)]
@@ -117,7 +123,7 @@ def run(folder: str, repo_id: str, *, gate: CheckReport, revision: str | None = 
     except UsageError as e:  # a link out of the folder, a FIFO: the gate's publish stage failed on it too
         operations, unsendable = [], e
     message, description = commit_text(gate)
-    rep = UploadReport(folder, repo_id, gate, operations, commit_message or message, description, dry_run, revision,
+    rep = UploadReport(folder, repo_id, gate, operations, req.commit_message or message, description, dry_run, revision,
                        create_pr, private)
     local = [f for f in gate.findings if f.rule_id == "local-path"]
     if unsendable is not None:

@@ -35,6 +35,7 @@ from ..model.loader import DTYPES, LoadedDrafter, load_reference
 from ..model.reference import DrafterArgs, StepOutput
 from ..progress import Progress, passthrough
 from ..result import Result
+from .requests import VerifyRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -418,28 +419,14 @@ def _side(d: LoadedDrafter, dtype: str, device: str) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def run(
-    candidate: str,
-    *,
-    against: str | None = None,
-    target: str | None = None,
-    states: str | None = None,
-    device: str = "cpu",
-    dtype: str | None = None,
-    steps: int = 3,
-    tokens: int = 64,
-    seed: int = 0,
-    text: str | None = None,
-    from_dialect: str | None = None,
-    against_from: str | None = None,
-    allow_pickle: bool = False,
-    fidelity: bool = False,
-    progress: Progress = passthrough,
-) -> ParityReport:
+def run(req: VerifyRequest, progress: Progress = passthrough) -> ParityReport:
     """Compare CANDIDATE with `against` (conversion / fidelity) or with its own fp32 CPU run (precision).
 
     Alone, CANDIDATE runs at bfloat16 by default (how drafters are served): fp32 on CPU against its own
     fp32 CPU run compares a run with itself and could never fail, so it is refused."""
+    candidate, against, target, device, dtype, steps, tokens, seed = (req.candidate, req.against, req.target,
+                                                                      req.device, req.dtype, req.steps, req.tokens,
+                                                                      req.seed)
     if against is None and dtype in (None, "float32") and device == "cpu":
         if dtype == "float32":
             raise UsageError(f"verify {candidate} --dtype float32 on cpu would compare the fp32 CPU run with itself",
@@ -448,11 +435,11 @@ def run(
     dtype = dtype or "float32"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise MissingDependencyError("--device cuda: no CUDA device is available", hint="run on a GPU machine")
-    cand_d = open_drafter(candidate, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    ref_d = open_drafter(against, from_dialect=against_from, allow_pickle=allow_pickle) if against else cand_d
+    cand_d = open_drafter(candidate, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
+    ref_d = open_drafter(against, from_dialect=req.against_from, allow_pickle=req.allow_pickle) if against else cand_d
     cand, ref = load_reference(cand_d), load_reference(ref_d)
     _same_shape(cand, ref)
-    t = Target.open(target, states, progress=progress, text=text)
+    t = Target.open(target, req.states, progress=progress, text=req.text)
     layers = None
     if t is not None:
         boundaries, layers = measured_layers(ref_d, t)
@@ -460,7 +447,7 @@ def run(
                              table_needed=not (cand.has_embed or ref.has_embed))
     else:
         inputs = synthetic_inputs(ref.args, ref.spec.aux_layer_ids_vllm, tokens, steps, seed)
-    mode = "precision" if against is None else "fidelity" if fidelity else "conversion"
+    mode = "precision" if against is None else "fidelity" if req.fidelity else "conversion"
     ref_at = ("float32", "cpu") if against is None else (dtype, device)  # precision: the fp32 CPU run of itself
     report = compare(cand, ref, inputs, mode, (dtype, device), ref_at, steps, tokens, seed,
                      upgrade=upgrade_provenance(cand_d.config) if against is not None else None)

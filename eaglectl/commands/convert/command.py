@@ -27,6 +27,7 @@ from ...io.safetensors import Written, write_safetensors
 from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
+from ..requests import ConvertRequest
 from .plan import DIGEST_PLACEHOLDER, ConversionPlan, plan_conversion, writable_dialect
 from .write import (
     SourceDigest,
@@ -62,12 +63,7 @@ class ConversionResult(Result):
                 "source_digest": self.source_digest, "serve": self.serve}
 
 
-def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = None, dtype: str | None = None,
-        target: str | None = None, aux_layer_ids: tuple[int, ...] | None = None,
-        source_aux_convention: str | None = None, max_shard_size: int | None = None, dry_run: bool = False,
-        force: bool = False, allow_pickle: bool = False, measure: bool = True, states: str | None = None,
-        progress: Progress = passthrough, base_model: str | None = None,
-        for_engine: str | None = None, embed_from_target: bool = False) -> ConversionResult:
+def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResult:
     """Convert SOURCE to dialect `to` at DEST (or only plan it with `dry_run`); with `for_engine` instead of
     `to`, to the dialect that engine serves this drafter from best (serving.pick), with its serve line.
 
@@ -75,21 +71,23 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
     table, and the written output must draft exactly like the source under the reference loop, read the
     way the destination's serving engine reads it (else BehaviourChangedError, nothing at DEST). Whatever can
     be refused without measuring (the destination, the dialect) is refused before the target is touched."""
+    source, dest, to, for_engine, dtype, base_model = req.source, req.dest, req.to, req.for_engine, req.dtype, \
+        req.base_model
     if bool(to) == bool(for_engine):  # exactly one of them (the CLI's --to / --for, or a manifest line's keys)
         raise UsageError("give --to DIALECT or --for ENGINE (or a 'to' / 'for' key per manifest line), not both"
                          if to else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key per manifest "
                          "line)", hint="eaglectl convert SOURCE DEST --for vllm")
-    src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    tgt = Target.open(target, states, progress=progress)
+    src = open_drafter(source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
+    tgt = Target.open(req.target, req.states, progress=progress)
     checkpoint = tgt.checkpoint if tgt is not None else None
     if to is not None:
         writable_dialect(to)
     inputs = local_inputs(src, tgt)  # the drafter, the target and its capture (--states)
-    if not dry_run:
-        check_destination(dest, force=force, sources=inputs)
+    if not req.dry_run:
+        check_destination(dest, force=req.force, sources=inputs)
     measured = None
     notes: list[str] = []
-    if tgt is not None and measure:
+    if tgt is not None and req.measure:
         from ...measure.probe import try_measure
 
         measured, why = try_measure(src, tgt, progress=progress)
@@ -97,10 +95,12 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
             notes.append(why)
 
     def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
-        ids, convention, more = follow_measurement(src, measured, source_aux_convention, aux_layer_ids, dialect)
+        ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
+                                                   dialect)
         return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
-                               source_aux_convention=convention, max_shard_size=max_shard_size, measured=measured,
-                               base_model=base_model, embed_from_target=embed_from_target), ids, convention, more
+                               source_aux_convention=convention, max_shard_size=req.max_shard_size,
+                               measured=measured, base_model=base_model, embed_from_target=req.embed_from_target
+                               ), ids, convention, more
 
     serve = None
     if for_engine is not None:
@@ -115,7 +115,7 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
         from ...engines.serving import serve_command
 
         serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
-    if dry_run:
+    if req.dry_run:
         return ConversionResult(plan, False, [], serve=serve)
     check = None
     if tgt is not None and tgt.runnable and measured is not None and not measured.at_chance:
@@ -123,7 +123,7 @@ def run(source: str, dest: str, to: str | None, *, from_dialect: str | None = No
     elif tgt is not None and tgt.states is not None and measured is not None:
         plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
                           "runnable --target without --states)")
-    result = execute(plan, src, target=checkpoint, force=force, progress=progress, after_write=check, inputs=inputs)
+    result = execute(plan, src, target=checkpoint, force=req.force, progress=progress, after_write=check, inputs=inputs)
     result.serve = serve
     return result
 

@@ -100,6 +100,15 @@ def writable_dialect(to: str) -> Dialect:
     return dialect
 
 
+@dataclass(frozen=True)
+class Additions:
+    """What an upgrade adds to a conversion: the output's spec (its flags) and new tensors, canonical name ->
+    (dtype, shape, note), whose bytes the upgrade supplies."""
+
+    spec: DrafterSpec
+    tensors: dict[str, tuple[str, tuple[int, ...], str]]
+
+
 def plan_conversion(
     src: DrafterCheckpoint,
     dest: str | os.PathLike[str],
@@ -110,23 +119,22 @@ def plan_conversion(
     aux_layer_ids: tuple[int, ...] | None = None,
     source_aux_convention: str | None = None,
     max_shard_size: int | None = None,
-    spec_override: DrafterSpec | None = None,
-    extra_tensors: dict[str, tuple[str, tuple[int, ...], str]] | None = None,
+    upgrade: Additions | None = None,
     measured: Measurement | None = None,
     base_model: str | None = None,
     embed_from_target: bool = False,
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
-    `spec_override` and `extra_tensors` (canonical name -> (dtype, shape, note)) let `upgrade` reuse
-    the same machinery: they declare flags and new tensors whose bytes the caller supplies.
+    `upgrade` lets the upgrade reuse the same machinery: it declares flags and new tensors whose bytes the
+    caller supplies.
     """
     dialect = writable_dialect(to)
     for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
         if f.severity == "error" and not f.rule.repaired_by_convert:
             raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
                                   path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
-    spec = spec_override or src.spec
+    spec = upgrade.spec if upgrade is not None else src.spec
 
     def fail(message: str) -> NoReturn:
         raise ConversionError(f"{src.root} -> {to}: {message}", dialect=to, path=src.root)
@@ -140,12 +148,12 @@ def plan_conversion(
     actions, dropped = _stored_actions(src, spec, dialect, out_dtype, fail)
     float_dtype = out_dtype or _main_float_dtype(src)
     actions += _added_actions(src, spec, dialect, target, float_dtype, embed_from_target, fail)
-    actions = _with_extra_tensors(actions, dialect, extra_tensors, out_dtype, fail)
+    actions = _with_extra_tensors(actions, dialect, upgrade.tensors if upgrade else None, out_dtype, fail)
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
     config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
-    intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=spec_override is None)
+    intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=upgrade is None)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
                                      if src.ckpt.layout == "sharded" else None)  # the source's largest file

@@ -29,6 +29,7 @@ from ...io.atomic import check_outputs, local_inputs
 from ...measure.workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 from ...progress import Progress, passthrough
 from ...result import Result, verdict
+from ..requests import SmokeRequest
 from . import runner as runner_smoke
 from .runner import RunnerRun
 
@@ -272,67 +273,44 @@ def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | 
             "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
 
 
-def run(drafter: str, target: str, *, baselines: list[Baseline] | None = None, preflight: bool = True,
-        dtype: str = "float32", progress: Progress = passthrough, **options: Any) -> SmokeReport:
-    """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first.
-    `options` are `measure`'s."""
+def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
+    """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first."""
     from ...measure.target import Target
     from ..inspect import inspect_opened
 
-    d = open_drafter(drafter)
-    t = Target.open(target, progress=progress, dtype=dtype)
+    d = open_drafter(req.drafter)
+    t = Target.open(req.target, progress=progress, dtype=req.dtype)
     assert t is not None
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
-                 for b in baselines or []]
-    for opened in ([d] if preflight else []) + [b.opened for b in baselines if b.opened is not None]:
+                 for b in req.baselines]
+    for opened in ([d] if req.preflight else []) + [b.opened for b in baselines if b.opened is not None]:
         pre = inspect_opened(opened, t, measure=False)  # engine_reading measures what vLLM ran
         # the GPU runner's reading does not stop a run here (CPU vLLM and the reference loop run V1's)
         first = next((f for f in pre.findings if f.severity == "error" and f.rule_id not in GPU_RUNNER_RULES), None)
         if first is not None:
             raise SmokeFailedError(f"{opened.source}: pre-flight inspect found errors, first [{first.rule_id}] "
-                                   f"{first.message}", hint=f"eaglectl inspect {opened.source} --target {target}")
-    return measure(d, t, baselines=baselines, dtype=dtype, progress=progress, **options)
+                                   f"{first.message}", hint=f"eaglectl inspect {opened.source} --target {req.target}")
+    return measure(d, t, replace(req, baselines=tuple(baselines)), progress=progress)
 
 
-def measure(
-    d: DrafterCheckpoint,
-    target: Target,
-    *,
-    engine: str = "vllm",
-    k: int = 3,
-    prompts: str = "builtin:short",
-    num_prompts: int = 16,
-    max_tokens: int = 64,
-    concurrency: tuple[int, ...] = (1, 4, 16),
-    baselines: list[Baseline] | None = None,
-    dtype: str = "float32",
-    tensor_parallel_size: int = 1,
-    vllm_python: str | None = None,
-    min_acceptance: float | None = None,
-    max_model_len: int = 1024,
-    seed: int = 0,
-    timeout_s: float = 900.0,
-    context_lengths: tuple[int, ...] = (),
-    plot: str | None = None,
-    progress: Progress = passthrough,
-    server: str | None = None,
-    measured: Measurement | None = None,
-    profile: str | None = None,
-    runner: str | None = None,
-    reference_layers: str = "runner",
-    serving_options: dict[str, str] | None = None,
-) -> SmokeReport:
+def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured: Measurement | None = None,
+            progress: Progress = passthrough) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
-    the target is loaded once per command)."""
+    the target is loaded once per command); the request's drafter and target name them."""
+    engine, k, prompts, max_tokens, dtype, seed, timeout_s, runner, reference_layers = (
+        req.engine, req.k, req.prompts, req.max_tokens, req.dtype, req.seed, req.timeout_s, req.runner,
+        req.reference_layers)
+    server, plot, profile, context_lengths, vllm_python = (req.server, req.plot, req.profile, req.context_lengths,
+                                                           req.vllm_python)
     check_outputs({"--plot": plot, "--profile": profile},
-                  local_inputs(d, target, prompts, *[b.opened or b.path for b in baselines or []]))
-    engine, baselines = _engine_for(engine, server, baselines or [], context_lengths)
+                  local_inputs(d, target, prompts, *[b.opened or b.path for b in req.baselines]))
+    engine, baselines = _engine_for(engine, server, list(req.baselines), context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
-    max_model_len = max([max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
-    prompt_set, groups = _prompt_sets(target, prompts, num_prompts, max_tokens, max_model_len, k, seed,
+    max_model_len = max([req.max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
+    prompt_set, groups = _prompt_sets(target, prompts, req.num_prompts, max_tokens, max_model_len, k, seed,
                                       context_lengths)
-    serving = _serving(engine, serving_options)
+    serving = _serving(engine, dict(req.serving_options) if req.serving_options else None)
     runs: list[RunnerRun] = []
     readings, intended = None, None
     if server is None:
@@ -350,8 +328,8 @@ def measure(
         results, log, versions = _by_server(server, d.source, prompt_set, max_tokens, timeout_s)
     elif python is not None:
         request = {"target": engine_path(target.source), "dtype": dtype, "max_model_len": max_model_len,
-                   "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": tensor_parallel_size,
-                   "max_tokens": max_tokens, "concurrency": list(concurrency), "prompts": prompt_set.prompts,
+                   "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": req.tensor_parallel_size,
+                   "max_tokens": max_tokens, "concurrency": list(req.concurrency), "prompts": prompt_set.prompts,
                    "groups": groups, "serving_options": serving,
                    "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
                                for c in configs]}
@@ -369,7 +347,7 @@ def measure(
     if len(active) > 1:  # the first runner is the headline; the others are reported per runner, not as baselines
         results = [results[0], *results[len(active):]]
     rep = SmokeReport(d.source, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
-                      min_acceptance)
+                      req.min_acceptance)
     rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
     rep.serving = runner_smoke.serving_record(serving, applied, k=k, dtype=dtype, max_model_len=max_model_len,
                                               seed=seed, engine=engine)

@@ -55,6 +55,8 @@ from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
 from ..convert.command import ConversionPlan, ConversionResult, execute, plan_conversion, writable_dialect
+from ..convert.plan import Additions
+from ..requests import UpgradeRequest
 
 if TYPE_CHECKING:
     import torch
@@ -114,7 +116,8 @@ class UpgradeResult(Result):
 
 
 CALIBRATION_TOKENS = 4096  # tokens of the calibration text read for the statistics
-RANK_PROMPTS, RANK_TOKENS = 16, 64  # held-out prompts the inits are ranked on (reference loop), tokens decoded
+# held-out prompts the inits are ranked on (reference loop), tokens decoded
+RANK_PROMPTS, RANK_TOKENS = UpgradeRequest.num_prompts, UpgradeRequest.max_tokens
 CAL_PROMPTS, CAL_SEED = 32, 5  # held-out prompts whose greedy continuations calibration and `fit` read (never ranked)
 FIT_CAPTURE_TOKENS = 8192  # anchors of a capture `fit` reads
 FIDELITY_STEPS = 3
@@ -131,39 +134,35 @@ class Choice:
     fit_report: FitReport | None = None
 
 
-def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = True, init: str = "auto",
-        target: str | None = None, states: str | None = None, calibration_text: str | None = None,
-        prompts: str | None = None, num_prompts: int = RANK_PROMPTS, max_tokens: int = RANK_TOKENS,
-        fit_fc: bool = False, to: str | None = None, from_dialect: str | None = None, allow_pickle: bool = False,
-        force: bool = False, dry_run: bool = False, fidelity: bool = True, fidelity_tokens: int = 64,
-        progress: Progress = passthrough, base_model: str | None = None, runner: str = "v1"
-        ) -> UpgradeResult:
+def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     """Take SOURCE to the EAGLE-3.1 layout at DEST. The target (when given) is loaded once, its states over
     the calibration text are captured once, and its greedy continuations of the ranking (and fitting) prompts
     are decoded once; the probe, calibration, the ranking of the inits, the acceptance before / after and the
     fidelity report all read them. `runner` is the vLLM runner whose reading of a config's aux ids the
     figures follow (v1: every CPU build)."""
-    src = open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle)
-    tgt = Target.open(target, states, progress=progress, text=calibration_text)
+    source, dest, init, target, prompts, to = req.source, req.dest, req.init, req.target, req.prompts, req.to
+    src = open_drafter(source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
+    tgt = Target.open(target, req.states, progress=progress, text=req.calibration_text)
     again = f"eaglectl upgrade {shlex.quote(source)} {shlex.quote(str(dest))}" + (
-        " --allow-pickle" if allow_pickle else "")
+        " --allow-pickle" if req.allow_pickle else "")
     inputs = local_inputs(src, tgt, prompts)  # the drafter, the target, its capture (--states), the prompts
-    if not dry_run:  # before anything is measured: an output over an input is the first thing refused
-        check_destination(dest, force=force, sources=inputs)
-    to, steps = upgrade_steps(src, tgt, init, fc_norm, norm_output, to, target, prompts, again)
+    if not req.dry_run:  # before anything is measured: an output over an input is the first thing refused
+        check_destination(dest, force=req.force, sources=inputs)
+    to, steps = upgrade_steps(src, tgt, init, req.fc_norm, req.norm_output, to, target, prompts, again)
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
-    work = workload_for(tgt, prompts, num_prompts, max_tokens) if tgt is not None and tgt.runnable and steps else None
+    runnable = tgt is not None and tgt.runnable
+    work = workload_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps else None
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
-              fc if fc in ("F32", "BF16", "F16") else "BF16", runner, progress, ids, work)
-    choice = choose_init(s, init, fit_fc) if "add-fc-norm" in steps else Choice()
-    plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, fit_fc, base_model, measurement)
-    acceptance = before_after(s, choice.fitted, plan.config, written=not dry_run) if work is not None else None
+              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work)
+    choice = choose_init(s, init, req.fit_fc) if "add-fc-norm" in steps else Choice()
+    plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement)
+    acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if work is not None else None
     recorded = None
-    if fidelity and steps and not dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
-        fid = _fidelity(_planned(src, dest, new_spec, written, s.dtype), s, fidelity_tokens)
+    if req.fidelity and steps and not req.dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
+        fid = _fidelity(_planned(src, dest, new_spec, written, s.dtype), s, req.fidelity_tokens)
         recorded = {"inputs": "target" if fid.inputs_real else "synthetic", "seed": fid.seed, "tokens": fid.tokens,
                     "per_step": [{"step": m.step, "kl_mean": round(m.kl_mean, 6),
                                   "top1_agreement": round(m.top1_agreement, 6)} for m in fid.metrics]}
@@ -173,7 +172,8 @@ def run(source: str, dest: str, *, fc_norm: bool = True, norm_output: bool = Tru
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
                            _next_command(dest, target, work, prompts))
-    return result if dry_run else _write(result, s, plan, supplied, force, fidelity_tokens if fidelity else None, inputs)
+    return result if req.dry_run else _write(result, s, plan, supplied, req.force,
+                                             req.fidelity_tokens if req.fidelity else None, inputs)
 
 
 # ------------------------------------------------------------------------------------ what to do, or why not
@@ -457,8 +457,8 @@ def plan_upgrade(s: Setup, dest: str, to: str, new_spec: DrafterSpec, choice: Ch
     if measurement is not None and measurement.at_chance:
         measurement = None  # a drafter at chance says nothing about its layers: the files' reading is written
     decided = measurement is not None and measurement.boundary_ids is not None
-    plan = plan_conversion(s.src, dest, to, target=s.tgt.checkpoint if s.tgt else None, spec_override=new_spec,
-                           extra_tensors=extra, base_model=base_model, measured=measurement,
+    plan = plan_conversion(s.src, dest, to, target=s.tgt.checkpoint if s.tgt else None, upgrade=Additions(new_spec, extra),
+                           base_model=base_model, measured=measurement,
                            aux_layer_ids=tuple(s.ids) if decided and s.ids is not None
                            and s.src.spec.aux_layer_ids is not None else None)
     written = {k: casting.decode(v, s.dtype).reshape(extra[k][1]) for k, v in supplied.items()}
