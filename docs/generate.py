@@ -23,7 +23,15 @@ sys.path.insert(0, str(HERE.parent))
 from eaglectl import errors  # noqa: E402
 from eaglectl.cli.app import cli  # noqa: E402
 from eaglectl.cli.docs_data import dialect_rows  # noqa: E402
-from eaglectl.engines.facts import AUX_CONVENTIONS, CLIENTS, FEATURES, MODEL_READS, REFERENCE, RUNNER_CHOICE, RUNNERS  # noqa: E402
+from eaglectl.engines.facts import (  # noqa: E402
+    CLIENTS,
+    ENGINE_AUX_CONVENTIONS,
+    FEATURES,
+    MODEL_READS,
+    REFERENCE,
+    RUNNER_CHOICE,
+    RUNNERS,
+)
 from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
@@ -98,7 +106,7 @@ def engines_page() -> str:
            f"are pinned to vLLM {REFERENCE['vllm']}.\n\n",
            "## aux-ids\n\nHow configured aux ids become target boundaries (the last row of an engine is its "
            "current reading):\n\n| engine | since | reading | source |\n|---|---|---|---|\n"]
-    for r in AUX_CONVENTIONS:
+    for r in ENGINE_AUX_CONVENTIONS:
         out.append(f"| {r.engine} | {_cell(r.since)} | {_cell(r.describe())} | {_cell(r.source)} |\n")
     out.append("\nvLLM's row is the V1 runner's reading of the top-level ids; what each of its two runners reads "
                "is below ([runners](#runners)).\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import shutil
 import subprocess
 import sys
@@ -84,3 +85,31 @@ def test_every_command_builds_one_request_whose_defaults_are_the_command_lines()
             want = fields[p.name].default
             got = p.type_cast_value(ctx, default) if isinstance(default, str) else default
             assert got == want, f"{name} --{p.name}: the command line's default {got!r}, the request's {want!r}"
+
+
+# a command that runs no weights never imports torch, transformers or vLLM (they cost seconds and hundreds of MB)
+_NO_WEIGHTS = (
+    ("inspect", "{trained}/eagle3"),
+    ("inspect", "{trained}/eagle3", "--target", "{config_only}"),
+    ("convert", "{trained}/eagle3", "{tmp}/a", "--to", "speculators", "--target", "{config_only}"),
+    ("convert", "{trained}/eagle3", "{tmp}/b", "--to", "modelopt", "--dtype", "bfloat16", "--target", "{config_only}"),
+    ("diff", "{trained}/eagle3", "{trained}/eagle3-output"),
+    ("rules",),
+)
+
+
+@pytest.mark.parametrize("args", _NO_WEIGHTS, ids=lambda a: " ".join(a[:1] + a[-2:]))
+def test_a_command_that_runs_no_weights_imports_no_torch(args, tmp_path):
+    config_only = tmp_path / "target"
+    config_only.mkdir()
+    shutil.copy(ROOT / "fixtures" / "trained" / "target" / "config.json", config_only)
+    argv = [a.format(trained=ROOT / "fixtures" / "trained", config_only=config_only, tmp=tmp_path) for a in args]
+    code = ("import runpy, sys\nsys.argv = ['eaglectl', *sys.argv[1:]]\ntry:\n"
+            "    runpy.run_module('eaglectl', run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('IMPORTED', code, sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))")
+    env = {**os.environ, "EAGLECTL_VLLM_PYTHON": str(tmp_path / "no-vllm")}  # the tables
+    r = subprocess.run([sys.executable, "-c", code, *argv, "--json"], capture_output=True, text=True, cwd=ROOT,
+                       env=env)
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("IMPORTED") and line.split(" ", 2)[1] in ("0", "1"), r.stdout[-500:] + r.stderr[-2000:]
+    assert line.endswith("[]"), line

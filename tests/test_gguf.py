@@ -387,11 +387,11 @@ def test_a_bool_head_count_is_no_count(invoke, written, tmp_path):
 @pytest.mark.parametrize("target", [TARGET, FIXTURES / "target-llama"], ids=["runnable", "target-llama"])
 def test_a_gguf_with_a_target_never_exits_70(invoke, written, tmp_path, target):
     """Issue 30 item 6: any GGUF with a runnable --target exited 70 (no aux reading for llama.cpp): inspect, check
-    and convert now read it as llama.cpp does (boundaries, engines.AUX_CONVENTIONS), and convert --to gguf replays the
+    and convert now read it as llama.cpp does (boundaries, engines.ENGINE_AUX_CONVENTIONS), and convert --to gguf replays the
     written file under that reading. fixtures/target-llama (no tokenizer: not runnable) is another width: findings."""
-    from eaglectl.engines.facts import aux_convention
+    from eaglectl.engines.facts import engine_convention
 
-    assert aux_convention("llama.cpp").rule == "boundary"
+    assert engine_convention("llama.cpp").rule == "boundary"
     path, _ = written["eagle3"]
     runnable = target == TARGET
     r = invoke("inspect", path, "--target", target, "--json")

@@ -175,7 +175,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     measured, note = None, None
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
-        note = t.why_not_runnable() if t.states is None else None
+        note = t.why_not_measurable()
         if note is None and any(f.severity == "error" for f in run_checks(Context(d, checkpoint))):
             # the probe needs a drafter the reference can build
             note = "not measured: inspect finds errors that keep the reference drafter from running"

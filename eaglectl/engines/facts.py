@@ -18,7 +18,7 @@ from ..spec import DrafterSpec, default_aux_ids
 
 
 @dataclass(frozen=True)
-class AuxConvention:
+class EngineAuxConvention:
     """How an engine turns the aux ids written in a drafter's config into target boundaries."""
 
     engine: str
@@ -39,14 +39,14 @@ class AuxConvention:
 
 
 # Oldest first; the last entry of an engine is its current reading.
-AUX_CONVENTIONS: tuple[AuxConvention, ...] = (
-    AuxConvention("vllm", "0.8", "boundary",
+ENGINE_AUX_CONVENTIONS: tuple[EngineAuxConvention, ...] = (
+    EngineAuxConvention("vllm", "0.8", "boundary",
                "model_executor/models/llama.py captures the residual stream entering layer k"),
-    AuxConvention("sglang", "EAGLE-3 support", "output", "models/llama.py set_eagle3_layers_to_capture adds 1"),
-    AuxConvention("sglang", "PR #25454, 2026-05-16", "output-if-first-is-1",
+    EngineAuxConvention("sglang", "EAGLE-3 support", "output", "models/llama.py set_eagle3_layers_to_capture adds 1"),
+    EngineAuxConvention("sglang", "PR #25454, 2026-05-16", "output-if-first-is-1",
                "sglang PR #25454: boundary-numbered Kimi drafters lost 0.10 AL to the +1"),
-    AuxConvention("trt-llm", "EAGLE-3 support", "output", "_torch/speculative/eagle3.py"),
-    AuxConvention("llama.cpp", "EAGLE-3 support (0c1e5709)", "boundary",
+    EngineAuxConvention("trt-llm", "EAGLE-3 support", "output", "_torch/speculative/eagle3.py"),
+    EngineAuxConvention("llama.cpp", "EAGLE-3 support (0c1e5709)", "boundary",
                "common/speculative.cpp captures the input of target layer k (llama_set_embeddings_layer_inp) for "
                "each k in eagle3.target_layers; k = L is the final hidden state (docs/gguf.md#aux-ids)"),
 )
@@ -68,9 +68,9 @@ def engine_ids(engine: str, config: ConfigView | None, stored: tuple[int, ...] |
     return stored
 
 
-def aux_convention(engine: str) -> AuxConvention:
+def engine_convention(engine: str) -> EngineAuxConvention:
     """The engine's current reading of configured aux ids."""
-    return [r for r in AUX_CONVENTIONS if r.engine == engine][-1]
+    return [r for r in ENGINE_AUX_CONVENTIONS if r.engine == engine][-1]
 
 
 def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: int) -> tuple[int, ...]:
@@ -78,7 +78,7 @@ def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: i
     every engine's default names the same boundaries). Sorted and de-duplicated, as engines do."""
     if ids is None:
         return default_aux_ids(target_layers, "boundary")
-    return tuple(sorted(set(aux_convention(engine).boundaries(tuple(ids)))))
+    return tuple(sorted(set(engine_convention(engine).boundaries(tuple(ids)))))
 
 
 # ---------------------------------------------------------------------------- vLLM's two model runners

@@ -390,10 +390,9 @@ def try_measure(d: DrafterCheckpoint, target: Target | None, **kw: Any) -> tuple
     or a tokenizer, a drafter the reference cannot run, no transformers. A capture stands in for the target."""
     if target is None:
         return None, None
-    if target.states is None:
-        why = target.why_not_runnable()
-        if why is not None:
-            return None, why
+    why = target.why_not_measurable()
+    if why is not None:
+        return None, why
     try:
         return measure(d, target, **kw), None
     except InvalidStatesError:

@@ -90,6 +90,11 @@ class Target:
             return f"{self.states.root}: the capture stands in for the target, which is not run"
         return self.checkpoint.why_not_runnable()
 
+    def why_not_measurable(self) -> str | None:
+        """Why the probe cannot measure a drafter on this target (None: it can: weights and a tokenizer, or a
+        capture of its states). Asked before the probe is imported: torch and transformers load only for work."""
+        return self.why_not_runnable() if self.states is None else None
+
     @property
     def runnable(self) -> bool:
         """It can be run on text and prompts (weights and a tokenizer), or stands in as a capture? The former."""

@@ -4,7 +4,7 @@ predicts this target at all (docs/math.md#reading-probe, docs/engines.md#aux-ids
 
 from __future__ import annotations
 
-from ..engines.facts import aux_convention, engine_boundaries, engine_ids
+from ..engines.facts import engine_boundaries, engine_convention, engine_ids
 from . import catalogue as rule
 from .base import Context, check
 
@@ -33,7 +33,7 @@ def measured(ctx: Context) -> None:
                     m.aux.winner.acceptance_length:
                 stake = (f": acceptance length {by_ids[reads].acceptance_length:.2f} instead of "
                          f"{m.aux.winner.acceptance_length:.2f} under the reference loop")
-            message = (f"{engine} (since {aux_convention(engine).since}) reads boundaries {list(reads)}; the drafter "
+            message = (f"{engine} (since {engine_convention(engine).since}) reads boundaries {list(reads)}; the drafter "
                        f"was trained on {list(trained)}{stake}")
             if engine == ctx.dialect.consumer:
                 ctx.emit(rule.AUX_READING_MISMATCH, message, ctx.where)

@@ -88,9 +88,11 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
     measured = None
     notes: list[str] = []
     if tgt is not None and req.measure:
-        from ...measure.probe import try_measure
+        why = tgt.why_not_measurable()
+        if why is None:
+            from ...measure.probe import try_measure  # torch and transformers: only when the target can be run
 
-        measured, why = try_measure(src, tgt, progress=progress)
+            measured, why = try_measure(src, tgt, progress=progress)
         if why:
             notes.append(why)
 

@@ -269,7 +269,7 @@ def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -
     """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
     where it is installed, else its table: runners.readings_for) and, for a dialect another engine serves
     (`Dialect.consumer`), that engine's reading of the dialect's own field."""
-    from ...engines.facts import aux_convention, engine_boundaries, engine_ids
+    from ...engines.facts import engine_boundaries, engine_convention, engine_ids
     from ...engines.runners import readings_for
 
     dialect = formats.get(to)
@@ -280,5 +280,5 @@ def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -
             found.setdefault(ids, []).append(f"vLLM {r.runner}")
     if dialect.consumer != "vllm":
         ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
-        found.setdefault(ids, []).append(f"{dialect.consumer} (since {aux_convention(dialect.consumer).since})")
+        found.setdefault(ids, []).append(f"{dialect.consumer} (since {engine_convention(dialect.consumer).since})")
     return [(" and ".join(who), ids) for ids, who in found.items()]
