@@ -171,20 +171,31 @@ def engines_page() -> str:
                "`transformer_layer_config` plus the top-level `draft_vocab_size`, `target_hidden_size`, "
                "`norm_before_residual` (true when absent), `norm_before_fc`, `fc_norm`, `norm_output` and the "
                "top-level ids; a top-level `eagle_config` of a speculators config is not carried.\n")
-    out.append("\n## features\n\nThe first release that serves a drafter feature correctly. `release` is the first "
-               "release known to hold it; *unconfirmed* means only the change (PR and merge date) is confirmed, not "
-               f"the release that first shipped it (vLLM {REFERENCE['vllm']}, eaglectl's reference, has every vLLM "
-               "row). The releases given (0.8, 0.22) are the project's record, not checked against vLLM release notes; "
-               "the PRs and merge dates were checked against the PR threads. `inspect --engine-version X.Y` and `check --engine-version X.Y` turn this table into findings "
-               "(`engine-version-unserved`: error, the release is older than a known one; "
-               "`engine-version-unconfirmed`: warning, older than the reference with the release unconfirmed); "
+    out.append("\n## features\n\nThe first release that serves a drafter feature correctly, and what older releases do "
+               "with such a drafter: *loud* (the load or the first request fails) or *silent* (served, wrongly, with no "
+               "error: the worse one). \"from X.Y\" in `before`: releases older than X.Y fail for another row's "
+               "reason. The vLLM releases were read in the released wheels, 0.17.0 to 0.33.0 (every "
+               "minor, and 0.22.1), diffed release by release in the EAGLE files (`llama_eagle3.py`, "
+               "`deepseek_eagle3.py`, the speculators reader `algos.py`, `config/speculative.py`); the change of each "
+               "row was read again in vLLM 0.32's own source; merge dates are the PR threads'. "
+               "0.8 (EAGLE-3 itself) predates the wheels read and is the project's earlier record. *unconfirmed* means "
+               "only the change is known, not the release that first shipped it. `inspect --engine-version X.Y` and "
+               "`check --engine-version X.Y` turn this table into findings (`engine-version-unserved`: error, "
+               "\"refuses to load it\" or \"serves it wrong silently\"; `engine-version-unconfirmed`: warning, older "
+               f"than the reference (vLLM {REFERENCE['vllm']}) with the release unconfirmed, which no vLLM row is "
+               "now); the row checked against the target (`draft-context-overrun`) needs `--target`; "
                "`convert --for vllm` picks the dialect whose rows need the oldest release.\n\n"
-               "| feature | engine | since | release | applies to | note |\n|---|---|---|---|---|---|\n")
+               "| feature | engine | change | release | before | applies to | what older releases do | read in |\n"
+               "|---|---|---|---|---|---|---|---|\n")
     for f in FEATURES:
         applies = ", ".join(x for x in (f.arch and f"{f.arch} drafters", f.style and f"{f.style}-style configs",
-                                        f.flags and " or ".join(f.flags) + " on") if x) or "every drafter"
+                                        f.flags and " or ".join(f.flags) + " on",
+                                        f.read_from and f"read from `{f.read_from}` only",
+                                        f.with_target and "a draft shorter than the target (rule "
+                                        "`draft-context-overrun`)") if x) or "every drafter"
+        before = f.before + (f" from {f.broken_from}" if f.broken_from else "")
         out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {f.release or '*unconfirmed*'} | "
-                   f"{_cell(applies)} | {_cell(f.note)} |\n")
+                   f"{before} | {_cell(applies)} | {_cell(f.note)} | {_cell(f.cite)} |\n")
     out.append("\n## clients\n\nThe client libraries that read eaglectl's outputs besides the engines, each installed "
                "in its own interpreter and run by `tests/test_clients.py` with its own loader and its own forward pass "
                "([ci.md](ci.md#client-libraries)). The forward column is the largest |logits difference| against "

@@ -183,6 +183,49 @@ def test_mla_rules(invoke, tmp_path, changes, rule, severity):
         assert "eagle_aux_hidden_state_layer_ids" in found[0]["locator"]
 
 
+def kimi_target(folder: Path, layers: int) -> Path:
+    """A Kimi-shaped target as a config alone (no weights: nothing is measured, the ids stay undecided)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": H, "num_hidden_layers":
+        layers, "vocab_size": VOCAB, "num_attention_heads": HEADS, **DIMS, "max_position_embeddings": 262144}))
+    return folder
+
+
+@pytest.mark.parametrize("ids,numbering,other", [([2, 46, 90], "boundary", [3, 47, 91]),
+                                                 ([1, 45, 89], "output", [1, 45, 89])])
+def test_kimi_k3_ids_are_ambiguous_in_both_numberings_on_a_93_layer_target(invoke, tmp_path, ids, numbering, other):
+    """The K3 3.1 drafter writes [2, 46, 90] (boundaries), TorchSpec's K3 3.0 config [1, 45, 89] (output ids):
+    the same layers of a 93-layer target, or the other numbering's, which only a measurement settles."""
+    d = write(tmp_path / "d", kimi_config(eagle_config={"eagle_aux_hidden_state_layer_ids": ids,
+                                                        "use_aux_hidden_state": True}), kimi_tensors())
+    for target in (kimi_target(tmp_path / "k3", 93), None):
+        args = ["--target", target] if target is not None else []
+        doc = json.loads(invoke("inspect", d, *args, "--json").stdout)
+        found = [f for f in doc["findings"] if f["rule_id"] == "kimi-aux-ids-ambiguous"]
+        assert len(found) == 1 and found[0]["severity"] == "warning", [f["rule_id"] for f in doc["findings"]]
+        message = found[0]["message"]
+        assert message.startswith(f"aux ids {ids} are Kimi-K3's default layers (boundaries [2, 46, 90] of a "
+                                  f"93-layer target) in {numbering} numbering, or, if the trainer counted the other "
+                                  f"way, boundaries {other}"), message
+        if target is not None:  # nothing measured: a config-only target
+            assert doc["measured"] is None or doc["measured"].get("boundary_ids") is None
+    # a depth the ids are not the default of: nothing ambiguous about them
+    doc = json.loads(invoke("inspect", d, "--target", kimi_target(tmp_path / "k2", 61), "--json").stdout)
+    assert "kimi-aux-ids-ambiguous" not in {f["rule_id"] for f in doc["findings"]}
+
+
+def test_kimi_k2_ids_on_a_93_layer_target_are_not_k3_defaults(invoke, tmp_path):
+    d = write(tmp_path / "d", kimi_config(), kimi_tensors())  # [2, 30, 58]
+    doc = json.loads(invoke("inspect", d, "--target", kimi_target(tmp_path / "k3", 93), "--json").stdout)
+    assert "kimi-aux-ids-ambiguous" not in {f["rule_id"] for f in doc["findings"]}
+    doc = json.loads(invoke("inspect", d, "--target", kimi_target(tmp_path / "k2", 61), "--json").stdout)
+    found = [f["message"] for f in doc["findings"] if f["rule_id"] == "kimi-aux-ids-ambiguous"]
+    # counted as output ids, [2, 30, 58] would be boundaries one higher
+    assert found and "Kimi-K2's default layers (boundaries [2, 30, 58] of a 61-layer target) in boundary " \
+        "numbering" in found[0] and "counted the other way, boundaries [3, 31, 59]" in found[0], found
+
+
 def test_missing_lm_head_is_borrowed_with_full_vocab_only(invoke, tmp_path):
     tensors = {k: v for k, v in kimi_tensors().items() if k != "lm_head.weight"}
     full = json.loads(invoke("inspect", write(tmp_path / "a", kimi_config(), tensors), "--json").stdout)

@@ -9,10 +9,11 @@ import shlex
 
 import pytest
 
-from .conftest import DRAFTERS, TARGET
+from .conftest import DEFECTS, DRAFTERS, TARGET
+from .helpers import edited
 
 # source fixture -> the dialect vLLM serves it from best (3.1 flags: HF-style from 0.22, the speculators
-# format only after PR #46488; MLA: only modelopt among vLLM's dialects holds it)
+# format from 0.25; MLA: only modelopt among vLLM's dialects holds it)
 CASES = [("eagle-3", "speculators"), ("specforge-3", "speculators"), ("speculators-qwen3", "speculators"),
          ("specforge-3.1", "modelopt"), ("nemo-3.1", "modelopt"), ("torchspec-3.1", "modelopt"),
          ("modelopt-mla", "modelopt")]
@@ -77,3 +78,18 @@ def test_to_or_for(invoke, tmp_path, args, message):
     r = invoke("convert", DRAFTERS / "eagle-3", tmp_path / "o", *args)
     assert r.exit_code == 2 and message in r.output
     assert not (tmp_path / "o").exists()
+
+
+def test_the_release_a_dialect_needs_is_judged_on_what_its_writer_writes(invoke, tmp_path):
+    """A source holding norm_before_fc only in eagle_config needs vLLM 0.22 as it stands; modelopt's writer puts
+    the flag at the top level too, which every release with the flag reads, so its output does not."""
+    def move(c: dict) -> None:
+        c["eagle_config"]["norm_before_fc"] = c.pop("norm_before_fc")
+
+    src = edited(DEFECTS / "norm-before-fc-placement", tmp_path, config=move)
+    doc = json.loads(invoke("inspect", src, "--engine-version", "0.21", "--json").stdout)
+    assert any("norm_before_fc read from eagle_config" in f["message"] for f in doc["findings"])
+    r = invoke("convert", src, tmp_path / "o", "--for", "vllm", "--target", TARGET, "--dry-run", "--json")
+    rows = {c["dialect"]: c for c in json.loads(r.stdout)["serve"]["candidates"]}
+    assert "norm_before_fc (input_norm before fc)" in rows["modelopt"]["features"]
+    assert "norm_before_fc read from eagle_config" not in rows["modelopt"]["features"]

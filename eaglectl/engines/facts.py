@@ -10,7 +10,7 @@ engine that serves the destination dialect.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..formats import ConfigStyle
 from ..io.jsonio import ConfigView
@@ -169,54 +169,121 @@ SPECULATORS_EAGLE3_KEYS: dict[str, Any] = {
 }
 
 
+Before = Literal["loud", "silent"]
+
+
 @dataclass(frozen=True)
 class FeatureSupport:
-    """The first release of an engine that serves a drafter feature correctly.
+    """The first release of an engine that serves a drafter feature correctly, and what older ones do.
 
     The feature applies to a drafter in a dialect when its `arch` matches (None: any), the dialect's
-    config style is `style` (hf | speculators | None: any) and, when `flags` is given, one of those
-    spec flags is true. `release` is the first release (X.Y) known to hold it; None when only the
-    change is known (the release that first shipped it is unconfirmed: the reference release has it)."""
+    config style is `style` (hf | speculators | None: any), one of `flags` is true (when given) and the flag
+    was read from `read_from` (when given: the key `spec.sources` names). `release` is the first release
+    (X.Y) known to hold it; None when only the change is known (the release that first shipped it is
+    unconfirmed: the reference release has it). `before` is what releases older than `release` do with such a
+    drafter: "loud" (the load or the first request fails) or "silent" (it is served, wrongly, with no error:
+    the worse of the two). `broken_from`: the first release with that behaviour, when older ones fail for
+    another row's reason. `cite`: the release and the file it was read in. `with_target`: decided by a rule
+    against the target (rules/engine.py), not by the drafter's flags, so `needed_features` leaves it out."""
 
     feature: str
     engine: str
-    since: str
-    note: str
+    since: str  # the change: PR and merge date
+    note: str  # what releases before `release` do
     release: str | None = None
+    before: Before = "loud"
+    cite: str = ""
     flags: tuple[str, ...] = ()
     style: ConfigStyle | None = None  # the config style it concerns (None: both)
     arch: str | None = None
+    read_from: str | None = None  # applies only to a flag read from this key alone (spec.sources)
+    broken_from: str | None = None
+    with_target: bool = False
 
-    def applies(self, spec: DrafterSpec, style: ConfigStyle) -> bool:
+    def applies(self, spec: DrafterSpec, style: ConfigStyle, writes: dict[str, tuple[str, ...]] | None = None) -> bool:
+        """`writes`: the config paths a writer puts each flag at (a conversion's output); None: the drafter's
+        own config, where `spec.sources` says which key each flag was read from."""
+        if self.with_target:
+            return False
         if self.arch is not None and spec.arch != self.arch:
             return False
         if self.style is not None and self.style != style:
             return False
+        if self.read_from is not None and not any(
+                (writes.get(f) == (self.read_from,)) if writes is not None
+                else spec.sources.get(f, "") == f"config: {self.read_from}" for f in self.flags):
+            return False
         return not self.flags or any(getattr(spec, f, False) for f in self.flags)
 
+    def unserved_on(self, release: str) -> bool:
+        """`release` (X.Y) is older than the first release that serves it (and not older than `broken_from`)."""
+        mine = version_key(release)
+        return (self.release is not None and mine < version_key(self.release)
+                and (self.broken_from is None or mine >= version_key(self.broken_from)))
+
+
+# How the releases were read (docs/engines.md#features): the vLLM wheels 0.17.0 to 0.33.0 (every minor, and 0.22.1)
+# diffed release by release in the EAGLE files; the change of each row in vLLM 0.32's own source (the reference, the
+# CPU build CI installs). WHEELS marks a first release read that way.
+WHEELS = "first release read in the released wheels; the change reread in 0.32's source"
+
+# The draft length vLLM raises to the target's from 0.27 on; rules/engine.py checks it against the target.
+DRAFT_CONTEXT_RAISE = FeatureSupport(
+    "draft max_position_embeddings raised to the target's max_model_len", "vllm", "PR #49343 (merged 2026-07-21)",
+    "0.26 and older size the draft's rotary table to its own max_position_embeddings: past it, a compiled server "
+    "crashes (device-side assert) and an eager one reads out of bounds with no error (vLLM issue #48894)",
+    release="0.27", before="silent", with_target=True,
+    cite=f"vLLM 0.27.0 config/speculative.py SpeculativeConfig._maybe_override_draft_max_position_embeddings "
+         f"(absent in 0.26.0; {WHEELS})")
 
 FEATURES: tuple[FeatureSupport, ...] = (
-    FeatureSupport("eagle3", "vllm", "0.8", "EAGLE-3 drafters (method eagle3)", release="0.8"),
-    FeatureSupport("fc_norm / norm_output (EAGLE-3.1)", "vllm", "0.22",
-                   "PR #42764 (merged 2026-05-15); older releases ignore both flags silently", release="0.22",
-                   flags=("fc_norm", "norm_output")),
-    FeatureSupport("fc_norm / norm_output (speculators-format configs)", "vllm", "PR #46488 (merged 2026-06-23)",
-                   "earlier releases dropped both flags from speculators configs: 3.1 drafters ran as 3.0",
-                   flags=("fc_norm", "norm_output"), style="speculators"),
-    FeatureSupport("fc_norm on MLA drafters", "vllm", "PR #43482 (merged 2026-05-23)",
-                   "earlier releases loaded the fc_norm weights of MLA drafters and never applied them",
-                   flags=("fc_norm",), arch="mla"),
-    FeatureSupport("norm_before_fc", "vllm", "PR #36545 (merged 2026-03-09)",
-                   "earlier releases had no RMSNorm before fc (the flag was ignored)", flags=("norm_before_fc",)),
-    FeatureSupport("norm_before_fc read from eagle_config", "vllm", "PR #42143", "before it, the top level only",
-                   flags=("norm_before_fc",), style="hf"),
-    FeatureSupport("norm_before_fc (speculators-format configs)", "vllm", "PR #38111 (merged 2026-03-25)",
-                   "earlier releases dropped the flag from speculators configs (the RMSNorm before fc was skipped)",
-                   flags=("norm_before_fc",), style="speculators"),
+    FeatureSupport("eagle3", "vllm", "PR #16937 (V1 EAGLE-3 support)", "no method eagle3: the server refuses it",
+                   release="0.8", cite="vLLM 0.8 model_executor/models/llama_eagle3.py (the project's record; the "
+                   "wheels read start at 0.17.0, which has it)"),
     FeatureSupport("MLA drafters (Eagle3DeepseekV2ForCausalLM)", "vllm", "PR #36361 (merged 2026-03-07)",
-                   "Kimi-K2.5-style MLA EAGLE-3 drafters", arch="mla"),
+                   "no such draft class: the architecture is refused at load", release="0.18", arch="mla",
+                   cite=f"vLLM 0.18.0 model_executor/models/deepseek_eagle3.py (absent in 0.17.0; {WHEELS})"),
+    FeatureSupport("norm_before_fc (input_norm before fc)", "vllm", "PR #36545 (merged 2026-03-09)",
+                   "no input_norm module: the drafter's input_norm.weight has no parameter to load into and the "
+                   "load fails (LlamaModel.load_weights looks every name up)", release="0.18",
+                   flags=("norm_before_fc",),
+                   cite=f"vLLM 0.18.0 model_executor/models/llama_eagle3.py ({WHEELS}; the load failure read in "
+                   "llama_eagle3.py before PR #36545)"),
+    FeatureSupport("norm_before_fc (speculators-format configs)", "vllm", "PR #38111 (merged 2026-03-25)",
+                   "0.18 drops the flag from speculators configs and the loader then drops input_norm.weight: "
+                   "the RMSNorm before fc is skipped", release="0.19", before="silent", flags=("norm_before_fc",),
+                   style="speculators", broken_from="0.18",
+                   cite=f"vLLM 0.19.0 transformers_utils/configs/speculators/algos.py update_eagle3 ({WHEELS})"),
+    FeatureSupport("norm_before_fc read from eagle_config", "vllm", "PR #42143",
+                   "0.18-0.21 read the top-level key only: a flag stored only in eagle_config is off and "
+                   "input_norm.weight is dropped", release="0.22", before="silent", flags=("norm_before_fc",),
+                   style="hf", read_from="eagle_config.norm_before_fc", broken_from="0.18",
+                   cite=f"vLLM 0.22.0 model_executor/models/llama_eagle3.py ({WHEELS})"),
+    FeatureSupport("fc_norm (EAGLE-3.1 per-aux RMSNorm)", "vllm", "PR #42764 (merged 2026-05-15)",
+                   "no fc_norm modules: the fc_norm.N weights make AutoWeightsLoader raise", release="0.22",
+                   flags=("fc_norm",),
+                   cite=f"vLLM 0.22.0 model_executor/models/llama_eagle3.py, deepseek_eagle3.py ({WHEELS})"),
+    FeatureSupport("norm_output (EAGLE-3.1 post-norm feedback)", "vllm", "PR #42764 (merged 2026-05-15)",
+                   "the flag is ignored: the pre-norm state is fed to the next step", release="0.22",
+                   before="silent", flags=("norm_output",),
+                   cite=f"vLLM 0.22.0 model_executor/models/llama_eagle3.py, deepseek_eagle3.py ({WHEELS})"),
+    FeatureSupport("fc_norm applied on MLA drafters", "vllm", "PR #43482 (merged 2026-05-23)",
+                   "0.22.0 and 0.22.1 load the fc_norm weights of MLA drafters and never apply them",
+                   release="0.23", before="silent", flags=("fc_norm",), arch="mla", broken_from="0.22",
+                   cite=f"vLLM 0.23.0 model_executor/models/deepseek_eagle3.py combine_hidden_states ({WHEELS})"),
+    FeatureSupport("fc_norm (speculators-format configs)", "vllm", "PR #46488 (merged 2026-06-23)",
+                   "0.22-0.24 drop fc_norm from speculators configs: the fc_norm.N weights are unexpected and the "
+                   "load fails", release="0.25", flags=("fc_norm",), style="speculators", broken_from="0.22",
+                   cite=f"vLLM 0.25.0 transformers_utils/configs/speculators/algos.py update_eagle3 ({WHEELS})"),
+    FeatureSupport("norm_output (speculators-format configs)", "vllm", "PR #46488 (merged 2026-06-23)",
+                   "0.22-0.24 drop norm_output from speculators configs: the pre-norm state is fed to the next step",
+                   release="0.25", before="silent", flags=("norm_output",), style="speculators", broken_from="0.22",
+                   cite=f"vLLM 0.25.0 transformers_utils/configs/speculators/algos.py update_eagle3 ({WHEELS})"),
+    DRAFT_CONTEXT_RAISE,
     FeatureSupport("aux ids with first id != 1 read as boundaries", "sglang", "PR #25454 (merged 2026-05-16)",
-                   "before it, every configured id was shifted by +1"),
+                   "every configured id is shifted by +1: the drafter is fed other layers", before="silent",
+                   cite="sglang models/llama.py set_eagle3_layers_to_capture (PR #25454; the first release that "
+                   "ships it is unconfirmed)"),
 )
 
 
@@ -298,9 +365,11 @@ def version_key(release: str | None) -> tuple[int, ...]:
     return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
 
 
-def needed_features(engine: str, spec: DrafterSpec, style: ConfigStyle) -> list[FeatureSupport]:
-    """The features `engine` must serve correctly for this drafter in a dialect of that config style."""
-    return [f for f in FEATURES if f.engine == engine and f.applies(spec, style)]
+def needed_features(engine: str, spec: DrafterSpec, style: ConfigStyle,
+                    writes: dict[str, tuple[str, ...]] | None = None) -> list[FeatureSupport]:
+    """The features `engine` must serve correctly for this drafter in a dialect of that config style (`writes`:
+    where a writer puts the flags, for a conversion's output; FeatureSupport.applies)."""
+    return [f for f in FEATURES if f.engine == engine and f.applies(spec, style, writes)]
 
 
 # The version eaglectl's checks and engine-parity tests are pinned to.

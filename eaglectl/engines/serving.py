@@ -39,7 +39,7 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], P]) -> t
         except ConversionError as e:
             rows.append({"dialect": d.name, "refused": e.message})
             continue
-        feats = needed_features(engine, src.spec, d.config_style)
+        feats = needed_features(engine, src.spec, d.config_style, d.writer.flag_paths if d.writer else None)
         newest = max((f for f in feats), key=lambda f: version_key(f.release), default=None)
         needs = newest.release if newest is not None and newest.release else (
             f"unconfirmed release with {newest.since}" if newest is not None else "any")

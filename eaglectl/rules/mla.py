@@ -1,7 +1,9 @@
-"""MLA drafters (Kimi-K2 / DeepSeek style): what vLLM 0.32's `Eagle3DeepseekV2ForCausalLM` can load and
+"""MLA drafters (Kimi / DeepSeek style): what vLLM 0.32's `Eagle3DeepseekV2ForCausalLM` can load and
 the facts about them the files cannot settle (docs/math.md#mla)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from . import catalogue as rule
 from .base import Context, check
@@ -10,10 +12,37 @@ HEAD_SIZES = (320, 512, 576)  # kv_lora_rank + qk_rope_head_dim vLLM 0.32's MLA 
 # mla-head-size's title in catalogue.toml names them
 
 
-# Kimi-K2 has 61 layers: every engine's default (2, L//2, L-3) boundary ids, and the same layers in
-# output-of-layer numbering. Published drafters carry either; only the weights can tell.
-KIMI_LAYERS = 61
-KIMI_IDS = {(2, 30, 58): "boundary", (1, 29, 57): "output"}
+@dataclass(frozen=True)
+class KimiDefault:
+    """A Kimi target's default aux layers (every engine's (2, L//2, L-3) boundaries) in the two numberings
+    published drafters of it carry; only the weights can tell which one a drafter was trained on."""
+
+    target: str
+    boundary: tuple[int, ...]
+    output: tuple[int, ...]  # the same layers, output-of-layer numbering (one lower)
+    seen: str  # which published configs write which numbering
+
+
+# Keyed by the target's depth (num_hidden_layers).
+KIMI_DEFAULTS: dict[int, KimiDefault] = {
+    61: KimiDefault("Kimi-K2", (2, 30, 58), (1, 29, 57),
+                    "boundary: k-l-lambda's Kimi-K2.5 drafter, Baseten's Megatron EAGLE-3.1 MLA recipe; output: "
+                    "the card of lightseekorg's K2.7 coder 3.1 drafter (layers 1, 29, 57)"),
+    93: KimiDefault("Kimi-K3", (2, 46, 90), (1, 45, 89),
+                    "boundary: lightseekorg's K3 EAGLE-3.1 MLA drafter (per sglang's test of it); output: TorchSpec's "
+                    "K3 EAGLE-3 config"),
+}
+
+
+def kimi_numbering(ids: tuple[int, ...], target_layers: int | None) -> tuple[int, KimiDefault, str] | None:
+    """(the depth, its Kimi default, the numbering) that `ids` write, for a target of `target_layers` (None: a
+    target of any depth in the table)."""
+    for layers, d in KIMI_DEFAULTS.items():
+        if target_layers in (None, layers):
+            for numbering in ("boundary", "output"):
+                if ids == getattr(d, numbering):
+                    return layers, d, numbering
+    return None
 
 
 @check
@@ -29,14 +58,19 @@ def mla(ctx: Context) -> None:
         ctx.emit(rule.MLA_HEAD_SIZE,
                  f"kv_lora_rank {kv} + qk_rope_head_dim {rope} = {kv + rope}", ctx.at("kv_lora_rank"))
     ids = spec.aux_layer_ids
+    # a measured reading (rules/measured.py) settles which layers the weights were trained on
     decided = ctx.measured is not None and ctx.measured.boundary_ids is not None
     target_layers = ctx.target.num_layers if ctx.target is not None else None
-    if ids is not None and tuple(ids) in KIMI_IDS and not decided and target_layers in (None, KIMI_LAYERS):
-        meant = KIMI_IDS[tuple(ids)]
-        other = [i + (1 if meant == "output" else -1) for i in ids]
-        ctx.emit(rule.KIMI_AUX_IDS_AMBIGUOUS, f"aux ids {list(ids)} are Kimi-K2's default layers in {meant} numbering, "
-                 f"or, if the trainer counted the other way, boundaries {other if meant == 'boundary' else list(ids)}; "
-                 f"read here as {spec.aux_convention} ids (vLLM boundaries {list(spec.aux_layer_ids_vllm or ())})",
+    found = kimi_numbering(tuple(ids), target_layers) if ids is not None and not decided else None
+    if found is not None:
+        layers, d, numbering = found
+        # counted the other way, the same ids name the boundaries one higher (output ids) or themselves
+        other = [i + 1 for i in ids] if numbering == "boundary" else list(ids)
+        ctx.emit(rule.KIMI_AUX_IDS_AMBIGUOUS,
+                 f"aux ids {list(ids)} are {d.target}'s default layers (boundaries {list(d.boundary)} of a "
+                 f"{layers}-layer target) in {numbering} numbering, or, if the trainer counted the other way, "
+                 f"boundaries {other}; read here as {spec.aux_convention} ids (vLLM boundaries "
+                 f"{list(spec.aux_layer_ids_vllm or ())}); published drafters write both ({d.seen})",
                  ctx.at(spec.sources.get("aux_layer_ids", "").removeprefix("config: ")))
 
 
