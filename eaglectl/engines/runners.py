@@ -10,7 +10,8 @@ it can import vllm) the readings come from `workers/vllm_reading.py`, which buil
 does and calls each runner's own selection code and the draft model class (on the meta device, no weights).
 Elsewhere they come from `engines.py`'s tables of the same code, labelled `assumed`; a CI test checks the
 tables give exactly what vLLM gives. Asked readings are cached on disk, keyed by the config's bytes, the
-target, the interpreter, vLLM's version and the worker's own hash (docs/engines.md#runners).
+target, the interpreter, vLLM's version and the worker's own hash (docs/engines.md#runners). With a target, the
+same run answers the target pre-flight (`target_support.py`): `Readings.target`.
 
 No torch import here: `inspect` stays light.
 """
@@ -34,6 +35,7 @@ from ..limits import LIMITS
 from ..spec import default_aux_ids
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
+from .target_support import TargetSupport, support_from_worker, table_support
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
@@ -45,6 +47,7 @@ TABLE_VERSION = "0.32/0.33"  # the vLLM releases engines.py's runner tables were
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
 FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
 _STAND_IN_LAYERS = 64  # the stand-in target's depth when none is given (only the model default depends on it)
+_CACHE_FORMAT = b"2"  # 2: a result with a target carries `target_support` (older entries are never reused)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class Readings:
     target_layers: int | None
     runners: list[RunnerReading] = field(default_factory=list)
     note: str | None = None  # why vLLM was not asked, when it was not
+    target: TargetSupport | None = None  # does vLLM capture EAGLE-3 aux states from the target (None: no target)
 
     def get(self, runner: str) -> RunnerReading | None:
         return next((r for r in self.runners if r.runner == runner), None)
@@ -304,7 +308,7 @@ def cache_key(drafter_dir: str, target_dir: str | None, target_layers: int | Non
     h = hashlib.sha256()
     worker = hashlib.sha256(WORKER.read_bytes()).hexdigest()[:16]  # the worker's own code
     parts = (config, _config_bytes(target_dir) or b"-", str(target_layers).encode(),
-             os.path.abspath(python).encode(), str(version).encode(), worker.encode())
+             os.path.abspath(python).encode(), str(version).encode(), worker.encode(), _CACHE_FORMAT)
     for part in parts:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()
@@ -388,12 +392,14 @@ def _from_worker(result: dict[str, Any], version: str, target_layers: int | None
 @dataclass(frozen=True)
 class Request:
     """One drafter folder to read (its parsed config.json) on a target of `target_layers` layers; `target_dir`
-    (the target's folder) lets vLLM build the real SpeculativeConfig, else a stand-in target config is used."""
+    (the target's folder) lets vLLM build the real SpeculativeConfig, else a stand-in target config is used;
+    `target_config` (the target's parsed config.json) answers the target pre-flight from the table without vLLM."""
 
     drafter_dir: str
     config: dict[str, Any] | None
     target_layers: int | None
     target_dir: str | None = None
+    target_config: dict[str, Any] | None = None
 
 
 def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: bool = True) -> list[Readings]:
@@ -401,6 +407,8 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     asked again), else from the tables."""
     python, why = vllm_interpreter(vllm_python) if ask else (None, "not asked")
     out = [table_readings(r.config, r.target_layers, r.drafter_dir) for r in requests]
+    for r, req in zip(out, requests, strict=True):
+        r.target = table_support(req.target_config)
     version = vllm_version(python) if python is not None else None
     if version is None:
         for r in out:
@@ -415,6 +423,7 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
         got = _from_cache(key) if key is not None else None
         if got is not None:
             out[i].runners = _from_worker(got, got.get("vllm_version") or version, req.target_layers)
+            out[i].target = _target(got, got.get("vllm_version") or version, req) or out[i].target
             out[i].note = None
         else:
             todo.append((i, key))
@@ -439,8 +448,16 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     for i, key in todo:
         result = answers[i if key is None else first[key]]
         out[i].runners = _from_worker(result, result["vllm_version"], requests[i].target_layers)
+        out[i].target = _target(result, result["vllm_version"], requests[i]) or out[i].target
         out[i].note = None
     return out
+
+
+def _target(result: dict[str, Any], version: str, req: Request) -> TargetSupport | None:
+    """vLLM's answer to the target pre-flight, where the request had a target folder it was given."""
+    if req.target_dir is None:
+        return None
+    return support_from_worker(result.get("target_support"), version, req.target_config)
 
 
 def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
@@ -450,8 +467,9 @@ def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint |
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
     target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = config_folder(drafter.ckpt.config_name)
-    got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir)], vllm_python=vllm_python,
-                     ask=folder is not None)[0]
+    target_config = checkpoint.ckpt.config if checkpoint is not None else None
+    got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir, target_config)],
+                     vllm_python=vllm_python, ask=folder is not None)[0]
     got.drafter = drafter.source
     return got
 

@@ -1,9 +1,14 @@
-"""Against `--target`: vocab, widths, aux ids for its depth, RoPE, verifier name, table fingerprints."""
+"""Against `--target`: vocab, widths, aux ids for its depth, RoPE, verifier name, table fingerprints; and the
+target pre-flight: whether vLLM captures EAGLE-3 aux states from the target's architecture at all."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from ..engines.facts import TARGET_TABLE_RELEASES, target_capture
+from ..engines.target_support import TARGET_ASSUMED, TargetSupport, captures_in, release_key
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable
 from ..spec import default_aux_ids
@@ -18,6 +23,11 @@ def against_target(ctx: Context) -> None:
         return
     spec = ctx.spec
     tv, th, L = t.vocab_size, t.hidden_size, t.num_layers
+    support = ctx.readings.target if ctx.readings is not None else None
+    counted = ""
+    if support is not None and support.asked and support.num_layers is not None and support.num_layers != L:
+        # the layers vLLM builds decide which boundaries exist (its own count of the target's config)
+        L, counted = support.num_layers, f", as vLLM {support.version} counts its layers"
     vocab = spec.vocab_size
     if "t2d" in ctx.view and len(ctx.view.shape("t2d") or ()) == 1:
         vocab = ctx.view.shape("t2d")[0]  # type: ignore[index]
@@ -33,7 +43,7 @@ def against_target(ctx: Context) -> None:
             bad = [i for i in ids if i > top]
             if bad:
                 ctx.emit(rule.TARGET_AUX_RANGE, f"aux ids {bad} exceed {top} ({spec.aux_convention} convention, "
-                         f"{L}-layer target)", ctx.where)
+                         f"{L}-layer target{counted})", ctx.where)
         elif spec.num_aux_hidden_states:
             default = default_aux_ids(L, "boundary")
             if len(default) < spec.num_aux_hidden_states:
@@ -48,6 +58,48 @@ def against_target(ctx: Context) -> None:
     if verifier and parse_hub_id(verifier) and not same_model(verifier, t.hub_id or t.source):
         ctx.emit(rule.TARGET_VERIFIER_MISMATCH, f"verifier '{verifier}', --target '{t.source}'", ctx.where)
     _fingerprint(ctx)
+
+
+@check
+def target_capture_support(ctx: Context) -> None:
+    """vLLM captures aux states only from a target class that implements SupportsEagle3: asked of its registry
+    where vLLM is at hand, else eaglectl's table (engines/target_support.py). Runs only with a target."""
+    s = ctx.readings.target if ctx.readings is not None else None
+    if ctx.target is None or s is None:
+        return
+    s = for_release(s, ctx.engine_version)
+    if s.supports_eagle3 is None:
+        ctx.emit(rule.TARGET_EAGLE3_UNDECIDED, f"{s.architecture or 'the target'}: whether vLLM captures EAGLE-3 "
+                 f"aux states from it is undecided ({s.error or 'no answer'})", ctx.target.source)
+        return
+    if s.supports_eagle3:
+        return  # a hybrid target vLLM supports: nothing concrete differs in what it captures (docs/engines.md)
+    kind = {"hybrid": "; hybrid attention/recurrent", "recurrent": "; recurrent, no attention"}.get(s.kind or "", "")
+    cls = f"{s.model_class or s.architecture} (its class" + (f", {s.module}" if s.module else "") + f"{kind})"
+    said = f"vLLM {s.version} (asked)" if s.asked else f"vLLM {s.version} (assumed: eaglectl's table)"
+    if s.later:
+        later = f"; from vLLM {s.later} it does (eaglectl's table)"
+    elif s.since is None and target_capture(s.architecture) is not None:
+        later = f"; none of vLLM {TARGET_TABLE_RELEASES} does (eaglectl's table)"
+    else:
+        later = ""
+    ctx.emit(rule.TARGET_EAGLE3_UNSUPPORTED, f"{said}: {cls} does not implement "
+             f"SupportsEagle3: `vllm serve` fails with 'Model does not support EAGLE3 interface'{later}",
+             ctx.target.source)
+
+
+def for_release(s: TargetSupport, engine_version: str | None) -> TargetSupport:
+    """The answer for the release the report is for (--engine-version): the table's at that release when it is
+    another release than the one answered and the table knows the architecture."""
+    wanted, answered = release_key(engine_version), release_key(s.version)
+    if wanted is None or (answered is not None and wanted[:2] == answered[:2]):
+        return s
+    row = target_capture(s.architecture)
+    ok = captures_in(row, engine_version) if row is not None else None
+    if row is None or ok is None:
+        return s
+    return replace(s, model_class=row.model_class, module=row.module, supports_eagle3=ok, kind=row.kind,
+                   version=engine_version, basis=TARGET_ASSUMED, since=row.since, error=None)
 
 
 def same_model(a: str, b: str) -> bool:

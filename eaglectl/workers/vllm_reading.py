@@ -22,15 +22,21 @@ draft `ModelConfig` through vLLM's config loader, converts speculators-format co
   `EagleModelMixin` sorting apply as they do in the server);
 - V2: `eagle3_utils.set_eagle3_aux_hidden_state_layers` on the same stand-in target;
 - the flags: the draft model class vLLM's registry resolves, built on the meta device inside a `VllmConfig`,
-  then its modules read (`input_norm`, `fc_norm`, `norm_output`, the decoder layer's residual norm, `fc`).
+  then its modules read (`input_norm`, `fc_norm`, `norm_output`, the decoder layer's residual norm, `fc`);
+- with `target_dir`, the target pre-flight: the class vLLM's registry resolves for the target's `ModelConfig`
+  (`get_model_architecture`, nothing built), whether it implements `SupportsEagle3` (without it `vllm serve`
+  stops with "Model does not support EAGLE3 interface"), `IsHybrid` / `IsAttentionFree`, and the layer count
+  as vLLM counts it.
 
 RESULT.json: {"ok", "vllm_version", "torch_version", "python", "results": [one per request, in order]}; a
 result is {"drafter_dir", "target_layers", "build", "error", "runners": {"v1": {...}, "v2": {...}},
-"model": {...}}. A config vLLM refuses is a result (`error` holds vLLM's exception), not a crash.
+"model": {...}, "target_support": {...} (with `target_dir`)}. A config vLLM refuses is a result (`error` holds
+vLLM's exception), not a crash; so is a target vLLM cannot resolve (`target_support.error`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -185,6 +191,39 @@ def _model_reading(vllm_config, spec_config) -> dict:  # type: ignore[no-untyped
             "use_aux_hidden_state": bool(getattr(inner, "use_aux_hidden_state", True))}
 
 
+def _target_support(tm) -> dict:  # type: ignore[no-untyped-def]
+    """The target's class as vLLM's registry resolves it (the class only: no weights, no device) and what it
+    implements."""
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.model_executor.models.interfaces import is_attention_free, is_hybrid, supports_eagle3
+
+    archs = list(getattr(tm.hf_config, "architectures", None) or [])
+    out: dict = {"architecture": archs[0] if archs else None, "class": None, "module": None,
+                 "supports_eagle3": None, "hybrid": None, "attention_free": None, "num_layers": None, "error": None}
+    with contextlib.suppress(Exception):  # the count is optional; the class is the question
+        out["num_layers"] = int(tm.get_total_num_hidden_layers())
+    try:
+        cls, arch = get_model_architecture(tm)
+    except Exception as e:  # noqa: BLE001 - vLLM cannot resolve the target: a result
+        out["error"] = f"{type(e).__name__}: {e}"
+        return out
+    out.update({"architecture": arch, "class": cls.__name__, "module": cls.__module__,
+                "supports_eagle3": bool(supports_eagle3(cls)), "hybrid": bool(is_hybrid(cls)),
+                "attention_free": bool(is_attention_free(cls))})
+    return out
+
+
+def _unresolved(target: str, error: str) -> dict:
+    """A target whose ModelConfig vLLM refuses: its own config.json's architecture, and vLLM's reason."""
+    try:
+        with open(os.path.join(target, "config.json")) as f:
+            archs = json.load(f).get("architectures") or [None]
+    except (OSError, ValueError, AttributeError):
+        archs = [None]
+    return {"architecture": archs[0] if isinstance(archs[0], str) else None, "class": None, "module": None,
+            "supports_eagle3": None, "hybrid": None, "attention_free": None, "num_layers": None, "error": error}
+
+
 def _first(*values):  # type: ignore[no-untyped-def]
     return next((v for v in values if v is not None), None)
 
@@ -222,8 +261,10 @@ def read_one(req: dict, method: str, tmp: str) -> dict:
                 tm = ModelConfig(model=target, skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
                                  max_model_len=req.get("max_model_len"))
                 out["build"] = "SpeculativeConfig on the target's ModelConfig"
+                out["target_support"] = _target_support(tm)
             except Exception as e:  # noqa: BLE001 - the target's config, not the drafter's: use a stand-in
                 out["target_error"] = f"{type(e).__name__}: {e}"
+                out["target_support"] = _unresolved(target, out["target_error"])
         if tm is None:
             from vllm.transformers_utils.config import get_config
 

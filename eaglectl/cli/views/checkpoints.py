@@ -53,6 +53,8 @@ def render_inspect(report: InspectReport) -> None:
         tg = report.target.summary()
         say("target   ", items=[f"{short_path(tg['source'])}: {num(tg.get('num_hidden_layers'))} layers",
                                 f"hidden {num(tg.get('hidden_size'))}", f"vocab {num(tg.get('vocab_size'))}"])
+        if report.readings is not None and report.readings.target is not None:  # the target pre-flight
+            say("         ", report.readings.target.describe())
         if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
             say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
