@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 TRAINED = ROOT / "fixtures" / "trained"
 
 BARE = """
@@ -67,7 +68,11 @@ def overhead(python: str) -> None:
 
 
 def table(ks: tuple[int, ...]) -> None:
-    from eaglectl.commands.smoke.command import parse_baselines, smoke
+    from _measure import library
+
+    from eaglectl.commands.smoke.command import parse_baselines
+
+    smoke = library("smoke")
 
     base = parse_baselines(f"{TRAINED / 'eagle3.1'},draft_model:{TRAINED / 'vanilla-draft'},ngram,none")
     names = ["EAGLE-3", "EAGLE-3.1", "vanilla draft", "ngram"]

@@ -13,12 +13,12 @@ from eaglectl import formats
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.checkpoint.target import open_target
 from eaglectl.commands.convert.command import execute, plan_conversion
-from eaglectl.commands.verify import run as verify
 from eaglectl.errors import ConversionError, FilesystemError
 from eaglectl.io.checkpoint import open_checkpoint
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
 from .helpers import edited, inspect_checkpoint
+from .helpers import verify_run as verify
 
 WRITABLE = [n for n in formats.writable() if formats.get(n).vllm_loads]  # GGUF: tests/test_gguf.py
 # the writable dialects that can say fc_norm: an EAGLE-3.1 drafter goes there and back (the rest refuse it)

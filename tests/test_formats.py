@@ -111,7 +111,7 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
     """CLI choices, detection, conversion both ways, card lint and the docs table all come from the registry."""
     import sys
 
-    from eaglectl.commands.verify import run as verify
+    from .helpers import verify_run as verify
 
     formats.register(toy_dialect())
     try:

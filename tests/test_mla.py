@@ -13,15 +13,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglectl.checkpoint.drafter import open_drafter
-from eaglectl.commands.convert.command import run as convert
-from eaglectl.commands.verify import run as verify
 from eaglectl.errors import ConversionError
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.model.loader import load_reference
 
 from .conftest import ROOT
+from .helpers import convert_run as convert
 from .helpers import edited, inspect_checkpoint, smoke
 from .helpers import upgrade_run as upgrade
+from .helpers import verify_run as verify
 
 TRAINED = ROOT / "fixtures" / "trained"
 H, HEADS, VOCAB, INTER = 64, 2, 256, 96

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglectl.commands.verify import run as verify
 from eaglectl.model.hf import forward, load_model
 
 from .conftest import DRAFTERS, ROOT, TARGET
 from .helpers import edited, same_weights
+from .helpers import verify_run as verify
 
 # the same weights written in several dialects by fixtures/make_fixtures.py (its DIALECT_FIXTURES table)
 SAME_31 = same_weights("d31")
