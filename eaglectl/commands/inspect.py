@@ -172,7 +172,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     of vLLM where an interpreter is at hand (runners.readings_for)."""
     from ..engines.runners import readings_for
 
-    readings = readings_for(d, t, vllm_python=vllm_python)
+    readings = readings_for(d, t, vllm_python=vllm_python, progress=progress)
     measured, note = None, None
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:

@@ -32,6 +32,7 @@ from ..errors import EaglectlError, MissingDependencyError
 from ..io.atomic import write_file
 from ..io.jsonio import MISSING, config_get
 from ..limits import LIMITS
+from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
@@ -402,9 +403,10 @@ class Request:
     target_config: dict[str, Any] | None = None
 
 
-def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: bool = True) -> list[Readings]:
+def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: bool = True,
+               progress: Progress = passthrough) -> list[Readings]:
     """Every request's readings, asked of vLLM in one worker run where it is available (cached ones are not
-    asked again), else from the tables."""
+    asked again), else from the tables. The worker imports vLLM (seconds): `progress` says so while it runs."""
     python, why = vllm_interpreter(vllm_python) if ask else (None, "not asked")
     out = [table_readings(r.config, r.target_layers, r.drafter_dir) for r in requests]
     for r, req in zip(out, requests, strict=True):
@@ -433,8 +435,11 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     first: dict[str, int] = {}
     unique = [(i, key) for i, key in todo if key is None or first.setdefault(key, i) == i]
     try:
-        raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
-                         "target_layers": requests[i].target_layers} for i, _ in unique], python)
+        label = (f"asking vLLM {version} what its runners read ({len(unique)} config(s), one worker importing "
+                 "vLLM: about 10-20 s; the answer is cached)")
+        for _ in progress([None], label=label):
+            raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
+                             "target_layers": requests[i].target_layers} for i, _ in unique], python)
     except EaglectlError as e:
         for i, _ in todo:
             out[i].note = f"vLLM was not asked: {e.message}"
@@ -461,7 +466,7 @@ def _target(result: dict[str, Any], version: str, req: Request) -> TargetSupport
 
 
 def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
-                 vllm_python: str | None = None) -> Readings:
+                 vllm_python: str | None = None, progress: Progress = passthrough) -> Readings:
     """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
@@ -469,7 +474,7 @@ def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint |
     folder = config_folder(drafter.ckpt.config_name)
     target_config = checkpoint.ckpt.config if checkpoint is not None else None
     got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir, target_config)],
-                     vllm_python=vllm_python, ask=folder is not None)[0]
+                     vllm_python=vllm_python, ask=folder is not None, progress=progress)[0]
     got.drafter = drafter.source
     return got
 

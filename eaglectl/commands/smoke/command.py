@@ -315,7 +315,7 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
     readings, intended = None, None
     if server is None:
         readings, runs, measured, intended = runner_smoke.prepare(d, target, engine, runner, reference_layers, python,
-                                                                  vllm_python, measured)
+                                                                  vllm_python, measured, progress)
     active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
     if runs and not active:
         raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",

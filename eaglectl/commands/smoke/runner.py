@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import EaglectlError, SmokeFailedError
+from ...progress import Progress, passthrough
 
 if TYPE_CHECKING:
     from ...checkpoint.drafter import DrafterCheckpoint
@@ -307,8 +308,9 @@ def runner_flags(runs: list[RunnerRun], readings: Readings, intended: tuple[int,
 # ------------------------------------------------------------------------------------------ a smoke's runners
 
 def prepare(d: DrafterCheckpoint, target: Target, engine: str, runner: str | None, reference_layers: str,
-            python: str | None, vllm_python: str | None, measured: Measurement | None
-            ) -> tuple[Readings, list[RunnerRun], Measurement | None, dict[str, Any] | None]:
+            python: str | None, vllm_python: str | None, measured: Measurement | None,
+            progress: Progress = passthrough) -> tuple[Readings, list[RunnerRun], Measurement | None,
+                                                       dict[str, Any] | None]:
     """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
     intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
     reading is in question or --reference-layers measured), else as the files declare it."""
@@ -317,7 +319,7 @@ def prepare(d: DrafterCheckpoint, target: Target, engine: str, runner: str | Non
 
     if reference_layers not in ("runner", "measured"):
         raise SmokeFailedError(f"--reference-layers {reference_layers}: one of runner, measured")
-    readings = readings_for(d, target, vllm_python=python or vllm_python)
+    readings = readings_for(d, target, vllm_python=python or vllm_python, progress=progress)
     try:
         runs = plan(runner, readings)
     except ValueError as e:
