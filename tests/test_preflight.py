@@ -126,6 +126,7 @@ def test_the_table_rows_are_releases_and_unique():
 def test_vllm_is_asked_in_the_drafters_worker_run(invoke, tmp_path, monkeypatch, vllm_py):
     """One worker run answers three targets (filling the reading cache); the CLI then reads vLLM's answers."""
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")  # vLLM's own code, not the tables verified by hash
     monkeypatch.setattr(runners, "_MEMO", {})
     targets = {"granite": _target(tmp_path, "granite", GRANITE), "bundled": TRAINED / "target",
                "hybrid": _target(tmp_path, "qwen3-next", QWEN3_NEXT)}

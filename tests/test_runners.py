@@ -195,6 +195,7 @@ def _row(name, got, table):
 def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, vllm_py):
     python = vllm_py
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")  # vLLM itself, not the tables this test verifies
     monkeypatch.setattr(runners, "_MEMO", {})  # readings an earlier test of this worker asked are not in this cache
     cases = _fixtures() + _published(tmp_path)
     asked = read_batch([r for _, r in cases], vllm_python=python)  # one worker run (the cache starts empty)
@@ -216,6 +217,24 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     if report:
         Path(report).write_text("\n".join(lines) + "\n")
     assert not mismatches, mismatches
+    # the installed vLLM's deciding code is the code this test verified the tables against: its fingerprint is
+    # listed, and where the tables answer for it (no refusal, known classes) they give what vLLM gave
+    where, version = runners.vllm_location(python)
+    fingerprint = runners.code_fingerprint(where)
+    assert fingerprint in runners.VERIFIED_CODE.get(version, ()), (version, fingerprint)
+    answered = 0
+    for (name, req), got in zip(cases, asked, strict=True):
+        fast = runners.from_verified_code(req, version)
+        if fast is None:  # the tables decline what they do not model (a refusal, a quantized class): vLLM is asked
+            continue
+        assert not any(r.error or r.model_error for r in got.runners), name  # never an answer where vLLM refuses
+        answered += 1
+        for runner in ("v1", "v2"):
+            a, f = got.get(runner), fast.get(runner)
+            assert (_ids(a), a.source, a.shift, a.flags, a.num_aux) == (_ids(f), f.source, f.shift, f.flags,
+                                                                        f.num_aux), (name, runner)
+        assert fast.asked and fast.basis == runners.verified_basis(version)
+    assert answered >= 0.8 * len(cases), (answered, len(cases))
     by_name = dict(zip((n for n, _ in cases), asked, strict=True))
     for name, (_cfg, _L, v1, v2) in PUBLISHED.items():
         got = by_name[name]
@@ -262,3 +281,32 @@ def test_fc_norm_aliases_are_read_on_input_and_vllm_reads_only_fc_norm(invoke, t
     assert written["fc_norm"] is True  # the plain key vLLM reads
     after = json.loads(invoke("inspect", out, "--json").stdout)
     assert after["exit_code"] == 0 and all(r["flags"]["fc_norm"] for r in after["engine_readings"])
+
+
+@pytest.mark.vllm
+def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch, invoke, vllm_py):
+    """The installed vLLM's deciding files hash to a verified fingerprint: inspect answers from the tables
+    labelled as that code's, and no worker imports vLLM; a fingerprint that is not listed asks vLLM."""
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: only the hash can answer
+    monkeypatch.setattr(runners, "_MEMO", {})
+    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("vLLM was imported"))
+    version = runners.code_verified(vllm_py)
+    assert version is not None
+    def config(folder: Path) -> dict:
+        return json.loads((folder / "config.json").read_text())
+
+    target = TRAINED / "target"
+    req = Request(str(TRAINED / "eagle3"), config(TRAINED / "eagle3"), 8, str(target), config(target))
+    got = read_batch([req], vllm_python=vllm_py)[0]
+    assert got.asked and got.basis == runners.verified_basis(version) and got.target.supports_eagle3
+    assert _ids(got.get("v1")) == (2, 4, 5) and got.get("v1").num_aux == 3
+    r = invoke("inspect", TRAINED / "eagle3", "--target", target, "--vllm-python", vllm_py, "--no-measure")
+    assert r.exit_code == 0 and f"vLLM {version}'s code, verified by hash" in r.stdout
+    # other code (a fingerprint not listed), or EAGLECTL_ASK_VLLM=1: vLLM is asked
+    monkeypatch.setattr(runners, "VERIFIED_CODE", {version: ("0" * 64,)})
+    assert runners.code_verified(vllm_py) is None
+    installed = runners.code_fingerprint(runners.vllm_location(vllm_py)[0])
+    monkeypatch.setattr(runners, "VERIFIED_CODE", {version: (installed,)})
+    assert runners.code_verified(vllm_py) == version
+    monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
+    assert runners.code_verified(vllm_py) is None

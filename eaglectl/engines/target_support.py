@@ -22,6 +22,18 @@ TARGET_ASSUMED = f"assumed (eaglectl's table of vLLM {TARGET_TABLE_RELEASES}, re
 KINDS = {"attention": "attention", "hybrid": "hybrid attention/recurrent", "recurrent": "recurrent (no attention)"}
 
 
+def engines_own(basis: str) -> bool:
+    """An answer that is vLLM's own: asked of it, or read from its code verified by hash (not assumed)."""
+    return basis.startswith("asked") or "verified by hash" in basis
+
+
+def said(basis: str, version: str, assumed: str = "assumed: eaglectl's table") -> str:
+    """How an answer about vLLM is known, in a few words."""
+    if basis.startswith("asked"):
+        return f"asked of vLLM {version}"
+    return f"vLLM {version}'s code, verified by hash" if engines_own(basis) else assumed
+
+
 def release_key(version: str | None) -> tuple[int, ...] | None:
     """A release's numbers, three at least ("0.32.0+cpu" -> (0, 32, 0), "0.8" -> (0, 8, 0)); None when it names
     none."""
@@ -57,7 +69,7 @@ class TargetSupport:
 
     @property
     def asked(self) -> bool:
-        return self.basis.startswith("asked")
+        return engines_own(self.basis)
 
     @property
     def later(self) -> str | None:
@@ -77,7 +89,7 @@ class TargetSupport:
         else:
             what = "no EAGLE-3 capture (no SupportsEagle3)" + (f", from vLLM {self.later}" if self.later else "")
         layers = f"; {self.num_layers} layers as vLLM counts them" if self.num_layers is not None else ""
-        basis = f"asked vLLM {self.version}" if self.asked else "assumed: eaglectl's table"
+        basis = f"asked vLLM {self.version}" if self.basis.startswith("asked") else said(self.basis, self.version)
         return f"{who}: {what}{layers}; {basis}"
 
     def to_json(self) -> dict[str, Any]:

@@ -33,8 +33,8 @@ def measured(ctx: Context) -> None:
                     m.aux.winner.acceptance_length:
                 stake = (f": acceptance length {by_ids[reads].acceptance_length:.2f} instead of "
                          f"{m.aux.winner.acceptance_length:.2f} under the reference loop")
-            message = (f"{engine} (since {engine_convention(engine).since}) reads boundaries {list(reads)}; the drafter "
-                       f"was trained on {list(trained)}{stake}")
+            message = (f"{engine} (since {engine_convention(engine).since}) reads boundaries {list(reads)}; the "
+                       f"drafter was trained on {list(trained)}{stake}")
             if engine == ctx.dialect.consumer:
                 ctx.emit(rule.AUX_READING_MISMATCH, message, ctx.where)
             else:

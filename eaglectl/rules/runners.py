@@ -4,6 +4,7 @@ readings were computed (`inspect`, `check`)."""
 
 from __future__ import annotations
 
+from ..engines.target_support import said
 from . import catalogue as rule
 from .base import Context, check
 
@@ -24,7 +25,7 @@ def runners(ctx: Context) -> None:
     v1, v2 = r.get("v1"), r.get("v2")
     if v1 is None or v2 is None or v1.error or v2.error:
         return
-    basis = f"asked of vLLM {v1.version}" if r.asked else "assumed: eaglectl's table of vLLM"
+    basis = said(v1.basis, v1.version, "assumed: eaglectl's table of vLLM")
     if r.split:
         message = f"{_names(v1)}; {_names(v2)}; {basis}"
         trained = ctx.measured.boundary_ids if ctx.measured is not None else None

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..engines.facts import TARGET_TABLE_RELEASES, target_capture
 from ..engines.target_support import TARGET_ASSUMED, TargetSupport, captures_in, release_key
+from ..engines.target_support import said as how_known
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable
 from ..spec import default_aux_ids
@@ -76,7 +77,8 @@ def target_capture_support(ctx: Context) -> None:
         return  # a hybrid target vLLM supports: nothing concrete differs in what it captures (docs/engines.md)
     kind = {"hybrid": "; hybrid attention/recurrent", "recurrent": "; recurrent, no attention"}.get(s.kind or "", "")
     cls = f"{s.model_class or s.architecture} (its class" + (f", {s.module}" if s.module else "") + f"{kind})"
-    said = f"vLLM {s.version} (asked)" if s.asked else f"vLLM {s.version} (assumed: eaglectl's table)"
+    said = f"vLLM {s.version} (asked)" if s.basis.startswith("asked") else \
+        f"vLLM {s.version} ({how_known(s.basis, s.version)})"
     if s.later:
         later = f"; from vLLM {s.later} it does (eaglectl's table)"
     elif s.since is None and target_capture(s.architecture) is not None:
