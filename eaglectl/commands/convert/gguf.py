@@ -111,7 +111,7 @@ def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: Target
             digest.pool.shutdown(wait=True, cancel_futures=True)
         out = interpret(ggufio.open_gguf(str(stage / FILE_NAME), stage / FILE_NAME))
         checked = [_check_round_trip(out, wanted), *_check_spec(out, src, plan)]
-        if after_write is not None:  # under llama.cpp's reading of eagle3.target_layers (engines.ENGINE_AUX_CONVENTIONS)
+        if after_write is not None:  # under llama.cpp's reading of eagle3.target_layers (ENGINE_AUX_CONVENTIONS)
             checked += after_write(out)
         src.ckpt.ensure_unchanged()
         checked.append("the source did not change while it was read")

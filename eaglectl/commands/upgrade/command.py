@@ -457,8 +457,8 @@ def plan_upgrade(s: Setup, dest: str, to: str, new_spec: DrafterSpec, choice: Ch
     if measurement is not None and measurement.at_chance:
         measurement = None  # a drafter at chance says nothing about its layers: the files' reading is written
     decided = measurement is not None and measurement.boundary_ids is not None
-    plan = plan_conversion(s.src, dest, to, target=s.tgt.checkpoint if s.tgt else None, upgrade=Additions(new_spec, extra),
-                           base_model=base_model, measured=measurement,
+    plan = plan_conversion(s.src, dest, to, target=s.tgt.checkpoint if s.tgt else None,
+                           upgrade=Additions(new_spec, extra), base_model=base_model, measured=measurement,
                            aux_layer_ids=tuple(s.ids) if decided and s.ids is not None
                            and s.src.spec.aux_layer_ids is not None else None)
     written = {k: casting.decode(v, s.dtype).reshape(extra[k][1]) for k, v in supplied.items()}
