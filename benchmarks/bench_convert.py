@@ -11,6 +11,7 @@ with the post-write re-read check kept.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,11 @@ def durable_copy(src: Path, dst: Path) -> float:
     return time.perf_counter() - t
 
 
-def convert(py: str, *args: str) -> tuple[float, float]:
+def convert(py: str, *args: str, cache: Path | None = None) -> tuple[float, float]:
+    """One convert in a fresh process; `cache`: an empty readings cache (cold: nothing vLLM answered is kept)."""
+    if cache is not None:
+        shutil.rmtree(cache, ignore_errors=True)
+        os.environ["EAGLECTL_CACHE_DIR"] = str(cache)
     wall, rss, _ = measure(py, CONVERT, *args, sync=True)
     return wall, rss
 
@@ -62,7 +67,8 @@ def main() -> None:
             copies.append(durable_copy(src / "model.safetensors", work / f"copy{rep}.safetensors"))
             for i, (to, extra) in enumerate(cases):
                 dest = work / f"{to}{'-fp16' if extra else ''}-{rep}"
-                runs[i].append(convert(py, str(src), str(dest), "--to", to, "--target", str(target), *extra))
+                runs[i].append(convert(py, str(src), str(dest), "--to", to, "--target", str(target), *extra,
+                                       cache=work / "cache"))
                 shutil.rmtree(dest)
             (work / f"copy{rep}.safetensors").unlink()
         base = min(copies)
@@ -71,7 +77,8 @@ def main() -> None:
             wall, rss = min(r[0] for r in runs[i]), max(r[1] for r in runs[i])
             rows.append((f"convert --to {to}" + (" --dtype float16" if extra else ""), wall, rss))
         print(f"source: 8B-class SafeAILab drafter, {size / 1e9:.2f} GB bf16, page cache warm; best of {REPEATS}; "
-              "convert includes process start, planning, the post-write re-read check and the fsync of its output")
+              "convert includes process start, planning, the post-write re-read check and the fsync of its output; "
+              f"cold: an empty readings cache each run; vLLM: {os.environ.get('EAGLECTL_VLLM_PYTHON') or 'none'}")
         print(f"{'run':44} {'wall s':>7} {'peak MB':>8} {'x baseline':>10}")
         for name, wall, rss in rows:
             print(f"{name:44} {wall:7.2f} {rss:8.0f} {wall / base:10.2f}")

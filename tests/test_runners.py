@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -310,3 +311,44 @@ def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch
     assert runners.code_verified(vllm_py) == version
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
     assert runners.code_verified(vllm_py) is None
+
+
+def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
+    """A fake vLLM package (its version file and deciding files) behind a real interpreter: with its fingerprint
+    listed the tables answer and no worker runs; one byte changed in one deciding file and vLLM is asked."""
+    import stat
+
+    from eaglectl.errors import MissingDependencyError
+
+    site = tmp_path / "site"
+    fake = site / "vllm"
+    for name in runners.DECIDING_FILES:
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text(f"# {name}\n")
+    (fake / "__init__.py").write_text("")
+    (fake / "_version.py").write_text("__version__ = version = '0.32.0'\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("EAGLECTL_ASK_VLLM", raising=False)
+    monkeypatch.setattr(runners, "_MEMO", {})
+    asked: list[int] = []
+
+    def ask(requests, _python):  # noqa: ANN001, ANN202 - stands in for the worker run
+        asked.append(len(requests))
+        raise MissingDependencyError("the fake vLLM cannot be imported")
+
+    monkeypatch.setattr(runners, "ask_vllm", ask)
+    req = Request(str(TRAINED / "eagle3"), json.loads((TRAINED / "eagle3" / "config.json").read_text()), 8)
+    for cached in (runners.vllm_location, runners.vllm_version, runners.code_fingerprint):
+        getattr(cached, "cache_clear", lambda: None)()
+    monkeypatch.setattr(runners, "VERIFIED_CODE", {"0.32.0": (runners.code_fingerprint(fake),)})
+    got = read_batch([req], vllm_python=str(python))[0]
+    assert asked == [] and got.basis == runners.verified_basis("0.32.0") and _ids(got.get("v1")) == (2, 4, 5)
+    with (fake / "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py").open("a") as f:
+        f.write("# a change in the selection code\n")
+    runners.code_fingerprint.cache_clear()
+    got = read_batch([req], vllm_python=str(python))[0]
+    assert asked == [1] and not got.asked and "vLLM was not asked" in (got.note or "")
+    runners.code_fingerprint.cache_clear()
