@@ -6,6 +6,7 @@ the parent's memory copied at fork time (Linux keeps maxrss across exec).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -22,13 +23,18 @@ HWM = ("import atexit, sys\n"
        "atexit.register(_hwm)\n")
 
 
+# as an installed tool runs: with its bytecode cached (some machines set PYTHONDONTWRITEBYTECODE, which makes every
+# process compile eaglectl's ~150 modules again, ~0.2 s)
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def measure(python: str, code: str, *args: str, ok_codes: tuple[int, ...] = (0,), sync: bool = False
             ) -> tuple[float, float, str]:
     """(wall seconds, peak RSS in MB, stdout) of `python -c HWM+code args...`."""
     if sync:
         subprocess.run(["sync"], check=True)
     t = time.perf_counter()
-    r = subprocess.run([python, "-c", HWM + code, *args], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run([python, "-c", HWM + code, *args], capture_output=True, text=True, cwd=ROOT, env=ENV)
     wall = time.perf_counter() - t
     if r.returncode not in ok_codes or "VMHWM" not in r.stderr:
         raise SystemExit(f"{args} failed ({r.returncode}): {r.stderr[-2000:]}")

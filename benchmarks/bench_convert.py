@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _measure import measure, scratch, work_args  # noqa: E402
+from _measure import ENV, measure, scratch, work_args  # noqa: E402
 from bench_verify import DIMS, build  # noqa: E402
 
 REPEATS = 5
@@ -40,7 +40,7 @@ def convert(py: str, *args: str, cache: Path | None = None) -> tuple[float, floa
     """One convert in a fresh process; `cache`: an empty readings cache (cold: nothing vLLM answered is kept)."""
     if cache is not None:
         shutil.rmtree(cache, ignore_errors=True)
-        os.environ["EAGLECTL_CACHE_DIR"] = str(cache)
+        ENV["EAGLECTL_CACHE_DIR"] = str(cache)
     wall, rss, _ = measure(py, CONVERT, *args, sync=True)
     return wall, rss
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from _measure import ENV, scratch, work_args  # noqa: E402
 from _measure import measure as _measure  # noqa: E402
-from _measure import scratch, work_args  # noqa: E402
 
 from eaglectl.io.safetensors import TensorEntry, serialize_header  # noqa: E402
 
@@ -84,8 +85,11 @@ def build(folder: Path, H: int, I: int, NH: int, NKV: int, V: int, VD: int) -> i
 
 
 def measure(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one child process (`python -c CODE args`)."""
-    wall, rss, _ = _measure(argv[0], argv[2], *argv[3:], ok_codes=(0, 1))
+    """Wall seconds and peak RSS (MB) of one child process (`python -c CODE args`), cold: an empty readings cache
+    (what vLLM answered for a config is not kept from an earlier run)."""
+    with tempfile.TemporaryDirectory() as cache:
+        ENV["EAGLECTL_CACHE_DIR"] = cache
+        wall, rss, _ = _measure(argv[0], argv[2], *argv[3:], ok_codes=(0, 1))
     return wall, rss
 
 
@@ -108,7 +112,8 @@ def main() -> None:
     py = sys.executable
     bare_wall, bare_rss = best_of(3, [py, "-c", BARE])
     print(f"python startup alone: {bare_wall:.3f} s, {bare_rss:.0f} MB\n")
-    print("page cache warm (files just written); inspect: best of 3; baseline: load_file + touch every tensor")
+    print("page cache warm (files just written); inspect: best of 3, each cold (an empty readings cache), vLLM: "
+          f"{ENV.get('EAGLECTL_VLLM_PYTHON') or 'none'}; baseline: load_file + touch every tensor")
     print(f"{'drafter':10} {'size':>8} | {'inspect s':>9} {'MB':>6} | {'load_file s':>11} {'MB':>7} | "
           f"{'time ratio':>10} {'RSS ratio':>9} | goal <=0.5 s, <=100 MB")
     with scratch(args.work, args.keep):
