@@ -88,6 +88,10 @@ def _timed(fn: Callable[[], Stage]) -> Stage:
 
 
 # What the smoke stage passes to `smoke.measure` when the user gave nothing (the CLI's defaults).
+# the findings `--card --base-model` fixes by writing the verifier into config.json
+NAMING_FIXES = ("verifier-unnamed", "verifier-local-path", "verifier-local-path-rejected")
+
+
 def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     """Run the gate on the request's source (`check`'s, `upload`'s or a manifest line's). `--min-acceptance`, or
     any of the smoke stage's options, implies the smoke stage."""
@@ -164,6 +168,8 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
         found = lint_publish(drafter, folder)
     except EaglectlError as e:
         return Stage("publish", "fail", f"[{e.reference}] {e.message}")
+    if any(f.rule_id == "speculators-null-verifier" for f in found):  # says all verifier-unnamed says, and more
+        out.findings = [f for f in out.findings if f.rule_id != "verifier-unnamed"]
     out.findings.extend(found)
     errors = [f for f in found if f.severity == "error"]
     local = sum(f.rule_id == "local-path" for f in found)
@@ -252,6 +258,8 @@ def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: di
         existing = load_card(folder) if folder.is_dir() else None
         if card and explicit_base:
             out.config_written = name_verifier(rep.drafter, explicit_base)
+            if out.config_written:  # what inspect found of the unnamed verifier no longer holds
+                out.findings = [f for f in out.findings if f.rule_id not in NAMING_FIXES]
         if card:
             text = render_card(rep, base=base, smoke=smoke_doc, existing=existing, profile=profile)
             out.card_written = str(write_file(folder / CARD, text.encode("utf-8"), doing="write the model card"))
