@@ -17,8 +17,8 @@ from typing import Any
 import click
 
 from .. import __version__, threads
-from ..commands.drift import PROTOCOLS
 from ..commands.requests import (
+    PROTOCOLS,
     CaptureRequest,
     CheckRequest,
     ConvertRequest,

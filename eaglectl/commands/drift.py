@@ -27,7 +27,7 @@ from ..measure.target import Target
 from ..measure.workload import load_prompts, template_prompts
 from ..progress import Progress, passthrough
 from ..result import Result
-from .requests import DriftRequest
+from .requests import PROTOCOLS, DriftRequest, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,24 +39,6 @@ if TYPE_CHECKING:
     from ..model.replay import LoopCounts
 
 METRICS = ("sink_mass", "self_mass", "recent_mass", "prompt_mass", "entropy", "state_rms")
-
-
-@dataclass(frozen=True)
-class Protocol:
-    name: str
-    sink_tokens: int
-    recent_window: int
-    anchor_every: int
-    note: str
-
-
-PROTOCOLS = {
-    "paper-v1": Protocol(
-        "paper-v1", sink_tokens=1, recent_window=16, anchor_every=8,
-        note="definitions follow arXiv 2605.09992 Fig. 1 (sink = the first prompt token; own tokens = the "
-             "positions drafted in the current chain); the paper's exact head/averaging protocol is not "
-             "published, so this averages over heads, then anchors, then prompts"),
-}
 
 
 # ------------------------------------------------------------------------------------ measurement

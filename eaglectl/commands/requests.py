@@ -219,6 +219,26 @@ class CaptureRequest:
 
 
 @dataclass(frozen=True)
+class Protocol:
+    """Drift's named definitions of the sink, the recent window and the anchors (`--protocol`)."""
+
+    name: str
+    sink_tokens: int
+    recent_window: int
+    anchor_every: int
+    note: str
+
+
+PROTOCOLS = {
+    "paper-v1": Protocol(
+        "paper-v1", sink_tokens=1, recent_window=16, anchor_every=8,
+        note="definitions follow arXiv 2605.09992 Fig. 1 (sink = the first prompt token; own tokens = the "
+             "positions drafted in the current chain); the paper's exact head/averaging protocol is not "
+             "published, so this averages over heads, then anchors, then prompts"),
+}
+
+
+@dataclass(frozen=True)
 class DriftRequest:
     drafters: tuple[str, ...]
     target: str | None = None
