@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -133,9 +134,11 @@ class LoadedDrafter:
         return model.to(device=device, dtype=dtype).eval()
 
 
-def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
+def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | None = None) -> LoadedDrafter:
     """Every tensor of an interpreted checkpoint in fp32 for the reference drafter, read on the first call only
-    (`d.memo` keeps the result); a quantised export's weights are dequantised."""
+    (`d.memo` keeps the result); a quantised export's weights are dequantised. `shared`: fp32 tensors the caller
+    already holds for canonical names whose stored bytes it proved equal (a conversion's copied tensors, checked
+    byte for byte after writing): used as they are, not read into a second copy."""
     kept = d.memo.get("fp32")
     if isinstance(kept, LoadedDrafter):
         return kept
@@ -149,6 +152,9 @@ def load_reference(d: DrafterCheckpoint) -> LoadedDrafter:
         if canon.endswith(".hidden_norm.weight") and layer_index(canon) not in (None, 0):
             continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
         if quant is not None and scale_of(canon) is not None and canon not in quant.orphans:
+            continue
+        if shared is not None and canon in shared:
+            tensors[canon] = shared[canon]
             continue
         if quant is not None and canon in quant.quantized:
             value = dequantize(d, canon, quant)

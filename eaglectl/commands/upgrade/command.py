@@ -472,6 +472,13 @@ def _write(result: UpgradeResult, s: Setup, plan: ConversionPlan, supplied: dict
     measured: dict[str, ParityReport] = {}
 
     def after_write(out: DrafterCheckpoint) -> list[str]:
+        # the written files in fp32 once: the tensors copied from SOURCE (equal byte for byte, checked after
+        # writing) share SOURCE's fp32 copy, so the output costs only the tensors the upgrade wrote
+        from ...model.loader import load_reference
+
+        src = load_reference(s.src)
+        load_reference(out, shared={a.canonical: src.tensors[a.canonical] for a in plan.tensors
+                                    if a.action == "copy" and a.canonical in src.tensors})
         checked = check_written(s, out, result.acceptance) if result.acceptance is not None else []
         if fidelity_tokens is not None:
             measured["report"] = _fidelity(out, s, fidelity_tokens)
