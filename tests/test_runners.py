@@ -90,15 +90,17 @@ def _fixtures() -> list[tuple[str, Request]]:
     trained = {"eagle3": "target", "eagle3-output": "target", "eagle3.1": "target", "eagle3.1-mla": "target-mla"}
     for name, target in trained.items():
         cfg = json.loads((TRAINED / name / "config.json").read_text())
-        L = json.loads((TRAINED / target / "config.json").read_text())["num_hidden_layers"]
-        out.append((f"trained/{name}", Request(str(TRAINED / name), cfg, L, str(TRAINED / target))))
+        target_cfg = json.loads((TRAINED / target / "config.json").read_text())
+        out.append((f"trained/{name}", Request(str(TRAINED / name), cfg, target_cfg["num_hidden_layers"],
+                                               str(TRAINED / target), target_cfg)))
+    target_config = json.loads((TARGET / "config.json").read_text())
     for base in (DRAFTERS, DEFECTS):
         for folder in sorted(p for p in base.iterdir() if (p / "config.json").is_file()):
             try:
                 cfg = json.loads((folder / "config.json").read_text())
             except ValueError:
                 continue
-            out.append((f"{base.name}/{folder.name}", Request(str(folder), cfg, 8, str(TARGET))))
+            out.append((f"{base.name}/{folder.name}", Request(str(folder), cfg, 8, str(TARGET), target_config)))
     return out
 
 

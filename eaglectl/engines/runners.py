@@ -340,8 +340,6 @@ def code_verified(python: str) -> str | None:
 # the width), building the class fails in vLLM, which the tables do not model
 _SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
                  "num_hidden_layers", "max_position_embeddings", "head_dim", "draft_vocab_size", "target_hidden_size")
-
-
 _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 
 
@@ -378,12 +376,7 @@ def from_verified_code(req: Request, version: str) -> Readings | None:
     got.runners = [replace(r, version=version, basis=basis, build="the config as vLLM builds it (its code "
                            "verified by hash: eaglectl's table)") for r in got.runners]
     if req.target_dir is not None:
-        raw = _config_bytes(req.target_dir) if req.target_config is None else None
-        try:
-            target_config = req.target_config if raw is None else json.loads(raw)
-        except ValueError:
-            return None
-        support = table_support(target_config if isinstance(target_config, dict) else None, version)
+        support = table_support(req.target_config, version)
         if support is None or support.supports_eagle3 is None:
             return None
         got.target = replace(support, basis=basis)
