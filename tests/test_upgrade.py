@@ -188,20 +188,25 @@ def test_default_upgrade_ends_with_al_interval_warm_start_and_a_next_command_tha
     assert r.exit_code == 0, r.stderr
     tail = r.stdout.strip().splitlines()
     text = " ".join(" ".join(tail[-10:]).split())  # the human view wraps at the terminal width
-    assert "acceptance length" in text and "->" in text and "bundled held-out code" in text
+    assert "acceptance length" in text and "->" in text and "smoke's default prompts, never ranked on" in text
     assert "95% bootstrap interval" in text and "warm start: fine-tune before publishing" in text
+    reproduce = f"eaglectl smoke {dest} --target {TRAINED_TARGET}"  # the command that measures it, whole
+    assert reproduce in [t.strip() for t in tail]
     assert tail[-2] == "next:" and tail[-1].strip() == f"eaglectl check {dest} --target {TRAINED_TARGET}"
     prov = json.loads((dest / "config.json").read_text())["eaglectl_provenance"]
     acc = prov["acceptance"]
     lo, hi = acc["interval"]["after"]
     assert lo <= acc["after"] <= hi and acc["interval"]["kept"][0] <= acc["kept"] <= acc["interval"]["kept"][1]
     assert acc["prompts"]["given"] is False and acc["prompts"]["count"] == 16
+    assert acc["prompts"]["source"] == "builtin:short"  # reported on smoke's default prompts ...
     r2 = invoke("upgrade", TRAINED / "eagle3", tmp_path / "again", "--to", "speculators", "--target", TRAINED_TARGET,
                 "--no-norm-output", "--no-fidelity", "--dry-run", "--json")
     doc = json.loads(r2.stdout)
+    ranked, reported = doc["acceptance"]["ranked_on"], doc["acceptance"]["prompts"]
+    assert ranked["digest"] != reported["digest"] == acc["prompts"]["digest"]  # ... not on those that ranked
     fit = next(c for c in doc["init_candidates"] if c["init"] == "fit")
     assert fit["acceptance_kept"] > 0 and doc["fit"]["steps"] > 0 and doc["fit"]["tokens"] > 500
-    assert doc["fit"]["heldout_loss_after"] <= doc["fit"]["heldout_loss_before"]  # early stopping keeps the best
+    assert doc["fit"]["heldout_chain_after"] >= doc["fit"]["heldout_chain_before"]  # fit keeps its best check
     best_closed = max(c["acceptance_kept"] for c in doc["init_candidates"] if c["init"] != "fit")
     assert (doc["init"] == "fit") == (fit["acceptance_kept"] > best_closed)  # fit only when it beats them
     assert doc["acceptance_length_after"] == acc["after"]  # deterministic: the same run, the same figure
@@ -210,6 +215,26 @@ def test_default_upgrade_ends_with_al_interval_warm_start_and_a_next_command_tha
     readme = (dest / "README.md").read_text()
     assert f"{acc['before']} -> {acc['after']}" in readme and "Warm start: fine-tune before publishing" in readme
     assert "prompts bundled with eaglectl" in readme and "needs EAGLE-3.1" in readme
+
+
+def test_ranking_calibration_and_report_read_disjoint_windows():
+    """What an upgrade reports on (smoke's default prompts) is never what it ranked the inits on or calibrated
+    and fitted on: the held-out windows of the three roles do not overlap, at any prompt count; with nothing to
+    avoid the windows are the ones they always were (smoke's prompts unchanged)."""
+    import random
+
+    from eaglectl.measure.fidelity import SMOKE_SEED, ranking_spans, reserved_spans, smoke_spans
+    from eaglectl.measure.workload import _heldout_text, heldout_spans
+
+    size = len(_heldout_text())
+    rng = random.Random(SMOKE_SEED)
+    assert smoke_spans(16) == [(s, s + 512) for s in (rng.randrange(0, size - 512) for _ in range(16))]
+    for n in (1, 16, 40):
+        rep, rank = smoke_spans(n), ranking_spans(n)
+        cal = heldout_spans(32, 64, 5, avoid=reserved_spans(n))
+        for a, b in ((rep, rank), (rep, cal), (rank, cal)):
+            assert not [(x, y) for x in a for y in b if x[0] < y[1] and y[0] < x[1]]
+        assert len(rank) == n and len(cal) == 32
 
 
 def test_prompts_need_a_runnable_target(invoke, tmp_path):
@@ -248,6 +273,31 @@ def test_fit_is_deterministic_and_moves_only_fc_norm():
     _, fc3, rep3 = fitting.fit_fc_norm(loaded, start, {"fc_norm": True, "norm_output": True}, seqs, embed=table,
                                        start_name="ones", data="test", fit_fc=True, max_steps=3)
     assert fc3 is not None and rep3.parameters == 3 * 128 + 128 * 384 and rep3.fc
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_upgrade_figure_is_what_vllm_measures_on_prompts_the_ranking_never_saw(tmp_path, vllm_py):
+    """A default upgrade (no --prompts) ranks the inits on one set of held-out windows and reports the AL on
+    smoke's default prompts; real vLLM running the printed `reproduce` command on DEST measures exactly the
+    reported AL after the upgrade (and, on the source, the AL before), inside the printed interval."""
+    import shlex
+
+    dest = tmp_path / "up"
+    res = upgrade(str(TRAINED / "eagle3"), str(dest), target=str(TRAINED_TARGET), to="speculators",
+                  fidelity=False).to_json()
+    acc = res["acceptance"]
+    assert acc["ranked_on"]["digest"] != acc["prompts"]["digest"]
+    args = shlex.split(acc["reproduce"])
+    assert args == ["eaglectl", "smoke", str(dest), "--target", str(TRAINED_TARGET)]  # smoke's defaults
+    for drafter, counts, al in ((str(dest), acc["counts_after"], acc["after"]),
+                                (str(TRAINED / "eagle3"), acc["counts_before"], acc["before"])):
+        rep = smoke(drafter, str(TRAINED_TARGET), engine="vllm", concurrency=(1,), vllm_python=vllm_py).to_json()
+        assert (rep["num_drafts"], rep["num_accepted_tokens"]) == (counts["num_drafts"],
+                                                                   counts["num_accepted_tokens"])
+        assert round(rep["mean_acceptance_length"], 4) == al
+    lo, hi = acc["interval"]["after"]
+    assert lo <= acc["after"] <= hi
 
 
 @pytest.mark.vllm

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,15 +34,19 @@ if TYPE_CHECKING:
 RANK_SEED = 3  # of the bundled held-out windows the inits are ranked on
 STEPS = 3  # draft steps (k) of the ranking loop, as smoke's default
 BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
-SMOKE_MAX_MODEL_LEN, SMOKE_SEED = 1024, 0  # smoke's defaults: its --prompts loader reads the same prompts
+# smoke's defaults (commands/requests.SmokeRequest; a test holds them equal): the acceptance is reported on its
+# default prompts, so that `eaglectl smoke DEST --target T` reproduces the figure count for count
+SMOKE_PROMPTS, SMOKE_MAX_MODEL_LEN, SMOKE_SEED, SMOKE_NUM_PROMPTS, SMOKE_MAX_TOKENS = "builtin:short", 1024, 0, 16, 64
+PROMPT_TOKENS = 64  # tokens of each bundled window (builtin:short's length)
 
 
 @dataclass
 class Workload:
-    """The prompts the inits are ranked on and the acceptance is reported on."""
+    """Prompts the reference loop replays: the inits are ranked on one workload, the acceptance is reported on
+    another (`workloads_for`)."""
 
     prompts: list[list[int]]
-    source: str  # the --prompts spec, or "bundled"
+    source: str  # the --prompts spec, smoke's default spec, or "bundled"
     description: str
     given: bool  # the user's --prompts
     max_tokens: int
@@ -53,20 +58,50 @@ class Workload:
         return {"source": self.source, "given": self.given, "count": len(self.prompts), "description":
                 self.description, "digest": f"sha256:{digest}", "max_tokens": self.max_tokens, "k": self.k}
 
+    def smoke_command(self, drafter: str, target: str, runner: str) -> str:
+        """The `smoke` command that measures `drafter` on exactly these prompts, as it runs when pasted."""
+        q = shlex.quote
+        given = [("--prompts", self.source, SMOKE_PROMPTS), ("--num-prompts", self.num_prompts, SMOKE_NUM_PROMPTS),
+                 ("--max-tokens", self.max_tokens, SMOKE_MAX_TOKENS), ("--runner", runner, "v1")]
+        return f"eaglectl smoke {q(drafter)} --target {q(target)}" + "".join(
+            f" {flag} {q(str(value))}" for flag, value, default in given if value != default)
 
-def workload_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens: int) -> Workload:
-    """The user's prompts (`--prompts`: smoke's loaders and defaults, so `smoke --prompts` sees the same
-    tokens), else windows of the bundled held-out code that calibration, the probe and `fit` never read."""
+
+def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens: int) -> tuple[Workload, Workload]:
+    """(ranking, report). The acceptance is reported on the user's `--prompts`, else on smoke's default prompts
+    (smoke's loader and defaults: `smoke` sees the same tokens); the inits are ranked on windows of the bundled
+    held-out code that smoke's default prompts do not overlap, so the figure reported was never chosen on."""
     from .workload import heldout_prompts, load_prompts, needs_chat, tokenizer_of
 
-    if prompts is not None:
-        tokenizer = tokenizer_of(tgt.source, chat=needs_chat(prompts))
-        got = load_prompts(prompts, tokenizer, count=num_prompts, max_tokens=max_tokens,
-                           max_model_len=SMOKE_MAX_MODEL_LEN, k=STEPS, seed=SMOKE_SEED)
-        return Workload(got.prompts, prompts, got.description, True, max_tokens, num_prompts)
-    ps = heldout_prompts(tgt.model().tokenizer, num_prompts, 64, seed=RANK_SEED)
-    return Workload(ps, "bundled", f"{len(ps)} windows of 64 tokens of the bundled held-out code (seed {RANK_SEED}), "
-                    "not your prompts", False, max_tokens, num_prompts)
+    spec = prompts if prompts is not None else SMOKE_PROMPTS
+    got = load_prompts(spec, tokenizer_of(tgt.source, chat=needs_chat(spec)), count=num_prompts,
+                       max_tokens=max_tokens, max_model_len=SMOKE_MAX_MODEL_LEN, k=STEPS, seed=SMOKE_SEED)
+    said = "" if prompts is not None else ": smoke's default prompts, never ranked on"
+    report = Workload(got.prompts, spec, got.description + said, prompts is not None, max_tokens, num_prompts)
+    ps = heldout_prompts(tgt.model().tokenizer, num_prompts, PROMPT_TOKENS, seed=RANK_SEED,
+                         avoid=smoke_spans(num_prompts))
+    ranking = Workload(ps, "bundled", f"{len(ps)} windows of {PROMPT_TOKENS} tokens of the bundled held-out code "
+                       f"(seed {RANK_SEED}), apart from smoke's default prompts", False, max_tokens, num_prompts)
+    return ranking, report
+
+
+def smoke_spans(num_prompts: int) -> list[tuple[int, int]]:
+    """The held-out spans smoke's default prompts read: what ranking and fitting stay apart from."""
+    from .workload import heldout_spans
+
+    return heldout_spans(num_prompts, PROMPT_TOKENS, SMOKE_SEED)
+
+
+def ranking_spans(num_prompts: int) -> list[tuple[int, int]]:
+    """The held-out spans the inits are ranked on, apart from smoke's default prompts."""
+    from .workload import heldout_spans
+
+    return heldout_spans(num_prompts, PROMPT_TOKENS, RANK_SEED, avoid=smoke_spans(num_prompts))
+
+
+def reserved_spans(num_prompts: int) -> list[tuple[int, int]]:
+    """What ranking and reporting read: calibration and `fit` draw their windows apart from them."""
+    return smoke_spans(num_prompts) + ranking_spans(num_prompts)
 
 
 @dataclass(frozen=True)
@@ -80,7 +115,8 @@ class Setup:
     runner: str = "v1"  # the vLLM runner whose reading of the files the figures follow (v1: every CPU build)
     progress: Progress = passthrough
     ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
-    work: Workload | None = None  # the prompts acceptance is measured on (None: no runnable target)
+    work: Workload | None = None  # the prompts the inits are ranked on (None: no runnable target)
+    report: Workload | None = None  # the prompts the acceptance is reported on, never ranked on
 
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
@@ -153,14 +189,14 @@ def stored(gammas: list[np.ndarray], new_fc: np.ndarray | None, dtype: str) -> d
 
 
 def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bool) -> dict[str, Any]:
-    """The reference loop's acceptance on the workload for the source (read as the engine reads its files) and
-    for the output about to be written (as the engine will read the written config): greedy fp32 counts,
-    which equal vLLM's. Without `--prompts`, a seeded bootstrap 95 % interval over the prompts."""
+    """The reference loop's acceptance on the report's prompts (never the ranking's) for the source (read as the
+    engine reads its files) and for the output about to be written (as the engine will read the written config):
+    greedy fp32 counts, which equal vLLM's. Without `--prompts`, a seeded bootstrap 95 % interval over them."""
     from ..model.loader import load_reference
     from .probe import replay_counts
 
-    tgt, work = s.tgt, s.work
-    assert tgt is not None and work is not None and tgt.num_layers is not None
+    tgt, work = s.tgt, s.report
+    assert tgt is not None and work is not None and s.work is not None and tgt.num_layers is not None
     src_b = boundaries(s, s.src.ckpt.config or {})
     dst_b = boundaries(s, dest_config)
     tgt.need(set(src_b) | set(dst_b))
@@ -174,7 +210,8 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
         "reading": reading_name(s)[0], "reading_description": reading_name(s)[1],
         "source_boundary_ids": list(src_b), "dest_boundary_ids": list(dst_b),
         "measured_boundary_ids": list(s.ids) if s.ids is not None else None,
-        "prompts": work.identity(), "counts_before": counts_json(before), "counts_after": counts_json(after),
+        "prompts": work.identity(), "ranked_on": s.work.identity(),
+        "counts_before": counts_json(before), "counts_after": counts_json(after),
         "predicted_for": "the written files" if written else "the files a run without --dry-run would write",
         "how": "the reference loop's greedy fp32 counts on the target's greedy continuations (replayed), which "
                "equal vLLM's (docs/smoke.md#engine-parity)",
@@ -212,7 +249,7 @@ def check_written(s: Setup, out: DrafterCheckpoint, reported: dict[str, Any]) ->
     from ..model.loader import load_reference
     from .probe import replay_counts
 
-    tgt, work = s.tgt, s.work
+    tgt, work = s.tgt, s.report
     assert tgt is not None and work is not None and tgt.num_layers is not None
     read = boundaries(s, out.ckpt.config or {})
     got = counts_json(replay_counts(load_reference(out), tgt, work.prompts, boundaries=read, k=work.k,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -479,15 +479,31 @@ def text_token_ids(tokenizer: Any, vocab_size: int, text: str) -> list[int]:
     return [b % vocab_size for b in text.encode("utf-8")]
 
 
-def heldout_prompts(tokenizer: Any, count: int, length: int, seed: int) -> list[list[int]]:
-    """`count` windows of `length` tokens at seeded offsets of the held-out code (never the calibration text)."""
+def heldout_prompts(tokenizer: Any, count: int, length: int, seed: int,
+                    avoid: Sequence[tuple[int, int]] = ()) -> list[list[int]]:
+    """`count` windows of `length` tokens at seeded offsets of the held-out code (never the calibration text),
+    none overlapping a span of `avoid` (`heldout_spans`)."""
     text = _heldout_text()
+    return [tokenizer(text[a:b], add_special_tokens=False).input_ids[:length]
+            for a, b in heldout_spans(count, length, seed, avoid)]
+
+
+def heldout_spans(count: int, length: int, seed: int, avoid: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """The character spans `heldout_prompts` reads: seeded windows of 8·length characters, a draw that overlaps
+    a span of `avoid` drawn again (with nothing to avoid, the same windows as ever). What one role reads (the
+    prompts an upgrade reports on) is thereby never what another read (the prompts it ranked or fitted on)."""
+    size, width = len(_heldout_text()), 8 * length
     rng = random.Random(seed)  # noqa: S311 - seeded windows of text, not a secret
-    prompts = []
-    for _ in range(count):
-        start = rng.randrange(0, max(1, len(text) - 8 * length))
-        prompts.append(tokenizer(text[start: start + 8 * length], add_special_tokens=False).input_ids[:length])
-    return prompts
+    spans: list[tuple[int, int]] = []
+    for _ in range(1000 * count):
+        if len(spans) == count:
+            break
+        start = rng.randrange(0, max(1, size - width))
+        if not any(start < b and a < start + width for a, b in avoid):
+            spans.append((start, start + width))
+    if len(spans) < count:
+        raise UsageError(f"the bundled held-out code has no room for {count} more windows of {length} tokens")
+    return spans
 
 
 def _heldout_text() -> str:

@@ -188,7 +188,7 @@ def render_upgrade(result: UpgradeResult) -> None:
                   f"(gain {f['heldout_gain']:.4f}), {f['seconds']:.1f} s")
     if result.init_candidates:
         by_loop = "acceptance_kept" in result.init_candidates[0]
-        where = safe(result.acceptance["prompts"]["description"]) if result.acceptance else "held-out prompts"
+        where = safe(result.acceptance["ranked_on"]["description"]) if result.acceptance else "held-out prompts"
         out.print("fc_norm inits, ranked by " + (f"the reference loop's acceptance kept on {where}" if by_loop
                                                   else "FC-output error on held-out requests of the capture") + ":")
         out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error"], [
@@ -224,6 +224,9 @@ def _upgrade_ending(result: UpgradeResult) -> None:
         else:
             out.print("  this is the figure vLLM prints on these prompts (greedy, fp32; the reference loop's counts "
                       "equal vLLM's)")
+        if acc.get("reproduce"):
+            out.print("  the inits were ranked on other prompts; vLLM measures this figure with:")
+            click.echo(f"    {acc['reproduce']}")  # unwrapped: a command to copy
     elif result.changed:
         out.print("acceptance length: not measured (that needs a runnable --target: weights and a tokenizer)")
     if result.changed:

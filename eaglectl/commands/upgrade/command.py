@@ -19,12 +19,13 @@ says so in its config and safetensors metadata. `fc_norm` weights are initialise
 
 Statistics stream (calibration.py) from the real target (`--target`) on calibration text, or from a
 capture of it (`--states DIR`, any size); position 0 of each sequence (the sink token) is excluded.
-`auto` ranks the inits by the reference loop's acceptance on held-out prompts (or the user's `--prompts`)
-when the target runs, else by the FC-output error on held-out requests of the capture, else takes `ones`.
+`auto` ranks the inits by the reference loop's acceptance on windows of the bundled held-out code when the
+target runs, else by the FC-output error on held-out requests of the capture, else takes `ones`.
 
-The acceptance lengths before and after (`acceptance`) are the reference loop's on the ranking prompts, with
-the source and the written output each read the way vLLM (V1 runner) reads their files: greedy counts that
-equal vLLM's exactly (docs/smoke.md#engine-parity), so with `--prompts` they are what vLLM prints on them.
+The acceptance lengths before and after (`acceptance`) are the reference loop's on other prompts, never ranked
+or fitted on: the user's `--prompts`, else smoke's default prompts. The source and the written output are each
+read the way vLLM (V1 runner) reads their files: greedy counts that equal vLLM's exactly
+(docs/smoke.md#engine-parity), so they are what `acceptance.reproduce` (a `smoke` command) prints.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from ...measure.fidelity import (
     boundaries,
     check_written,
     rank_by_acceptance,
-    workload_for,
+    reserved_spans,
+    workloads_for,
 )
 from ...measure.target import Target
 from ...progress import Progress, passthrough
@@ -152,14 +154,17 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
     runnable = tgt is not None and tgt.runnable
-    work = workload_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps else None
+    work, report = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps
+                    else (None, None))
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
-              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work)
+              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report)
     choice = choose_init(s, init, req.fit_fc) if "add-fc-norm" in steps else Choice()
     plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement)
-    acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if work is not None else None
+    acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if report else None
+    if acceptance is not None and report is not None and target is not None:
+        acceptance["reproduce"] = report.smoke_command(str(dest), target, req.runner)
     recorded = None
     if req.fidelity and steps and not req.dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
         fid = _fidelity(_planned(src, dest, new_spec, written, s.dtype), s, req.fidelity_tokens)
@@ -171,7 +176,7 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
                            ConversionResult(plan, False, []), None, _notes(steps, init, choice, acceptance, ids),
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
-                           _next_command(dest, target, work, prompts))
+                           _next_command(dest, target, report, req.runner))
     return result if req.dry_run else _write(result, s, plan, supplied, req.force,
                                              req.fidelity_tokens if req.fidelity else None, inputs)
 
@@ -321,7 +326,7 @@ def calibrate(s: Setup, inits: tuple[str, ...], n: int, Ht: int) -> tuple[dict[s
         held = held if held is not None and held.tokens else None  # held-out requests of one token each
         note = {"target": tgt.states.target, "states": str(tgt.states.root), "text_source": where}
     elif _from_continuations(tgt):
-        conts = tgt.continuations(_calibration_prompts(tgt), max_tokens=RANK_TOKENS, k=STEPS, boundaries=ids)
+        conts = tgt.continuations(_calibration_prompts(s), max_tokens=RANK_TOKENS, k=STEPS, boundaries=ids)
         moments = accumulate(W, n, Ht, eps, (c.aux(ids)[: c.prompt_length + c.max_tokens].double().numpy()
                                              for c in s.progress(conts, label="calibration: continuations")))
         note = {"target": tgt.source, "text_source": f"the target's greedy continuations of {len(conts)} held-out "
@@ -361,22 +366,27 @@ def _split_requests(captured: States, ids: tuple[int, ...], rank: bool
     return seqs(slice(0, count - held)), seqs(slice(count - held, count)) if held else None, how
 
 
-def _calibration_prompts(tgt: Target) -> list[list[int]]:
+def _calibration_prompts(s: Setup) -> list[list[int]]:
+    """The windows calibration and `fit` read: apart from those the inits are ranked and the acceptance is
+    reported on."""
     from ...measure.workload import heldout_prompts
 
-    return heldout_prompts(tgt.model().tokenizer, CAL_PROMPTS, RANK_TOKENS, seed=CAL_SEED)
+    assert s.tgt is not None
+    return heldout_prompts(s.tgt.model().tokenizer, CAL_PROMPTS, RANK_TOKENS, seed=CAL_SEED,
+                           avoid=reserved_spans(s.work.num_prompts if s.work is not None else RANK_PROMPTS))
 
 
 def _declare(s: Setup, with_fit: bool = False) -> None:
     """Every boundary the command reads, then one decode of every prompt it replays or reads states of (the
-    ranking prompts and the calibration prompts)."""
-    tgt, work = s.tgt, s.work
-    assert tgt is not None and work is not None and s.ids is not None and tgt.num_layers is not None
+    ranking, report and calibration prompts)."""
+    tgt, work, report = s.tgt, s.work, s.report
+    assert tgt is not None and work is not None and report is not None and s.ids is not None
+    assert tgt.num_layers is not None
     wanted = set(s.ids) | set(boundaries(s, s.src.ckpt.config or {}))
     tgt.need(wanted)
-    extra = _calibration_prompts(tgt) if _from_continuations(tgt) or with_fit else []
-    tgt.continuations(work.prompts + extra, max_tokens=max(work.max_tokens, RANK_TOKENS), k=work.k,
-                      boundaries=wanted)
+    extra = _calibration_prompts(s) if _from_continuations(tgt) or with_fit else []
+    tgt.continuations(work.prompts + report.prompts + extra, max_tokens=max(work.max_tokens, RANK_TOKENS),
+                      k=work.k, boundaries=wanted)
 
 
 def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit, FitReport]:
@@ -390,7 +400,7 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
     loaded = load_reference(s.src)
     session_ids = tuple(sorted(set(s.ids)))
     if tgt.runnable:
-        calp = _calibration_prompts(tgt)
+        calp = _calibration_prompts(s)
         conts = tgt.continuations(calp, max_tokens=RANK_TOKENS, k=STEPS, boundaries=session_ids)
         seqs = fitting.from_continuations(conts, session_ids)
         data = (f"the target's greedy continuations of {len(calp)} held-out code windows (seed {CAL_SEED}; never "
@@ -557,7 +567,7 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
     notes = ["structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune (training-time "
              "test) before serving it as a 3.1 drafter" if steps else
              "already has the requested 3.1 features: nothing to change (tensors copied unchanged)"]
-    where = acceptance["prompts"]["description"] if acceptance else "held-out prompts"
+    where = acceptance["ranked_on"]["description"] if acceptance else "held-out prompts"
     candidates, chosen = choice.candidates, choice.init
     if candidates and init == "auto" and "acceptance_kept" in candidates[0]:
         notes.append(f"fc_norm init '{chosen}' measured best on {where} (the reference loop kept "
@@ -576,11 +586,8 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
     return notes
 
 
-def _next_command(dest: str, target: str | None, work: Workload | None, prompts: str | None) -> str | None:
-    """The command to run next on DEST, as it runs when pasted."""
-    q = shlex.quote
-    if work is not None and work.given and prompts is not None:
-        extra = (f" --num-prompts {work.num_prompts}" if work.num_prompts != RANK_PROMPTS else "") + (
-            f" --max-tokens {work.max_tokens}" if work.max_tokens != RANK_TOKENS else "")
-        return f"eaglectl smoke {q(str(dest))} --target {q(target or '')} --prompts {q(prompts)}{extra}"
-    return f"eaglectl check {q(str(dest))}" + (f" --target {q(target)}" if target else "")
+def _next_command(dest: str, target: str | None, report: Workload | None, runner: str) -> str | None:
+    """The command to run next on DEST, as it runs when pasted: smoke on the user's prompts, else check."""
+    if report is not None and report.given and target is not None:
+        return report.smoke_command(str(dest), target, runner)
+    return f"eaglectl check {shlex.quote(str(dest))}" + (f" --target {shlex.quote(target)}" if target else "")
