@@ -92,7 +92,7 @@ class UpgradeResult(Result):
     notes: list[str] = field(default_factory=list)
     init_candidates: list[dict[str, Any]] = field(default_factory=list)  # measured on held-out text
     layers: dict[str, Any] | None = None  # the boundaries calibration used, and how they were known
-    acceptance: dict[str, Any] | None = None  # AL before / after on the ranking prompts, as vLLM reads the files
+    acceptance: dict[str, Any] | None = None  # AL before / after on prompts never ranked on, as vLLM reads the files
     fit: dict[str, Any] | None = None  # the `fit` init's report (steps, tokens, held-out gain, seconds)
     next_command: str | None = None  # what to run next, as printed
 
