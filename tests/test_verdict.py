@@ -70,7 +70,8 @@ def test_upgrade_ends_with_al_warm_start_and_next_and_check_agrees(invoke, upgra
     dest, up = upgrades[flags, "speculators+target"]
     acc = up["acceptance"]
     assert up["acceptance_length_before"] == acc["before"] > 0 and up["acceptance_length_after"] == acc["after"] > 0
-    assert acc["prompts"]["count"] == 16 and acc["prompts"]["source"] == "bundled"
+    assert acc["prompts"]["count"] == 16 and acc["prompts"]["source"] == "builtin:short"  # smoke's defaults
+    assert acc["ranked_on"]["source"] == "bundled" and acc["ranked_on"]["digest"] != acc["prompts"]["digest"]
     assert up["next_command"] == f"eaglectl check {dest} --target {TARGET}"
     copy = tmp_path / "d"
     shutil.copytree(dest, copy)
