@@ -92,8 +92,8 @@ def formats_page() -> str:
                "rules ([families.md](families.md)): DFlash and DSpark header-only in their own layouts (every other "
                "command refuses them), P-EAGLE through the EAGLE-3 dialects. The others are refused by name "
                "(`unknown-format`, exit 5) by every command.\n\n"
-               "| family | id | signals (weight) | threshold | eaglectl | vLLM method | served by | not EAGLE-3 because |"
-               "\n|---|---|---|---|---|---|---|---|\n")
+               "| family | id | signals (weight) | threshold | eaglectl | vLLM method | served by "
+               "| not EAGLE-3 because |\n|---|---|---|---|---|---|---|---|\n")
     for f in family_rows():
         signals = "; ".join(f"{s['signal']} ({s['weight']:g})" for s in f["signals"])
         read = f["read"]

@@ -564,7 +564,7 @@ def drift_cmd(**options: Any) -> None:
     report.finish("drift", drift.run(build(DriftRequest, options), report.progress))
 
 
-@cli.command("formats", short_help="List the dialects eaglectl reads and writes, and the drafter families.")
+@cli.command("formats", short_help="List the dialects and the drafter families eaglectl reads.")
 @params.json_option
 def formats_cmd() -> None:
     """List the dialects eaglectl reads, with their detection signals, and the drafter families beside EAGLE-3

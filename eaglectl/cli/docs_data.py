@@ -46,7 +46,8 @@ def family_rows() -> list[dict[str, Any]]:
             "id": f.id, "name": f.name, "served_by": f.served_by, "why": f.why, "threshold": f.threshold,
             "signals": [{"signal": s.describe(), "weight": s.weight} for s in f.signals],
             "read": None if r is None else {
-                "method": r.method, "by": "the EAGLE-3 dialects and inspect" if r.eagle3_layout else "inspect, header-only",
+                "method": r.method,
+                "by": "the EAGLE-3 dialects and inspect" if r.eagle3_layout else "inspect, header-only",
                 "fields": {name: list(keys) for name, keys in r.fields}, "numbering": r.numbering,
                 "runners": {k: "serves" if why is None else why for k, why in r.runners.items()},
                 "d2t_when": r.d2t_when, "mask_hidden": r.mask_hidden, "serve_extra": dict(r.serve_extra)},

@@ -60,12 +60,10 @@ class FamilyReport(Result):
         return cfg | dict(reading.serve_extra)
 
     def payload(self) -> dict[str, Any]:
-        from .inspect import inputs_of
-
         d = self.drafter
         cfg = self.speculative_config()
         return {
-            "inputs": inputs_of(d.ckpt),
+            "inputs": d.ckpt.inputs(),
             "dialect": None,
             "family": {"id": d.family.id, "name": d.family.name, "evidence": list(d.evidence),
                        "served_by": d.family.served_by, "why_not_eagle3": d.family.why},

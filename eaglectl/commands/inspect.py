@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
 from ..checkpoint.target import TargetCheckpoint
-from ..io.checkpoint import Checkpoint
 from ..engines.serving import serve_line, speculative_config
 from ..errors import EXIT_FINDINGS, EXIT_OK, UnknownFormatError
 from ..measure.target import Target
@@ -241,21 +240,4 @@ def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: 
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:
-    return inputs_of(d.ckpt)
-
-
-def inputs_of(ckpt: Checkpoint) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "source": ckpt.source,
-        "root": ckpt.root,
-        "layout": ckpt.layout,
-        "files": [f.name for f in ckpt.files],
-        "config": ckpt.config_name,
-    }
-    if ckpt.hub_ref is not None:
-        out["repo_id"] = ckpt.hub_ref.repo_id
-        out["revision"] = ckpt.hub_ref.revision
-        out["sha"] = ckpt.hub_ref.sha
-    return out
-
-
+    return d.ckpt.inputs()

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from ._base import Probe, Signal
 from ._base import architectures as _archs
 
-
 # Where vLLM 0.32's proposer looks for the mask (parallel-drafting) token id, in its order
 # (v1/spec_decode/llm_base_proposer.py _init_parallel_drafting_params); speculators configs name it mask_token_id.
 MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise_token_id", "pard_token",

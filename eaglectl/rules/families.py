@@ -53,8 +53,8 @@ def layers(fc: FamilyCheckpoint, readings: Readings, depth: int | None, depth_fr
         beyond = sorted({b for r in readings.runners if r.error is None for b in (r.boundary_ids or ())
                          if b < 0 or b > depth})
         if beyond:
-            out.append((rule.FAMILY_LAYERS_RANGE, f"{where}: vLLM captures boundaries {beyond}, beyond the {depth}-layer "
-                        f"target ({depth_from}; its last layer's output is boundary {depth})", key))
+            out.append((rule.FAMILY_LAYERS_RANGE, f"{where}: vLLM captures boundaries {beyond}, beyond the "
+                        f"{depth}-layer target ({depth_from}; its last layer's output is boundary {depth})", key))
     return out
 
 
@@ -109,8 +109,8 @@ def head_d2t(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
     builds = dv != full if reading.d2t_when == "differs" else dv < full
     if head is not None and not d2t and dv < full:
         return [(rule.FAMILY_HEAD_D2T, f"lm_head has {head[0]} rows (draft_vocab_size {dv}, {whose} {full}) and no "
-                 "d2t ships: vLLM's d2t starts at zeros, so draft id i is taken for target token i; unless this reduced "
-                 "vocabulary is the target's first ids, the drafter proposes the wrong tokens", HEAD)]
+                 "d2t ships: vLLM's d2t starts at zeros, so draft id i is taken for target token i; unless this "
+                 "reduced vocabulary is the target's first ids, the drafter proposes the wrong tokens", HEAD)]
     if head is None and d2t and dv < full:
         return [(rule.FAMILY_HEAD_D2T, f"no lm_head ships, so vLLM computes the draft's logits with the target's head, "
                  f"yet d2t remaps the first {dv} of them as a reduced vocabulary (vllm-ascend #11374: acceptance "

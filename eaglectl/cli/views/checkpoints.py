@@ -115,7 +115,8 @@ def render_family(report: FamilyReport) -> None:
     what each vLLM runner captures, the findings and the serve line; the spec with -v (all of it in --json)."""
     d, out, s = report.drafter, console.stdout, report.summary
     out.print(f"[bold]{safe(short_path(d.source))}[/]")
-    out.print(f"family   [bold]{d.family.name}[/] (not EAGLE-3: read header-only; served by {safe(d.family.served_by)})")
+    out.print(f"family   [bold]{d.family.name}[/] (not EAGLE-3: read header-only; "
+              f"served by {safe(d.family.served_by)})")
     for line in d.evidence if SETTINGS.verbose else d.evidence[:2]:
         say("  [dim]-[/] ", line, style="dim")
     if report.target:
