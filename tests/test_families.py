@@ -70,9 +70,14 @@ def test_other_commands_refuse_dflash_and_point_at_inspect(invoke, tmp_path):
     assert r.exit_code == 5 and "eaglectl inspect" in r.stderr and not (tmp_path / "out").exists()
 
 
-def test_peagle_converts_like_eagle3(invoke, tmp_path):
+def test_peagle_converts_like_eagle3_and_fails_closed_where_its_token_is_lost(invoke, tmp_path):
     r = invoke("convert", FAM / "peagle", tmp_path / "out", "--to", "modelopt", "--target", TARGET)
     assert r.exit_code == 0, r.stderr
+    assert "peagle-mask-hidden" not in _rules(_doc(invoke, tmp_path / "out"))
+    # the speculators writer keeps mask_hidden but has no place for the mask token: the re-check refuses the output
+    r = invoke("convert", FAM / "peagle", tmp_path / "spec", "--to", "speculators", "--target", TARGET,
+               "--source-aux-convention", "boundary")
+    assert r.exit_code == 7 and "family-mask-token" in r.stderr and not (tmp_path / "spec").exists()
 
 
 def test_formats_lists_the_families(invoke):
