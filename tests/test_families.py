@@ -216,3 +216,51 @@ def test_peagle_runs_on_v1_only(invoke):
 def test_plain_eagle3_has_no_family(invoke):
     doc = _doc(invoke, FIXTURES / "drafters" / "speculators-3")
     assert doc["family"] is None and not any(f["rule_id"].startswith(("family", "peagle")) for f in doc["findings"])
+
+
+# ------------------------------------------------------------------------- the tables against vLLM's code
+
+_ASK = """
+import json, sys
+from types import SimpleNamespace
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+out = []
+for cfg in json.load(sys.stdin):
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**cfg)))
+    v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+    out.append({"v1": list(v1) if v1 else None, "v2": list(get_eagle3_aux_layers_from_config(spec) or []) or None})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_family_layer_tables_give_what_vllms_selection_code_gives(tmp_path, vllm_py):
+    """Both runners' own selection functions, called on the families' configs as vLLM builds them: the ids they
+    choose are the ones family_readings reports (sorted, de-duplicated, as the model then captures them)."""
+    import subprocess
+
+    from eaglectl.engines.runners import family_readings, family_view
+    from eaglectl.formats.families import by_id
+
+    configs = [json.loads((FAM / "dflash" / "config.json").read_text()),
+               json.loads((FAM / "dspark" / "config.json").read_text())]
+    v41 = dict(configs[1], model_type="deepseek_v41", dspark_target_layer_ids=[1, 2, 3])
+    shadowed = dict(configs[0], eagle_config={"use_aux_hidden_state": True})  # V1: eagle_config replaces the ids
+    spec_dflash = {"speculators_model_type": "dflash", "mask_token_id": MASK, "aux_hidden_state_layer_ids": [2, 4, 6],
+                   "transformer_layer_config": {"model_type": "qwen3"}}
+    cases = [("dflash", configs[0]), ("dspark", configs[1]), ("dspark", v41), ("dflash", shadowed),
+             ("dflash", spec_dflash)]
+    views = [family_view(c) for _, c in cases]
+    r = subprocess.run([vllm_py, "-c", _ASK], input=json.dumps(views), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    asked = json.loads(r.stdout.strip().splitlines()[-1])
+    for (family, config), got in zip(cases, asked, strict=True):
+        ours = family_readings(config, {"v1": None, "v2": None}, 8)  # every runner's selection, served or not
+        for runner in ("v1", "v2"):
+            mine = ours.get(runner)
+            vllm_ids = sorted(set(got[runner])) if got[runner] else None
+            assert (list(mine.boundary_ids) if mine.source != "model default" else None) == vllm_ids, \
+                (family, config, runner, got)
+        assert by_id(family).reading is not None
