@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..checkpoint.drafter import probe_of
 from ..checkpoint.family import HEAD, FamilyCheckpoint, of_checkpoint
 from ..formats.families import MASK_TOKEN_KEYS
 from . import catalogue as rule
@@ -156,8 +157,9 @@ def peagle(ctx: Context) -> None:
     fc = of_checkpoint(ctx.ckpt)
     if fc is None or fc.family.reading is None or not fc.family.reading.mask_hidden:
         return
-    config_said = [e for e in fc.evidence if not e.startswith("a tensor name")]
-    declared = f"the config declares P-EAGLE ({config_said[0]})" if config_said else None
+    probe = probe_of(ctx.ckpt)  # what declares P-EAGLE besides the tensor itself: its architecture or config keys
+    said = [s.describe() for s in fc.family.signals if s.kind.startswith("config") and s.holds(probe)]
+    declared = f"the config declares P-EAGLE ({said[0]})" if said else None
     spec = ctx.spec
     target_hidden = spec.target_hidden_size or spec.hidden_size
     for r, message, loc in (*runner(fc), *mask_token(fc, ctx.target),
