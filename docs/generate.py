@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from eaglectl import errors  # noqa: E402
 from eaglectl.cli.app import cli  # noqa: E402
-from eaglectl.cli.docs_data import dialect_rows  # noqa: E402
+from eaglectl.cli.docs_data import dialect_rows, family_rows  # noqa: E402
 from eaglectl.engines.facts import (  # noqa: E402
     CLIENTS,
     ENGINE_AUX_CONVENTIONS,
@@ -32,7 +32,6 @@ from eaglectl.engines.facts import (  # noqa: E402
     RUNNER_CHOICE,
     RUNNERS,
 )
-from eaglectl.formats.families import FAMILIES  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
 from eaglectl.spec import AUX_CONVENTIONS, EAGLE_VERSIONS  # noqa: E402
@@ -87,13 +86,29 @@ def formats_page() -> str:
                "| norm_before_fc | fc_norm | norm_output | eagle_version | meaning |\n|---|---|---|---|---|\n")
     for (nbfc, fcn, no), (name, meaning) in EAGLE_VERSIONS.items():
         out.append(f"| {str(nbfc).lower()} | {str(fcn).lower()} | {str(no).lower()} | `{name}` | {_cell(meaning)} |\n")
-    out.append("\n## Not EAGLE-3\n\nDrafter families no EAGLE-3 dialect can hold (`eaglectl/formats/families.py`): "
-               "detected before the dialects and refused by name (`unknown-format`, exit 5) by every command. A family "
-               "matches when the weights of its signals that hold reach its threshold.\n\n"
-               "| family | signals (weight) | threshold | served by | why refused |\n|---|---|---|---|---|\n")
-    for f in FAMILIES:
-        signals = "; ".join(f"{s.describe()} ({s.weight:g})" for s in f.signals)
-        out.append(f"| {f.name} | {_cell(signals)} | {f.threshold:g} | {_cell(f.served_by)} | {_cell(f.why)} |\n")
+    out.append("\n## Drafter families beside EAGLE-3\n\nThe family registry (`eaglectl/formats/families.py`) is "
+               "detected before the dialects. A family matches when the weights of its signals that hold reach its "
+               "threshold. A family eaglectl reads is named by `inspect` with the evidence, its canonical spec and its "
+               "rules ([families.md](families.md)): DFlash and DSpark header-only in their own layouts (every other "
+               "command refuses them), P-EAGLE through the EAGLE-3 dialects. The others are refused by name "
+               "(`unknown-format`, exit 5) by every command.\n\n"
+               "| family | id | signals (weight) | threshold | eaglectl | vLLM method | served by "
+               "| not EAGLE-3 because |\n|---|---|---|---|---|---|---|---|\n")
+    for f in family_rows():
+        signals = "; ".join(f"{s['signal']} ({s['weight']:g})" for s in f["signals"])
+        read = f["read"]
+        out.append(f"| {f['name']} | `{f['id']}` | {_cell(signals)} | {f['threshold']:g} | "
+                   f"{_cell(read['by']) if read else 'refused by name'} | {read['method'] if read else '-'} | "
+                   f"{_cell(f['served_by'])} | {_cell(f['why'])} |\n")
+    out.append("\n### What eaglectl reads from each family\n\n"
+               "| family | spec field | config keys, first present wins | vLLM runners |\n|---|---|---|---|\n")
+    for f in family_rows():
+        if f["read"] is None:
+            continue
+        runners = "; ".join(f"{k.upper()}: {v}" for k, v in f["read"]["runners"].items())
+        for i, (name, keys) in enumerate(f["read"]["fields"].items()):
+            out.append(f"| {f['name'] if i == 0 else ''} | `{name}` | {', '.join(f'`{k}`' for k in keys)} | "
+                       f"{_cell(runners) if i == 0 else ''} |\n")
     return "".join(out)
 
 

@@ -564,13 +564,14 @@ def drift_cmd(**options: Any) -> None:
     report.finish("drift", drift.run(build(DriftRequest, options), report.progress))
 
 
-@cli.command("formats", short_help="List the dialects eaglectl reads and writes.")
+@cli.command("formats", short_help="List the dialects and the drafter families eaglectl reads.")
 @params.json_option
 def formats_cmd() -> None:
-    """List the dialects eaglectl reads, with their detection signals."""
-    from .docs_data import dialect_rows
+    """List the dialects eaglectl reads, with their detection signals, and the drafter families beside EAGLE-3
+    (DFlash, DSpark, P-EAGLE are read; the others are refused by name)."""
+    from .docs_data import dialect_rows, family_rows
 
-    report.finish_listing("formats", {"dialects": dialect_rows()}, report.render_formats)
+    report.finish_listing("formats", {"dialects": dialect_rows(), "families": family_rows()}, report.render_formats)
 
 
 @cli.command("rules", short_help="List the inspect rules, or explain one: rules ID.")

@@ -32,3 +32,24 @@ def dialect_rows() -> list[dict[str, Any]]:
             "notes": list(d.notes),
         })
     return rows
+
+
+def family_rows() -> list[dict[str, Any]]:
+    """The drafter families beside EAGLE-3 (formats/families.py): how each is detected, and whether eaglectl reads
+    it (its method, fields and runners) or refuses it by name."""
+    from ..formats.families import FAMILIES
+
+    rows = []
+    for f in FAMILIES:
+        r = f.reading
+        rows.append({
+            "id": f.id, "name": f.name, "served_by": f.served_by, "why": f.why, "threshold": f.threshold,
+            "signals": [{"signal": s.describe(), "weight": s.weight} for s in f.signals],
+            "read": None if r is None else {
+                "method": r.method,
+                "by": "the EAGLE-3 dialects and inspect" if r.eagle3_layout else "inspect, header-only",
+                "fields": {name: list(keys) for name, keys in r.fields}, "numbering": r.numbering,
+                "runners": {k: "serves" if why is None else why for k, why in r.runners.items()},
+                "d2t_when": r.d2t_when, "mask_hidden": r.mask_hidden, "serve_extra": dict(r.serve_extra)},
+        })
+    return rows

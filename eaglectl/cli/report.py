@@ -230,6 +230,9 @@ def render_formats(payload: dict[str, Any]) -> None:
     stdout.print(table(None, ["id", "name", "aux-id convention", "flags it records"], [
         (r["id"], r["title"], r["aux_convention"] + ("" if r["aux_ids_paths"] else " (ids not stored)"),
          ", ".join(r["flag_fields"]) or "none") for r in rows]))
+    stdout.print(table(None, ["family", "eaglectl", "vLLM method", "served by"], [
+        (f["name"], f["read"]["by"] if f["read"] else "refused by name", f["read"]["method"] if f["read"] else "-",
+         f["served_by"]) for f in payload.get("families", [])]))
     stdout.print("\n[dim]detection signals and key renames: eaglectl formats --json, docs/formats.md[/]")
 
 

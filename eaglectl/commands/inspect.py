@@ -5,17 +5,21 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
 from ..checkpoint.target import TargetCheckpoint
 from ..engines.serving import serve_line, speculative_config
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_OK, UnknownFormatError
 from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..rules import Context, Finding, run_checks, scope, summarise
 from .requests import InspectRequest
+
+if TYPE_CHECKING:
+    from ..checkpoint.family import FamilyCheckpoint
+    from .family import FamilyReport
 
 
 @dataclass
@@ -39,6 +43,13 @@ class InspectReport(Result):
     @property
     def summary(self) -> dict[str, int]:
         return summarise(self.findings)
+
+    @property
+    def family(self) -> FamilyCheckpoint | None:
+        """The family read in the EAGLE-3 layout (P-EAGLE), with its evidence; None for a plain EAGLE-3 drafter."""
+        from ..checkpoint.family import of_checkpoint
+
+        return of_checkpoint(self.drafter.ckpt)
 
     @property
     def exit_code(self) -> int:
@@ -66,7 +77,11 @@ class InspectReport(Result):
         }
 
     def speculative_config(self) -> dict[str, Any] | None:
-        return speculative_config(self.drafter) if self.servable else None
+        if not self.servable:
+            return None
+        fam = self.family
+        extra = fam.family.reading.serve_extra if fam is not None and fam.family.reading is not None else {}
+        return speculative_config(self.drafter) | dict(extra)  # P-EAGLE: parallel_drafting
 
     def wrong_layers(self) -> list[str]:
         """Why `vllm serve` as printed would serve the drafter on other target layers than it reads (on any runner):
@@ -126,6 +141,8 @@ class InspectReport(Result):
             "dialect": d.dialect.name,
             "dialect_evidence": list(d.evidence),
             "dialect_forced": d.forced,
+            "family": ({"id": fam.family.id, "name": fam.family.name, "evidence": list(fam.evidence)}
+                       if (fam := self.family) is not None else None),
             "candidates": [{"dialect": x.dialect, "score": x.score, "evidence": list(x.evidence)}
                            for x in d.detections],
             "eagle_version": d.spec.eagle_version,
@@ -154,10 +171,22 @@ class InspectReport(Result):
         }
 
 
-def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport:
+def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport:
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
-    d = open_drafter(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+    try:
+        d = open_drafter(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle,
+                         revision=req.revision)
+    except UnknownFormatError as e:  # a family read in its own layout (DFlash, DSpark): commands/family.py
+        if "family_id" not in e.context:
+            raise
+        from ..checkpoint.family import open_family
+        from .family import inspect_family
+
+        fc = open_family(req.source, revision=req.revision, allow_pickle=req.allow_pickle)
+        if fc is None:
+            raise
+        return inspect_family(fc, req)
     return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
                           strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
                           vllm_python=req.vllm_python, for_engine=req.for_engine)
@@ -211,18 +240,4 @@ def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: 
 
 
 def inputs(d: DrafterCheckpoint) -> dict[str, Any]:
-    ckpt = d.ckpt
-    out: dict[str, Any] = {
-        "source": ckpt.source,
-        "root": ckpt.root,
-        "layout": ckpt.layout,
-        "files": [f.name for f in ckpt.files],
-        "config": ckpt.config_name,
-    }
-    if ckpt.hub_ref is not None:
-        out["repo_id"] = ckpt.hub_ref.repo_id
-        out["revision"] = ckpt.hub_ref.revision
-        out["sha"] = ckpt.hub_ref.sha
-    return out
-
-
+    return d.ckpt.inputs()

@@ -260,6 +260,54 @@ def table_readings(config: dict[str, Any] | None, target_layers: int | None, dra
     return out
 
 
+def family_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A DFlash / DSpark config as vLLM 0.32 builds it: a speculators config's boundary-numbered
+    `aux_hidden_state_layer_ids` become vLLM's top-level key and the family's own field one lower
+    (transformers_utils/configs/speculators/algos.py update_dflash / update_dspark); any other config as it is."""
+    kind = config.get("speculators_model_type")
+    if kind not in ("dflash", "dflash2", "dspark"):
+        return dict(config)
+    base = config.get("transformer_layer_config")
+    view = dict(base) if isinstance(base, dict) else {}
+    aux = config.get("aux_hidden_state_layer_ids")
+    view["eagle_aux_hidden_state_layer_ids"] = aux
+    try:
+        own = [int(i) - 1 for i in aux] if isinstance(aux, list) else None
+    except (TypeError, ValueError):
+        own = None
+    if kind == "dspark":
+        view["target_layer_ids"] = own
+    else:
+        view["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": own}
+    return view
+
+
+def family_readings(config: dict[str, Any] | None, runners_serving: dict[str, str | None],
+                    target_layers: int | None, drafter: str = "") -> Readings:
+    """What each vLLM runner captures for a DFlash / DSpark drafter, from the tables of its selection code
+    (labelled assumed): a runner that does not serve the family's method gets the reason as its error."""
+    out = Readings(drafter, target_layers)
+    if config is None:
+        out.note = "no config.json"
+        return out
+    view = family_view(config)
+    for t in RUNNERS:
+        why = runners_serving.get(t.runner)
+        if why is not None:
+            out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
+                                             error=why, build="eaglectl's reading of the config"))
+            continue
+        try:
+            chosen, source, shift = select(view, t)
+        except ValueError as e:
+            out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
+                                             error=str(e), build="eaglectl's reading of the config"))
+            continue
+        out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, captured(chosen, target_layers), source,
+                                         shift, None, None, ASSUMED, build="eaglectl's reading of the config"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ asking vLLM
 
 @functools.cache

@@ -88,16 +88,22 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
 
 
 def not_eagle3(probe: Probe, where: str) -> None:
-    """UnknownFormatError naming the family, the engine that serves it and why, for a non-EAGLE-3 drafter."""
+    """UnknownFormatError naming the family, the engine that serves it and why, for a drafter whose layout is not
+    EAGLE-3's (a family in the EAGLE-3 layout, P-EAGLE, is read by the dialects). `inspect` catches it for a family
+    it reads on its own (`family_id` in the error's context: commands/family.py)."""
     found = identify(probe)
-    if found is None:
+    if found is None or (found[0].reading is not None and found[0].reading.eagle3_layout):
         return
     family, evidence = found
+    read = family.reading is not None
     raise UnknownFormatError(
         f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; served by "
         f"{family.served_by}", path=where, family=family.name, served_by=family.served_by,
-        hint="only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
-             "named")
+        family_id=family.id if read else None,
+        hint=("`eaglectl inspect` reads it (header-only: its layers, mask token and head); converting, verifying "
+              "and smoke runs are for EAGLE-3 / 3.1 drafters" if read else
+              "only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
+              "named"))
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")

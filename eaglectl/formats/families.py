@@ -1,21 +1,50 @@
-"""Drafter families that are not EAGLE-3, declared as data: what the files show, who serves them, why
-eaglectl refuses them.
+"""Drafter families beside EAGLE-3, declared as data: what the files show, who serves them, and what eaglectl
+does with them.
 
-EAGLE-3 / 3.1 is one drafter layer fed fused target states and its own state. These families draft
+EAGLE-3 / 3.1 is one drafter layer fed fused target states and its own state. Most families here draft
 differently, so no EAGLE-3 dialect can hold them and eaglectl's reference drafter cannot run them.
 Detection runs before the dialect registry (formats.detect): an EAGLE-4 checkpoint has `layers.0.*`
 keys and would otherwise be read as ModelOpt, an MTP head's `model.` prefix as NeMo. A family matches
-when the weights of its signals that hold reach `threshold`. Public sources: vLLM's model registry
-(architecture names), z-lab / ModelOpt DFlash exports (`dflash_config`), eagle-harness 0.1.3's config
-keys (names only: its code is source-available, not OSI, and none of it is copied), vLLM's MedusaConfig.
+when the weights of its signals that hold reach `threshold`.
+
+A family with a `reading` is read: `inspect` names it with the evidence, gives its canonical spec and
+checks its traps (rules/families.py; docs/families.md). DFlash and DSpark are read header-only in their
+own layouts (every other command refuses them); P-EAGLE is the EAGLE-3 layout plus `mask_hidden`, so the
+EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family without one is refused by name.
+Public sources: vLLM's model registry (architecture names) and its speculative config, proposer and
+speculators reader (0.32.0: what the readings say), z-lab / ModelOpt DFlash exports (`dflash_config`),
+eagle-harness 0.1.3's config keys (names only: its code is source-available, not OSI, and none of it is
+copied), vLLM's MedusaConfig.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._base import Probe, Signal
 from ._base import architectures as _archs
+
+# Where vLLM 0.32's proposer looks for the mask (parallel-drafting) token id, in its order
+# (v1/spec_decode/llm_base_proposer.py _init_parallel_drafting_params); speculators configs name it mask_token_id.
+MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise_token_id", "pard_token",
+                   "ptd_token_id")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How eaglectl reads a family and what vLLM 0.32 does with it (docs/families.md)."""
+
+    method: str  # the `method` of vLLM's --speculative-config
+    # spec field -> the config keys it is read from, first present wins (shown with the key that held it)
+    fields: tuple[tuple[str, tuple[str, ...]], ...]
+    numbering: str  # how the family's own layer ids count the target's layers
+    # runner -> None when it serves the method, else why not (vLLM 0.32's config/vllm.py)
+    runners: dict[str, str | None]
+    # when vLLM builds a d2t map: "differs" (draft vocab != the target's), "smaller" (draft vocab < the target's)
+    d2t_when: str = "differs"
+    eagle3_layout: bool = False  # the EAGLE-3 dialects read it (P-EAGLE); otherwise only `inspect`, header-only
+    mask_hidden: bool = False  # a learnable [1, n_aux * target_hidden] placeholder for masked slots
+    serve_extra: dict[str, object] = field(default_factory=dict)  # keys the serve line's --speculative-config needs
 
 
 @dataclass(frozen=True)
@@ -25,11 +54,21 @@ class Family:
     served_by: str
     why: str
     threshold: float = 1.0
+    id: str = ""  # stable kebab-case id (JSON, docs)
+    reading: Reading | None = None  # None: refused by name
 
     def evidence(self, probe: Probe) -> tuple[str, ...] | None:
         held = [s for s in self.signals if s.holds(probe)]
         return tuple(s.describe() for s in held) if sum(s.weight for s in held) >= self.threshold else None
 
+
+# the sizes every read family's spec shows (a speculators config nests the decoder's)
+_SIZES = (("num_hidden_layers", ("num_hidden_layers", "transformer_layer_config.num_hidden_layers")),
+          ("hidden_size", ("hidden_size", "transformer_layer_config.hidden_size")),
+          ("target_hidden_size", ("target_hidden_size",)),
+          ("vocab_size", ("vocab_size", "transformer_layer_config.vocab_size")),
+          ("draft_vocab_size", ("draft_vocab_size",)),
+          ("num_target_layers", ("num_target_layers",)))  # the depth of the target it was trained on
 
 # vLLM 0.32's registered MTP architectures (model_executor/models/registry.py), and other MTP markers
 _MTP_ARCHS = ("DeepSeekMTPModel", "DeepseekV32MTPModel", "DeepSeekV4MTPModel", "EagleDeepSeekMTPModel", "MiMoMTPModel",
@@ -53,6 +92,7 @@ FAMILIES: tuple[Family, ...] = (
         "/ TokenSpeed through the harness)",
         "its drafter layer (attention norm, optional RoPE, post-MLP norm, MoE, a low-rank candidate head) has no "
         "EAGLE-3 equivalent: every EAGLE-3 dialect and the reference drafter would drop part of it",
+        id="eagle-4",
     ),
     Family(
         "DFlash",
@@ -64,14 +104,35 @@ FAMILIES: tuple[Family, ...] = (
         "vLLM (method dflash), sglang / SpecForge",
         "a block-parallel drafter (a whole block of tokens per pass from several target layers), not the EAGLE-3 "
         "chain of one layer fed its own state",
+        id="dflash",
+        reading=Reading(
+            "dflash",
+            (("layer_ids", ("dflash_config.target_layer_ids", "aux_hidden_state_layer_ids")),
+             ("mask_token_id", MASK_TOKEN_KEYS), ("block_size", ("dflash_config.block_size", "block_size")),
+             *_SIZES),
+            "output-of-layer: id k is target layer k's output, which both vLLM runners capture as boundary k+1 "
+            "(a speculators config's aux_hidden_state_layer_ids are boundaries: vLLM sets target_layer_ids = aux - 1)",
+            {"v1": None, "v2": None}),
     ),
     Family(
         "DSpark",
         (*_archs("DSparkDraftModel", "DSparkV41DraftModel", "Qwen3DSparkModel", "Qwen3OmniDSparkModel",
                  "K3DSparkModel", "Gemma4DSparkModel", "MuseSparkDSparkModel"),
-         Signal("config-key", "dspark_target_layer_ids"), Signal("config-value", "speculators_model_type", "dspark")),
+         Signal("config-key", "dspark_target_layer_ids"), Signal("config-value", "speculators_model_type", "dspark"),
+         Signal("config-key", "markov_head_type", weight=0.5), Signal("tensor-prefix", "markov_head.", weight=0.5)),
         "vLLM (method dspark), SpecForge",
         "a block-parallel drafter with a Markov head over target layers (dspark_target_layer_ids), not EAGLE-3",
+        id="dspark",
+        reading=Reading(
+            "dspark",
+            (("layer_ids", ("dspark_target_layer_ids", "target_layer_ids", "aux_hidden_state_layer_ids")),
+             ("mask_token_id", MASK_TOKEN_KEYS), ("block_size", ("block_size", "dspark_block_size")),
+             ("markov_rank", ("markov_rank", "dspark_markov_rank")), *_SIZES),
+            "output-of-layer: id k is target layer k's output, captured as boundary k+1 (a deepseek_v41 draft's ids "
+            "are read as they are)",
+            {"v1": "vLLM 0.32's V1 runner refuses method dspark (config/vllm.py lists it among V1's unsupported "
+                   "features), and every CPU build runs V1", "v2": None},
+            d2t_when="smaller"),
     ),
     Family(
         "MTP head",
@@ -82,6 +143,7 @@ FAMILIES: tuple[Family, ...] = (
         "vLLM (method mtp, with the target's own MTP module), sglang",
         "a multi-token-prediction head of the target (embedding and hidden-state projections eh_proj / enorm / "
         "hnorm), not an EAGLE-3 drafter over fused aux states",
+        id="mtp",
     ),
     Family(
         "Medusa",
@@ -90,14 +152,36 @@ FAMILIES: tuple[Family, ...] = (
          Signal("tensor-prefix", "lm_heads.", weight=0.5), Signal("tensor-prefix", "blocks.", weight=0.5)),
         "vLLM <= 0.32 (method medusa; removed in 0.33), TensorRT-LLM",
         "independent heads on the target's last hidden state: no drafter layer, no aux states, no EAGLE feedback",
+        id="medusa",
+    ),
+    Family(
+        "P-EAGLE",
+        (*_archs("PEagleDraftModel", "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM"),
+         Signal("config-value", "speculators_model_type", "peagle"), Signal("tensor-contains", "mask_hidden"),
+         Signal("config-value", "parallel_drafting", True)),
+        "vLLM (method eagle3 with parallel_drafting: true, V1 runner only), NeMo, SpecForge, speculators",
+        "an EAGLE-3 drafter that drafts k tokens in one pass: masked slots take a learnable mask_hidden in place of "
+        "the target's states",
+        id="peagle",
+        reading=Reading(
+            "eagle3",
+            (("mask_token_id", MASK_TOKEN_KEYS), ("parallel_drafting", ("parallel_drafting",)), *_SIZES),
+            "the EAGLE-3 dialect's own (aux ids as EAGLE-3 reads them)",
+            {"v1": None, "v2": "Model Runner V2's EAGLE speculator has no parallel drafting: vLLM 0.32 falls back "
+                               "to V1 (config/vllm.py), unless VLLM_USE_V2_MODEL_RUNNER=1 forces V2"},
+            eagle3_layout=True, mask_hidden=True, serve_extra={"parallel_drafting": True}),
     ),
 )
 
 
 def identify(probe: Probe) -> tuple[Family, tuple[str, ...]] | None:
-    """The non-EAGLE-3 family these files belong to, with the evidence; None for anything else."""
+    """The family these files belong to (beside plain EAGLE-3), with the evidence; None for anything else."""
     for family in FAMILIES:
         evidence = family.evidence(probe)
         if evidence is not None:
             return family, evidence
     return None
+
+
+def by_id(family_id: str) -> Family:
+    return next(f for f in FAMILIES if f.id == family_id)

@@ -112,6 +112,16 @@ class Checkpoint:
     def tensors(self) -> dict[str, TensorInfo]:
         return {name: f.header.tensors[name] for name, f in self.tensor_file.items()}
 
+    def inputs(self) -> dict[str, Any]:
+        """What a report says it read (`inputs` in inspect's JSON)."""
+        out: dict[str, Any] = {"source": self.source, "root": self.root, "layout": self.layout,
+                               "files": [f.name for f in self.files], "config": self.config_name}
+        if self.hub_ref is not None:
+            out["repo_id"] = self.hub_ref.repo_id
+            out["revision"] = self.hub_ref.revision
+            out["sha"] = self.hub_ref.sha
+        return out
+
     @property
     def metadata(self) -> dict[str, str] | None:
         return self.files[0].header.metadata if self.files else None

@@ -11,6 +11,7 @@ from .checkpoints import (
     render_check,
     render_conversion,
     render_diff,
+    render_family,
     render_inspect,
     render_upgrade,
     render_upload,
@@ -23,8 +24,9 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "InspectReport": render_inspect, "ParityReport": render_verify, "ConversionResult": render_conversion,
     "UpgradeResult": render_upgrade, "SmokeReport": render_smoke, "CheckReport": render_check,
     "CaptureResult": render_capture, "DriftReport": render_drift, "DiffReport": render_diff,
-    "UploadReport": render_upload,
+    "UploadReport": render_upload, "FamilyReport": render_family,
 }
 
 __all__ = ["RENDERERS", "render_batch", "render_capture", "render_check", "render_conversion", "render_diff",
-           "render_drift", "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]
+           "render_drift", "render_family",
+           "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]

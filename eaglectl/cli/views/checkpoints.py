@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ...commands.check import CheckReport
     from ...commands.convert.command import ConversionResult
     from ...commands.diff import DiffReport
+    from ...commands.family import FamilyReport
     from ...commands.inspect import InspectReport
     from ...commands.upgrade.command import UpgradeResult
     from ...commands.upload import UploadReport
@@ -38,6 +39,9 @@ def render_inspect(report: InspectReport) -> None:
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
             out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
+    fam = report.family
+    if fam is not None:  # a family in the EAGLE-3 layout (P-EAGLE): its own rules run too
+        say("family   ", f"{fam.family.name}: " + "; ".join(fam.evidence))
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
     if spec.sliding_window is not None:  # it changes what is served (and what every measurement runs)
         say("window   ", items=[f"{spec.sliding_window} positions on layer(s) "
@@ -104,6 +108,37 @@ def render_inspect(report: InspectReport) -> None:
         rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
     out.print()
     out.print(table("spec", ["field", "value", "source"], rows))
+
+
+def render_family(report: FamilyReport) -> None:
+    """Human view of a FamilyReport (a DFlash / DSpark drafter, read header-only): the family and its evidence,
+    what each vLLM runner captures, the findings and the serve line; the spec with -v (all of it in --json)."""
+    d, out, s = report.drafter, console.stdout, report.summary
+    out.print(f"[bold]{safe(short_path(d.source))}[/]")
+    out.print(f"family   [bold]{d.family.name}[/] (not EAGLE-3: read header-only; "
+              f"served by {safe(d.family.served_by)})")
+    for line in d.evidence if SETTINGS.verbose else d.evidence[:2]:
+        say("  [dim]-[/] ", line, style="dim")
+    if report.target:
+        tg = report.target.summary()
+        say("target   ", items=[f"{short_path(tg['source'])}: {num(tg.get('num_hidden_layers'))} layers",
+                                f"vocab {num(tg.get('vocab_size'))}"])
+    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
+    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
+              + ("  (--strict: warnings fail)" if report.strict else ""))
+    findings(report.findings)
+    out.print()
+    cfg = report.speculative_config()
+    if cfg is not None:
+        from ...engines.serving import serve_line
+
+        out.print("vLLM:")
+        out.print(f"  {safe(serve_line(report.target.source if report.target else '<target-model>', cfg))}",
+                  soft_wrap=True)
+    else:
+        out.print("vLLM: no serve command until the errors above are fixed")
+    if SETTINGS.verbose:
+        out.print(table("spec", ["field", "value"], [(k, v) for k, v in d.spec().items()]))
 
 
 def render_conversion(result: ConversionResult) -> None:

@@ -1,0 +1,103 @@
+"""A drafter of a family eaglectl reads beside EAGLE-3 (formats/families.py): its files, the family named with the
+evidence, and its canonical spec, all from the config and the safetensors headers (no tensor data is read).
+
+DFlash and DSpark are opened here by `inspect` only; a P-EAGLE drafter is an EAGLE-3 drafter (checkpoint/drafter.py)
+whose family rules view it through this class too (rules/families.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..formats.families import Family, identify
+from ..io.checkpoint import Checkpoint, open_checkpoint
+from ..io.jsonio import MISSING, config_get
+from .drafter import probe_of
+
+HEAD = "lm_head.weight"
+
+
+@dataclass
+class FamilyCheckpoint:
+    ckpt: Checkpoint
+    family: Family
+    evidence: tuple[str, ...]
+
+    @property
+    def source(self) -> str:
+        return self.ckpt.source
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.ckpt.config or {}
+
+    def field(self, name: str) -> tuple[Any, str | None]:
+        """The spec field `name` (Reading.fields) and the config key it was read from; (None, None) when absent."""
+        assert self.family.reading is not None
+        keys = dict(self.family.reading.fields).get(name, (name,))
+        for key in keys:
+            value = config_get(self.config, key)
+            if value is not MISSING and value is not None:
+                return value, key
+        return None, None
+
+    def int_field(self, name: str) -> int | None:
+        value, _ = self.field(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def tensor(self, name: str) -> str | None:
+        """The stored name of tensor `name` (exact, or under a prefix such as NeMo's `model.`)."""
+        names = self.ckpt.tensor_file
+        return name if name in names else next((n for n in names if n.endswith("." + name)), None)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        stored = self.tensor(name)
+        return tuple(self.ckpt.tensor_file[stored].header.tensors[stored].shape) if stored is not None else None
+
+    @property
+    def own_head(self) -> bool:
+        """The drafter ships its own lm_head; without one vLLM uses the target's (has_own_lm_head)."""
+        return self.tensor(HEAD) is not None
+
+    @property
+    def draft_vocab(self) -> int | None:
+        """The vocabulary vLLM sizes the draft's head and d2t by: draft_vocab_size, else vocab_size."""
+        return self.int_field("draft_vocab_size") or self.int_field("vocab_size")
+
+    def spec(self) -> dict[str, Any]:
+        """The canonical spec: each declared field with the key it came from, then what the weights say."""
+        reading = self.family.reading
+        assert reading is not None
+        out: dict[str, Any] = {"family": self.family.id, "method": reading.method}
+        archs = self.config.get("architectures")
+        out["architecture"] = archs[0] if isinstance(archs, list) and archs else None
+        for name, _ in reading.fields:
+            value, key = self.field(name)
+            out[name] = value
+            if key is not None and name in ("layer_ids", "mask_token_id", "block_size"):
+                out[f"{name}_key"] = key
+        if "layer_ids" in dict(reading.fields):
+            out["layer_numbering"] = reading.numbering
+        head = self.shape(HEAD)
+        out["head"] = "own" if head is not None else "target's"
+        out["head_rows"] = head[0] if head else None
+        out["embed_tokens"] = "own" if self.tensor("embed_tokens.weight") is not None else "target's"
+        out["d2t"] = self.tensor("d2t") is not None
+        if reading.mask_hidden:
+            out["mask_hidden_shape"] = list(self.shape("mask_hidden") or []) or None
+        return out
+
+
+def open_family(source: str, *, revision: str | None = None, allow_pickle: bool = False) -> FamilyCheckpoint | None:
+    """SOURCE as a drafter of a family `inspect` reads in its own layout; None when it is not one."""
+    ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
+    return of_checkpoint(ckpt, own_layout=True)
+
+
+def of_checkpoint(ckpt: Checkpoint, *, own_layout: bool = False) -> FamilyCheckpoint | None:
+    """The read family these opened files belong to (own_layout: only one outside the EAGLE-3 layout)."""
+    found = identify(probe_of(ckpt))
+    if found is None or found[0].reading is None or (own_layout and found[0].reading.eagle3_layout):
+        return None
+    return FamilyCheckpoint(ckpt, found[0], found[1])

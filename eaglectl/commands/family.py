@@ -1,0 +1,91 @@
+"""`eaglectl inspect` on a DFlash or DSpark drafter: the family named with the evidence, its canonical spec, what
+each vLLM runner captures, and the family's traps (rules/families.py), header-only (docs/families.md).
+
+These layouts are not EAGLE-3's, so no dialect reads them and every other command refuses them by name; inspect
+reads them here instead of opening them as an EAGLE-3 drafter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoint.family import FamilyCheckpoint
+from ..checkpoint.target import TargetCheckpoint, open_target
+from ..engines.runners import Readings, family_readings
+from ..engines.serving import serve_line
+from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..result import Result
+from ..rules import Finding, scope, summarise
+from ..rules.families import family_findings, target_depth
+from .requests import InspectRequest
+
+
+@dataclass
+class FamilyReport(Result):
+    SCHEMA, COMMAND = "eaglectl.inspect/1", "inspect"
+
+    drafter: FamilyCheckpoint
+    target: TargetCheckpoint | None
+    readings: Readings
+    findings: list[Finding]
+    strict: bool
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return summarise(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        s = self.summary
+        return EXIT_FINDINGS if s["error"] or (self.strict and s["warning"]) else EXIT_OK
+
+    def summary_line(self) -> str:
+        s = self.summary
+        return f"{self.drafter.family.name} (not EAGLE-3): {s['error']} error(s), {s['warning']} warning(s)"
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """vLLM's --speculative-config for it, when no error stands (num_speculative_tokens: the block's drafts)."""
+        reading = self.drafter.family.reading
+        assert reading is not None
+        if self.summary["error"]:
+            return None
+        ckpt = self.drafter.ckpt
+        cfg: dict[str, Any] = {"method": reading.method, "model": ckpt.hub_ref.repo_id if ckpt.hub_ref is not None
+                               else os.path.abspath(ckpt.root)}
+        block = self.drafter.int_field("block_size")
+        if block is not None and block > 1:
+            cfg["num_speculative_tokens"] = block - 1  # the anchor is the bonus token (sample_from_anchor false)
+        return cfg | dict(reading.serve_extra)
+
+    def payload(self) -> dict[str, Any]:
+        d = self.drafter
+        cfg = self.speculative_config()
+        return {
+            "inputs": d.ckpt.inputs(),
+            "dialect": None,
+            "family": {"id": d.family.id, "name": d.family.name, "evidence": list(d.evidence),
+                       "served_by": d.family.served_by, "why_not_eagle3": d.family.why},
+            "spec": d.spec(),
+            "tensors": {"count": len(d.ckpt.tensor_file), "files": len(d.ckpt.files)},
+            "findings": [f.to_json() for f in self.findings],
+            "summary": self.summary,
+            "speculative_config": cfg,
+            "serve_command": serve_line(self.target.source if self.target else "<target-model>", cfg) if cfg else None,
+            "target": self.target.summary() if self.target else None,
+            "engine_readings": self.readings.to_json(),
+            "strict": self.strict,
+        }
+
+
+def inspect_family(d: FamilyCheckpoint, req: InspectRequest) -> FamilyReport:
+    """Read a DFlash / DSpark drafter and check its traps against the target's config, when one is given."""
+    target = open_target(req.target) if req.target else None
+    reading = d.family.reading
+    assert reading is not None
+    depth, _ = target_depth(d, target)
+    readings = family_readings(d.config, reading.runners, depth, d.ckpt.root)
+    where = d.ckpt.config_name or f"{d.ckpt.root}/config.json"
+    findings = scope(family_findings(d, target, readings, where), req.for_engine)
+    return FamilyReport(d, target, readings, findings, req.strict)

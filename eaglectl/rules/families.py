@@ -1,0 +1,167 @@
+"""The traps of the drafter families read beside EAGLE-3 (formats/families.py; docs/families.md), decided by what
+vLLM 0.32.0's code does with the files (assumed from that code: eaglectl's tables, like the runner tables):
+
+- which target layers each runner captures (the families count layer outputs; vLLM captures id+1), and
+  whether they exist in the target (`family-layers`, `family-layers-range`);
+- which runner serves the method (`family-runner`: DSpark is V2 only, P-EAGLE's parallel drafting V1 only);
+- whether the mask token id exists in the drafter's and the target's vocabulary and embedding (`family-mask-token`);
+- whether the head is the drafter's own or the target's, and whether vLLM's d2t then fits it (`family-head-d2t`,
+  `family-padded-vocab`);
+- P-EAGLE's `mask_hidden` shape and how it is switched on (`peagle-mask-hidden`, `peagle-parallel-drafting`).
+
+DFlash and DSpark are checked by `family_findings` (commands/family.py, header-only); P-EAGLE by the check below,
+beside the EAGLE-3 rules that read the rest of its layout.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..checkpoint.drafter import probe_of
+from ..checkpoint.family import HEAD, FamilyCheckpoint, of_checkpoint
+from ..formats.families import MASK_TOKEN_KEYS
+from . import catalogue as rule
+from .base import Context, Finding, Rule, check
+
+if TYPE_CHECKING:
+    from ..checkpoint.target import TargetCheckpoint
+    from ..engines.runners import Readings
+
+Emitted = list[tuple[Rule, str, str | None]]  # (rule, message, locator)
+
+
+def target_depth(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> tuple[int | None, str]:
+    """The target's depth and where it came from: --target, else the drafter's own num_target_layers."""
+    if target is not None and target.num_layers is not None:
+        return target.num_layers, "--target"
+    depth = fc.int_field("num_target_layers")
+    return depth, "the drafter's num_target_layers" if depth is not None else "unknown"
+
+
+def layers(fc: FamilyCheckpoint, readings: Readings, depth: int | None, depth_from: str) -> Emitted:
+    ids, key = fc.field("layer_ids")
+    where = f"config '{key}' {ids}" if key is not None else "no layer ids in the config"
+    said = []
+    for r in readings.runners:
+        if r.error is not None:
+            continue
+        came = f"{r.source} +{r.shift}" if r.shift else r.source
+        said.append(f"{r.runner.upper()} captures {r.ids_text()} ({came})")
+    out: Emitted = [(rule.FAMILY_LAYERS, f"{where}: " + ("; ".join(said) or "no runner serves it")
+                     + f"; {readings.basis}", key)]
+    if depth is not None:
+        beyond = sorted({b for r in readings.runners if r.error is None for b in (r.boundary_ids or ())
+                         if b < 0 or b > depth})
+        if beyond:
+            out.append((rule.FAMILY_LAYERS_RANGE, f"{where}: vLLM captures boundaries {beyond}, beyond the "
+                        f"{depth}-layer target ({depth_from}; its last layer's output is boundary {depth})", key))
+    return out
+
+
+def runner(fc: FamilyCheckpoint) -> Emitted:
+    reading = fc.family.reading
+    assert reading is not None
+    serving = [k.upper() for k, why in reading.runners.items() if why is None]
+    extra = "".join(f", {k}: {str(v).lower()}" for k, v in reading.serve_extra.items())
+    refused = "; ".join(f"{k.upper()}: {why}" for k, why in reading.runners.items() if why is not None)
+    return [(rule.FAMILY_RUNNER, f"method {reading.method}{extra}: served by vLLM's {' and '.join(serving)} runner"
+             + ("s" if len(serving) > 1 else "") + (f" only ({refused})" if refused else ""), None)]
+
+
+def mask_token(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
+    value, key = fc.field("mask_token_id")
+    if value is None:
+        return [(rule.FAMILY_MASK_TOKEN, f"no mask token id at any key vLLM reads ({', '.join(MASK_TOKEN_KEYS)}): "
+                 "vLLM refuses to start parallel drafting", None)]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return [(rule.FAMILY_MASK_TOKEN, f"config '{key}' is {value!r}, not a token id", key)]
+    out: Emitted = []
+    vocab = fc.int_field("vocab_size")
+    if fc.tensor("embed_tokens.weight") is not None and vocab is not None and value >= vocab:
+        out.append((rule.FAMILY_MASK_TOKEN, f"config '{key}' {value} is outside the drafter's embedding "
+                    f"(vocab_size {vocab})", key))
+    if target is not None:
+        tv = target.vocab_size
+        if tv is not None and value >= tv:
+            out.append((rule.FAMILY_MASK_TOKEN, f"config '{key}' {value} is not in the target's vocabulary "
+                        f"(vocab_size {tv})", key))
+        name = target.table_name("embed_tokens")
+        if name is not None:
+            rows = target.ckpt.tensor_file[name].header.tensors[name].shape[0]
+            if value >= rows:
+                out.append((rule.FAMILY_MASK_TOKEN, f"config '{key}' {value} has no row in the target's embedding "
+                            f"{name} ({rows} rows)", key))
+    return out
+
+
+def head_d2t(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
+    """vLLM sizes the draft's head and d2t by draft_vocab_size (else vocab_size) and builds d2t (zeros: the
+    identity) when that differs from the target's vocabulary (DSpark: is smaller); a d2t tensor overwrites it. The
+    head is the drafter's lm_head when it ships one, else the target's (has_own_lm_head)."""
+    reading = fc.family.reading
+    assert reading is not None
+    head, d2t, dv = fc.shape(HEAD), fc.tensor("d2t") is not None, fc.draft_vocab
+    tv = target.vocab_size if target is not None else None
+    full = tv if tv is not None else fc.int_field("vocab_size")
+    whose = "the target's vocab_size" if tv is not None else "the drafter's vocab_size"
+    if dv is None or full is None:
+        return []
+    builds = dv != full if reading.d2t_when == "differs" else dv < full
+    if head is not None and not d2t and dv < full:
+        return [(rule.FAMILY_HEAD_D2T, f"lm_head has {head[0]} rows (draft_vocab_size {dv}, {whose} {full}) and no "
+                 "d2t ships: vLLM's d2t starts at zeros, so draft id i is taken for target token i; unless this "
+                 "reduced vocabulary is the target's first ids, the drafter proposes the wrong tokens", HEAD)]
+    if head is None and d2t and dv < full:
+        return [(rule.FAMILY_HEAD_D2T, f"no lm_head ships, so vLLM computes the draft's logits with the target's head, "
+                 f"yet d2t remaps the first {dv} of them as a reduced vocabulary (vllm-ascend #11374: acceptance "
+                 "25 % to 1.7 % once a reduced head was replaced by the target's)", "d2t")]
+    if head is None and not d2t and builds and tv is not None:
+        return [(rule.FAMILY_PADDED_VOCAB, f"draft vocab {dv}, target vocab {tv}: vLLM builds a d2t (the identity) "
+                 "beside the target's head", None)]
+    return []
+
+
+def mask_hidden(fc: FamilyCheckpoint, n_aux: int | None, target_hidden: int | None, declared: str | None) -> Emitted:
+    shape = fc.shape("mask_hidden")
+    if shape is None:
+        return [(rule.PEAGLE_MASK_HIDDEN, f"{declared}, but no mask_hidden ships: vLLM raises 'mask_hidden not found "
+                 "in weights'", None)] if declared else []
+    fc_in = fc.shape("fc.weight")
+    expected = fc_in[1] if fc_in is not None and len(fc_in) == 2 else (
+        n_aux * target_hidden if n_aux and target_hidden else None)
+    numel = math.prod(shape)
+    if expected is not None and numel != expected:
+        parts = f" ({n_aux} aux states x {target_hidden})" if n_aux and target_hidden else " (fc's input width)"
+        return [(rule.PEAGLE_MASK_HIDDEN, f"mask_hidden is {list(shape)} ({numel} values); vLLM copies it into "
+                 f"[1, {expected}]{parts}, so loading fails", "mask_hidden")]
+    fits = f"{n_aux} aux states x {target_hidden}" if n_aux and target_hidden else "fc's input width"
+    return [(rule.PEAGLE_PARALLEL_DRAFTING, f"mask_hidden {list(shape)} fits [1, {numel}] ({fits}): serve with "
+             "--speculative-config '{\"method\": \"eagle3\", \"parallel_drafting\": true, ...}' (the V1 runner)",
+             "mask_hidden")]
+
+
+def family_findings(fc: FamilyCheckpoint, target: TargetCheckpoint | None, readings: Readings,
+                    where: str) -> list[Finding]:
+    """Every family rule for a DFlash / DSpark drafter read in its own layout, header-only."""
+    depth, depth_from = target_depth(fc, target)
+    emitted = [*layers(fc, readings, depth, depth_from), *runner(fc), *mask_token(fc, target),
+               *head_d2t(fc, target)]
+    return [Finding(r, message, f"{where}:{loc}" if loc is not None and fc.tensor(loc) is None else loc)
+            for r, message, loc in emitted]
+
+
+@check
+def peagle(ctx: Context) -> None:
+    """P-EAGLE: the EAGLE-3 layout plus mask_hidden; the EAGLE-3 rules read the rest (its layers, vocabulary)."""
+    fc = of_checkpoint(ctx.ckpt)
+    if fc is None or fc.family.reading is None or not fc.family.reading.mask_hidden:
+        return
+    probe = probe_of(ctx.ckpt)  # what declares P-EAGLE besides the tensor itself: its architecture or config keys
+    said = [s.describe() for s in fc.family.signals if s.kind.startswith("config") and s.holds(probe)]
+    declared = f"the config declares P-EAGLE ({said[0]})" if said else None
+    spec = ctx.spec
+    target_hidden = spec.target_hidden_size or spec.hidden_size
+    for r, message, loc in (*runner(fc), *mask_token(fc, ctx.target),
+                            *mask_hidden(fc, spec.num_aux_hidden_states, target_hidden, declared)):
+        ctx.emit(r, message, ctx.at(loc) if loc is not None and fc.tensor(loc) is None else loc)

@@ -1,0 +1,266 @@
+"""DFlash, DSpark and P-EAGLE (formats/families.py, rules/families.py, docs/families.md): inspect names each family
+on its fixture (published configs, fixtures/families/README.md) with the evidence, and each trap rule fires on a
+defect variant of that fixture and not on the clean one, in the JSON report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from .conftest import FIXTURES, TARGET
+from .helpers import edited
+
+FAM = FIXTURES / "families"
+MASK = 120  # make_fixtures.MASK: V - 8
+H = 32
+
+
+def _doc(invoke, path, *args) -> dict:
+    r = invoke("inspect", path, "--json", *args)
+    assert r.exit_code in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def _rules(doc: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for f in doc["findings"]:
+        out.setdefault(f["rule_id"], []).append(f)
+    return out
+
+
+def _target(tmp_path, **config):
+    return edited(TARGET, tmp_path, name="target", config=config)
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+@pytest.mark.parametrize("name,family,evidence,dialect", [
+    ("dflash", "DFlash", "config has 'dflash_config'", None),
+    ("dspark", "DSpark", "tensor names start with 'markov_head.'", None),
+    ("peagle", "P-EAGLE", "a tensor name contains 'mask_hidden'", "modelopt"),
+])
+def test_inspect_names_the_family_with_evidence(invoke, name, family, evidence, dialect):
+    doc = _doc(invoke, FAM / name, "--target", TARGET)
+    assert doc["exit_code"] == 0 and doc["family"]["name"] == family and doc["family"]["id"] == name
+    assert evidence in doc["family"]["evidence"] and doc["dialect"] == dialect
+    assert not [f for f in doc["findings"] if f["severity"] != "info" and f["rule_id"].startswith(("family", "peagle"))]
+
+
+def test_human_report_names_the_family(invoke):
+    r = invoke("inspect", FAM / "dspark")
+    assert r.exit_code == 0 and "family   DSpark" in r.stdout and "Qwen3DSparkModel" in r.stdout
+    r = invoke("inspect", FAM / "peagle")
+    assert "family   P-EAGLE" in r.stdout and '"parallel_drafting": true' in r.stdout
+
+
+def test_dflash_spec_and_serve_line(invoke):
+    doc = _doc(invoke, FAM / "dflash", "--target", TARGET)
+    spec = doc["spec"]
+    assert spec["layer_ids"] == [1, 2, 3, 4, 5] and spec["layer_ids_key"] == "dflash_config.target_layer_ids"
+    assert spec["mask_token_id"] == MASK and spec["mask_token_id_key"] == "dflash_config.mask_token_id"
+    assert spec["head"] == "target's" and spec["d2t"] is False and spec["block_size"] == 16
+    assert doc["speculative_config"]["method"] == "dflash"
+    assert "--speculative-config" in doc["serve_command"]
+
+
+def test_other_commands_refuse_dflash_and_point_at_inspect(invoke, tmp_path):
+    r = invoke("convert", FAM / "dflash", tmp_path / "out", "--to", "speculators")
+    assert r.exit_code == 5 and "eaglectl inspect" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_peagle_converts_like_eagle3_and_fails_closed_where_its_token_is_lost(invoke, tmp_path):
+    r = invoke("convert", FAM / "peagle", tmp_path / "out", "--to", "modelopt", "--target", TARGET)
+    assert r.exit_code == 0, r.stderr
+    assert "peagle-mask-hidden" not in _rules(_doc(invoke, tmp_path / "out"))
+    # the speculators writer keeps mask_hidden but has no place for the mask token: the re-check refuses the output
+    r = invoke("convert", FAM / "peagle", tmp_path / "spec", "--to", "speculators", "--target", TARGET,
+               "--source-aux-convention", "boundary")
+    assert r.exit_code == 7 and "family-mask-token" in r.stderr and not (tmp_path / "spec").exists()
+
+
+def test_formats_lists_the_families(invoke):
+    doc = json.loads(invoke("formats", "--json").stdout)
+    by_id = {f["id"]: f for f in doc["families"]}
+    assert {"dflash", "dspark", "peagle", "eagle-4", "mtp", "medusa"} <= set(by_id)
+    assert by_id["dspark"]["read"]["method"] == "dspark" and by_id["medusa"]["read"] is None
+    assert by_id["peagle"]["read"]["runners"]["v1"] == "serves" and by_id["peagle"]["read"]["runners"]["v2"] != "serves"
+    assert {d["id"] for d in doc["dialects"]} >= {"speculators", "modelopt"}  # the dialects stay
+
+
+# ----------------------------------------------------------------------------------------- layers
+
+def test_both_runners_read_dflash_ids_plus_one(invoke):
+    doc = _doc(invoke, FAM / "dflash", "--target", TARGET)
+    readings = {r["runner"]: r for r in doc["engine_readings"]}
+    assert readings["v1"]["boundary_ids"] == readings["v2"]["boundary_ids"] == [2, 3, 4, 5, 6]
+    assert readings["v2"]["shift"] == 1 and "assumed" in readings["v2"]["basis"]
+    assert "V2 captures [2, 3, 4, 5, 6]" in _rules(doc)["family-layers"][0]["message"]
+
+
+def test_dspark_is_v2_only_and_deepseek_v41_is_read_as_is(invoke, tmp_path):
+    doc = _doc(invoke, FAM / "dspark", "--target", TARGET)
+    readings = {r["runner"]: r for r in doc["engine_readings"]}
+    assert readings["v1"]["error"] and "refuses method dspark" in readings["v1"]["error"]
+    assert readings["v2"]["boundary_ids"] == [2, 3, 4, 5, 6]
+    assert "V2 runner only" in _rules(doc)["family-runner"][0]["message"]
+    v41 = edited(FAM / "dspark", tmp_path, config={"model_type": "deepseek_v41", "dspark_target_layer_ids": [1, 2, 3]})
+    readings = {r["runner"]: r for r in _doc(invoke, v41, "--target", TARGET)["engine_readings"]}
+    assert readings["v2"]["boundary_ids"] == [1, 2, 3] and readings["v2"]["shift"] == 0
+
+
+def test_ids_beyond_the_target_are_an_error(invoke, tmp_path):
+    def last(cfg):
+        cfg["dflash_config"]["target_layer_ids"] = [1, 3, 5, 7, 8]  # 8 is no output of an 8-layer target
+
+    bad = edited(FAM / "dflash", tmp_path, config=last)
+    hit = _rules(_doc(invoke, bad, "--target", TARGET))["family-layers-range"][0]
+    assert hit["severity"] == "error" and "[9]" in hit["message"] and "--target" in hit["message"]
+    # without --target, the drafter's own num_target_layers stands in
+    shallow = edited(FAM / "dflash", tmp_path, name="shallow", config={"num_target_layers": 4})
+    hit = _rules(_doc(invoke, shallow))["family-layers-range"][0]
+    assert "num_target_layers" in hit["message"] and "[5, 6]" in hit["message"]
+    assert "family-layers-range" not in _rules(_doc(invoke, FAM / "dflash", "--target", TARGET))
+
+
+def test_speculators_dflash_ids_are_boundaries(invoke, tmp_path):
+    cfg = {"speculators_model_type": "dflash", "architectures": ["DFlashDraftModel"], "mask_token_id": MASK,
+           "aux_hidden_state_layer_ids": [2, 3, 4, 5, 6], "transformer_layer_config": {"num_hidden_layers": 5},
+           "speculators_config": {"algorithm": "dflash"}}
+    d = edited(FAM / "dflash", tmp_path, config=lambda c: (c.clear(), c.update(cfg)))
+    doc = _doc(invoke, d, "--target", TARGET)
+    assert doc["family"]["id"] == "dflash"
+    assert {r["runner"]: r["boundary_ids"] for r in doc["engine_readings"]} == {"v1": [2, 3, 4, 5, 6],
+                                                                                "v2": [2, 3, 4, 5, 6]}
+
+
+# -------------------------------------------------------------------------------------- mask token
+
+@pytest.mark.parametrize("name", ["dflash", "dspark", "peagle"])
+def test_a_missing_mask_token_is_an_error(invoke, tmp_path, name):
+    def drop(cfg):
+        cfg.pop("mask_token_id", None)
+        cfg.get("dflash_config", {}).pop("mask_token_id", None)
+
+    hit = _rules(_doc(invoke, edited(FAM / name, tmp_path, config=drop)))["family-mask-token"][0]
+    assert hit["severity"] == "error" and "no mask token id" in hit["message"]
+
+
+def test_the_mask_token_must_exist_in_the_target(invoke, tmp_path):
+    def far(cfg):
+        cfg["dflash_config"]["mask_token_id"] = 200
+
+    bad = edited(FAM / "dflash", tmp_path, config=far)
+    msgs = [f["message"] for f in _rules(_doc(invoke, bad, "--target", TARGET))["family-mask-token"]]
+    assert any("not in the target's vocabulary (vocab_size 128)" in m for m in msgs)
+    # a target whose config claims more tokens than its embedding holds: the embedding decides too
+    wide = _target(tmp_path, vocab_size=256)
+    msgs = [f["message"] for f in _rules(_doc(invoke, bad, "--target", wide))["family-mask-token"]]
+    assert msgs == ["config 'dflash_config.mask_token_id' 200 has no row in the target's embedding "
+                    "model.embed_tokens.weight (128 rows)"]
+    assert "family-mask-token" not in _rules(_doc(invoke, FAM / "dflash", "--target", TARGET))
+
+
+# ----------------------------------------------------------------------------------------- head/d2t
+
+def test_a_reduced_head_without_d2t_is_an_error(invoke, tmp_path):
+    d = edited(FAM / "dflash", tmp_path, config={"draft_vocab_size": 64},
+               tensors={"lm_head.weight": torch.zeros(64, H, dtype=torch.bfloat16)})
+    hit = _rules(_doc(invoke, d, "--target", TARGET))["family-head-d2t"][0]
+    assert hit["severity"] == "error" and "no d2t ships" in hit["message"]
+    ok = edited(FAM / "dflash", tmp_path, name="with-d2t", config={"draft_vocab_size": 64},
+                tensors={"lm_head.weight": torch.zeros(64, H, dtype=torch.bfloat16),
+                         "d2t": torch.zeros(64, dtype=torch.int64)})
+    assert "family-head-d2t" not in _rules(_doc(invoke, ok, "--target", TARGET))
+
+
+def test_d2t_without_its_head_is_an_error(invoke, tmp_path):
+    d = edited(FAM / "dflash", tmp_path, config={"draft_vocab_size": 64},
+               tensors={"d2t": torch.zeros(64, dtype=torch.int64)})
+    hit = _rules(_doc(invoke, d, "--target", TARGET))["family-head-d2t"][0]
+    assert "target's head" in hit["message"] and "#11374" in hit["message"]
+
+
+def test_a_padded_target_vocab_is_said(invoke, tmp_path):
+    padded = _target(tmp_path, vocab_size=160)
+    hit = _rules(_doc(invoke, FAM / "dflash", "--target", padded))["family-padded-vocab"][0]
+    assert hit["severity"] == "info" and "draft vocab 128, target vocab 160" in hit["message"]
+    assert "family-padded-vocab" not in _rules(_doc(invoke, FAM / "dflash", "--target", TARGET))
+    # DSpark builds a d2t only for a smaller draft vocabulary: a draft as wide as the padded target's needs none
+    wide = edited(FAM / "dspark", tmp_path, config={"vocab_size": 160})
+    assert "family-padded-vocab" not in _rules(_doc(invoke, wide, "--target", padded))
+
+
+# ------------------------------------------------------------------------------------------ P-EAGLE
+
+def test_peagle_mask_hidden_shape(invoke, tmp_path):
+    clean = _rules(_doc(invoke, FAM / "peagle"))
+    assert "peagle-mask-hidden" not in clean and "[1, 96]" in clean["peagle-parallel-drafting"][0]["message"]
+    bad = edited(FAM / "peagle", tmp_path, tensors={"mask_hidden": torch.zeros(1, 2 * H, dtype=torch.bfloat16)})
+    hit = _rules(_doc(invoke, bad))["peagle-mask-hidden"][0]
+    assert hit["severity"] == "error" and "[1, 64]" in hit["message"] and "[1, 96]" in hit["message"]
+
+
+def test_peagle_declared_without_mask_hidden(invoke, tmp_path):
+    bad = edited(FAM / "peagle", tmp_path, tensors={"mask_hidden": None})
+    hit = _rules(_doc(invoke, bad))["peagle-mask-hidden"][0]
+    assert "parallel_drafting" in hit["message"] and "mask_hidden not found" in hit["message"]
+
+
+def test_peagle_runs_on_v1_only(invoke):
+    hit = _rules(_doc(invoke, FAM / "peagle"))["family-runner"][0]
+    assert "V1 runner only" in hit["message"] and "parallel_drafting: true" in hit["message"]
+
+
+def test_plain_eagle3_has_no_family(invoke):
+    doc = _doc(invoke, FIXTURES / "drafters" / "speculators-3")
+    assert doc["family"] is None and not any(f["rule_id"].startswith(("family", "peagle")) for f in doc["findings"])
+
+
+# ------------------------------------------------------------------------- the tables against vLLM's code
+
+_ASK = """
+import json, sys
+from types import SimpleNamespace
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+out = []
+for cfg in json.load(sys.stdin):
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**cfg)))
+    v1 = GPUModelRunner._get_eagle3_aux_layers_from_config(SimpleNamespace(speculative_config=spec))
+    out.append({"v1": list(v1) if v1 else None, "v2": list(get_eagle3_aux_layers_from_config(spec) or []) or None})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_family_layer_tables_give_what_vllms_selection_code_gives(tmp_path, vllm_py):
+    """Both runners' own selection functions, called on the families' configs as vLLM builds them: the ids they
+    choose are the ones family_readings reports (sorted, de-duplicated, as the model then captures them)."""
+    import subprocess
+
+    from eaglectl.engines.runners import family_readings, family_view
+    from eaglectl.formats.families import by_id
+
+    configs = [json.loads((FAM / "dflash" / "config.json").read_text()),
+               json.loads((FAM / "dspark" / "config.json").read_text())]
+    v41 = dict(configs[1], model_type="deepseek_v41", dspark_target_layer_ids=[1, 2, 3])
+    shadowed = dict(configs[0], eagle_config={"use_aux_hidden_state": True})  # V1: eagle_config replaces the ids
+    spec_dflash = {"speculators_model_type": "dflash", "mask_token_id": MASK, "aux_hidden_state_layer_ids": [2, 4, 6],
+                   "transformer_layer_config": {"model_type": "qwen3"}}
+    cases = [("dflash", configs[0]), ("dspark", configs[1]), ("dspark", v41), ("dflash", shadowed),
+             ("dflash", spec_dflash)]
+    views = [family_view(c) for _, c in cases]
+    r = subprocess.run([vllm_py, "-c", _ASK], input=json.dumps(views), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    asked = json.loads(r.stdout.strip().splitlines()[-1])
+    for (family, config), got in zip(cases, asked, strict=True):
+        ours = family_readings(config, {"v1": None, "v2": None}, 8)  # every runner's selection, served or not
+        for runner in ("v1", "v2"):
+            mine = ours.get(runner)
+            vllm_ids = sorted(set(got[runner])) if got[runner] else None
+            assert (list(mine.boundary_ids) if mine.source != "model default" else None) == vllm_ids, \
+                (family, config, runner, got)
+        assert by_id(family).reading is not None
