@@ -28,4 +28,5 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
 }
 
 __all__ = ["RENDERERS", "batch_item", "render_batch", "render_capture", "render_check", "render_conversion",
-           "render_diff", "render_drift", "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]
+           "render_diff", "render_drift", "render_inspect", "render_smoke", "render_upgrade", "render_upload",
+           "render_verify"]
