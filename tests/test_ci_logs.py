@@ -127,6 +127,11 @@ def test_the_findings_have_one_layout(invoke, width80, monkeypatch):
                 assert found is None or line.strip() == found.group(), line  # alone on its line
                 alone += found is not None
     assert alone >= 4  # specforge-3.1's two fixes convert, at each width
+    monkeypatch.setattr(report.stdout, "width", 80)
+    catalogue = invoke("rules").stdout  # the rule catalogue: the same layout
+    commands = [line for line in catalogue.splitlines() if COMMAND.search(line)]
+    assert commands and all(line.strip() == COMMAND.search(line).group() for line in commands), commands
+    assert not _too_wide(catalogue)
 
 
 def test_titles_are_never_cut_from_the_left(invoke, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from ..errors import EaglectlError
 from ..result import envelope
 from ..text import printable
 from . import views
-from .console import SETTINGS, safe, say, stderr, stdout, table
+from .console import SETTINGS, safe, say, say_apart, stderr, stdout, table
 
 if TYPE_CHECKING:
     from ..result import BatchResult, Result
@@ -336,5 +336,8 @@ def render_rules(payload: dict[str, Any]) -> None:
         if r["repaired_by_convert"]:
             stdout.print("repaired by eaglectl convert")
         return
-    stdout.print(table(None, ["rule", "severity", "meaning", "fix"],
-                       ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
+    for r in rules:  # the findings' layout: the identifiers on a line, the prose below, a command on its own line
+        stdout.print(f"[bold]{r['rule_id']}[/]  {r['severity']}")
+        say("    ", r["title"])
+        if r["hint"]:
+            say_apart("    fix: ", r["hint"], indent=6)
