@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from ...text import short_path
 from .. import console
@@ -281,7 +282,7 @@ def batch_item(n: int, total: int, row: dict[str, Any], out: Console) -> None:
     result, then what its own run would have said last — why it failed and the hint, each failed or undecided
     stage's reason, the fixes of its errors, AL before -> after, the warm-start note, the command to run next."""
     dest = [f"-> {short_path(row['dest'])}"] if row.get("dest") else []
-    say(f"[bold][{n}/{total}][/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest], sep=" ",
+    say(f"[bold]{escape(f'[{n}/{total}]')}[/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest], sep=" ",
         indent=4, out=out)
     doc, error = row.get("result") or {}, row.get("error") or {}
     lines = [("result: ", row["summary_line"]), ("hint: ", error.get("hint"))]
