@@ -134,6 +134,24 @@ def test_the_findings_have_one_layout(invoke, width80, monkeypatch):
     assert not _too_wide(catalogue)
 
 
+def test_smoke_tables_are_one_line_a_configuration(invoke, width80):
+    """The per-position rates (as many as k) are lines below the tables, never a column that folds each
+    configuration into three lines."""
+    r = invoke("smoke", "fixtures/trained/eagle3", "--target", "fixtures/trained/target", "--engine", "reference",
+               "--num-prompts", "2", "--max-tokens", "8", "--context-lengths", "64,128", "--baseline",
+               "eagle3:fixtures/trained/eagle3.1")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert not _too_wide(r.stdout), r.stdout
+    for header in ("config  ", "acceptance by context tokens"):
+        start = next(i for i, line in enumerate(lines) if line.startswith(header))
+        rows = lines[start + 1 + (header != "config  "):]
+        rows = rows[:next(i for i, line in enumerate(rows) if not line.startswith(("drafter ", "eagle3:")))]
+        assert len(rows) == (2 if header == "config  " else 4), r.stdout  # a configuration (and length) a line
+    assert any(line.startswith("  eagle3:fixtures/trained/eagle3.1: ") and line.count(" / ") == 2 for line in lines)
+    assert any(line.startswith("  drafter 128: ") for line in lines), r.stdout
+
+
 def test_titles_are_never_cut_from_the_left(invoke, tmp_path, monkeypatch):
     deep = tmp_path / "a-rather-long-folder-name" / "and-another-one" / "drafter"
     deep.parent.mkdir(parents=True)

@@ -102,8 +102,8 @@ def say_apart(prefix: str, text: str, *, indent: int = 4, out: Console | None = 
             lead = " " * indent
 
 
-PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records",
-         "per position")  # columns that may wrap (at spaces)
+# columns that may wrap (at spaces)
+PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records")
 
 
 def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]],

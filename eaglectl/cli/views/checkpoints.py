@@ -282,8 +282,8 @@ def batch_item(n: int, total: int, row: dict[str, Any], out: Console) -> None:
     result, then what its own run would have said last — why it failed and the hint, each failed or undecided
     stage's reason, the fixes of its errors, AL before -> after, the warm-start note, the command to run next."""
     dest = [f"-> {short_path(row['dest'])}"] if row.get("dest") else []
-    say(f"[bold]{escape(f'[{n}/{total}]')}[/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest], sep=" ",
-        indent=4, out=out)
+    say(f"[bold]{escape(f'[{n}/{total}]')}[/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest],
+        sep=" ", indent=4, out=out)
     doc, error = row.get("result") or {}, row.get("error") or {}
     lines = [("result: ", row["summary_line"]), ("hint: ", error.get("hint"))]
     lines += [(f"{s['name']} {s['status']}: ", s["detail"]) for s in doc.get("stages", ())

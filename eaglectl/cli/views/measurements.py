@@ -113,16 +113,19 @@ def render_smoke(rep: SmokeReport) -> None:
             say(f"  {safe(name)}: ", items=rates, sep=" /", indent=4)
     if skipped:
         out.print(table(None, ["config", "reason"], skipped))
-    for key, label in (("by_context_length", "context tokens"), ("by_category", "category")):
+    for key, label, column in (("by_context_length", "context tokens", "context"), ("by_category", "category",
+                                                                                     "category")):
         configs = [("drafter", doc)] + [(_config_label(b["name"]), b) for b in doc["baselines"] if b.get(key)]
         if doc.get(key):
             rows = [(name, r.get("bucket") or r.get("context_length") if key == "by_context_length" else r["category"],
                      r["requests"], num(r["mean_acceptance_length"], ".3f"),
-                     num(r["mean_acceptance_length_per_request"], ".3f"),
-                     " / ".join(f"{p:.2f}" for p in r["per_position_acceptance"]) or "-")
+                     num(r["mean_acceptance_length_per_request"], ".3f"), r["per_position_acceptance"])
                     for name, c in configs for r in c[key]]
-            out.print(table(f"\nacceptance by {label}", ["config", label, "requests", "AL pooled", "AL per request",
-                                                          "per position"], rows))
+            out.print(table(f"\nacceptance by {label}", ["config", column, "requests", "AL pooled", "AL per request"],
+                            [row[:5] for row in rows]))
+            out.print(f"per-position acceptance by {label}:")  # lines, as many rates as k: never a column
+            for name, where, *_, rates in rows:
+                say(f"  {safe(name)} {safe(where)}: ", items=[f"{p:.2f}" for p in rates] or ["-"], sep=" /", indent=4)
     per = doc.get("per_position_acceptance") or []
     if per:
         out.print("\nper-position acceptance (drafter):")
