@@ -211,6 +211,8 @@ class Pulse:
                 self.wake.clear()
                 self.thread = threading.Thread(target=self._beat, name="eaglectl-heartbeat", daemon=True)
                 self.thread.start()
+            else:
+                self.wake.set()  # the running thread times its next beat again (HEARTBEAT_S may have changed)
 
     def release(self) -> None:
         with self.lock:
@@ -239,7 +241,8 @@ class Pulse:
                     continue
                 line = self.line(time.perf_counter())
                 self.last = time.perf_counter()
-            say_err(line)
+            with contextlib.suppress(ValueError, OSError):  # the stream closed as the command ended
+                say_err(line)
 
     def line(self, now: float) -> str:
         """`upgrade 2/5 a: calibration: requests: 3 of 32 after 41 s, about 380 s left`."""
@@ -269,8 +272,7 @@ def step(label: str, total: int | None = None, counted: bool = False) -> Iterato
         yield entry
     finally:
         with pulse.lock:
-            if entry in pulse.steps:
-                pulse.steps.remove(entry)
+            pulse.steps[:] = [s for s in pulse.steps if s is not entry]
         pulse.release()
 
 
