@@ -41,8 +41,9 @@ def printable(text: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
-def short_path(path: Any) -> str:
-    """How a source is named in human output (the JSON keeps the full path)."""
+def short_path(path: Any, elide: bool = True) -> str:
+    """How a source is named in human output (the JSON keeps the full path); a title names it whole
+    (`elide=False`: never cut from the left)."""
     text = str(path)
     hub = _HUB_SNAPSHOT.search(text.rstrip("/"))
     if hub:
@@ -57,7 +58,7 @@ def short_path(path: Any) -> str:
     if not rel.startswith(".."):
         return rel
     parts = [p for p in text.rstrip("/").split("/") if p]
-    if len(text) <= SHORT_PATH or len(parts) <= 2:
+    if not elide or len(text) <= SHORT_PATH or len(parts) <= 2:
         return text
     return "…/" + "/".join(parts[-2:])
 

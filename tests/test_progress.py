@@ -73,7 +73,8 @@ time.sleep(0.3)
 
 def test_off_a_terminal_a_long_step_still_prints_a_line(monkeypatch, capsys):
     """CI logs: stderr is no terminal, yet a measurement prints a plain line at least every HEARTBEAT_S, even
-    while one item takes longer than that (a thread keeps the beat); none with --json."""
+    while one item takes longer than that (a thread keeps the beat); --json too (its document is on stdout),
+    none with -q."""
     import time
 
     from rich.console import Console
@@ -88,6 +89,10 @@ def test_off_a_terminal_a_long_step_still_prints_a_line(monkeypatch, capsys):
     assert len(lines) >= 4 and lines[0].startswith("measuring: 0 of 2 after") and " of 2 after " in lines[-1]
     assert any("s left" in x for x in lines)  # an ETA once an item is done
     report.SETTINGS.json = True
+    for _ in report.progress(range(1), label="measuring", total=1):
+        time.sleep(0.3)
+    assert "measuring: 0 of 1 after" in capsys.readouterr().err
+    report.SETTINGS.reset(verbosity=-1)
     for _ in report.progress(range(1), label="measuring", total=1):
         time.sleep(0.2)
     assert "measuring" not in capsys.readouterr().err

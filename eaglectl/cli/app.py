@@ -121,6 +121,8 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
     report.SETTINGS.reset(debug=debug or bool(os.environ.get("EAGLECTL_DEBUG")), verbosity=verbose - quiet)
     threads.configure()  # torch's threads: OMP_NUM_THREADS, else the cores this process may use
+    report.pulse.hold()  # off a terminal, a line on stderr at least every HEARTBEAT_S until the command ends
+    click.get_current_context().call_on_close(report.pulse.release)
 
 
 # -------------------------------------------------------------------------------- the commands, in help order

@@ -23,6 +23,7 @@ from ..io.bounded import read_regular
 from ..io.jsonio import loads
 from ..limits import limit
 from ..result import BatchResult, Result
+from ..text import short_path
 from . import report
 from .params import Number
 
@@ -95,20 +96,24 @@ def _bad_string(value: Any) -> str | None:
     return None
 
 
-def run_batch(items: list[dict[str, Any]], fn: Callable[[dict[str, Any]], tuple[int, str, Any]],
+def run_batch(command: str, items: list[dict[str, Any]], fn: Callable[[dict[str, Any]], tuple[int, str, Any]],
               fail_fast: bool = False) -> BatchResult:
-    """`fn(item) -> (exit code, one-line summary, JSON result)`; library errors become rows."""
+    """`fn(item) -> (exit code, one-line summary, JSON result)`; library errors become rows. Each row is shown as
+    its item finishes (report.batch_item), so a CI log follows the batch; the heartbeat names the item running."""
     out = BatchResult()
-    for item in items:
-        try:
-            code, summary, doc = fn(item)
-            row = {**item, "exit_code": code, "summary_line": summary, "result": doc}
-        except EaglectlError as e:
-            row = {**item, "exit_code": e.exit_code, "summary_line": f"error[{e.reference}]: {e.message}",
-                   "error": e.to_json()}
-        except Exception as e:  # noqa: BLE001 - one broken item must not hide the others' results
-            row = {**item, "exit_code": EXIT_INTERNAL, "summary_line": f"internal error: {type(e).__name__}: {e}"}
+    for n, item in enumerate(items, 1):
+        with report.step(f"{command} {n}/{len(items)} {short_path(item['source'])}"):
+            try:
+                code, summary, doc = fn(item)
+                row = {**item, "exit_code": code, "summary_line": summary, "result": doc}
+            except EaglectlError as e:
+                row = {**item, "exit_code": e.exit_code, "summary_line": f"error[{e.reference}]: {e.message}",
+                       "error": e.to_json()}
+            except Exception as e:  # noqa: BLE001 - one broken item must not hide the others' results
+                row = {**item, "exit_code": EXIT_INTERNAL,
+                       "summary_line": f"internal error: {type(e).__name__}: {e}"}
         out.rows.append(row)
+        report.batch_item(command, n, len(items), row)
         if fail_fast and row["exit_code"]:
             break
     return out
@@ -173,7 +178,7 @@ def single_or_batch(command: str, one: Callable[[dict[str, Any]], Result], need_
         if manifest is not None:
             raise click.UsageError("give SOURCES or --manifest, not both")
         _refuse_outputs_on_inputs(None, [{**defaults, **item} for item in items])
-        report.finish_batch(command, run_batch(items, lambda item: _row(one({**defaults, **item})), fail_fast))
+        report.finish_batch(command, run_batch(command, items, lambda item: _row(one({**defaults, **item})), fail_fast))
         return
     if manifest is None:
         if source is None or (need_dest and dest is None):
@@ -187,7 +192,7 @@ def single_or_batch(command: str, one: Callable[[dict[str, Any]], Result], need_
     lines = read_manifest(manifest, keys, need_dest)
     options = {id(item): _item_options(ctx, item, f"{manifest}:{n}") for n, item in lines}  # all, before any work
     _refuse_outputs_on_inputs(manifest, [{**defaults, **o} for o in options.values()])
-    report.finish_batch(command, run_batch([item for _, item in lines],
+    report.finish_batch(command, run_batch(command, [item for _, item in lines],
                                            lambda item: _row(one({**defaults, **options[id(item)]})), fail_fast))
 
 

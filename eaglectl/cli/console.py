@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
-from ..text import grid, printable, wrap_items, wrap_words
+from ..text import COMMAND, grid, printable, wrap_items, wrap_words
 
 # Neither console wraps: eaglectl/layout.py lays lines out at the width (`say`, `table`) and a command or
 # identifier that cannot fit runs on, whole, rather than being folded where a paste would break it.
@@ -64,11 +64,12 @@ def safe(text: Any) -> str:
 
 
 def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: int | None = None,
-        sep: str = ", ", style: str | None = None) -> None:
-    """One logical line on stdout: `prefix` (markup, eaglectl's own) then `text` (plain, escaped here) or
-    `items`, wrapped at the console width at spaces (`items`: only between items), never inside a word, a
-    path or a command; continuation lines indented (default: under the text)."""
-    width = stdout.width
+        sep: str = ", ", style: str | None = None, out: Console | None = None) -> None:
+    """One logical line on stdout (or `out`): `prefix` (markup, eaglectl's own) then `text` (plain, escaped
+    here) or `items`, wrapped at the console width at spaces (`items`: only between items), never inside a
+    word, a path or a command; continuation lines indented (default: under the text)."""
+    out = out or stdout
+    width = out.width
     lead = cell_len(Text.from_markup(prefix).plain)
     hang = lead if indent is None else indent
     hang = hang if hang <= width // 2 else 4
@@ -79,13 +80,30 @@ def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: 
     def styled(line: str) -> str:
         return f"[{style}]{escape(line)}[/]" if style and line else escape(line)
 
-    stdout.print(prefix + styled(lines[0]))
+    out.print(prefix + styled(lines[0]))
     for line in lines[1:]:
-        stdout.print(" " * hang + styled(line))
+        out.print(" " * hang + styled(line))
 
 
-PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records",
-         "per position")  # columns that may wrap (at spaces)
+def say_apart(prefix: str, text: str, *, indent: int = 4, out: Console | None = None) -> None:
+    """`say`, each command in `text` on a line of its own below the prose around it (whole: one paste)."""
+    out = out or stdout
+    pieces = [p.strip() for p in COMMAND.split(printable(text))]
+    commands = COMMAND.findall(printable(text))
+    lead = prefix
+    for n, prose in enumerate(pieces):
+        if prose:
+            say(lead, prose, indent=indent, out=out)
+            lead = " " * indent
+        if n < len(commands):
+            if lead == prefix and prefix.strip():
+                out.print(prefix.rstrip())
+            out.print(" " * indent + escape(commands[n]))
+            lead = " " * indent
+
+
+# columns that may wrap (at spaces)
+PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "name", "flags it records")
 
 
 def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]],

@@ -261,7 +261,7 @@ def json_option(fn: F) -> F:
         return value
 
     fn = click.option("--json", is_flag=True, is_eager=True, callback=set_mode, expose_value=False,
-                      help="Print one JSON document on stdout (schema id in 'schema'); no progress, no colour.")(fn)
+                      help="Print one JSON document on stdout (schema id in 'schema'); no progress bar, no colour.")(fn)
     return verbosity_options(fn)
 
 

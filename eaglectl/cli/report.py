@@ -7,6 +7,7 @@ Progress shows on stderr whenever stderr is a terminal and --json is off (NO_COL
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ from ..errors import EaglectlError
 from ..result import envelope
 from ..text import printable
 from . import views
-from .console import SETTINGS, safe, say, stderr, stdout, table
+from .console import SETTINGS, safe, say, say_apart, stderr, stdout, table
 
 if TYPE_CHECKING:
     from ..result import BatchResult, Result
@@ -62,6 +63,16 @@ def finish_batch(command: str, result: BatchResult) -> None:
         views.render_batch(command, result)
     timings()
     click.get_current_context().exit(result.exit_code)
+
+
+def batch_item(command: str, n: int, total: int, row: dict[str, Any]) -> None:
+    """A batch item as it finishes: on stdout in the human view; on stderr beside --json (stdout holds the one
+    document, written at the end); not with -q (its one line comes at the end)."""
+    if SETTINGS.quiet:
+        return
+    views.batch_item(n, total, row, stderr if SETTINGS.json else stdout)
+    if SETTINGS.json:
+        pulse.printed()
 
 
 def finish_listing(command: str, payload: dict[str, Any], render: Callable[[dict[str, Any]], None]) -> None:
@@ -161,7 +172,7 @@ def internal_error(exc: BaseException) -> None:
 
 # ------------------------------------------------------------------------------------- progress
 
-HEARTBEAT_S = 30.0  # off a terminal (CI logs): a progress line on stderr at least this often
+HEARTBEAT_S = 30.0  # off a terminal (CI logs): a line on stderr at least this often while a command runs
 
 
 def progress_enabled() -> bool:
@@ -169,16 +180,114 @@ def progress_enabled() -> bool:
     return not SETTINGS.json and not SETTINGS.quiet and stderr.is_terminal
 
 
+def heartbeat_enabled() -> bool:
+    """Off a terminal (a CI log), unless -q: --json too, whose document is on stdout (stderr is the log)."""
+    return not SETTINGS.quiet and not stderr.is_terminal
+
+
+class Pulse:
+    """The heartbeat off a terminal: while anything holds it (a command, a step), a daemon thread prints on
+    stderr what is running — the steps, innermost last, with how far the innermost got — whenever no line
+    came for HEARTBEAT_S. One thread for the whole command, so a step outside any progress() call (loading,
+    writing, checking) is not silent either."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock, self.wake = threading.Lock(), threading.Event()
+        self.steps: list[dict[str, Any]] = []
+        self.holds, self.last = 0, 0.0
+        self.thread: threading.Thread | None = None
+
+    def hold(self) -> None:
+        import threading
+        import time
+
+        with self.lock:
+            self.holds += 1
+            if self.holds == 1:
+                self.last = time.perf_counter()
+            if self.thread is None:
+                self.wake.clear()
+                self.thread = threading.Thread(target=self._beat, name="eaglectl-heartbeat", daemon=True)
+                self.thread.start()
+            else:
+                self.wake.set()  # the running thread times its next beat again (HEARTBEAT_S may have changed)
+
+    def release(self) -> None:
+        with self.lock:
+            self.holds -= 1
+            if not self.holds:
+                self.steps.clear()
+                self.wake.set()
+
+    def printed(self) -> None:
+        """A line went to stderr: the next beat is due HEARTBEAT_S from now."""
+        import time
+
+        self.last = time.perf_counter()
+
+    def _beat(self) -> None:
+        import time
+
+        while True:
+            self.wake.wait(max(0.01, self.last + HEARTBEAT_S - time.perf_counter()))
+            with self.lock:
+                self.wake.clear()
+                if not self.holds:
+                    self.thread = None
+                    return
+                if time.perf_counter() - self.last < HEARTBEAT_S or not heartbeat_enabled():
+                    continue
+                line = self.line(time.perf_counter())
+                self.last = time.perf_counter()
+            with contextlib.suppress(ValueError, OSError):  # the stream closed as the command ended
+                say_err(line)
+
+    def line(self, now: float) -> str:
+        """`upgrade 2/5 a: calibration: requests: 3 of 32 after 41 s, about 380 s left`."""
+        if not self.steps:
+            return f"{SETTINGS.command or 'eaglectl'}: running, {now - SETTINGS.started:.0f} s so far"
+        *outer, step = self.steps
+        total, done = step["total"], step["done"]
+        took = now - step["started"]
+        eta = f", about {took / done * (total - done):.0f} s left" if total and done else ""
+        count = f"{done}" + (f" of {total}" if total else "") + " " if step["counted"] else ""
+        return ": ".join([*(s["label"] for s in outer), step["label"]]) + f": {count}after {took:.0f} s{eta}"
+
+
+pulse = Pulse()
+
+
+@contextlib.contextmanager
+def step(label: str, total: int | None = None, counted: bool = False) -> Iterator[dict[str, Any]]:
+    """A step the heartbeat names while it runs (a batch item, a progress() loop); yields its counter."""
+    import time
+
+    entry = {"label": label, "total": total, "done": 0, "counted": counted, "started": time.perf_counter()}
+    pulse.hold()
+    with pulse.lock:
+        pulse.steps.append(entry)
+    try:
+        yield entry
+    finally:
+        with pulse.lock:
+            pulse.steps[:] = [s for s in pulse.steps if s is not entry]
+        pulse.release()
+
+
 def progress(items: Iterable[T], *, label: str, total: int | None = None, weight: Callable[[T], int] | None = None,
              unit: str | None = None) -> Iterator[T]:
     """Wrap an iterable in a transient progress bar on stderr when a human watches it. Off a terminal (a CI
-    log), a measurement is not silent either: one plain line on stderr once it has run HEARTBEAT_S, then at
-    least every HEARTBEAT_S (never with --json or -q, where stderr carries errors only).
+    log), the heartbeat (Pulse) names this step and how far it got, at least every HEARTBEAT_S.
 
     `weight(item)` advances the bar by that amount (bytes with unit "B", tokens, ...) instead of 1.
     """
     if not progress_enabled():
-        yield from items if SETTINGS.json or SETTINGS.quiet else _heartbeat(items, label, total, weight)
+        with step(label, total, counted=True) as counter:
+            for item in items:
+                yield item
+                counter["done"] += weight(item) if weight else 1
         return
     from rich.progress import (
         BarColumn,
@@ -199,28 +308,14 @@ def progress(items: Iterable[T], *, label: str, total: int | None = None, weight
             bar.advance(task, weight(item) if weight else 1)
 
 
-def _heartbeat(items: Iterable[T], label: str, total: int | None, weight: Callable[[T], int] | None
-               ) -> Iterator[T]:
-    """Pass `items` through; a daemon thread prints how far they got every HEARTBEAT_S until they end."""
-    import threading
-    import time
+def say_err(text: str) -> None:
+    """A plain line for the log on stderr, wrapped at the width like every line (commands stay whole)."""
+    from ..text import wrap_words
 
-    started, done, stop = time.monotonic(), [0], threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(HEARTBEAT_S):
-            took = time.monotonic() - started
-            eta = f", about {took / done[0] * (total - done[0]):.0f} s left" if total and done[0] else ""
-            stderr.print(f"{safe(label)}: {done[0]}" + (f" of {total}" if total else "") + f" after {took:.0f} s{eta}")
-
-    thread = threading.Thread(target=beat, name="eaglectl-heartbeat", daemon=True)
-    thread.start()
-    try:
-        for item in items:
-            yield item
-            done[0] += weight(item) if weight else 1
-    finally:
-        stop.set()
+    lines = wrap_words(printable(text), stderr.width - 4, first=stderr.width)
+    for n, line in enumerate(lines):
+        stderr.print(("    " if n else "") + escape(line))
+    pulse.printed()
 
 
 # ------------------------------------------------------------------------------------- listings
@@ -246,5 +341,8 @@ def render_rules(payload: dict[str, Any]) -> None:
         if r["repaired_by_convert"]:
             stdout.print("repaired by eaglectl convert")
         return
-    stdout.print(table(None, ["rule", "severity", "meaning", "fix"],
-                       ((r["rule_id"], r["severity"], r["title"], r["hint"]) for r in rules)))
+    for r in rules:  # the findings' layout: the identifiers on a line, the prose below, a command on its own line
+        stdout.print(f"[bold]{r['rule_id']}[/]  {r['severity']}")
+        say("    ", r["title"])
+        if r["hint"]:
+            say_apart("    fix: ", r["hint"], indent=6)

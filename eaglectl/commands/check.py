@@ -326,19 +326,32 @@ def name_verifier(d: DrafterCheckpoint, base: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------ SARIF
 
+STAGE_LEVEL = {"fail": "error", "undecided": "warning"}  # a stage that did not pass is a SARIF result of its own
+
+
 def sarif(reports: list[CheckReport]) -> dict[str, Any]:
-    """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file."""
+    """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file, and every stage
+    that failed or is undecided (a parity or smoke failure has no finding) as rule `check-STAGE` on the drafter's
+    config.json."""
     used = sorted({f.rule_id for r in reports for f in r.findings})
+    stages = sorted({s.name for r in reports for s in r.stages if s.status in STAGE_LEVEL})
+    ids = used + [f"check-{name}" for name in stages]
     level = {"error": "error", "warning": "warning", "info": "note"}
     results = []
     for r in reports:
         for f in r.findings:
-            uri, logical = _location(r, f)
+            uri, logical = _location(r, f.locator or "")
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": uri}}}
             if logical:
                 loc["logicalLocations"] = [{"name": logical, "kind": "member"}]
-            results.append({"ruleId": f.rule_id, "ruleIndex": used.index(f.rule_id), "level": level[f.severity],
+            results.append({"ruleId": f.rule_id, "ruleIndex": ids.index(f.rule_id), "level": level[f.severity],
                             "message": {"text": f.message}, "locations": [loc]})
+        for s in r.stages:
+            if s.status in STAGE_LEVEL:
+                uri, _ = _location(r, "")
+                results.append({"ruleId": f"check-{s.name}", "ruleIndex": ids.index(f"check-{s.name}"),
+                                "level": STAGE_LEVEL[s.status], "message": {"text": f"{s.name} {s.status}: {s.detail}"},
+                                "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}]})
     return {
         "version": "2.1.0",
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -346,15 +359,16 @@ def sarif(reports: list[CheckReport]) -> dict[str, Any]:
             "tool": {"driver": {"name": "eaglectl", "version": __version__, "rules": [
                 {"id": rid, "shortDescription": {"text": RULES[rid].title},
                  **({"help": {"text": RULES[rid].hint()}} if RULES[rid].fix else {}),
-                 "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used]}},
+                 "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used] + [
+                {"id": f"check-{name}", "shortDescription": {"text": f"the check gate's {name} stage did not pass"},
+                 "defaultConfiguration": {"level": "error"}} for name in stages]}},
             "results": results,
         }],
     }
 
 
-def _location(r: CheckReport, f: Finding) -> tuple[str, str | None]:
-    """(file URI relative to the working directory, tensor or key) from a finding's locator."""
-    loc = f.locator or ""
+def _location(r: CheckReport, loc: str) -> tuple[str, str | None]:
+    """(file URI relative to the working directory, tensor or key) from a finding's locator ("": config.json)."""
     root = Path(r.root)
     if ":" in loc and not loc.startswith("/"):
         file, _, name = loc.partition(":")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .checkpoints import (
+    batch_item,
     render_batch,
     render_check,
     render_conversion,
@@ -27,6 +28,6 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "UploadReport": render_upload, "FamilyReport": render_family,
 }
 
-__all__ = ["RENDERERS", "render_batch", "render_capture", "render_check", "render_conversion", "render_diff",
-           "render_drift", "render_family",
-           "render_inspect", "render_smoke", "render_upgrade", "render_upload", "render_verify"]
+__all__ = ["RENDERERS", "batch_item", "render_batch", "render_capture", "render_check", "render_conversion",
+           "render_diff", "render_drift", "render_family", "render_inspect", "render_smoke", "render_upgrade",
+           "render_upload", "render_verify"]

@@ -7,6 +7,8 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.console import Console
+from rich.markup import escape
 
 from ...text import short_path
 from .. import console
@@ -29,7 +31,7 @@ def render_inspect(report: InspectReport) -> None:
     table and the detection evidence with -v (all of it in --json)."""
     d, spec, out = report.drafter, report.drafter.spec, console.stdout
     s = report.summary
-    out.print(f"[bold]{safe(short_path(d.source))}[/]")
+    say("", items=[short_path(d.source, elide=False)], style="bold")
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})"
               + ("  [dim](--from)[/]" if d.forced else ""))
     if SETTINGS.verbose:
@@ -74,7 +76,7 @@ def render_inspect(report: InspectReport) -> None:
               + ("  (--strict: warnings fail)" if report.strict else ""))
     rec = report.recommendation()
     if rec:
-        out.print(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: {safe(rec)}", soft_wrap=True)
+        say(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: ", rec, indent=2)
     findings(report.findings)
     out.print()
     serve = report.serve_command()
@@ -91,8 +93,8 @@ def render_inspect(report: InspectReport) -> None:
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
     elif not d.dialect.vllm_loads:
-        out.print(f"vLLM: no serve command: vLLM does not load {safe(d.dialect.title)} files "
-                  "(eaglectl convert SOURCE DEST --for vllm writes one it loads)")
+        say("vLLM: ", f"no serve command: vLLM does not load {d.dialect.title} files "
+            "(eaglectl convert SOURCE DEST --for vllm writes one it loads)", indent=2)
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
@@ -145,8 +147,8 @@ def render_conversion(result: ConversionResult) -> None:
     """Human view of a ConversionResult (the plan, and what the check established)."""
     plan, out = result.plan, console.stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    say(f"[bold]{verb}[/]  ", items=[f"{short_path(plan.source)} ({plan.source_dialect}) ->",
-                                     f"{short_path(plan.dest)} ({plan.dest_dialect})"], indent=2, sep=" ")
+    say(f"[bold]{verb}[/]  ", items=[f"{short_path(plan.source, elide=False)} ({plan.source_dialect}) ->",
+                                     f"{short_path(plan.dest, elide=False)} ({plan.dest_dialect})"], indent=2, sep=" ")
     rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
@@ -201,31 +203,31 @@ def render_upgrade(result: UpgradeResult) -> None:
     render_conversion(result.conversion)
     out.print()
     if result.changed:
-        out.print(f"[bold]upgrade[/]: {', '.join(result.steps)}"
-                  + (f" (fc_norm init: {result.init})" if result.init else ""))
+        say("[bold]upgrade[/]: ", ", ".join(result.steps) + (f" (fc_norm init: {result.init})" if result.init else ""),
+            indent=2)
     for note in result.notes:
         say("[yellow]note:[/] ", note, indent=2)
     stats = result.statistics
     if stats:
         say("calibration: ", f"{stats['tokens']} tokens of {stats['text_source']} through {stats['target']}, "
             f"aux ids {stats['aux_ids_vllm']} (sink excluded)", indent=2)
-        out.print("  chunk RMS mean " + ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
-                  + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]))
+        say("  chunk RMS mean ", ", ".join(f"{x:.3g}" for x in stats["rms_mean"])
+            + "; harmonic " + ", ".join(f"{x:.3g}" for x in stats["rms_harmonic_mean"]), indent=4)
         if "fc_output_relative_error" in stats:
-            out.print(f"  FC output relative error: {stats['fc_output_relative_error']:.4f} "
-                      f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})")
+            say("  FC output relative error: ", f"{stats['fc_output_relative_error']:.4f} "
+                f"(fc_norm = 1 would give {stats['fc_output_relative_error_ones']:.4f})", indent=4)
     if result.fit:
         f = result.fit
         fitted = "fc_norm and fc" if f["fit_fc"] else "fc_norm"
-        out.print(f"fit: from {f['start']}, {f['parameters']:,} parameters ({fitted}), {f['steps']} steps (kept step "
-                  f"{f['best_step']}), {f['tokens']:,} anchors (+{f['heldout_tokens']:,} "
-                  f"held out), held-out loss {f['heldout_loss_before']:.4f} -> {f['heldout_loss_after']:.4f} "
-                  f"(gain {f['heldout_gain']:.4f}), {f['seconds']:.1f} s")
+        say("fit: ", f"from {f['start']}, {f['parameters']:,} parameters ({fitted}), {f['steps']} steps (kept step "
+            f"{f['best_step']}), {f['tokens']:,} anchors (+{f['heldout_tokens']:,} held out), held-out loss "
+            f"{f['heldout_loss_before']:.4f} -> {f['heldout_loss_after']:.4f} (gain {f['heldout_gain']:.4f}), "
+            f"{f['seconds']:.1f} s", indent=2)
     if result.init_candidates:
         by_loop = "acceptance_kept" in result.init_candidates[0]
-        where = safe(result.acceptance["ranked_on"]["description"]) if result.acceptance else "held-out prompts"
-        out.print("fc_norm inits, ranked by " + (f"the reference loop's acceptance kept on {where}" if by_loop
-                                                  else "FC-output error on held-out requests of the capture") + ":")
+        where = result.acceptance["ranked_on"]["description"] if result.acceptance else "held-out prompts"
+        say("fc_norm inits, ranked by ", (f"the reference loop's acceptance kept on {where}" if by_loop
+                                          else "FC-output error on held-out requests of the capture") + ":", indent=2)
         out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error"], [
             (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop
              else f"{c['heldout_fc_output_relative_error']:.4f}")
@@ -247,23 +249,23 @@ def _upgrade_ending(result: UpgradeResult) -> None:
     if acc is not None:
         p = acc["prompts"]
         kept = f" ({100 * acc['kept']:.1f}% kept)" if acc.get("kept") is not None else ""
-        out.print(f"[bold]acceptance length[/] {acc['before']:.3f} -> {acc['after']:.3f}{kept}, k={p['k']}, "
-                  f"{p['count']} prompts x {p['max_tokens']} tokens: {safe(p['description'])}"
-                  + (f" ({safe(p['source'])})" if p["given"] else "") + f"; {safe(acc['reading_description'])}, "
-                  f"boundaries {acc['source_boundary_ids']} -> {acc['dest_boundary_ids']}")
+        say("[bold]acceptance length[/] ", f"{acc['before']:.3f} -> {acc['after']:.3f}{kept}, k={p['k']}, "
+            f"{p['count']} prompts x {p['max_tokens']} tokens: {p['description']}"
+            + (f" ({p['source']})" if p["given"] else "") + f"; {acc['reading_description']}, "
+            f"boundaries {acc['source_boundary_ids']} -> {acc['dest_boundary_ids']}", indent=2)
         if acc.get("interval"):
             i = acc["interval"]
-            out.print(f"  95% bootstrap interval over these prompts: before {i['before'][0]:.3f}-{i['before'][1]:.3f}, "
-                      f"after {i['after'][0]:.3f}-{i['after'][1]:.3f}, kept {100 * i['kept'][0]:.1f}-"
-                      f"{100 * i['kept'][1]:.1f}%; pass --prompts FILE for the figure vLLM prints on yours")
+            say("  ", f"95% bootstrap interval over these prompts: before {i['before'][0]:.3f}-{i['before'][1]:.3f}, "
+                f"after {i['after'][0]:.3f}-{i['after'][1]:.3f}, kept {100 * i['kept'][0]:.1f}-"
+                f"{100 * i['kept'][1]:.1f}%; pass --prompts FILE for the figure vLLM prints on yours", indent=4)
         else:
-            out.print("  this is the figure vLLM prints on these prompts (greedy, fp32; the reference loop's counts "
-                      "equal vLLM's)")
+            say("  ", "this is the figure vLLM prints on these prompts (greedy, fp32; the reference loop's counts "
+                "equal vLLM's)", indent=4)
         if acc.get("reproduce"):
-            out.print("  the inits were ranked on other prompts; vLLM measures this figure with:")
+            say("  ", "the inits were ranked on other prompts; vLLM measures this figure with:", indent=4)
             click.echo(f"    {acc['reproduce']}")  # unwrapped: a command to copy
     elif result.changed:
-        out.print("acceptance length: not measured (that needs a runnable --target: weights and a tokenizer)")
+        say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer)", indent=2)
     if result.changed:
         from ...commands.upgrade.command import WARM_START
 
@@ -277,7 +279,7 @@ def _upgrade_ending(result: UpgradeResult) -> None:
 
 def render_check(rep: CheckReport) -> None:
     out = console.stdout
-    out.print(f"[bold]check[/]  {safe(short_path(rep.source))}")
+    say("[bold]check[/]  ", items=[short_path(rep.source, elide=False)], indent=2)
     out.print(table(None, ["stage", "status", "s", "what was checked"],
                     ((s.name, s.status, f"{s.seconds:.1f}", s.detail) for s in rep.stages),
                     style={"status": STATUS_STYLE.get}))
@@ -290,8 +292,8 @@ def render_check(rep: CheckReport) -> None:
     out.print(f"\n[{style}]{rep.verdict}[/]")
     undecided = [s.name for s in rep.stages if s.status == "undecided"]
     if rep.verdict == "UNDECIDED":
-        out.print(f"undecided: eaglectl could not run {', '.join(undecided)} (its limit, not the drafter's fault); "
-                  "the reason and what lets it run are in the table")
+        say("undecided: ", f"eaglectl could not run {', '.join(undecided)} (its limit, not the drafter's fault); "
+            "the reason and what lets it run are in the table", indent=2)
 
 
 def render_upload(rep: UploadReport) -> None:
@@ -313,13 +315,35 @@ def render_upload(rep: UploadReport) -> None:
         say("[bold green]uploaded:[/] ", rep.pr_url or rep.commit_url, indent=2)
 
 
+def batch_item(n: int, total: int, row: dict[str, Any], out: Console) -> None:
+    """One finished batch item, printed as it finishes (on stdout, or on stderr beside --json): its exit code and
+    result, then what its own run would have said last — why it failed and the hint, each failed or undecided
+    stage's reason, the fixes of its errors, AL before -> after, the warm-start note, the command to run next."""
+    dest = [f"-> {short_path(row['dest'])}"] if row.get("dest") else []
+    say(f"[bold]{escape(f'[{n}/{total}]')}[/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest],
+        sep=" ", indent=4, out=out)
+    doc, error = row.get("result") or {}, row.get("error") or {}
+    lines = [("result: ", row["summary_line"]), ("hint: ", error.get("hint"))]
+    lines += [(f"{s['name']} {s['status']}: ", s["detail"]) for s in doc.get("stages", ())
+              if s["status"] in ("fail", "undecided")]
+    if row["exit_code"]:
+        fixes = {f["rule_id"]: f["hint"] for f in doc.get("findings", ()) if f["severity"] == "error" and f["hint"]}
+        lines += [(f"fix {rule}: ", hint) for rule, hint in fixes.items()]
+    acc = doc.get("acceptance")
+    if acc:
+        kept = f" ({100 * acc['kept']:.1f}% kept)" if acc.get("kept") is not None else ""
+        lines.append(("acceptance length ", f"{acc['before']:.3f} -> {acc['after']:.3f}{kept}"))
+    lines += [("", doc.get("warm_start")), ("next: ", doc.get("next_command"))]
+    for prefix, text in lines:
+        if text:
+            say(f"    {prefix}", text, indent=6, out=out)
+
+
 def render_batch(command: str, result: BatchResult) -> None:
-    out = console.stdout
-    out.print(table(f"{command}: {len(result.rows)} item(s)", ["source", "dest", "exit", "result"],
-                    ((short_path(r["source"]), short_path(r.get("dest", "")), r["exit_code"], r["summary_line"])
-                     for r in result.rows)))
+    """The end of a batch (each item was printed as it finished): how many passed, and the exit code."""
     ok = sum(r["exit_code"] == 0 for r in result.rows)
-    out.print(f"\n{ok} ok, {len(result.rows) - ok} failed; exit {result.exit_code}")
+    console.stdout.print(f"\n{command}: {len(result.rows)} item(s), {ok} ok, {len(result.rows) - ok} failed; "
+                         f"exit {result.exit_code}")
 
 
 def render_diff(rep: DiffReport) -> None:

@@ -24,7 +24,8 @@ def render_verify(report: ParityReport) -> None:
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
     for label, side in (("candidate", c), ("reference", r)):
-        say(f"{label}  ", items=[short_path(side["source"]), f"({side['dialect']}, EAGLE {side['eagle_version']},",
+        say(f"{label}  ", items=[short_path(side["source"], elide=False),
+                                 f"({side['dialect']}, EAGLE {side['eagle_version']},",
                                  f"{side['dtype']} on {side['device']})"], indent=11, sep=" ")
     say("inputs     ", f"{report.inputs}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
     warm = report.warm_start
@@ -78,7 +79,8 @@ def _config_label(name: str) -> str:
 def render_smoke(rep: SmokeReport) -> None:
     out = console.stdout
     doc = rep.payload()  # the drafter's and the baselines' figures, as the JSON gives them
-    say(f"[bold]smoke[/] ({rep.engine})  ", items=[f"{short_path(rep.drafter)} on {short_path(rep.target)}",
+    drafter, target = short_path(rep.drafter, elide=False), short_path(rep.target, elide=False)
+    say(f"[bold]smoke[/] ({rep.engine})  ", items=[f"{drafter} on {target}",
                                                    f"k={rep.k}", rep.dtype, rep.prompts.description,
                                                    f"{rep.max_tokens} new tokens", "greedy"], indent=2)
     v = rep.versions
@@ -90,31 +92,40 @@ def render_smoke(rep: SmokeReport) -> None:
             f"(vLLM's metric); without it (accepted draft length, SpecForge's) {al - 1:.3f}"
             + (f"; averaged per request (SPEED-Bench's) {per_request:.3f}" if per_request is not None else ""),
             indent=2)
-    rows, skipped = [], []
+    rows, skipped, positions = [], [], []
     for r in [doc, *doc["baselines"]]:
         name = "drafter" if r is doc else _config_label(r["name"])
         if r.get("skipped"):  # below the table: a reason is prose, the table stays narrow
             skipped.append((name, r["skipped"]))
-            rows.append((name, "skipped", "", "", "", "", ""))
+            rows.append((name, "skipped", "", "", "", ""))
             continue
         rows.append((name, num(r.get("mean_acceptance_length"), ".3f"), num(r.get("accepted_draft_length"), ".3f"),
                      "-" if r.get("draft_acceptance_rate") is None else f"{100 * r['draft_acceptance_rate']:.1f}%",
-                     " / ".join(f"{x:.2f}" for x in r.get("per_position_acceptance") or []) or "-",
                      num(r.get("num_drafts")),
                      "-" if r.get("greedy_match") is None else f"{100 * r['greedy_match']:.0f}%"))
-    out.print(table(None, ["config", "AL", "accepted", "rate", "per position", "drafts", "=no-spec"], rows))
+        if r is not doc and r.get("per_position_acceptance"):  # the drafter's: the bars below
+            positions.append((name, [f"{x:.2f}" for x in r["per_position_acceptance"]]))
+    # one line a configuration: the per-position rates (as many as k) go below, one line each, never a column
+    out.print(table(None, ["config", "AL", "accepted", "rate", "drafts", "=no-spec"], rows))
+    if positions:
+        out.print("per-position acceptance (baselines):")
+        for name, rates in positions:
+            say(f"  {safe(name)}: ", items=rates, sep=" /", indent=4)
     if skipped:
         out.print(table(None, ["config", "reason"], skipped))
-    for key, label in (("by_context_length", "context tokens"), ("by_category", "category")):
+    for key, label, column in (("by_context_length", "context tokens", "context"), ("by_category", "category",
+                                                                                     "category")):
         configs = [("drafter", doc)] + [(_config_label(b["name"]), b) for b in doc["baselines"] if b.get(key)]
         if doc.get(key):
             rows = [(name, r.get("bucket") or r.get("context_length") if key == "by_context_length" else r["category"],
                      r["requests"], num(r["mean_acceptance_length"], ".3f"),
-                     num(r["mean_acceptance_length_per_request"], ".3f"),
-                     " / ".join(f"{p:.2f}" for p in r["per_position_acceptance"]) or "-")
+                     num(r["mean_acceptance_length_per_request"], ".3f"), r["per_position_acceptance"])
                     for name, c in configs for r in c[key]]
-            out.print(table(f"\nacceptance by {label}", ["config", label, "requests", "AL pooled", "AL per request",
-                                                          "per position"], rows))
+            out.print(table(f"\nacceptance by {label}", ["config", column, "requests", "AL pooled", "AL per request"],
+                            [row[:5] for row in rows]))
+            out.print(f"per-position acceptance by {label}:")  # lines, as many rates as k: never a column
+            for name, where, *_, rates in rows:
+                say(f"  {safe(name)} {safe(where)}: ", items=[f"{p:.2f}" for p in rates] or ["-"], sep=" /", indent=4)
     per = doc.get("per_position_acceptance") or []
     if per:
         out.print("\nper-position acceptance (drafter):")
@@ -123,12 +134,14 @@ def render_smoke(rep: SmokeReport) -> None:
             out.print(f"  {i + 1:2d} {'█' * full}{'·' * (30 - full)} {100 * rate:5.1f}%")
     speedups = rep.speedups()
     if speedups:
-        out.print("\nspeedup over no speculation (per-user output tokens/s, 1/TPOT: time to first token excluded):")
-        conc = sorted({s["concurrency"] for s in speedups})
+        out.print()
+        say("speedup over no speculation ", "(per-user output tokens/s, 1/TPOT: time to first token excluded):",
+            indent=2)
         configs = list(dict.fromkeys(s["config"] for s in speedups))
         speedup = {(s["config"], s["concurrency"]): s["speedup"] for s in reversed(speedups)}  # the first wins
-        rows = [(_config_label(c), *(f"{speedup[(c, n)]:.2f}x" for n in conc)) for c in configs]
-        out.print(table(None, ["config", *(f"c={n}" for n in conc)], rows))
+        for c in configs:  # one line a configuration, wrapped between concurrencies: as many as were measured
+            say(f"  {safe(_config_label(c))}: ", items=[f"c={n} {x:.2f}x" for (name, n), x in sorted(
+                speedup.items(), key=lambda kv: kv[0][1]) if name == c], indent=4)
     _render_runners(rep)
     for flag in rep.red_flags:
         say("[bold red]red flag:[/] ", flag, indent=2)

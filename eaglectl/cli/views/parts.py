@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from ...text import short_path
 from .. import console
-from ..console import SETTINGS, table
+from ..console import SETTINGS, say, say_apart
 
 if TYPE_CHECKING:
     from ...rules import Finding
@@ -46,18 +47,28 @@ def json_short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _where(locator: str) -> str:
+    """A locator as a line shows it: its file named as short_path names a source (the JSON keeps it whole)."""
+    file, sep, key = locator.rpartition(":") if locator.startswith("/") else ("", "", locator)
+    return f"{short_path(file)}{sep}{key}" if sep else locator
+
+
 def findings(found: list[Finding]) -> None:
     """The findings table (info findings only with -v: a line says how many were left out) and the fixes,
     each command in them whole on one line (eaglectl/layout.py)."""
     shown_ = [f for f in found if SETTINGS.verbose or f.severity != "info"]
     hidden = len(found) - len(shown_)
-    if shown_:
+    if shown_:  # one layout whatever the content: a finding's identifiers on a line, its message below
         console.stdout.print()
-        console.stdout.print(table("findings", ["severity", "rule", "where", "message"],
-                           ((f.severity, f.rule_id, f.locator or "", f.message) for f in shown_),
-                           style={"severity": SEVERITY_STYLE.get}))
+        console.stdout.print("[bold]findings[/]")
+        for f in shown_:
+            severity = f"[{SEVERITY_STYLE[f.severity]}]{f.severity:<7}[/]  "
+            say(severity, items=[f.rule_id, *([_where(f.locator)] if f.locator else [])], sep=" ", indent=4)
+            say("    ", f.message)
         hints = {f.rule_id: f.hint for f in shown_ if f.hint}  # commands filled in per finding
         if hints:
-            console.stdout.print(table("fixes", ["rule", "fix"], hints.items()))
+            console.stdout.print("[bold]fixes[/]")
+            for rule, hint in hints.items():
+                say_apart(f"{rule}: ", hint)
     if hidden:
         console.stdout.print(f"[dim]{hidden} info finding(s) not shown: -v shows them (or --json)[/]")
