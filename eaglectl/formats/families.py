@@ -9,8 +9,9 @@ when the weights of its signals that hold reach `threshold`.
 
 A family with a `reading` is read: `inspect` names it with the evidence, gives its canonical spec and
 checks its traps (rules/families.py; docs/families.md). DFlash and DSpark are read header-only in their
-own layouts (every other command refuses them); P-EAGLE is the EAGLE-3 layout plus `mask_hidden`, so the
-EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family without one is refused by name.
+own layouts (`smoke --engine vllm` measures them, every other command refuses them); P-EAGLE is the EAGLE-3
+layout plus `mask_hidden`, so the EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family
+without one is refused by name. `smoke_limit` says where smoke cannot measure a read family.
 Public sources: vLLM's model registry (architecture names) and its speculative config, proposer and
 speculators reader (0.32.0: what the readings say), z-lab / ModelOpt DFlash exports (`dflash_config`),
 eagle-harness 0.1.3's config keys (names only: its code is source-available, not OSI, and none of it is
