@@ -9,11 +9,11 @@ Definitions (docs/math.md#acceptance, vLLM's): mean acceptance length AL = 1 + a
 included); accepted draft length = AL - 1; draft acceptance rate = accepted / draft tokens;
 per-position rate i = accepted at position i / drafts.
 
-Drafter families beside EAGLE-3 (formats/families.py, docs/families.md#smoke): a P-EAGLE drafter is served as
-`eagle3` with the family's extra keys (`parallel_drafting`), a DFlash / DSpark drafter by its own method, opened
-header-only in its own layout. Where smoke cannot measure one (the reference loop runs none of them; a CPU build of
-vLLM runs V1, which refuses DSpark) it says undecided and why (`smoke_limit`): exit 13 for the reference loop's
-limit, 10 for the engine's, as `check` maps them.
+Drafter families beside EAGLE-3 (formats/families.py, docs/families.md#smoke-what-vllms-cpu-build-serves): a
+P-EAGLE drafter is served as `eagle3` with the family's extra keys (`parallel_drafting`), a DFlash / DSpark drafter
+by its own method, opened header-only in its own layout. Where smoke cannot measure one (the reference loop runs
+none of them; a CPU build of vLLM runs V1, which refuses DSpark) it says undecided and why (`smoke_limit`): exit 13
+for the reference loop's limit, 10 for the engine's, as `check` maps them.
 """
 
 from __future__ import annotations
@@ -334,7 +334,8 @@ def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: s
                 f"{why}")
         if engine == "reference":
             raise ReferenceLimitError(said)
-        raise MissingDependencyError(said, hint="a vLLM build whose runner serves the method (docs/families.md#smoke)")
+        raise MissingDependencyError(said, hint="a vLLM build whose runner serves the method "
+                                     "(docs/families.md#smoke-what-vllms-cpu-build-serves)")
     if runner is not None and not reading.eagle3_layout:
         raise UsageError(f"--runner: the runners' readings are EAGLE-3's; {fc.family.name} is measured as vLLM "
                          "runs it here")
@@ -364,7 +365,7 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
     serving = _serving(engine, dict(req.serving_options) if req.serving_options else None)
     runs: list[RunnerRun] = []
     readings, intended = None, None
-    if server is None and not isinstance(d, FamilyCheckpoint):
+    if server is None and not own:
         readings, runs, measured, intended = runner_smoke.prepare(d, target, engine, runner, reference_layers, python,
                                                                   vllm_python, measured, progress)
     active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
