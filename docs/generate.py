@@ -89,8 +89,9 @@ def formats_page() -> str:
     out.append("\n## Drafter families beside EAGLE-3\n\nThe family registry (`eaglectl/formats/families.py`) is "
                "detected before the dialects. A family matches when the weights of its signals that hold reach its "
                "threshold. A family eaglectl reads is named by `inspect` with the evidence, its canonical spec and its "
-               "rules ([families.md](families.md)): DFlash and DSpark header-only in their own layouts (every other "
-               "command refuses them), P-EAGLE through the EAGLE-3 dialects. The others are refused by name "
+               "rules ([families.md](families.md)): DFlash and DSpark header-only in their own layouts (`smoke "
+               "--engine vllm` measures them where vLLM serves the method; every other command refuses them), "
+               "P-EAGLE through the EAGLE-3 dialects. The others are refused by name "
                "(`unknown-format`, exit 5) by every command.\n\n"
                "| family | id | signals (weight) | threshold | eaglectl | vLLM method | served by "
                "| not EAGLE-3 because |\n|---|---|---|---|---|---|---|---|\n")

@@ -1,8 +1,8 @@
 """`eaglectl inspect` on a DFlash or DSpark drafter: the family named with the evidence, its canonical spec, what
 each vLLM runner captures, and the family's traps (rules/families.py), header-only (docs/families.md).
 
-These layouts are not EAGLE-3's, so no dialect reads them and every other command refuses them by name; inspect
-reads them here instead of opening them as an EAGLE-3 drafter.
+These layouts are not EAGLE-3's, so no dialect reads them and every other command but `smoke --engine vllm`
+refuses them by name; inspect reads them here instead of opening them as an EAGLE-3 drafter.
 """
 
 from __future__ import annotations

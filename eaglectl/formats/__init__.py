@@ -100,8 +100,9 @@ def not_eagle3(probe: Probe, where: str) -> None:
         f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; served by "
         f"{family.served_by}", path=where, family=family.name, served_by=family.served_by,
         family_id=family.id if read else None,
-        hint=("`eaglectl inspect` reads it (header-only: its layers, mask token and head); converting, verifying "
-              "and smoke runs are for EAGLE-3 / 3.1 drafters" if read else
+        hint=("`eaglectl inspect` reads it (header-only: its layers, mask token and head) and `eaglectl smoke "
+              "--engine vllm` measures it where vLLM serves the method; converting and verifying are for EAGLE-3 / "
+              "3.1 drafters" if read else
               "only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
               "named"))
 

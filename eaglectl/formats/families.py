@@ -9,8 +9,9 @@ when the weights of its signals that hold reach `threshold`.
 
 A family with a `reading` is read: `inspect` names it with the evidence, gives its canonical spec and
 checks its traps (rules/families.py; docs/families.md). DFlash and DSpark are read header-only in their
-own layouts (every other command refuses them); P-EAGLE is the EAGLE-3 layout plus `mask_hidden`, so the
-EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family without one is refused by name.
+own layouts (`smoke --engine vllm` measures them, every other command refuses them); P-EAGLE is the EAGLE-3
+layout plus `mask_hidden`, so the EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family
+without one is refused by name. `smoke_limit` says where smoke cannot measure a read family.
 Public sources: vLLM's model registry (architecture names) and its speculative config, proposer and
 speculators reader (0.32.0: what the readings say), z-lab / ModelOpt DFlash exports (`dflash_config`),
 eagle-harness 0.1.3's config keys (names only: its code is source-available, not OSI, and none of it is
@@ -45,6 +46,9 @@ class Reading:
     eagle3_layout: bool = False  # the EAGLE-3 dialects read it (P-EAGLE); otherwise only `inspect`, header-only
     mask_hidden: bool = False  # a learnable [1, n_aux * target_hidden] placeholder for masked slots
     serve_extra: dict[str, object] = field(default_factory=dict)  # keys the serve line's --speculative-config needs
+    # why eaglectl's reference loop (EAGLE-3's chain: one token per pass, fed its own state) cannot measure it;
+    # `smoke --engine reference` reports this as undecided
+    reference: str = ""
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,8 @@ FAMILIES: tuple[Family, ...] = (
              *_SIZES),
             "output-of-layer: id k is target layer k's output, which both vLLM runners capture as boundary k+1 "
             "(a speculators config's aux_hidden_state_layer_ids are boundaries: vLLM sets target_layer_ids = aux - 1)",
-            {"v1": None, "v2": None}),
+            {"v1": None, "v2": None},
+            reference="eaglectl's reference loop drafts EAGLE-3's chain; it has no block-parallel DFlash drafter"),
     ),
     Family(
         "DSpark",
@@ -132,7 +137,9 @@ FAMILIES: tuple[Family, ...] = (
             "are read as they are)",
             {"v1": "vLLM 0.32's V1 runner refuses method dspark (config/vllm.py lists it among V1's unsupported "
                    "features), and every CPU build runs V1", "v2": None},
-            d2t_when="smaller"),
+            d2t_when="smaller",
+            reference="eaglectl's reference loop drafts EAGLE-3's chain; it has no DSpark drafter (block-parallel, "
+                      "with a Markov head)"),
     ),
     Family(
         "MTP head",
@@ -169,9 +176,28 @@ FAMILIES: tuple[Family, ...] = (
             "the EAGLE-3 dialect's own (aux ids as EAGLE-3 reads them)",
             {"v1": None, "v2": "Model Runner V2's EAGLE speculator has no parallel drafting: vLLM 0.32 falls back "
                                "to V1 (config/vllm.py), unless VLLM_USE_V2_MODEL_RUNNER=1 forces V2"},
-            eagle3_layout=True, mask_hidden=True, serve_extra={"parallel_drafting": True}),
+            eagle3_layout=True, mask_hidden=True, serve_extra={"parallel_drafting": True},
+            reference="eaglectl's reference loop drafts EAGLE-3's chain one token per pass; vLLM drafts P-EAGLE's k "
+                      "tokens in one pass (mask token, mask_hidden), which the loop does not implement"),
     ),
 )
+
+
+# Model Runner V1 is the one every CPU build of vLLM runs (no Triton: docs/engines.md#runners)
+CPU_RUNNER = "v1"
+
+
+def smoke_limit(family: Family, engine: str, gpu: bool | None = None) -> str | None:
+    """Why `smoke` cannot measure this family on `engine` (None: it can): the reference loop runs none of these
+    methods; a CPU build of vLLM (gpu False) runs V1 only, which refuses some."""
+    reading = family.reading
+    if reading is None:
+        return f"{family.name} is not read by eaglectl"
+    if engine == "reference":
+        return reading.reference
+    if engine == "vllm" and gpu is False and reading.runners.get(CPU_RUNNER) is not None:
+        return f"{reading.runners[CPU_RUNNER]}; this vLLM is a CPU build"
+    return None
 
 
 def identify(probe: Probe) -> tuple[Family, tuple[str, ...]] | None:

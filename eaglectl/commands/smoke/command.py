@@ -8,6 +8,12 @@ tokenizer and sent as token ids, so every engine and baseline sees the same toke
 Definitions (docs/math.md#acceptance, vLLM's): mean acceptance length AL = 1 + accepted / drafts (bonus token
 included); accepted draft length = AL - 1; draft acceptance rate = accepted / draft tokens;
 per-position rate i = accepted at position i / drafts.
+
+Drafter families beside EAGLE-3 (formats/families.py, docs/families.md#smoke-what-vllms-cpu-build-serves): a
+P-EAGLE drafter is served as `eagle3` with the family's extra keys (`parallel_drafting`), a DFlash / DSpark drafter
+by its own method, opened header-only in its own layout. Where smoke cannot measure one (the reference loop runs
+none of them; a CPU build of vLLM runs V1, which refuses DSpark) it says undecided and why (`smoke_limit`): exit 13
+for the reference loop's limit, 10 for the engine's, as `check` maps them.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from ... import __version__
 from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
-from ...engines.engine_process import WorkerRun, engine_path, find_vllm_python
+from ...checkpoint.family import FamilyCheckpoint, of_checkpoint, open_family
+from ...engines.engine_process import WorkerRun, engine_path, find_vllm_python, vllm_has_gpu
 from ...engines.runners import Readings, config_folder, readings_for
-from ...errors import SmokeFailedError, UsageError
+from ...errors import MissingDependencyError, ReferenceLimitError, SmokeFailedError, UnknownFormatError, UsageError
+from ...formats.families import smoke_limit
 from ...io.atomic import check_outputs, local_inputs
 from ...measure.workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 from ...progress import Progress, passthrough
@@ -199,6 +207,7 @@ class SmokeReport(Result):
     serving: dict[str, Any] | None = None  # the serving options that make AL comparable (runner_smoke)
     reference_layers: dict[str, Any] | None = None  # --engine reference: the layers it ran and where from
     runner_flags: list[str] = field(default_factory=list)
+    family: dict[str, Any] | None = None  # a family beside EAGLE-3: id, name, the method and keys vLLM was given
 
     @property
     def main(self) -> ConfigResult:
@@ -256,21 +265,24 @@ class SmokeReport(Result):
             "engine_readings": self.readings.to_json() if self.readings is not None else [],
             "intended_reading": self.intended, "serving_options": self.serving,
             "reference_layers": self.reference_layers, "log": self.log, "plot": self.plot,
-            "profile": self.profile,
+            "profile": self.profile, "family": self.family,
         }
 
 
 # ------------------------------------------------------------------------------------------ run
 
-def speculative_config(kind: str, path: str | None, k: int) -> dict[str, Any] | None:
+def speculative_config(kind: str, path: str | None, k: int, extra: dict[str, Any] | None = None
+                       ) -> dict[str, Any] | None:
+    """vLLM's --speculative-config for one configuration; a drafter's kind is its method (eagle3, or a family's:
+    dflash, dspark), with the family's extra keys (P-EAGLE: parallel_drafting)."""
     if kind == "none":
         return None
     if kind == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     if kind == "draft_model":
         return {"method": "draft_model", "model": engine_path(path), "num_speculative_tokens": k}
-    return {"method": "eagle3", "model": engine_path(path),
-            "num_speculative_tokens": k, "draft_tensor_parallel_size": 1}
+    return {"method": kind, "model": engine_path(path),
+            "num_speculative_tokens": k, "draft_tensor_parallel_size": 1, **(extra or {})}
 
 
 def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
@@ -278,23 +290,59 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     from ...measure.target import Target
     from ..inspect import inspect_opened
 
-    d = open_drafter(req.drafter)
+    d = _open(req.drafter)
     t = Target.open(req.target, progress=progress, dtype=req.dtype)
     assert t is not None
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
                  for b in req.baselines]
     for opened in ([d] if req.preflight else []) + [b.opened for b in baselines if b.opened is not None]:
-        pre = inspect_opened(opened, t, measure=False)  # engine_reading measures what vLLM ran
+        if isinstance(opened, FamilyCheckpoint):  # its own layout: the family's rules, header-only
+            from ..family import inspect_family
+            from ..requests import InspectRequest
+
+            findings = inspect_family(opened, InspectRequest(opened.source, req.target)).findings
+        else:
+            findings = inspect_opened(opened, t, measure=False).findings  # engine_reading measures what vLLM ran
         # the GPU runner's reading does not stop a run here (CPU vLLM and the reference loop run V1's)
-        first = next((f for f in pre.findings if f.severity == "error" and f.rule_id not in GPU_RUNNER_RULES), None)
+        first = next((f for f in findings if f.severity == "error" and f.rule_id not in GPU_RUNNER_RULES), None)
         if first is not None:
             raise SmokeFailedError(f"{opened.source}: pre-flight inspect found errors, first [{first.rule_id}] "
                                    f"{first.message}", hint=f"eaglectl inspect {opened.source} --target {req.target}")
     return measure(d, t, replace(req, baselines=tuple(baselines)), progress=progress)
 
 
-def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured: Measurement | None = None,
-            progress: Progress = passthrough) -> SmokeReport:
+def _open(source: str) -> DrafterCheckpoint | FamilyCheckpoint:
+    """An EAGLE-3 drafter (P-EAGLE among them), else a DFlash / DSpark drafter in its own layout."""
+    try:
+        return open_drafter(source)
+    except UnknownFormatError as e:
+        fc = open_family(source) if "family_id" in e.context else None
+        if fc is None:
+            raise
+        return fc
+
+
+def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: str | None) -> None:
+    """Refuse, as undecided, a family this engine cannot measure: the limit is eaglectl's or the engine's, never
+    the drafter's (ReferenceLimitError and MissingDependencyError are `check`'s undecided)."""
+    reading = fc.family.reading
+    assert reading is not None
+    gpu = vllm_has_gpu(python) if python is not None and reading.runners.get("v1") is not None else None
+    why = smoke_limit(fc.family, engine, gpu)
+    if why is not None:
+        said = (f"{fc.source}: {fc.family.name} (method {reading.method}): undecided, smoke cannot measure it here: "
+                f"{why}")
+        if engine == "reference":
+            raise ReferenceLimitError(said)
+        raise MissingDependencyError(said, hint="a vLLM build whose runner serves the method "
+                                     "(docs/families.md#smoke-what-vllms-cpu-build-serves)")
+    if runner is not None and not reading.eagle3_layout:
+        raise UsageError(f"--runner: the runners' readings are EAGLE-3's; {fc.family.name} is measured as vLLM "
+                         "runs it here")
+
+
+def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeRequest, *,
+            measured: Measurement | None = None, progress: Progress = passthrough) -> SmokeReport:
     """Smoke an opened drafter on an opened target (check passes what it has already inspected and measured:
     the target is loaded once per command); the request's drafter and target name them."""
     engine, k, prompts, max_tokens, dtype, seed, timeout_s, runner, reference_layers = (
@@ -306,6 +354,10 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
                   local_inputs(d, target, prompts, *[b.opened or b.path for b in req.baselines]))
     engine, baselines = _engine_for(engine, server, list(req.baselines), context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
+    fc = d if isinstance(d, FamilyCheckpoint) else of_checkpoint(d.ckpt)  # None: plain EAGLE-3
+    if fc is not None:
+        _measurable(fc, engine, python, runner)
+    own = isinstance(d, FamilyCheckpoint)  # DFlash / DSpark: no EAGLE-3 reading, no runner readings
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([req.max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set, groups = _prompt_sets(target, prompts, req.num_prompts, max_tokens, max_model_len, k, seed,
@@ -313,7 +365,7 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
     serving = _serving(engine, dict(req.serving_options) if req.serving_options else None)
     runs: list[RunnerRun] = []
     readings, intended = None, None
-    if server is None:
+    if server is None and not own:
         readings, runs, measured, intended = runner_smoke.prepare(d, target, engine, runner, reference_layers, python,
                                                                   vllm_python, measured, progress)
     active = [r for r in runs if r.skipped is None]  # a runner that cannot load the drafter is reported, not run
@@ -321,8 +373,12 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
         raise SmokeFailedError(f"nothing to measure: {'; '.join(f'{r.runner}: {r.skipped}' for r in runs)}",
                                hint="eaglectl convert SOURCE DEST --to speculators (writes the ids at the top level, "
                                     "which both runners read)")
+    reading = fc.family.reading if fc is not None else None
+    method = reading.method if reading is not None else "eagle3"
     configs = [*([Baseline(r.name, "eagle3", d.source, d) for r in active]
-                 or [Baseline("drafter", "eagle3", d.source, d)]), *baselines]
+                 or [Baseline("drafter", method, d.source, None if own else d)]), *baselines]  # type: ignore[arg-type]
+    extra = dict(reading.serve_extra) if reading is not None else {}
+    drafters = max(1, len(active))  # the drafter's own configurations come first
     applied = None  # the serving options vLLM reports it applied
     if server is not None:
         results, log, versions = _by_server(server, d.source, prompt_set, max_tokens, timeout_s)
@@ -331,8 +387,8 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
                    "seed": seed, "kv_cache_gib": 1, "tensor_parallel_size": req.tensor_parallel_size,
                    "max_tokens": max_tokens, "concurrency": list(req.concurrency), "prompts": prompt_set.prompts,
                    "groups": groups, "serving_options": serving,
-                   "configs": [{"name": c.name, "speculative_config": speculative_config(c.kind, c.path, k)}
-                               for c in configs]}
+                   "configs": [{"name": c.name, "speculative_config": speculative_config(
+                       c.kind, c.path, k, extra if i < drafters else None)} for i, c in enumerate(configs)]}
         results, log, versions, applied = _by_vllm(python, request, configs, d, target, runs, active, runner,
                                                    readings, timeout_s, progress)
     else:
@@ -349,6 +405,10 @@ def measure(d: DrafterCheckpoint, target: Target, req: SmokeRequest, *, measured
     rep = SmokeReport(d.source, target.source, engine, k, dtype, max_tokens, prompt_set, results, versions, [], log,
                       req.min_acceptance)
     rep.runner, rep.runs, rep.readings, rep.intended = runner, runs, readings, intended
+    if fc is not None and reading is not None:
+        rep.family = {"id": fc.family.id, "name": fc.family.name, "method": method, "extra": extra,
+                      "evidence": list(fc.evidence)}
+        rep.engine_reading_note = f"not replayed: {reading.reference}" if python is not None else None
     rep.serving = runner_smoke.serving_record(serving, applied, k=k, dtype=dtype, max_model_len=max_model_len,
                                               seed=seed, engine=engine)
     if engine == "reference" and active:
@@ -437,11 +497,11 @@ def _by_vllm(python: str, request: dict[str, Any], configs: list[Baseline], d: D
     return results, log, versions, raw["configs"][0].get("serving_applied")
 
 
-def _judged(rep: SmokeReport, d: DrafterCheckpoint, target: Target, active: list[RunnerRun],
+def _judged(rep: SmokeReport, d: DrafterCheckpoint | FamilyCheckpoint, target: Target, active: list[RunnerRun],
             measured: Measurement | None, reference_layers: str, plot: str | None, profile: str | None, *,
             vllm: bool) -> SmokeReport:
     """The report's readings and red flags, then its plot and profile."""
-    if vllm:
+    if vllm and rep.family is None:  # a family's drafting is not the loop's: measure() says why not replayed
         for run in active:
             if run.result is not None and run.result.counters and run.result.counters["num_drafts"]:
                 run.engine_reading, run.engine_reading_note = runner_smoke.replayed(
@@ -545,7 +605,8 @@ def red_flags(rep: SmokeReport) -> list[str]:
     c = main.counters
     flags = []
     if c is None or c["num_drafts"] == 0:
-        return ["no drafts were made: speculative decoding did not run (check method eagle3 and the drafter path)"]
+        method = rep.family["method"] if rep.family else "eagle3"
+        return [f"no drafts were made: speculative decoding did not run (check method {method} and the drafter path)"]
     al = main.mean_acceptance_length
     assert al is not None
     if al < NEAR_ONE:

@@ -1,0 +1,115 @@
+"""`smoke` on the drafter families beside EAGLE-3 (docs/families.md#smoke): vLLM's CPU build serves P-EAGLE (eagle3 with
+parallel_drafting) and DFlash, and smoke reports vLLM's own counts for them; where smoke cannot measure a family (the
+reference loop runs none of them; a CPU build runs V1, which refuses DSpark) it says undecided, with the limit's
+owner, in the exit codes `check` maps to undecided."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eaglectl.engines.engine_process import vllm_has_gpu
+from eaglectl.errors import MissingDependencyError, ReferenceLimitError
+from eaglectl.formats.families import FAMILIES, smoke_limit
+
+from .conftest import FIXTURES, ROOT
+from .helpers import edited
+
+TRAINED = ROOT / "fixtures" / "trained"
+TARGET = TRAINED / "target"
+K = 3
+
+
+def _smoke(invoke, drafter, *args):
+    r = invoke("smoke", drafter, "--target", TARGET, "--num-prompts", 4, "--concurrency", 1, "-k", K, *args)
+    return r
+
+
+def test_smoke_limits_are_the_registry_data():
+    """The reference loop measures no family; on a CPU build (V1) only the methods V1 refuses are undecided, on a
+    GPU none: each answer is the registry's own reason."""
+    for f in (f for f in FAMILIES if f.reading is not None):
+        assert smoke_limit(f, "reference") == f.reading.reference != ""
+        v1 = f.reading.runners["v1"]
+        assert smoke_limit(f, "vllm", gpu=False) == (None if v1 is None else f"{v1}; this vLLM is a CPU build")
+        assert smoke_limit(f, "vllm", gpu=True) is None
+    assert [f.id for f in FAMILIES if f.reading and smoke_limit(f, "vllm", gpu=False)] == ["dspark"]
+
+
+@pytest.mark.parametrize("drafter", [FIXTURES / "families" / "dspark", FIXTURES / "families" / "dflash",
+                                     TRAINED / "peagle"])
+def test_reference_loop_says_undecided_for_every_family(invoke, drafter):
+    r = _smoke(invoke, drafter, "--engine", "reference")
+    assert r.exit_code == ReferenceLimitError.exit_code, r.stderr
+    assert "undecided, smoke cannot measure it here: eaglectl's reference loop drafts EAGLE-3's chain" in r.stderr
+
+
+@pytest.mark.vllm
+def test_dspark_on_a_cpu_build_is_undecided_without_running_vllm(invoke, vllm_py):
+    """vLLM is not started: the registry (V1 refuses dspark) and the build (no GPU) decide it."""
+    if vllm_has_gpu(vllm_py):
+        pytest.skip("a GPU build of vLLM serves dspark on Model Runner V2")
+    r = _smoke(invoke, FIXTURES / "families" / "dspark", "--engine", "vllm", "--vllm-python", vllm_py)
+    assert r.exit_code == MissingDependencyError.exit_code, r.stderr
+    assert "DSpark (method dspark): undecided" in r.stderr
+    assert "V1 runner refuses method dspark" in r.stderr and "this vLLM is a CPU build" in r.stderr
+
+
+def test_a_family_with_inspect_errors_is_refused_before_any_engine(invoke, tmp_path):
+    """The pre-flight reads the family's own rules: a mask token the target lacks stops smoke (exit 9)."""
+    bad = edited(TRAINED / "dflash-untrained", tmp_path, config={"dflash_config": {"mask_token_id": 4000,
+                                                                                  "target_layer_ids": [1, 4, 6]}})
+    r = _smoke(invoke, bad, "--engine", "vllm", "--vllm-python", "/nonexistent/python")
+    assert r.exit_code == 9, r.stderr
+    assert "[family-mask-token]" in r.stderr
+
+
+def _consistent(doc: dict) -> None:
+    """The headline counts are vLLM's pooled metrics; they agree with its per-request metrics and with k."""
+    reqs = doc["requests"]
+    assert doc["num_drafts"] > 0 and len(reqs) == 4
+    assert doc["num_drafts"] == sum(r["num_drafts"] for r in reqs)
+    assert doc["num_accepted_tokens"] == sum(r["num_accepted_tokens"] for r in reqs)
+    assert doc["num_draft_tokens"] == K * doc["num_drafts"]
+    assert len(doc["per_position_acceptance"]) == K
+    per_pos = [sum(col) for col in zip(*(r["accepted_per_pos"] for r in reqs), strict=True)]
+    assert sum(per_pos) == doc["num_accepted_tokens"]
+    assert doc["per_position_acceptance"] == [a / doc["num_drafts"] for a in per_pos]
+    assert doc["greedy_match"] == 1.0  # speculation is lossless
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_peagle_is_measured_with_parallel_drafting(invoke, vllm_py):
+    """P-EAGLE (the trained EAGLE-3 drafter plus an untrained, zero mask_hidden): position 1 drafts as EAGLE-3 does;
+    positions 2..k come from masked slots it never learnt. Served as a plain EAGLE-3 chain they would be accepted
+    about as often as position 1 (trained/expected.json: 0.87, 0.79, 0.73), so a collapse after position 1 shows
+    that vLLM drafted in parallel."""
+    r = _smoke(invoke, TRAINED / "peagle", "--engine", "vllm", "--vllm-python", vllm_py, "--max-tokens", 32,
+               "--baseline", "none", "--json")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["family"]["id"] == "peagle" and doc["family"]["extra"] == {"parallel_drafting": True}
+    _consistent(doc)
+    assert doc["red_flags"] == []
+    first, *later = doc["per_position_acceptance"]
+    assert first > 0.5 and all(p < first / 4 for p in later)
+    assert doc["runners"][0]["runner_used"] == "v1"
+    assert doc["engine_reading"] is None and doc["engine_reading_note"].startswith("not replayed: ")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_dflash_is_served_and_its_random_fixture_is_flagged(invoke, vllm_py):
+    """DFlash in its own layout, by its own method: vLLM's CPU build loads and drafts it. The fixture's weights are
+    random, so vLLM accepts nothing and smoke raises the AL-about-1 red flag (exit 9) on vLLM's counts."""
+    r = _smoke(invoke, TRAINED / "dflash-untrained", "--engine", "vllm", "--vllm-python", vllm_py, "--max-tokens", 16,
+               "--json")
+    assert r.exit_code == 9, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["family"]["id"] == "dflash" and doc["family"]["method"] == "dflash"
+    _consistent(doc)
+    assert doc["num_accepted_tokens"] == 0 and doc["mean_acceptance_length"] == 1.0
+    assert len(doc["red_flags"]) == 1 and doc["red_flags"][0].startswith("acceptance length 1.000 is about 1.0")
+    assert doc["versions"]["cuda"] is False
