@@ -97,3 +97,18 @@ def test_a_crop_keeps_the_first_positions():
     cache.append(0, torch.arange(10.0).view(1, 1, 10, 1), torch.arange(10.0).view(1, 1, 10, 1))
     cache.crop(-3)
     assert cache.get_seq_length() == 7 and cache.k[0].flatten().tolist() == list(range(7))
+
+
+def test_only_a_tokenizer_that_is_tokenizer_json_alone_is_read_without_transformers(tmp_path):
+    from eaglectl.model.tokens import PlainTokenizer, plain_tokenizer
+
+    plain = plain_tokenizer(TRAINED / "target")
+    assert isinstance(plain, PlainTokenizer) and plain.bos_token_id == 1 and plain.pad_token_id == 0
+    settings = json.loads((TRAINED / "target" / "tokenizer_config.json").read_text())
+    for name, change in (("chat", {"chat_template": "{{ messages }}"}),
+                         ("llama", {"tokenizer_class": "LlamaTokenizer"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "tokenizer.json").write_bytes((TRAINED / "target" / "tokenizer.json").read_bytes())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**settings, **change}))
+        assert plain_tokenizer(folder) is None  # transformers reads it: a chat template, or a class's own rules

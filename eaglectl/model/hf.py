@@ -20,6 +20,7 @@ from .. import counters as loads
 from ..errors import IncompatibleDrafterError, MissingDependencyError, ReferenceLimitError
 from ..io.hub import local_snapshot
 from .native import KVCache, Llama, load_native
+from .tokens import plain_tokenizer
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -53,10 +54,12 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
     loads.count("target_model")
     native = load_native(checkpoint, dtype) if checkpoint is not None and device == "cpu" else None
     if native is not None:
-        model, tokenizer = native
-        return HFModel(model, tokenizer, source, model.num_layers, model.hidden_size, model.vocab_size)
+        assert checkpoint is not None
+        folder = Path(checkpoint.ckpt.root)
+        tokenizer = plain_tokenizer(folder) or _auto_tokenizer(folder)
+        return HFModel(native, tokenizer, source, native.num_layers, native.hidden_size, native.vocab_size)
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise MissingDependencyError("transformers is needed to run the target", hint="pip install transformers") from None
@@ -64,11 +67,20 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
     hf_logging.set_verbosity_error()
     path = _local_folder(source)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
-    tokenizer = None
-    if any((Path(path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tokenizer = _auto_tokenizer(Path(path))
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return HFModel(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+
+
+def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
+    """transformers' tokenizer of the folder (None: it has none)."""
+    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
 
 
 def _local_folder(source: str) -> str:

@@ -7,13 +7,11 @@ safetensors with eaglectl's own reader and run here, in fp32: the same math as t
 layers, fp32 RMSNorm, rotate-half RoPE with transformers' fp32 inverse frequencies, SDPA attention), a KV cache
 for decoding, greedy continuation. Anything else (another architecture, rope scaling, a dtype other than fp32)
 goes to transformers (model/hf.py). Its tokenizer is tokenizer.json through the `tokenizers` library when
-tokenizer_config.json says that is all it is (`PLAIN_TOKENIZERS`, no chat template), else transformers'.
+tokenizer_config.json says that is all it is (model/tokens.py), else transformers'.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +28,6 @@ RUNS_ITSELF: dict[str, tuple[Any, ...]] = {
     "rope_scaling": (None,), "quantization_config": (None,),
 }
 ROPE_TYPES = ("default", None)  # rope_parameters.rope_type (transformers 5) that is plain RoPE
-# tokenizer_config.json classes that are tokenizer.json and nothing more (no class-specific special-token rules)
-PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def why_not_native(config: dict[str, Any], dtype: torch.dtype) -> str | None:
@@ -169,8 +165,8 @@ class Llama:
         return torch.cat(out, dim=1)
 
 
-def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> tuple[Llama, Any] | None:
-    """(the model, its tokenizer or None) when eaglectl runs this local target itself, else None."""
+def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> Llama | None:
+    """The model when eaglectl runs this local target itself, else None."""
     config = target.config.data
     if why_not_native(config, dtype) is not None or target.ckpt.hub_ref is not None:
         return None
@@ -180,25 +176,4 @@ def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> tuple[Llama, An
     if set(names.values()) != set(target.ckpt.tensor_file):
         return None  # another layout than transformers' Llama: transformers reads it
     weights = {n: torch.from_numpy(target.ckpt.read(stored)).to(torch.float32) for n, stored in names.items()}
-    return Llama(config, weights), tokenizer(Path(target.ckpt.root))
-
-
-def tokenizer(folder: Path) -> Any:
-    """tokenizer.json through `tokenizers` when that is all the tokenizer is, else transformers' AutoTokenizer
-    (None: the target has none)."""
-    from ..measure.workload import _FastTokenizer, tokenizer_of
-
-    try:
-        settings = json.loads((folder / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        settings = None
-    chat = (folder / "chat_template.jinja").exists() or (folder / "chat_template.json").exists()
-    if isinstance(settings, dict) and settings.get("tokenizer_class") in PLAIN_TOKENIZERS and not chat and \
-            "chat_template" not in settings and (folder / "tokenizer.json").exists():
-        fast = _FastTokenizer(folder / "tokenizer.json")
-        for which in ("bos", "eos", "pad"):
-            token = settings.get(f"{which}_token")
-            token = token.get("content") if isinstance(token, dict) else token
-            setattr(fast, f"{which}_token_id", fast.tok.token_to_id(token) if isinstance(token, str) else None)
-        return fast
-    return tokenizer_of(str(folder), chat=True)
+    return Llama(config, weights)
