@@ -360,6 +360,28 @@ def test_a_failure_while_writing_leaves_nothing(monkeypatch, tmp_path):
     assert calls and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("dtype", [None, "float32"])  # copied tensors (compared with the source), cast ones (CRC)
+def test_a_write_that_lands_wrong_is_caught_by_the_re_read(monkeypatch, tmp_path, dtype):
+    import eaglectl.commands.convert.command as conv
+
+    real = conv.write_safetensors
+
+    def corrupting(path, entries, metadata=None):
+        written = real(path, entries, metadata)
+        r = written.ranges["lm_head.weight"]  # the bytes on disk differ from what the writer was given
+        with r.path.open("r+b") as f:
+            f.seek(r.offset + r.length // 2)
+            byte = f.read(1)
+            f.seek(r.offset + r.length // 2)
+            f.write(bytes([byte[0] ^ 1]))
+        return written
+
+    monkeypatch.setattr(conv, "write_safetensors", corrupting)
+    with pytest.raises(ConversionError, match="tensor 'lm_head.weight' does not equal its source"):
+        convert(DRAFTERS / "eagle-3", tmp_path / "out", "modelopt", dtype=dtype)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_destination_inside_the_source_is_refused(invoke, tmp_path):
     src = edited(DRAFTERS / "speculators-3", tmp_path, name="src")
     r = invoke("convert", src, src / "out", "--to", "modelopt", "--force")

@@ -101,6 +101,26 @@ def test_writer_refuses_wrong_byte_count(tmp_path):
         write_safetensors(tmp_path / "x.safetensors", [entry_from_bytes("w", "F32", (2,), b"\0" * 4)])
 
 
+def test_the_writer_hands_every_step_to_the_disk_as_it_writes(tmp_path, monkeypatch):
+    import eaglectl.io.safetensors as sio
+
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(sio, "WRITEBACK_STEP", 64)
+    monkeypatch.setattr(sio, "start_writeback", lambda fd, offset, length: asked.append((offset, length)))
+    src = tmp_path / "src.safetensors"
+    write_safetensors(src, [entry_from_bytes("a", "U8", (1000,), bytes(range(250)) * 4)])
+    source = sio.ByteRange(src, read_header(LocalFile(src)).data_start, 1000)
+    out = tmp_path / "out.safetensors"
+    asked.clear()
+    written = write_safetensors(out, [sio.TensorEntry("a", "U8", (1000,), copy=source),
+                                      entry_from_bytes("b", "U8", (300,), b"x" * 300)])
+    # contiguous from the file's start, each at least a step, and fewer than a step left to the final fsync
+    assert asked and asked[0][0] == 0 and all(n >= 64 for _, n in asked)
+    assert all(a + n == b for (a, n), (b, _) in zip(asked, asked[1:], strict=False))
+    assert out.stat().st_size - (asked[-1][0] + asked[-1][1]) < 64
+    assert sio.same_bytes(source, written.ranges["a"])
+
+
 def test_nonfinite_count_streams_in_chunks(tmp_path):
     t = torch.ones(1000).to(torch.bfloat16)
     t[[3, 999]] = float("nan")

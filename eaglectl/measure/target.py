@@ -112,7 +112,7 @@ class Target:
             from ..model.loader import DTYPES
 
             for _ in self.progress([0], label=f"loading the target {self.source}", total=1):
-                self._model = load_model(self.source, dtype=DTYPES[self.dtype])
+                self._model = load_model(self.source, dtype=DTYPES[self.dtype], checkpoint=self.checkpoint)
         assert self._model is not None
         return self._model
 

@@ -36,6 +36,7 @@ from ..errors import (
 )
 from ..io.jsonio import loads
 from ..limits import limit
+from ..model.tokens import PlainTokenizer as _FastTokenizer
 
 DATA = Path(__file__).parents[1] / "data"
 HELDOUT = DATA / "heldout-code.txt"
@@ -290,28 +291,12 @@ def at_length(prompts: list[list[int]], length: int) -> list[list[int]]:
     return [stream[s: s + length] for s in starts]
 
 
-class _FastTokenizer:
-    """tokenizer.json through the `tokenizers` library: no transformers import for plain text prompts."""
-
-    chat_template = None
-
-    def __init__(self, path: Path) -> None:
-        from tokenizers import Tokenizer
-
-        self.tok = Tokenizer.from_file(str(path))
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> Any:
-        from types import SimpleNamespace
-
-        return SimpleNamespace(input_ids=self.tok.encode(text, add_special_tokens=add_special_tokens).ids)
-
-
 def tokenizer_of(target: str, chat: bool = False) -> Any:
     from ..model.hf import _local_folder
 
     folder = Path(_local_folder(target))
     if not chat and (folder / "tokenizer.json").exists():
-        return _FastTokenizer(folder / "tokenizer.json")
+        return _FastTokenizer(folder / "tokenizer.json")  # tokenizer.json alone: no transformers import
     if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
     from transformers import AutoTokenizer

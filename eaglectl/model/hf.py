@@ -1,4 +1,5 @@
-"""Run a real HF transformers target and capture the aux hidden states a drafter consumes.
+"""Run a real HF transformers target and capture the aux hidden states a drafter consumes (a plain Llama
+target that eaglectl runs itself, model/native.py, answers the same calls without transformers).
 
 vLLM's aux id k (boundary convention) is the residual stream entering target layer k: the token
 embeddings for k = 0, the output of decoder layer k-1 otherwise, and for k = L the last layer's
@@ -18,14 +19,18 @@ import torch
 from .. import counters as loads
 from ..errors import IncompatibleDrafterError, MissingDependencyError, ReferenceLimitError
 from ..io.hub import local_snapshot
+from .native import KVCache, Llama, load_native
+from .tokens import plain_tokenizer
 
 if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+    from ..checkpoint.target import TargetCheckpoint
+
 
 @dataclass
 class HFModel:
-    model: PreTrainedModel
+    model: PreTrainedModel | Llama
     tokenizer: PreTrainedTokenizerBase | None
     path: str
     num_layers: int
@@ -41,12 +46,20 @@ class HFModel:
         return (out.weight if out is not None else self.model.get_input_embeddings().weight).detach()
 
 
-def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> HFModel:
+def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+               checkpoint: TargetCheckpoint | None = None) -> HFModel:
     """A local folder or a Hub id (through the huggingface_hub cache); never trust_remote_code. A command loads
-    its target once, through `target.Target.model`."""
+    its target once, through `target.Target.model`, which passes the opened `checkpoint`: when eaglectl runs it
+    itself (model/native.py) it is read from there and transformers is not imported."""
     loads.count("target_model")
+    native = load_native(checkpoint, dtype) if checkpoint is not None and device == "cpu" else None
+    if native is not None:
+        assert checkpoint is not None
+        folder = Path(checkpoint.ckpt.root)
+        tokenizer = plain_tokenizer(folder) or _auto_tokenizer(folder)
+        return HFModel(native, tokenizer, source, native.num_layers, native.hidden_size, native.vocab_size)
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise MissingDependencyError("transformers is needed to run the target", hint="pip install transformers") from None
@@ -54,11 +67,20 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
     hf_logging.set_verbosity_error()
     path = _local_folder(source)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
-    tokenizer = None
-    if any((Path(path) / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    tokenizer = _auto_tokenizer(Path(path))
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return HFModel(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+
+
+def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
+    """transformers' tokenizer of the folder (None: it has none)."""
+    if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
 
 
 def _local_folder(source: str) -> str:
@@ -93,6 +115,8 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
     if bad:
         raise IncompatibleDrafterError(f"aux ids {bad} are outside 0..{L} for this {L}-layer target",
                                        hint="give the target the drafter was trained for (inspect --target compares)")
+    if isinstance(target.model, Llama):
+        return target.model.run(input_ids, layer_ids, cache=cache, positions=positions, logits_to_keep=logits_to_keep)
     layers = decoder_layers(target.model)
     captured: dict[int, torch.Tensor] = {}
     hooks = []
@@ -123,10 +147,22 @@ def forward(target: HFModel, input_ids: torch.Tensor, layer_ids: tuple[int, ...]
     return out.logits, torch.cat([captured[k].float() for k in layer_ids], dim=-1)
 
 
+@torch.no_grad()
+def greedy(target: HFModel, input_ids: torch.Tensor, new: int) -> torch.Tensor:
+    """The prompts (B, P, one length) followed by `new` greedy tokens each (no stop at end-of-sequence)."""
+    if isinstance(target.model, Llama):
+        return target.model.greedy(input_ids, new)
+    return target.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=new,
+                                 min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
 # ------------------------------------------------------------------------------------ the KV cache
 
-def new_cache(target: HFModel) -> DynamicCache:
-    """An empty transformers `DynamicCache` for one sequence of `target` (pass it to `forward`)."""
+def new_cache(target: HFModel) -> DynamicCache | KVCache:
+    """An empty transformers `DynamicCache` (eaglectl's own for a target it runs itself) for one sequence of
+    `target` (pass it to `forward`)."""
+    if isinstance(target.model, Llama):
+        return KVCache(target.num_layers)
     from transformers import DynamicCache
 
     try:
@@ -139,6 +175,8 @@ def croppable(cache: Any) -> bool:
     """True when every layer of a filled cache holds each past position (full attention), so cropping it
     to a prefix gives exactly the cache of that prefix. Sliding-window and linear-attention layers
     (recurrent states) cannot be rolled back: callers recompute instead."""
+    if isinstance(cache, KVCache):
+        return True
     from transformers import cache_utils
 
     layers = getattr(cache, "layers", None)

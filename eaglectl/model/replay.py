@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..progress import Progress, passthrough
-from .hf import HFModel, forward
+from .hf import HFModel, forward, greedy
 from .reference import Drafter
 
 TOP_K = 32  # the target's next-token candidates kept per position (Continuation.top)
@@ -115,8 +115,7 @@ def continue_greedily(target: HFModel, prompts: list[list[int]], *, max_tokens: 
     groups = [g[i: i + BATCH] for g in _groups(prompts, len) for i in range(0, len(g), BATCH)]
     for group in progress(groups, label="target: greedy continuations", total=len(groups)):
         ids = torch.tensor([prompts[i] for i in group])
-        seqs = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                     min_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
+        seqs = greedy(target, ids, new)
         for row, i in enumerate(group):
             out[i] = Continuation(ids.shape[1], seqs[row].cpu(), {}, max_tokens, k)
     made = [c for c in out if c is not None]
