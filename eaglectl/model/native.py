@@ -171,7 +171,9 @@ def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> Llama | None:
     if why_not_native(config, dtype) is not None or target.ckpt.hub_ref is not None:
         return None
     names = {n: n for n in Llama.tensor_names(config)}
-    if config.get("tie_word_embeddings") and "lm_head.weight" not in target.ckpt.tensor_file:
+    if config.get("tie_word_embeddings"):
+        if "lm_head.weight" in target.ckpt.tensor_file:
+            return None  # tied, yet a head of its own on disk: which one wins is transformers' to say
         names["lm_head.weight"] = "model.embed_tokens.weight"
     if set(names.values()) != set(target.ckpt.tensor_file):
         return None  # another layout than transformers' Llama: transformers reads it
