@@ -101,6 +101,7 @@ class InspectReport(Result):
         """One command for the engine the report is for, when a conversion repairs a finding that counts (error
         or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
         from ..rules import blocking, hint_values
+        from ..rules.base import target_args
 
         if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
                                               for f in self.findings):
@@ -108,7 +109,11 @@ class InspectReport(Result):
 
         v = hint_values(self.drafter, self.target)
         how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
-        return f"eaglectl convert {v['source']} DEST {how} --target {v['target']}{v['pickle']}"
+        needs = target_args(self.drafter, self.target, None if self.for_engine == "vllm" else "specforge")
+        if self.target is None and any(f.rule.fix and "{convert_t}" in f.rule.fix and f.severity != "info"
+                                       for f in self.findings):
+            needs = " --target TARGET"  # a table only the target holds (lm_head rows, a measured flag)
+        return f"eaglectl convert {v['source']} DEST {how}{needs}{v['pickle']}"
 
     def serve_command(self) -> str | None:
         cfg = self.speculative_config()
@@ -189,8 +194,27 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     ctx.progress = progress
     findings = run_checks(ctx)
     _count_fix(d, checkpoint, findings)
-    return InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
-                         for_engine)
+    report = InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
+                           for_engine)
+    _one_convert(report)
+    return report
+
+
+# the placeholders that name a conversion the recommended one does too (to_count names the dialect vLLM reads a
+# count from: kept, `_count_fix` chose it)
+MERGED = ("convert", "convert_t", "to_vllm", "to_runners")
+
+
+def _one_convert(report: InspectReport) -> None:
+    """One report offers one conversion: where `convert --for vllm` is recommended (it writes every flag, the ids
+    at the top level in vLLM's numbering, the tables --target gives), each fix that converts names that command,
+    not a conversion of its own."""
+    rec = report.recommendation() if report.for_engine == "vllm" else None
+    if rec is None:
+        return
+    for f in report.findings:
+        if f.values is not None:
+            f.values.update(dict.fromkeys(MERGED, rec))
 
 
 def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: list[Finding]) -> None:

@@ -88,6 +88,9 @@ def commit_text(gate: CheckReport) -> tuple[str, str]:
     data = (inspect_stage.data or {}) if inspect_stage else {}
     what = f"EAGLE-{data.get('eagle_version', '?')} drafter ({data.get('dialect', '?')})"
     verdict = gate.verdict
+    # an upgrade's output passes the gate as a warm start: the title says so, not PASS alone
+    if any(f.rule_id == "needs-fine-tuning" for f in gate.findings):
+        what += ", a warm start (structurally upgraded, not fine-tuned)"
     message = f"Upload {what}: eaglectl check {verdict}"
     lines = [f"Uploaded with eaglectl {__version__} after its pre-publish gate (`eaglectl check`): {verdict}.", "",
              "| stage | status | what was checked |", "|---|---|---|"]

@@ -3,6 +3,7 @@ and a batch of them. Each takes its result object; the JSON form of the same res
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -88,11 +89,12 @@ def render_inspect(report: InspectReport) -> None:
         out.print(f"no vLLM serve command (--for {report.for_engine})")
     elif not d.dialect.vllm_loads:
         out.print(f"vLLM: no serve command: vLLM does not load {safe(d.dialect.title)} files "
-                  "(eaglectl convert SOURCE DEST --for vllm writes one it loads)")
+                  f"(eaglectl convert {safe(shlex.quote(d.source))} DEST --for vllm writes one it loads)")
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
-        out.print("[dim]spec fields and where each was read: eaglectl inspect -v (or --json)[/]")
+        out.print(f"[dim]spec fields and where each was read: eaglectl inspect {safe(shlex.quote(d.source))} -v "
+                  "(or --json)[/]")
         return
     fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
