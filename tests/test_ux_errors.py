@@ -296,6 +296,7 @@ def test_every_printed_command_parses_and_runs(invoke, tmp_path):
     as printed once its placeholders are filled, inspect / convert ones run without a usage error (exit 2), no
     fix names the command just run, and a report offers at most one conversion."""
     seen: dict[tuple[str, ...], str] = {}
+    (tmp_path / "states").mkdir()  # DIR: a folder (--states checks it exists; a capture would fill it)
     for d in _sources():
         target, pickle = _target_for(d), (["--allow-pickle"] if d.name.endswith("-bin") else [])
         runs = [["inspect", d, *pickle], ["inspect", d, "--target", target, *pickle]]
@@ -308,7 +309,7 @@ def test_every_printed_command_parses_and_runs(invoke, tmp_path):
             printed = _printed(r.stdout + r.stderr)
             converts = {c.split(" --source-aux-convention")[0] for c in printed if c.startswith("eaglectl convert")
                         and "DEST" in c}
-            if run[0] == "inspect":
+            if run[0] == "inspect" and "aux-count-unsized" not in r.stdout:  # its count carrier: still its own
                 assert len(converts) <= 1, (run, converts)
             for command in printed:
                 assert just_run is None or not command.startswith(just_run), (run, command)  # not the one just run
