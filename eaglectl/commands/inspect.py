@@ -31,6 +31,7 @@ class InspectReport(Result):
     readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
     engine_version: str | None = None
     for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
+    merged_convert: str | None = None  # the one conversion the report offers, when its fixes named several
 
     @property
     def target(self) -> TargetCheckpoint | None:
@@ -106,6 +107,8 @@ class InspectReport(Result):
         if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
                                               for f in self.findings):
             return None
+        if self.merged_convert is not None:
+            return self.merged_convert
 
         v = hint_values(self.drafter, self.target)
         how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
@@ -200,21 +203,40 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     return report
 
 
-# the placeholders that name a conversion the recommended one does too (to_count names the dialect vLLM reads a
-# count from: kept, `_count_fix` chose it)
-MERGED = ("convert", "convert_t", "to_vllm", "to_runners")
+# the placeholders that name a conversion (rules/base.py hint_values)
+CONVERTS = ("convert", "convert_t", "to_vllm", "to_runners", "to_count", "to_named", "to_mla")
 
 
 def _one_convert(report: InspectReport) -> None:
-    """One report offers one conversion: where `convert --for vllm` is recommended (it writes every flag, the ids
-    at the top level in vLLM's numbering, the tables --target gives), each fix that converts names that command,
-    not a conversion of its own."""
-    rec = report.recommendation() if report.for_engine == "vllm" else None
-    if rec is None:
+    """One report offers one conversion, the one that fixes the most: where its fixes name different ones, each
+    names the merged command instead. Its dialect: the count carrier where aux-count-unsized chose one (vLLM reads
+    the count from that layout only), else the one every fix names, else `--for vllm` (SpecForge's layout for
+    --for sglang); its target: --target where any fix needs the target (it names the verifier too), else
+    --base-model ORG/NAME where one names the verifier. The recommendation line is that command too."""
+    used = [(f, k) for f in report.findings if f.values is not None and f.rule.fix
+            for k in CONVERTS if "{" + k + "}" in f.rule.fix and f.values[k].startswith("eaglectl convert ")]
+    commands = {f.values[k] for f, k in used if f.values is not None}
+    rec = report.recommendation()
+    if len(commands | ({rec} if rec else set())) <= 1:
         return
-    for f in report.findings:
-        if f.values is not None:
-            f.values.update(dict.fromkeys(MERGED, rec))
+    v = next(f.values for f, _ in used if f.values is not None) if used else None
+    if v is None:
+        return
+    words = [c.split() for c in commands]
+    dests = {" ".join(w[4:6]) for w in words}
+    count = next((f.values["to_count"].split()[4:6] for f, k in used if k == "to_count" and f.values), None)
+    how = (" ".join(count) if count else next(iter(dests)) if len(dests) == 1 and rec is None else
+           "--for vllm" if report.for_engine == "vllm" else "--to specforge")
+    text = " ".join(commands | ({rec} if rec else set()))
+    given = report.target is not None and f" --target {v['target']}" in text
+    needs = (f" --target {v['target']}" if given else " --target TARGET" if "--target TARGET" in text else "") + (
+        " --base-model ORG/NAME" if "--base-model ORG/NAME" in text else "")  # a local target names no verifier
+    merged = f"eaglectl convert {v['source']} DEST {how}{needs}{v['pickle']}"
+    for f, k in used:
+        assert f.values is not None
+        f.values[k] = merged
+    if rec is not None:
+        report.merged_convert = merged
 
 
 def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: list[Finding]) -> None:

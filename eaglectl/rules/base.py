@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from ..checkpoint.drafter import CanonicalView, DrafterCheckpoint
-from ..checkpoint.target import TargetCheckpoint
+from ..checkpoint.target import TargetCheckpoint, is_hub_id
 from ..errors import UsageError
 from ..formats import Dialect
 from ..io.checkpoint import Checkpoint
@@ -54,7 +54,9 @@ CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
                     "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
                     "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
-                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT"}
+                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT",
+                    "to_named": "eaglectl convert SOURCE DEST --to speculators --base-model ORG/NAME",
+                    "to_mla": "eaglectl convert SOURCE DEST --to modelopt"}
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,10 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
             "to_runners": f"eaglectl convert {source} DEST --to {(top := _top_level_dialect(drafter, own))}"
                           f"{target_args(drafter, target, top)}{pickle}",
             # the dialect whose written config vLLM reads the aux count from: `inspect` plans each and fills it in
-            "to_count": convert + named + pickle}
+            "to_count": convert + named + pickle,
+            # speculators naming its verifier by Hub id; modelopt writing vLLM's registered MLA class name
+            "to_named": f"eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle}",
+            "to_mla": f"eaglectl convert {source} DEST --to modelopt{pickle}"}
 
 
 def target_args(drafter: DrafterCheckpoint, target: TargetCheckpoint | None, to: str | None) -> str:
@@ -116,7 +121,7 @@ def target_args(drafter: DrafterCheckpoint, target: TargetCheckpoint | None, to:
         return f" --target {shlex.quote(target.source)}"
     if drafter.spec.aux_layer_ids is None:
         return " --target TARGET"
-    names = drafter.config.dict("speculators_config.verifier") is not None  # a speculators source names it
+    names = is_hub_id(drafter.config.str("speculators_config.verifier.name_or_path"))  # kept by speculators
     may_name = to == "speculators" or (to is None and drafter.spec.arch != "mla")  # speculators holds no MLA
     return " --base-model ORG/NAME" if may_name and not names else ""
 

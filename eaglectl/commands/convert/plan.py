@@ -133,7 +133,7 @@ def plan_conversion(
     for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
         if f.severity == "error" and not f.rule.repaired_by_convert:
             raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
-                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
+                                  path=src.root, hint=f"eaglectl inspect {src.source} (shows every finding)")
     spec = upgrade.spec if upgrade is not None else src.spec
 
     def fail(message: str) -> NoReturn:
