@@ -84,6 +84,8 @@ def test_a_requested_smoke_that_cannot_run_fails_the_gate_or_leaves_it_undecided
         assert doc["stages"][2]["status"] == "undecided" and "no vLLM" in doc["stages"][2]["detail"]
         assert r.exit_code == 10 and doc["passed"] is False  # this machine cannot run it: undecided, not failed
         assert doc["verdict"] == "UNDECIDED"
+        # found first: the slow stages (parity, the target's measurement) did not run for an undecided gate
+        assert doc["stages"][1]["status"] == "skipped" and "undecided" in doc["stages"][1]["detail"]
     _, doc = run_json(invoke, "check", DRAFTERS / "speculators-3")
     assert doc["stages"][2]["status"] == "skipped" and doc["stages"][2]["requested"] is False
 

@@ -227,6 +227,7 @@ def test_upload_says_what_the_machine_lacks_with_exit_10(invoke, drafter, monkey
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     r = invoke("upload", drafter, "acme/head-31")
     assert r.exit_code == 10 and "HF_HUB_OFFLINE" in r.stderr
+    assert "publish" not in r.stdout  # said before the gate's stages ran (issue 34), not after them
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     r = invoke("upload", drafter, "acme/head-31", "--json")

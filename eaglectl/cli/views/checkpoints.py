@@ -39,6 +39,9 @@ def render_inspect(report: InspectReport) -> None:
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
             out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
+    if not SETTINGS.verbose:  # a dialect that fits but for its marker (-v lists it among the evidence)
+        for line in (e for e in d.evidence if e.startswith("also fits ")):
+            say("  ", line, style="dim")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
     if spec.sliding_window is not None:  # it changes what is served (and what every measurement runs)
         say("window   ", items=[f"{spec.sliding_window} positions on layer(s) "
