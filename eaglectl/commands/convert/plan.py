@@ -424,6 +424,8 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     top: dict[str, Any] = {}
     if dialect.config_style == "speculators":
         verifier = _verifier(src, target, base_model)
+        if verifier is None:
+            fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
         if verifier["name_or_path"] is None:
             warnings.append("the speculators verifier is null (no Hub id of the target is known): the speculators "
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
@@ -482,13 +484,23 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
     return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
-def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None) -> dict[str, Any]:
+# `base_model` when `convert --for` chose speculators and nobody named the target: the verifier is written null, with
+# its warning, as with a local --target, so that the choice never depends on --base-model (`--to speculators`
+# without any name still refuses: the user asked for the format that names its verifier)
+UNNAMED = ""
+
+
+def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None
+              ) -> dict[str, Any] | None:
     """The speculators verifier, named by Hub id only: --base-model, the target's own id, the source's
     verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
-    published), with the dialect's warning: the same files whether a local --target was given or none, so that
-    `convert --for vllm` picks the same dialect either way."""
+    published). None: nothing at all is known of the target (and `base_model` is not UNNAMED)."""
     existing = src.config.dict("speculators_config.verifier") or {}
     named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
+    own_null = "name_or_path" in existing and existing["name_or_path"] is None \
+        and src.config.dict("eaglectl_provenance") is not None  # eaglectl wrote it null (a local target)
+    if target is None and base_model is None and named is None and not own_null:
+        return None
     name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
     archs = list(target.architectures) if target is not None else existing.get("architectures") or []
     return {"name_or_path": name, "architectures": archs}
