@@ -91,13 +91,12 @@ def render_inspect(report: InspectReport) -> None:
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
     elif not d.dialect.vllm_loads:
-        out.print(f"vLLM: no serve command: vLLM does not load {safe(d.dialect.title)} files "
-                  f"(eaglectl convert {safe(shlex.quote(d.source))} DEST --for vllm writes one it loads)")
+        say("vLLM: ", f"no serve command: vLLM does not load {d.dialect.title} files; "
+            f"eaglectl convert {shlex.quote(d.source)} DEST --for vllm (writes one it loads)", indent=2)
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
-        out.print(f"[dim]spec fields and where each was read: eaglectl inspect {safe(shlex.quote(d.source))} -v "
-                  "(or --json)[/]")
+        out.print("[dim]spec fields and where each was read: add -v (or --json)[/]")
         return
     fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
