@@ -85,7 +85,7 @@ demo: $(STAMP) $(VLLM_STAMP)
 	$(EAGLECTL) inspect $(TRAINED)/eagle3 --target $(TRAINED)/target
 	@echo "== 2. upgrade it to the EAGLE-3.1 layout (calibrated fc_norm), as a speculators checkpoint"
 	$(EAGLECTL) upgrade $(TRAINED)/eagle3 $(DEMO)/eagle3-upgraded --to speculators --init calibrated \
-		--target $(TRAINED)/target --force
+		--target $(TRAINED)/target --base-model eaglectl-fixtures/target --force
 	@echo "== 3. verify: bf16 against the fp32 reference, on real target states"
 	$(EAGLECTL) verify $(TRAINED)/eagle3.1 --dtype bfloat16 --target $(TRAINED)/target
 	@echo "== 4. smoke under real vLLM, with baselines side by side"

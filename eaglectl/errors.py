@@ -158,15 +158,33 @@ def first_line(e: BaseException, most: int | None = None) -> str:
     return text.splitlines()[0][:most] if text else type(e).__name__
 
 
+# What to do about a refused read or write, by errno name: the system's reason alone names no next step.
+FILESYSTEM_HINTS = {
+    "EACCES": "this user may not write or read there: choose a folder you own (DEST, --out) or fix its permissions",
+    "EPERM": "this user may not write or read there: choose a folder you own (DEST, --out) or fix its permissions",
+    "EROFS": "the file system is read-only (a mounted snapshot, a container's image layer): choose a writable folder",
+    "ENOSPC": "the disk is full: free space, or write to a folder on another disk",
+    "EDQUOT": "the disk quota is used up: free space, or write to a folder on another disk",
+    "ENAMETOOLONG": "shorten the path (or a folder name in it)",
+    "ENOENT": "a folder on the way does not exist: create it, or check the spelling",
+}
+# A safetensors file shorter than its own header says: the usual cause is a copy or download cut short.
+TRUNCATED_HINT = ("the file is shorter than its header says (a download or copy cut short): fetch or copy it again, "
+                  "and compare its size with the source's")
+
+
 def filesystem_error(e: OSError, doing: str, path: object | None = None) -> FilesystemError:
-    """One line for an OSError: what was attempted, on which path, and the system's reason. A `doing`
-    that ends in a preposition ("create a staging folder in") is about the path: "PATH: cannot create a
-    staging folder in it (Read-only file system)"."""
+    """One line for an OSError: what was attempted, on which path, and the system's reason, with what to do about
+    it where the reason names a next step (FILESYSTEM_HINTS). A `doing` that ends in a preposition ("create a
+    staging folder in") is about the path: "PATH: cannot create a staging folder in it (Read-only file system)"."""
+    import errno
+
     where = path if path is not None else (e.filename or "?")
     reason = e.strerror or str(e) or type(e).__name__
     if doing.rsplit(" ", 1)[-1] in ("in", "into", "to", "from", "at", "under"):
         doing += " it"
-    return FilesystemError(f"{where}: cannot {doing} ({reason})", path=str(where))
+    hint = FILESYSTEM_HINTS.get(errno.errorcode.get(e.errno or 0, ""))
+    return FilesystemError(f"{where}: cannot {doing} ({reason})", hint=hint, path=str(where))
 
 
 # every error type but UsageError (exit 2 is also Click's), in declaration order

@@ -143,3 +143,21 @@ def test_a_dialect_registered_at_run_time_is_everywhere(invoke, tmp_path):
     finally:
         formats.DIALECTS.pop("toy", None)
     assert "toy" not in formats.names()
+
+
+def test_a_torchspec_template_without_its_marker_is_named_in_the_evidence(invoke, tmp_path):
+    """Issue 34: TorchSpec's Kimi template (midlayer names, eagle_config.use_aux_hidden_state, no _torchspec_version)
+    reads as SpecForge; the evidence names TorchSpec as fitting but for its marker, in the report too."""
+    from .helpers import edited
+
+    def template(c: dict) -> None:
+        c["eagle_config"]["use_aux_hidden_state"] = True
+
+    d = edited(DRAFTERS / "specforge-3", tmp_path, name="tmpl", config=template)
+    doc = json.loads(invoke("inspect", d, "--json").stdout)
+    assert doc["dialect"] == "specforge"
+    near = [e for e in doc["dialect_evidence"] if e.startswith("also fits torchspec")]
+    assert near and "_torchspec_version" in near[0], doc["dialect_evidence"]
+    assert "also fits torchspec" in invoke("inspect", d).stdout
+    plain = json.loads(invoke("inspect", DRAFTERS / "specforge-3", "--json").stdout)["dialect_evidence"]
+    assert not any(e.startswith("also fits") for e in plain)  # SpecForge's own config: nothing else fits

@@ -205,9 +205,18 @@ def test_kimi_k3_ids_are_ambiguous_in_both_numberings_on_a_93_layer_target(invok
         found = [f for f in doc["findings"] if f["rule_id"] == "kimi-aux-ids-ambiguous"]
         assert len(found) == 1 and found[0]["severity"] == "warning", [f["rule_id"] for f in doc["findings"]]
         message = found[0]["message"]
-        assert message.startswith(f"aux ids {ids} are Kimi-K3's default layers (boundaries [2, 46, 90] of a "
-                                  f"93-layer target) in {numbering} numbering, or, if the trainer counted the other "
-                                  f"way, boundaries {other}"), message
+        # what is ambiguous (the two readings), which one is the default, and what decides it
+        as_output = [i + 1 for i in ids]
+        assert message.startswith(f"aux ids {ids} name different layers in the two numberings: boundaries {ids} "
+                                  f"read as boundary ids, boundaries {as_output} read as output-of-layer ids; "
+                                  "Kimi-K3's default (boundaries [2, 46, 90] of a 93-layer target) is the "
+                                  f"{numbering} reading"), message
+        assert "what decides it is the target's weights" in message
+        hint = found[0]["hint"]
+        if target is not None:  # inspect --target was just run: the fix does not name it again
+            assert "eaglectl inspect" not in hint and "--source-aux-convention boundary|output" in hint, hint
+        else:
+            assert hint.startswith(f"eaglectl inspect {d} --target TARGET (measures it)"), hint
         if target is not None:  # nothing measured: a config-only target
             assert doc["measured"] is None or doc["measured"].get("boundary_ids") is None
     # a depth the ids are not the default of: nothing ambiguous about them
@@ -222,8 +231,8 @@ def test_kimi_k2_ids_on_a_93_layer_target_are_not_k3_defaults(invoke, tmp_path):
     doc = json.loads(invoke("inspect", d, "--target", kimi_target(tmp_path / "k2", 61), "--json").stdout)
     found = [f["message"] for f in doc["findings"] if f["rule_id"] == "kimi-aux-ids-ambiguous"]
     # counted as output ids, [2, 30, 58] would be boundaries one higher
-    assert found and "Kimi-K2's default layers (boundaries [2, 30, 58] of a 61-layer target) in boundary " \
-        "numbering" in found[0] and "counted the other way, boundaries [3, 31, 59]" in found[0], found
+    assert found and "Kimi-K2's default (boundaries [2, 30, 58] of a 61-layer target) is the boundary reading" \
+        in found[0] and "boundaries [3, 31, 59] read as output-of-layer ids" in found[0], found
 
 
 def test_missing_lm_head_is_borrowed_with_full_vocab_only(invoke, tmp_path):

@@ -227,6 +227,7 @@ def test_upload_says_what_the_machine_lacks_with_exit_10(invoke, drafter, monkey
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     r = invoke("upload", drafter, "acme/head-31")
     assert r.exit_code == 10 and "HF_HUB_OFFLINE" in r.stderr
+    assert "publish" not in r.stdout  # said before the gate's stages ran (issue 34), not after them
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     r = invoke("upload", drafter, "acme/head-31", "--json")
@@ -355,3 +356,11 @@ def test_a_profile_that_is_no_regular_file_or_too_big_is_refused_unread(tmp_path
     with pytest.raises(CorruptCheckpointError) as e:
         sp.read(path)
     assert e.value.message == f"{path}: {says}"
+
+
+def test_a_warm_starts_commit_title_says_so(invoke, tmp_path, no_network):
+    """Issue 34: an upgrade's output passes the gate as a warm start; its commit title says that, not PASS alone."""
+    up = tmp_path / "up"
+    assert invoke("upgrade", DRAFTERS / "speculators-3", up, "--no-fidelity").exit_code == 0
+    doc = json.loads(invoke("upload", up, "acme/head-31", "--target", TARGET, "--dry-run", "--json").stdout)
+    assert "a warm start" in doc["commit_message"] and doc["commit_message"].endswith(doc["gate"]["verdict"])

@@ -93,3 +93,16 @@ def test_the_release_a_dialect_needs_is_judged_on_what_its_writer_writes(invoke,
     rows = {c["dialect"]: c for c in json.loads(r.stdout)["serve"]["candidates"]}
     assert "norm_before_fc (input_norm before fc)" in rows["modelopt"]["features"]
     assert "norm_before_fc read from eagle_config" not in rows["modelopt"]["features"]
+
+
+@pytest.mark.parametrize("fixture", ["eagle-3", "specforge-3.1", "modelopt-mla"])
+def test_the_pick_does_not_flip_on_base_model_or_target(invoke, tmp_path, fixture):
+    """Issue 34: --base-model / --target name the verifier and the served model, never the dialect."""
+    picked = set()
+    for n, extra in enumerate([[], ["--base-model", "org/target"], ["--target", TARGET]]):
+        r = invoke("convert", DRAFTERS / fixture, tmp_path / str(n), "--for", "vllm", "--dry-run", "--json", *extra)
+        assert r.exit_code == 0, r.stderr
+        serve = json.loads(r.stdout)["serve"]
+        picked.add(serve["dialect"])
+        assert "chosen on the drafter's features alone" in serve["why"]
+    assert len(picked) == 1, picked

@@ -317,3 +317,27 @@ def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path
     assert (rep["num_drafts"], rep["num_accepted_tokens"]) == (after["num_drafts"], after["num_accepted_tokens"])
     assert round(rep["mean_acceptance_length"], 4) == res["acceptance_length_after"]
     assert not rep["red_flags"]
+
+
+def test_a_safeailab_upgrade_is_no_worse_on_strict_and_says_how_to_measure(invoke, tmp_path):
+    """Issue 34: the upgrade of a SafeAILab head adds no warning its source lacked but the warm start's own (the
+    source stores no aux ids: still the info it was); without a target, `ones` says which commands measure a
+    better init, as they run; -q prints the acceptance length kept and "warm start"."""
+    src = DRAFTERS / "eagle-3"
+
+    def severities(path):
+        return {f["rule_id"]: f["severity"] for f in json.loads(invoke("inspect", path, "--json").stdout)["findings"]}
+
+    out = tmp_path / "u"
+    r = invoke("upgrade", src, out, "--to", "speculators", "--base-model", "org/name", "--no-fidelity")
+    assert r.exit_code == 0, r.stderr
+    before, after = severities(src), severities(out)
+    assert after.get("aux-ids-implicit") == "info" and "aux-ids-missing" not in after, after
+    added = {k for k, v in after.items() if v == "warning"} - {k for k, v in before.items() if v == "warning"}
+    assert added <= {"needs-fine-tuning"}, added
+    assert "eaglectl capture TARGET --out DIR;" in r.stdout
+    assert f"eaglectl upgrade {src} {out} --to speculators --base-model org/name --states DIR" in r.stdout
+    q = invoke("-q", "upgrade", TRAINED / "eagle3", tmp_path / "q", "--to", "speculators", "--base-model", "org/n",
+               "--target", TRAINED / "target", "--init", "ones", "--no-fidelity")
+    assert q.exit_code == 0 and "acceptance length" in q.stdout and "kept" in q.stdout, q.stdout
+    assert "warm start" in q.stdout

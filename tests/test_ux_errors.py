@@ -125,7 +125,8 @@ def test_upgrade_hints_run_as_printed(invoke, tmp_path, source, with_target):
     r = invoke("upgrade", DRAFTERS / source, tmp_path / "out", "--no-fidelity", *extra)
     assert r.exit_code == 7, r.stderr
     hint = r.stderr.split("hint: ", 1)[1]
-    assert ("TARGET" in hint) is not with_target  # a given target is used, not a placeholder
+    # a given target is used; without one, speculators is named by --base-model (no target to download)
+    assert ("TARGET" in hint or "ORG/NAME" in hint) is not with_target
     (command,) = _commands(hint)[:1]
     out = invoke(*shlex.split(command), "--no-fidelity")
     assert out.exit_code == 0, (command, out.stderr)
@@ -220,3 +221,116 @@ def test_every_incompatible_drafter_error_names_what_would_let_it_run():
                 if not any(k.arg == "hint" for k in node.keywords):
                     missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing
+
+
+# --------------------------------------------------------------------- what to do next (issue 34, item 6)
+
+@pytest.mark.parametrize("corrupt", ["truncated.safetensors", "header-length-lie.safetensors"])
+def test_a_truncated_file_says_to_fetch_it_again(invoke, tmp_path, corrupt):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes((FIXTURES / "corrupt" / corrupt).read_bytes())
+    (d / "config.json").write_text((DRAFTERS / "eagle-3" / "config.json").read_text())
+    r = invoke("inspect", d)
+    assert r.exit_code == 4 and "hint: the file is shorter than its header says" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("code,says", [("EROFS", "read-only"), ("EACCES", "choose a folder you own"),
+                                       ("ENOSPC", "disk is full")])
+def test_a_refused_write_names_what_to_do(code, says):
+    import errno
+
+    from eaglectl.errors import filesystem_error
+
+    e = filesystem_error(OSError(getattr(errno, code), "refused", "/x/dest"), "create a staging folder in")
+    assert e.message.startswith("/x/dest: cannot create a staging folder in it") and says in e.hint
+
+
+# ------------------------------------------------------- every printed command runs (issue 34, item 4)
+
+FAMILIES, TRAINED_TARGETS = FIXTURES / "families", {"target": TRAINED / "target", "target-mla": TRAINED / "target-mla"}
+
+
+def _target_for(d):
+    if d.parent == TRAINED:
+        return TRAINED / ("target-mla" if "mla" in d.name else "target")
+    return TARGET
+
+
+def _sources():
+    return [d for base in (DRAFTERS, DEFECTS, FAMILIES, TRAINED) for d in sorted(base.iterdir())
+            if d.is_dir() and d.name not in TRAINED_TARGETS]
+
+
+def _printed(text):
+    """Every `eaglectl ...` command in printed output, one per match (a command never breaks across lines)."""
+    from eaglectl.text import COMMAND
+
+    return [m.group() for line in text.splitlines() for m in COMMAND.finditer(line)]
+
+
+def _filled(command, source, target, tmp):
+    """The command's words with its placeholders filled from the fixtures, as a user would."""
+    fill = {"DEST": str(tmp / "dest"), "TARGET": str(target), "SOURCE": str(source), "ORG/NAME": "org/name",
+            "DIR": str(tmp / "states"), "DIALECT": "speculators", "boundary|output": "boundary"}
+    return [fill.get(a, a) for a in shlex.split(command)][1:]
+
+
+def _conversion(command):
+    """A printed conversion up to the options a fix adds to it (`--dtype bfloat16`, `--source-aux-convention`):
+    its source, dialect and target, which make it one conversion or another."""
+    words = shlex.split(command)
+    keep = words[:4]
+    for option, value in zip(words[4::2], words[5::2], strict=False):
+        if option not in ("--to", "--for", "--target", "--base-model"):
+            break
+        keep += [option, value]
+    return " ".join(keep)
+
+
+def _parse(args):
+    """Click's own parse of a command line (group options, then the subcommand's): None, or why it fails."""
+    import click
+
+    from eaglectl.cli.app import cli
+
+    try:
+        ctx = cli.make_context("eaglectl", list(args))
+        name, *rest = [*ctx._protected_args, *ctx.args]
+        cli.get_command(ctx, name).make_context(name, rest, parent=ctx)
+    except click.ClickException as e:
+        return e.format_message()
+    return None
+
+
+def test_every_printed_command_parses_and_runs(invoke, tmp_path):
+    """inspect (with and without --target), check and upgrade over every fixture print commands: each one parses
+    as printed once its placeholders are filled, inspect / convert ones run without a usage error (exit 2), no
+    fix names the command just run, and a report offers at most one conversion."""
+    seen: dict[tuple[str, ...], str] = {}
+    (tmp_path / "states").mkdir()  # DIR: a folder (--states checks it exists; a capture would fill it)
+    for d in _sources():
+        target, pickle = _target_for(d), (["--allow-pickle"] if d.name.endswith("-bin") else [])
+        runs = [["inspect", d, *pickle], ["inspect", d, "--target", target, *pickle]]
+        if d.parent in (DRAFTERS, TRAINED):
+            runs += [["check", d, "--target", target, "--no-card", *pickle],
+                     ["upgrade", d, tmp_path / "up", "--dry-run", "--no-fidelity", *pickle]]
+        for run in runs:
+            r = invoke(*run)
+            just_run = f"eaglectl {run[0]} {d} --target" if "--target" in run else None
+            printed = _printed(r.stdout + r.stderr)
+            converts = {_conversion(c) for c in printed if c.startswith("eaglectl convert") and " DEST " in c + " "}
+            if run[0] == "inspect":
+                assert len(converts) <= 1, (run, converts)
+            for command in printed:
+                assert just_run is None or not command.startswith(just_run), (run, command)  # not the one just run
+                args = _filled(command, d, target, tmp_path)
+                assert _parse(args) is None, (run, command, _parse(args))
+                seen.setdefault(tuple(args), " ".join(map(str, run)))
+    ran = 0
+    for args, where in seen.items():
+        if args[0] in ("inspect", "convert") and "--force" not in args:
+            out = invoke(*(a if a != str(tmp_path / "dest") else tmp_path / f"dest{ran}" for a in args))
+            assert out.exit_code != 2, (where, args, out.stderr)
+            ran += 1
+    assert ran > 20

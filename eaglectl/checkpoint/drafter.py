@@ -128,7 +128,15 @@ class DrafterCheckpoint:
     def evidence(self) -> tuple[str, ...]:
         if self.forced:
             return ("--from given",)
-        return next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
+        from ..formats import FITS
+
+        own = next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
+        # another dialect whose layout fits but whose marker is absent: named, so that a TorchSpec template
+        # read as SpecForge says so
+        near = tuple(f"also fits {d.dialect} ({', '.join(e.removeprefix(FITS) for e in d.evidence[1:])}), "
+                     f"without its marker ({d.evidence[0].removeprefix('missing: ')})" for d in self.detections
+                     if d.score is None and any(e.startswith(FITS) for e in d.evidence[1:]))
+        return own + near
 
     @property
     def speculative_tokens(self) -> int:

@@ -181,7 +181,8 @@ def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int
     result, log = run.result()
     if not result.get("ok"):
         raise CaptureFailedError(f"vLLM capture failed: {result.get('error')} (log: {log})")
-    return (result.get("versions", {}), result.get("timings_s", {})), log
+    run.discard()  # succeeded: no scratch folder left in the temp directory
+    return (result.get("versions", {}), result.get("timings_s", {})), None
 
 
 def storage_folder(out: str) -> str:

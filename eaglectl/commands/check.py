@@ -110,8 +110,12 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
         from .card import CARD
 
         check_outputs({"the model card": Path(d.root) / CARD}, [*others, *d.ckpt.identities])
-    rep = inspect_opened(d, tgt, strict=strict, measure=req.measure, engine_version=req.engine_version,
-                         progress=progress, vllm_python=req.vllm_python)
+    wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
+    smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
+                         concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
+    missing = _environment(wants_smoke and target is not None, smoke)  # before the slow stages, not after them
+    rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
+                         engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
                           (f", against {target}" if target else f", against the capture {states}" if states else ""),
@@ -119,11 +123,13 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
                           {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": rep.summary},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
-    out.stages.append(_timed(lambda: _parity(rep)))
-    wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
-    smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
-                         concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
-    smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, smoke, progress))
+    if missing is None or not rep.servable:  # a drafter inspect fails fails the gate, here or anywhere
+        out.stages.append(_timed(lambda: _parity(rep)))
+        smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, smoke, progress))
+    else:  # the gate is undecided whatever parity says: rerun it where the smoke stage can run
+        out.stages.append(Stage("parity", "skipped", "not run: the requested smoke stage cannot run here, so the "
+                                "gate is undecided (the target was not measured either)"))
+        smoke_stage = undecided("smoke", missing, requested=True)
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
     out.stages.append(_timed(lambda: _card(out, rep, req.card, smoke_doc, req.base_model)))
@@ -178,6 +184,20 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
                                                                    "no local path")
                  + (f", {len(found) - local} warning(s)" if len(found) > local else ""),
                  data={"files": [rel for rel, _ in files]})
+
+
+def _environment(smoke_wanted: bool, smoke: SmokeRequest) -> MissingDependencyError | None:
+    """What this machine lacks for a requested stage, found in a second at the start rather than after the inspect
+    and parity stages: the vLLM interpreter of a vLLM smoke (not a --server one, nor the reference loop's)."""
+    if not smoke_wanted or smoke.engine != "vllm" or smoke.server is not None:
+        return None
+    from ..engines.engine_process import find_vllm_python
+
+    try:
+        find_vllm_python(smoke.vllm_python)
+    except MissingDependencyError as e:
+        return e
+    return None
 
 
 def undecided(name: str, e: EaglectlError, requested: bool = False) -> Stage:

@@ -35,6 +35,7 @@ class InspectReport(Result):
     readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
     engine_version: str | None = None
     for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
+    merged_convert: str | None = None  # the one conversion the report offers, when its fixes named several
 
     @property
     def target(self) -> TargetCheckpoint | None:
@@ -116,14 +117,21 @@ class InspectReport(Result):
         """One command for the engine the report is for, when a conversion repairs a finding that counts (error
         or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
         from ..rules import blocking, hint_values
+        from ..rules.base import target_args
 
         if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
                                               for f in self.findings):
             return None
+        if self.merged_convert is not None:
+            return self.merged_convert
 
         v = hint_values(self.drafter, self.target)
         how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
-        return f"eaglectl convert {v['source']} DEST {how} --target {v['target']}{v['pickle']}"
+        needs = target_args(self.drafter, self.target, None if self.for_engine == "vllm" else "specforge")
+        if self.target is None and any(f.rule.fix and "{convert_t}" in f.rule.fix and f.severity != "info"
+                                       for f in self.findings):
+            needs = " --target TARGET"  # a table only the target holds (lm_head rows, a measured flag)
+        return f"eaglectl convert {v['source']} DEST {how}{needs}{v['pickle']}"
 
     def serve_command(self) -> str | None:
         cfg = self.speculative_config()
@@ -218,8 +226,46 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     ctx.progress = progress
     findings = run_checks(ctx)
     _count_fix(d, checkpoint, findings)
-    return InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
-                         for_engine)
+    report = InspectReport(d, t, scope(findings, for_engine), strict, measured, note, readings, engine_version,
+                           for_engine)
+    _one_convert(report)
+    return report
+
+
+# the placeholders that name a conversion (rules/base.py hint_values)
+CONVERTS = ("convert", "convert_t", "to_vllm", "to_runners", "to_count", "to_named", "to_mla")
+
+
+def _one_convert(report: InspectReport) -> None:
+    """One report offers one conversion, the one that fixes the most: where its fixes name different ones, each
+    names the merged command instead. Its dialect: the count carrier where aux-count-unsized chose one (vLLM reads
+    the count from that layout only), else the one every fix names, else `--for vllm` (SpecForge's layout for
+    --for sglang); its target: --target where any fix needs the target (it names the verifier too), else
+    --base-model ORG/NAME where one names the verifier. The recommendation line is that command too."""
+    used = [(f, k) for f in report.findings if f.values is not None and f.rule.fix
+            for k in CONVERTS if "{" + k + "}" in f.rule.fix and f.values[k].startswith("eaglectl convert ")]
+    commands = {f.values[k] for f, k in used if f.values is not None}
+    rec = report.recommendation()
+    if len(commands | ({rec} if rec else set())) <= 1:
+        return
+    v = next(f.values for f, _ in used if f.values is not None) if used else None
+    if v is None:
+        return
+    words = [c.split() for c in commands]
+    dests = {" ".join(w[4:6]) for w in words}
+    count = next((f.values["to_count"].split()[4:6] for f, k in used if k == "to_count" and f.values), None)
+    how = (" ".join(count) if count else next(iter(dests)) if len(dests) == 1 and rec is None else
+           "--for vllm" if report.for_engine == "vllm" else "--to specforge")
+    text = " ".join(commands | ({rec} if rec else set()))
+    given = report.target is not None and f" --target {v['target']}" in text
+    needs = (f" --target {v['target']}" if given else " --target TARGET" if "--target TARGET" in text else "") + (
+        " --base-model ORG/NAME" if "--base-model ORG/NAME" in text else "")  # a local target names no verifier
+    merged = f"eaglectl convert {v['source']} DEST {how}{needs}{v['pickle']}"
+    for f, k in used:
+        assert f.values is not None
+        f.values[k] = merged
+    if rec is not None:
+        report.merged_convert = merged
 
 
 def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: list[Finding]) -> None:

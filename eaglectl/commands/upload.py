@@ -88,6 +88,9 @@ def commit_text(gate: CheckReport) -> tuple[str, str]:
     data = (inspect_stage.data or {}) if inspect_stage else {}
     what = f"EAGLE-{data.get('eagle_version', '?')} drafter ({data.get('dialect', '?')})"
     verdict = gate.verdict
+    # an upgrade's output passes the gate as a warm start: the title says so, not PASS alone
+    if any(f.rule_id == "needs-fine-tuning" for f in gate.findings):
+        what += ", a warm start (structurally upgraded, not fine-tuned)"
     message = f"Upload {what}: eaglectl check {verdict}"
     lines = [f"Uploaded with eaglectl {__version__} after its pre-publish gate (`eaglectl check`): {verdict}.", "",
              "| stage | status | what was checked |", "|---|---|---|"]
@@ -115,6 +118,8 @@ def run(req: UploadRequest, progress: Progress = passthrough) -> UploadReport:
     folder, repo_id, revision, create_pr, private, dry_run = (req.folder, req.repo_id, req.revision, req.create_pr,
                                                               req.private, req.dry_run)
     root = require_folder(folder)  # before the gate runs: upload sends a folder
+    if not dry_run:
+        _credentials()  # offline, or no token: said before the gate's stages run, not after them
     gate = run_gate(req.gate, progress)  # the gate's source is the folder
     try:  # every file publish.upload_files lists (the file a link inside the folder resolves to: never one outside)
         operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(path))
@@ -146,9 +151,9 @@ def run(req: UploadRequest, progress: Progress = passthrough) -> UploadReport:
     return rep
 
 
-def _commit(rep: UploadReport) -> CommitInfo:
-    """The network part: repo (and branch) when missing, then one commit. Every failure is one line."""
-    from huggingface_hub import HfApi, constants, get_token
+def _credentials() -> str:
+    """The Hub token, or MissingDependencyError when this machine cannot upload (offline, no token)."""
+    from huggingface_hub import constants, get_token
 
     if constants.HF_HUB_OFFLINE:
         raise MissingDependencyError("HF_HUB_OFFLINE is set: nothing can be uploaded",
@@ -157,7 +162,14 @@ def _commit(rep: UploadReport) -> CommitInfo:
     if not token:
         raise MissingDependencyError("no Hugging Face token: set HF_TOKEN (a write token) or run `hf auth login`",
                                      hint="in CI, give the upload step only: env: HF_TOKEN: ${{ secrets.HF_TOKEN }}")
-    api = HfApi(token=token)
+    return token
+
+
+def _commit(rep: UploadReport) -> CommitInfo:
+    """The network part: repo (and branch) when missing, then one commit. Every failure is one line."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=_credentials())
     where = rep.repo_id + (f"@{rep.revision}" if rep.revision else "")
     try:
         api.create_repo(rep.repo_id, repo_type="model", private=rep.private or None, exist_ok=True)

@@ -143,6 +143,11 @@ class WorkerRun:
                              hint=_tail(self.log_path))
         return json.loads(self.res_path.read_text()), str(self.log_path)
 
+    def discard(self) -> None:
+        """Remove the scratch folder (request, result, log) once a successful run's answer and log were read: no
+        `eaglectl-*` folder is left in the temp directory per run. A failed run keeps it: the error names its log."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
 
 def _tail(path: Path, lines: int = 12) -> str:
     text = path.read_text(errors="replace").strip().splitlines()

@@ -505,7 +505,9 @@ def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
-    raw, _log = WorkerRun(python, payload, 600.0, worker=WORKER, error=MissingDependencyError).result()
+    run = WorkerRun(python, payload, 600.0, worker=WORKER, error=MissingDependencyError)
+    raw, _log = run.result()
+    run.discard()
     if not raw.get("ok"):
         raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
     return raw

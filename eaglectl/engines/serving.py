@@ -57,6 +57,9 @@ def pick(src: DrafterCheckpoint, engine: str, plan_for: Callable[[str], P]) -> t
               if chosen["needs"] != "any" else f"every {engine} release with EAGLE-3 serves it")
     if name in why:
         reason += f"; {why[name]}"
+    # the choice reads the drafter alone: --target / --base-model name the verifier and the served model, never
+    # the dialect (a speculators verifier nobody named is written null, with the warning that says so)
+    reason += "; chosen on the drafter's features alone (--target and --base-model do not change it)"
     return name, plan, {"engine": engine, "dialect": name, "why": reason, "candidates": rows,
                         "reference_release": REFERENCE.get(engine)}
 

@@ -17,6 +17,7 @@ __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Di
            "detect", "evaluate", "get", "names", "register", "writable"]
 
 DIALECTS: dict[str, Dialect] = {}
+FITS = "fits: "  # the evidence prefix of a signal that held in a dialect excluded only for lacking its marker
 
 
 def register(dialect: Dialect) -> Dialect:
@@ -54,7 +55,9 @@ def evaluate(dialect: Dialect, probe: Probe) -> Detection:
     any_held = [s for s in dialect.required_any if s.holds(probe)]
     if dialect.required_any and not any_held:
         alternatives = " or ".join(s.describe() for s in dialect.required_any)
-        return Detection(dialect.name, None, (f"missing: {alternatives}",))
+        # its layout fits but its marker is absent (a template, or a config edited by hand): said as evidence
+        fits = tuple(FITS + s.describe() for s in dialect.supporting if s.holds(probe))
+        return Detection(dialect.name, None, (f"missing: {alternatives}", *fits))
     held = list(dict.fromkeys([*dialect.required, *any_held,
                                *(s for s in (*dialect.markers, *dialect.supporting) if s.holds(probe))]))
     return Detection(dialect.name, sum(s.weight for s in held), tuple(s.describe() for s in held))

@@ -16,7 +16,9 @@ DIALECT = Dialect(
     producers="lightseekorg/TorchSpec `tools/convert_to_hf.py`",
     required=(),
     required_any=_MARKERS,
-    supporting=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),),
+    # the eagle_config keys TorchSpec's configs (its Kimi template too) carry and SpecForge's do not
+    supporting=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),
+                Signal("config-key", "eagle_config.use_aux_hidden_state")),
     markers=_MARKERS,
     owned_config_keys=("_torchspec_version", "eagle_config"),
     consumer="sglang",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import CorruptCheckpointError, filesystem_error
+from ..errors import TRUNCATED_HINT, CorruptCheckpointError, filesystem_error
 from ..limits import limit
 from .atomic import start_writeback
 from .bounded import pread_all
@@ -95,9 +95,9 @@ class Header:
     data_start: int  # absolute offset of the data buffer (8 + header length)
 
 
-def _fail(file: str, reason: str, tensor: str | None = None) -> CorruptCheckpointError:
+def _fail(file: str, reason: str, tensor: str | None = None, hint: str | None = None) -> CorruptCheckpointError:
     where = f"{file}: tensor '{tensor}': " if tensor else f"{file}: "
-    return CorruptCheckpointError(where + reason, file=file, tensor=tensor)
+    return CorruptCheckpointError(where + reason, hint=hint, file=file, tensor=tensor)
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -122,9 +122,9 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
     if n > limit("header_bytes"):
         raise _fail(file, f"header length {n} exceeds the {limit('header_bytes')}-byte cap")
     if 8 + n > file_size:
-        raise _fail(file, f"header length {n} runs past the end of the {file_size}-byte file")
+        raise _fail(file, f"header length {n} runs past the end of the {file_size}-byte file", hint=TRUNCATED_HINT)
     if len(head) < 8 + n:
-        raise _fail(file, "header truncated")
+        raise _fail(file, "header truncated", hint=TRUNCATED_HINT)
     raw = head[8 : 8 + n]
     if not raw.startswith(b"{"):
         raise _fail(file, "header does not start with '{'")
@@ -152,7 +152,8 @@ def parse_header(head: bytes, file_size: int, file: str) -> Header:
             raise _fail(file, f"data_offsets [{info.begin}, {info.end}] {kind} (expected start {expected})", info.name)
         expected = info.end
     if expected != buffer_size:
-        raise _fail(file, f"tensors cover {expected} bytes but the data buffer has {buffer_size}")
+        raise _fail(file, f"tensors cover {expected} bytes but the data buffer has {buffer_size}",
+                    hint=TRUNCATED_HINT if expected > buffer_size else None)
     return Header(file, tensors, metadata, 8 + n)
 
 
@@ -186,7 +187,8 @@ def _parse_entry(file: str, name: str, entry: Any, buffer_size: int) -> TensorIn
     if end < begin:
         raise _fail(file, f"data_offsets [{begin}, {end}] end before begin", name)
     if end > buffer_size:
-        raise _fail(file, f"data_offsets end {_short(end)} runs past the {buffer_size}-byte data buffer", name)
+        raise _fail(file, f"data_offsets end {_short(end)} runs past the {buffer_size}-byte data buffer", name,
+                    hint=TRUNCATED_HINT)
     bits = math.prod(shape) * DTYPE_BITS[dtype]
     if bits % 8 or end - begin != bits // 8:
         raise _fail(file, f"{end - begin} bytes for shape {shape} of {dtype} (expected {bits / 8:g})", name)

@@ -129,7 +129,7 @@ class LoadedDrafter:
             raise IncompatibleDrafterError(f"{self.source}: tensor {what} for the reference drafter "
                                            f"({len(extra)} unexpected, {len(missing)} missing)",
                                            tensor=(extra or missing)[0],
-                                           hint=f"eaglectl inspect {self.source} names the tensors vLLM would refuse")
+                                           hint=f"eaglectl inspect {self.source} (names the tensors vLLM would refuse)")
         model.load_state_dict(state, strict=True, assign=True)  # shares the fp32 tensors, no copy
         return model.to(device=device, dtype=dtype).eval()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import formats
 from ..checkpoint.drafter import AUX_ID_PATHS
 from ..limits import limit
 from ..spec import default_aux_ids
@@ -18,6 +19,10 @@ def _in_vllm_numbering(ctx: Context, lists: dict[str, tuple[int, ...]]) -> dict[
         convention = recorded.get(path) or ctx.dialect.aux_path_conventions.get(path, (ctx.dialect.aux_convention,))[0]
         out[path] = tuple(i + (1 if convention == "output" else 0) for i in ids)
     return out
+
+
+# dialects whose layout stores no aux ids: their drafters mean the engines' default layers
+_NO_IDS = frozenset(d.name for d in formats.DIALECTS.values() if not d.aux_ids_paths)
 
 
 @check
@@ -43,8 +48,13 @@ def aux(ctx: Context) -> None:
             heuristics = (f"for this {L}-layer target vLLM captures {list(default_aux_ids(L, 'boundary'))} "
                           f"(= sglang {list(default_aux_ids(L, 'output'))} output-of-layer); right only if the "
                           "drafter was trained on them")
-        r = rule.AUX_IDS_MISSING if ctx.dialect.aux_ids_paths else rule.AUX_IDS_IMPLICIT
-        ctx.emit(r, f"no aux layer ids; {heuristics}", ctx.where)
+        # converted by eaglectl from a layout that stores no ids (SafeAILab): the engines' default is what the source
+        # meant, so the output is no worse than its source (the same info; `--target` writes the ids explicitly)
+        came_from = ctx.config.str("eaglectl_provenance.source_dialect")
+        implicit = not ctx.dialect.aux_ids_paths or (came_from is not None and came_from in _NO_IDS)
+        r = rule.AUX_IDS_IMPLICIT if implicit else rule.AUX_IDS_MISSING
+        like_source = f" (as in its {came_from} source)" if implicit and ctx.dialect.aux_ids_paths else ""
+        ctx.emit(r, f"no aux layer ids{like_source}; {heuristics}", ctx.where)
     else:
         loc = ctx.at(spec.sources.get("aux_layer_ids", "").removeprefix("config: "))
         if len(set(ids)) != len(ids):

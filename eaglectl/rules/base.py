@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from ..checkpoint.drafter import CanonicalView, DrafterCheckpoint
-from ..checkpoint.target import TargetCheckpoint
+from ..checkpoint.target import TargetCheckpoint, is_hub_id
 from ..errors import UsageError
 from ..formats import Dialect
 from ..io.checkpoint import Checkpoint
@@ -44,15 +44,19 @@ ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 # {source}, {target}; {convert}: rewrite in the drafter's own dialect (speculators when eaglectl
 # cannot write that one), with --target only where the conversion needs one; {convert_t}: the
 # same, always with --target; {to_vllm}: to speculators (modelopt for MLA) with --target; {pickle}: --allow-pickle for
-# a .bin source (the three commands carry it already). Only DEST is left to fill;
+# a .bin source (the three commands carry it already); {measure}: `inspect --target` when no target was
+# given (never the command just run). Only DEST is left to fill;
 # a command runs to the next "(", ";" or the end (tests/test_ux_errors.py runs each one).
 # The catalogue (docs, `eaglectl rules`) shows them as SOURCE / TARGET / DIALECT.
 CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
+                    "measure": "eaglectl inspect SOURCE --target TARGET (measures it); or ",
                     "convert": "eaglectl convert SOURCE DEST --to DIALECT",
                     "convert_t": "eaglectl convert SOURCE DEST --to DIALECT --target TARGET",
                     "to_vllm": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
                     "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
-                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT"}
+                    "to_count": "eaglectl convert SOURCE DEST --to DIALECT",
+                    "to_named": "eaglectl convert SOURCE DEST --to speculators --base-model ORG/NAME",
+                    "to_mla": "eaglectl convert SOURCE DEST --to modelopt"}
 
 
 @dataclass(frozen=True)
@@ -83,22 +87,43 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
     tgt = shlex.quote(target.source) if target is not None and getattr(target, "source", None) else "TARGET"
     name = drafter.dialect.name
     own = name if name in formats.writable() else "speculators"
-    # speculators names its verifier: a source that does not already name one needs the target
-    needs_target = own == "speculators" and name != "speculators"
     pickle = " --allow-pickle" if drafter.ckpt.layout == "pickle" else ""
     convert = f"eaglectl convert {source} DEST --to {own}"
+    # speculators names its verifier: a source that does not already name one needs the target's name
+    named = "" if own != "speculators" or name == "speculators" else (
+        f" --target {tgt}" if tgt != "TARGET" else " --base-model ORG/NAME")
+    to_vllm = "modelopt" if drafter.spec.arch == "mla" else "speculators"  # speculators cannot hold MLA
     return {"source": source, "target": tgt, "pickle": pickle,
-            "convert": convert + (f" --target {tgt}" if needs_target else "") + pickle,
+            # the measurement a target decides: offered only when no --target was given (else it was just run,
+            # and the finding's message says why it did not decide)
+            "measure": "" if tgt != "TARGET" else
+                       f"eaglectl inspect {source} --target TARGET{pickle} (measures it); or ",
+            "convert": convert + named + pickle,
             "convert_t": f"{convert} --target {tgt}{pickle}",
-            # speculators cannot hold MLA: modelopt serves it to vLLM (the same dialect to_runners names)
-            "to_vllm": f"eaglectl convert {source} DEST --to "
-                       f"{'modelopt' if drafter.spec.arch == 'mla' else 'speculators'} --target {tgt}{pickle}",
+            "to_vllm": f"eaglectl convert {source} DEST --to {to_vllm}{target_args(drafter, target, to_vllm)}{pickle}",
             # a dialect that writes the ids at the top level: the drafter's own when it does (then the
             # numbering question does not arise), else speculators (modelopt for MLA: speculators has none)
-            "to_runners": f"eaglectl convert {source} DEST --to {_top_level_dialect(drafter, own)} --target "
-                          f"{tgt}{pickle}",
+            "to_runners": f"eaglectl convert {source} DEST --to {(top := _top_level_dialect(drafter, own))}"
+                          f"{target_args(drafter, target, top)}{pickle}",
             # the dialect whose written config vLLM reads the aux count from: `inspect` plans each and fills it in
-            "to_count": convert + (f" --target {tgt}" if needs_target else "") + pickle}
+            "to_count": convert + named + pickle,
+            # speculators naming its verifier by Hub id; modelopt writing vLLM's registered MLA class name
+            "to_named": f"eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle}",
+            "to_mla": f"eaglectl convert {source} DEST --to modelopt{pickle}"}
+
+
+def target_args(drafter: DrafterCheckpoint, target: TargetCheckpoint | None, to: str | None) -> str:
+    """What a conversion of `drafter` to `to` (None: `--for vllm`, which may pick speculators) needs of the
+    target, as options: the given --target (it measures the aux numbering too); else --target TARGET only when
+    the target's depth decides the ids (the drafter stores none); else --base-model ORG/NAME where speculators
+    must name its verifier, which needs no download of the target (a 120B target is hundreds of GB)."""
+    if target is not None and getattr(target, "source", None):
+        return f" --target {shlex.quote(target.source)}"
+    if drafter.spec.aux_layer_ids is None:
+        return " --target TARGET"
+    names = is_hub_id(drafter.config.str("speculators_config.verifier.name_or_path"))  # kept by speculators
+    may_name = to == "speculators" or (to is None and drafter.spec.arch != "mla")  # speculators holds no MLA
+    return " --base-model ORG/NAME" if may_name and not names else ""
 
 
 def _top_level_dialect(drafter: DrafterCheckpoint, own: str) -> str:

@@ -60,17 +60,19 @@ def mla(ctx: Context) -> None:
     ids = spec.aux_layer_ids
     # a measured reading (rules/measured.py) settles which layers the weights were trained on
     decided = ctx.measured is not None and ctx.measured.boundary_ids is not None
+    # or recorded by the conversion that wrote these ids, measured or as the user said (never the table's guess)
+    decided = decided or ctx.config.str("eaglectl_provenance.aux_numbering") in ("measured", "given")
     target_layers = ctx.target.num_layers if ctx.target is not None else None
     found = kimi_numbering(tuple(ids), target_layers) if ids is not None and not decided else None
     if found is not None:
         layers, d, numbering = found
-        # counted the other way, the same ids name the boundaries one higher (output ids) or themselves
-        other = [i + 1 for i in ids] if numbering == "boundary" else list(ids)
         ctx.emit(rule.KIMI_AUX_IDS_AMBIGUOUS,
-                 f"aux ids {list(ids)} are {d.target}'s default layers (boundaries {list(d.boundary)} of a "
-                 f"{layers}-layer target) in {numbering} numbering, or, if the trainer counted the other way, "
-                 f"boundaries {other}; read here as {spec.aux_convention} ids (vLLM boundaries "
-                 f"{list(spec.aux_layer_ids_vllm or ())}); published drafters write both ({d.seen})",
+                 f"aux ids {list(ids)} name different layers in the two numberings: boundaries {list(ids)} read as "
+                 f"boundary ids, boundaries {[i + 1 for i in ids]} read as output-of-layer ids; {d.target}'s default "
+                 f"(boundaries {list(d.boundary)} of a {layers}-layer target) is the {numbering} reading, and "
+                 f"published drafters write both ({d.seen}); eaglectl reads them as {spec.aux_convention} ids "
+                 f"(vLLM boundaries {list(spec.aux_layer_ids_vllm or ())}); what decides it is the target's "
+                 "weights (measured with a runnable --target) or the trainer's record",
                  ctx.at(spec.sources.get("aux_layer_ids", "").removeprefix("config: ")))
 
 

@@ -3,6 +3,7 @@ and a batch of them. Each takes its result object; the JSON form of the same res
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,9 @@ def render_inspect(report: InspectReport) -> None:
     fam = report.family
     if fam is not None:  # a family in the EAGLE-3 layout (P-EAGLE): its own rules run too
         say("family   ", f"{fam.family.name}: " + "; ".join(fam.evidence))
+    if not SETTINGS.verbose:  # a dialect that fits but for its marker (-v lists it among the evidence)
+        for line in (e for e in d.evidence if e.startswith("also fits ")):
+            say("  ", line, style="dim")
     out.print(f"EAGLE    [bold]{spec.eagle_version}[/]   arch {spec.arch}")
     if spec.sliding_window is not None:  # it changes what is served (and what every measurement runs)
         say("window   ", items=[f"{spec.sliding_window} positions on layer(s) "
@@ -93,12 +97,12 @@ def render_inspect(report: InspectReport) -> None:
     elif report.for_engine != "vllm":
         out.print(f"no vLLM serve command (--for {report.for_engine})")
     elif not d.dialect.vllm_loads:
-        say("vLLM: ", f"no serve command: vLLM does not load {d.dialect.title} files "
-            "(eaglectl convert SOURCE DEST --for vllm writes one it loads)", indent=2)
+        say("vLLM: ", f"no serve command: vLLM does not load {d.dialect.title} files; "
+            f"eaglectl convert {shlex.quote(d.source)} DEST --for vllm (writes one it loads)", indent=2)
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
     if not SETTINGS.verbose:
-        out.print("[dim]spec fields and where each was read: eaglectl inspect -v (or --json)[/]")
+        out.print("[dim]spec fields and where each was read: add -v (or --json)[/]")
         return
     fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",

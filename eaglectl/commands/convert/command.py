@@ -28,7 +28,7 @@ from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
 from ..requests import ConvertRequest
-from .plan import DIGEST_PLACEHOLDER, ConversionPlan, plan_conversion, writable_dialect
+from .plan import DIGEST_PLACEHOLDER, UNNAMED, ConversionPlan, plan_conversion, writable_dialect
 from .write import (
     SourceDigest,
     check_checkpoint,
@@ -96,12 +96,14 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
         if why:
             notes.append(why)
 
+    named = UNNAMED if base_model is None and for_engine is not None else base_model  # --for: never refused for it
+
     def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
         ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
                                                    dialect)
         return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
                                source_aux_convention=convention, max_shard_size=req.max_shard_size,
-                               measured=measured, base_model=base_model, embed_from_target=req.embed_from_target
+                               measured=measured, base_model=named, embed_from_target=req.embed_from_target
                                ), ids, convention, more
 
     serve = None

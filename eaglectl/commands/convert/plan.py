@@ -133,7 +133,7 @@ def plan_conversion(
     for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
         if f.severity == "error" and not f.rule.repaired_by_convert:
             raise ConversionError(f"{src.root}: source has error [{f.rule_id}] {f.message} ({f.locator})",
-                                  path=src.root, hint=f"eaglectl inspect {src.source} shows every finding")
+                                  path=src.root, hint=f"eaglectl inspect {src.source} (shows every finding)")
     spec = upgrade.spec if upgrade is not None else src.spec
 
     def fail(message: str) -> NoReturn:
@@ -152,7 +152,12 @@ def plan_conversion(
     actions.sort(key=lambda a: _tensor_order(a.canonical))
 
     aux_ids = _dest_aux_ids(src, spec, dialect, target, aux_layer_ids, source_aux_convention, fail)
-    config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model)
+    # how the numbering of the written ids is known: said (--aux-layer-ids / --source-aux-convention, or the
+    # measurement convert passes the same way) or assumed from the dialect table (then nothing is recorded)
+    decided = ("measured" if measured is not None and measured.boundary_ids is not None else "given") if (
+        aux_layer_ids is not None or source_aux_convention is not None) and aux_ids is not None else None
+    config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model,
+                                                decided)
     intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=upgrade is None)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
@@ -290,8 +295,8 @@ def _with_extra_tensors(actions: list[TensorAction], dialect: Dialect,
 
 
 def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
-                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None
-                 ) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
+                 float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None,
+                 decided: str | None = None) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
     """(the destination config with its quantisation and provenance records, the dialect's warnings, the
     quantisation side file or None)."""
     w = dialect.writer
@@ -306,6 +311,8 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     record: dict[str, Any] = {"aux_convention": first or w.aux_convention or dialect.aux_convention}
     if fields:
         record["aux_id_fields"] = {p: c for p, (c, _) in fields.items()}  # the numbering of each field written
+    if decided is not None and fields:
+        record["aux_numbering"] = decided  # not assumed: the numbering rules (kimi-aux-ids-ambiguous) are settled
     config["eaglectl_provenance"] = provenance(src, "convert", dialect.name, **record)
     return config, warnings, quant_file
 
@@ -419,7 +426,6 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         verifier = _verifier(src, target, base_model)
         if verifier is None:
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
-        assert verifier is not None
         if verifier["name_or_path"] is None:
             warnings.append("the speculators verifier is null (no Hub id of the target is known): the speculators "
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
@@ -478,10 +484,17 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
     return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
-def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None) -> dict[str, Any] | None:
+# `base_model` when `convert --for` chose speculators and nobody named the target: the verifier is written null, with
+# its warning, as with a local --target, so that the choice never depends on --base-model (`--to speculators`
+# without any name still refuses: the user asked for the format that names its verifier)
+UNNAMED = ""
+
+
+def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None
+              ) -> dict[str, Any] | None:
     """The speculators verifier, named by Hub id only: --base-model, the target's own id, the source's
     verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
-    published). None: nothing at all is known of the target."""
+    published). None: nothing at all is known of the target (and `base_model` is not UNNAMED)."""
     existing = src.config.dict("speculators_config.verifier") or {}
     named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
     own_null = "name_or_path" in existing and existing["name_or_path"] is None \

@@ -493,8 +493,9 @@ def _by_vllm(python: str, request: dict[str, Any], configs: list[Baseline], d: D
                             requests=r["requests"] if c.kind != "none" else [], groups=r["groups"])
                for c, r in zip(configs, raw["configs"], strict=True)]
     runner_smoke.attach(active, results, raw, log, readings)
+    worker.discard()  # the log was read (attach): a run that succeeded leaves no scratch folder behind
     versions = {key: raw[key] for key in ("vllm_version", "torch_version", "cuda", "python")}
-    return results, log, versions, raw["configs"][0].get("serving_applied")
+    return results, None, versions, raw["configs"][0].get("serving_applied")
 
 
 def _judged(rep: SmokeReport, d: DrafterCheckpoint | FamilyCheckpoint, target: Target, active: list[RunnerRun],

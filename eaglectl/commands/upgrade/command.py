@@ -97,7 +97,13 @@ class UpgradeResult(Result):
     next_command: str | None = None  # what to run next, as printed
 
     def summary_line(self) -> str:
-        return ", ".join(self.steps) or "nothing to change"
+        """The one line `-q` prints: what was done, the acceptance length it kept, and that it is a warm start."""
+        if not self.steps:
+            return "nothing to change"
+        acc = self.acceptance or {}
+        al = (f"; acceptance length {acc['before']:.3f} -> {acc['after']:.3f}"
+              + (f" ({acc['kept']:.1%} kept)" if acc.get("kept") is not None else "")) if acc.get("before") else ""
+        return ", ".join(self.steps) + (f" (fc_norm init {self.init})" if self.init else "") + al + f"; {WARM_START}"
 
     def payload(self) -> dict[str, Any]:
         fid = self.fidelity.to_json() if self.fidelity is not None else None
@@ -173,7 +179,9 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
                                   "top1_agreement": round(m.top1_agreement, 6)} for m in fid.metrics]}
     _mark(plan, steps, choice, acceptance, written, recorded)
     result = UpgradeResult(source, dest, bool(steps), steps, choice.init, choice.fitted[2],
-                           ConversionResult(plan, False, []), None, _notes(steps, init, choice, acceptance, ids),
+                           ConversionResult(plan, False, []), None,
+                           _notes(steps, init, choice, acceptance, ids, again + (f" --to {to}" if req.to else "") + (
+                               f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "")),
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
                            _next_command(dest, target, report, req.runner))
@@ -192,7 +200,7 @@ def upgrade_steps(src: DrafterCheckpoint, tgt: Target | None, init: str, fc_norm
         raise ConversionError(f"--init {init}: one of {', '.join(CHOICES)}")
     # specforge records the 3.1 flags and needs no target; speculators (vLLM's own) names its verifier
     other = (f"{again} --to speculators --target {shlex.quote(target)}" if target else
-             f"{again} --to specforge (or --to speculators --target TARGET)")
+             f"{again} --to specforge (or --to speculators --base-model ORG/NAME)")
     if to is None:
         if src.dialect.writer is None:
             raise ConversionError(f"{src.source}: eaglectl reads {src.dialect.name} checkpoints but does not write "
@@ -563,7 +571,7 @@ def _fidelity(out: DrafterCheckpoint | LoadedDrafter, s: Setup, tokens: int) -> 
 # ------------------------------------------------------------------------------------------- what is said
 
 def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, Any] | None,
-           ids: tuple[int, ...] | None) -> list[str]:
+           ids: tuple[int, ...] | None, again: str) -> list[str]:
     notes = ["structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune (training-time "
              "test) before serving it as a 3.1 drafter" if steps else
              "already has the requested 3.1 features: nothing to change (tensors copied unchanged)"]
@@ -577,6 +585,12 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
         notes.append(f"fc_norm init '{chosen}' has the lowest FC-output error on held-out requests of the capture "
                      f"({candidates[0]['heldout_fc_output_relative_error']:.3f}); acceptance was not measured "
                      "(no runnable target)")
+    if init == "auto" and chosen == "ones" and not candidates:  # nothing measured: say how to measure
+        notes.append("fc_norm init 'ones' (unit weights), chosen without measuring: a runnable target ranks every "
+                     "init by acceptance, `fit` too (on the fixtures `fit` keeps 98.0% of the acceptance length where "
+                     f"`ones` keeps 83.9%): {again} --target TARGET; or capture the target's states once where it "
+                     f"runs: eaglectl capture TARGET --out DIR; then rank the closed-form inits here: {again} "
+                     "--states DIR")
     if acceptance is not None and ids is not None:
         for who, key in (("the source", "source_boundary_ids"), ("the output", "dest_boundary_ids")):
             if list(acceptance[key]) != list(ids):
