@@ -28,9 +28,13 @@ def width80(monkeypatch):
 
 
 def _too_wide(text: str, width: int = 80) -> list[str]:
-    """Lines over the width that hold no command (a command runs on, whole, so that it pastes)."""
-    return [line for line in text.splitlines()
-            if cell_len(line) > width and not COMMAND.search(line) and "vllm serve" not in line]
+    """Lines over the width that hold no command (a command runs on, whole, so that it pastes) and no word that
+    cannot fit a line by itself (a long path is never broken)."""
+    def unbreakable(line: str) -> bool:
+        return max(map(cell_len, line.split())) > width - (len(line) - len(line.lstrip()))
+
+    return [line for line in text.splitlines() if cell_len(line) > width and not COMMAND.search(line)
+            and "vllm serve" not in line and not unbreakable(line)]
 
 
 def _manifest(tmp_path, name, *items):

@@ -262,7 +262,12 @@ def test_a_speed_bench_folder_1500_levels_deep_is_refused(tmp_path, invoke):
     for _ in range(1500):  # one by one: pathlib's and os.makedirs' own parents=True recurse
         here = os.path.join(here, "d")
         os.mkdir(here)
-    r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
+    try:
+        r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", folder)
+    finally:  # deepest first: pytest's own cleanup of old temp folders recurses, and would fail on this tree
+        while here != str(folder):
+            os.rmdir(here)
+            here = os.path.dirname(here)
     below = folder.joinpath(*["d"] * 33)
     assert r.exit_code == 20, r.output
     assert first_line(r.stderr) == (f"error[prompt-file]: {below}: a folder 33 levels below {folder}; at most 32 "

@@ -8,6 +8,7 @@ another dialect's `markers` (keys only that producer writes), never by a list of
 from __future__ import annotations
 
 import re
+import shlex
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
@@ -103,9 +104,9 @@ def not_eagle3(probe: Probe, where: str) -> None:
         f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; served by "
         f"{family.served_by}", path=where, family=family.name, served_by=family.served_by,
         family_id=family.id if read else None,
-        hint=("`eaglectl inspect` reads it (header-only: its layers, mask token and head) and `eaglectl smoke "
-              "--engine vllm` measures it where vLLM serves the method; converting and verifying are for EAGLE-3 / "
-              "3.1 drafters" if read else
+        hint=(f"eaglectl inspect {shlex.quote(where)} (reads it header-only: its layers, mask token and head); "
+              f"eaglectl smoke {shlex.quote(where)} --target TARGET (measures it where vLLM serves the method); "
+              "converting and verifying are for EAGLE-3 / 3.1 drafters" if read else
               "only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
               "named"))
 

@@ -151,8 +151,8 @@ def render_conversion(result: ConversionResult) -> None:
     """Human view of a ConversionResult (the plan, and what the check established)."""
     plan, out = result.plan, console.stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    say(f"[bold]{verb}[/]  ", items=[f"{short_path(plan.source, elide=False)} ({plan.source_dialect}) ->",
-                                     f"{short_path(plan.dest, elide=False)} ({plan.dest_dialect})"], indent=2, sep=" ")
+    say(f"[bold]{verb}[/]  ", items=[short_path(plan.source, elide=False), f"({plan.source_dialect}) ->",
+                                     short_path(plan.dest, elide=False), f"({plan.dest_dialect})"], indent=2, sep=" ")
     rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
