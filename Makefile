@@ -83,7 +83,7 @@ clients: $(CLIENT_STAMPS)
 demo: $(STAMP) $(VLLM_STAMP)
 	@echo "== 1. inspect the EAGLE-3 fixture drafter against its target"
 	$(EAGLECTL) inspect $(TRAINED)/eagle3 --target $(TRAINED)/target
-	@echo "== 2. upgrade it to the EAGLE-3.1 layout (calibrated fc_norm), as a speculators checkpoint"
+	@echo "== 2. upgrade it to EAGLE-3.1 (calibrated fc_norm), a speculators checkpoint"
 	$(EAGLECTL) upgrade $(TRAINED)/eagle3 $(DEMO)/eagle3-upgraded --to speculators --init calibrated \
 		--target $(TRAINED)/target --base-model eaglectl-fixtures/target --force
 	@echo "== 3. verify: bf16 against the fp32 reference, on real target states"
