@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import UnknownFormatError
 from ..formats.families import Family, identify
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.jsonio import MISSING, config_get
-from .drafter import probe_of
+from .drafter import DrafterCheckpoint, open_drafter, probe_of
 
 HEAD = "lm_head.weight"
 
@@ -89,10 +90,19 @@ class FamilyCheckpoint:
         return out
 
 
-def open_family(source: str, *, revision: str | None = None, allow_pickle: bool = False) -> FamilyCheckpoint | None:
-    """SOURCE as a drafter of a family `inspect` reads in its own layout; None when it is not one."""
-    ckpt = open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
-    return of_checkpoint(ckpt, own_layout=True)
+def open_any(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False,
+             revision: str | None = None) -> DrafterCheckpoint | FamilyCheckpoint:
+    """SOURCE as an EAGLE-3 drafter (P-EAGLE among them), else as a drafter of a family read in its own layout
+    (DFlash, DSpark: the refusal names its `family_id`); anything else is refused as open_drafter refuses it."""
+    try:
+        return open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
+    except UnknownFormatError as e:
+        if "family_id" not in e.context:
+            raise
+        found = of_checkpoint(open_checkpoint(source, allow_pickle=allow_pickle, revision=revision), own_layout=True)
+        if found is None:
+            raise
+        return found
 
 
 def of_checkpoint(ckpt: Checkpoint, *, own_layout: bool = False) -> FamilyCheckpoint | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoint.family import FamilyCheckpoint
-from ..checkpoint.target import TargetCheckpoint, open_target
+from ..checkpoint.target import TargetCheckpoint
 from ..engines.runners import Readings, family_readings
 from ..engines.serving import serve_line
 from ..errors import EXIT_FINDINGS, EXIT_OK
@@ -79,9 +79,9 @@ class FamilyReport(Result):
         }
 
 
-def inspect_family(d: FamilyCheckpoint, req: InspectRequest) -> FamilyReport:
-    """Read a DFlash / DSpark drafter and check its traps against the target's config, when one is given."""
-    target = open_target(req.target) if req.target else None
+def inspect_family(d: FamilyCheckpoint, target: TargetCheckpoint | None, req: InspectRequest) -> FamilyReport:
+    """Read a DFlash / DSpark drafter and check its traps against the target's config, when one is given (opened
+    by the caller: smoke's pre-flight passes the target it has open)."""
     reading = d.family.reading
     assert reading is not None
     depth, _ = target_depth(d, target)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
-from ..checkpoint.target import TargetCheckpoint
+from ..checkpoint.drafter import DrafterCheckpoint
+from ..checkpoint.target import TargetCheckpoint, open_target
 from ..engines.serving import serve_line, speculative_config
-from ..errors import EXIT_FINDINGS, EXIT_OK, UnknownFormatError
+from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
@@ -45,7 +46,7 @@ class InspectReport(Result):
     def summary(self) -> dict[str, int]:
         return summarise(self.findings)
 
-    @property
+    @functools.cached_property
     def family(self) -> FamilyCheckpoint | None:
         """The family read in the EAGLE-3 layout (P-EAGLE), with its evidence; None for a plain EAGLE-3 drafter."""
         from ..checkpoint.family import of_checkpoint
@@ -182,19 +183,13 @@ class InspectReport(Result):
 def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport:
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
-    try:
-        d = open_drafter(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle,
-                         revision=req.revision)
-    except UnknownFormatError as e:  # a family read in its own layout (DFlash, DSpark): commands/family.py
-        if "family_id" not in e.context:
-            raise
-        from ..checkpoint.family import open_family
+    from ..checkpoint.family import FamilyCheckpoint, open_any
+
+    d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+    if isinstance(d, FamilyCheckpoint):  # a family read in its own layout (DFlash, DSpark): commands/family.py
         from .family import inspect_family
 
-        fc = open_family(req.source, revision=req.revision, allow_pickle=req.allow_pickle)
-        if fc is None:
-            raise
-        return inspect_family(fc, req)
+        return inspect_family(d, open_target(req.target) if req.target else None, req)
     return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
                           strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
                           vllm_python=req.vllm_python, for_engine=req.for_engine)

@@ -292,19 +292,15 @@ def family_readings(config: dict[str, Any] | None, runners_serving: dict[str, st
         return out
     view = family_view(config)
     for t in RUNNERS:
-        why = runners_serving.get(t.runner)
-        if why is not None:
-            out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
-                                             error=why, build="eaglectl's reading of the config"))
-            continue
-        try:
-            chosen, source, shift = select(view, t)
-        except ValueError as e:
-            out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
-                                             error=str(e), build="eaglectl's reading of the config"))
-            continue
-        out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, captured(chosen, target_layers), source,
-                                         shift, None, None, ASSUMED, build="eaglectl's reading of the config"))
+        chosen, source, shift, why = None, None, 0, runners_serving.get(t.runner)
+        if why is None:
+            try:
+                chosen, source, shift = select(view, t)
+            except ValueError as e:
+                why = str(e)
+        ids = None if why else captured(chosen, target_layers)
+        out.runners.append(RunnerReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, None, None, ASSUMED,
+                                         error=why, build="eaglectl's reading of the config"))
     return out
 
 

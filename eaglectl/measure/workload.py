@@ -36,7 +36,7 @@ from ..errors import (
 )
 from ..io.jsonio import loads
 from ..limits import limit
-from ..model.tokens import PlainTokenizer as _FastTokenizer
+from ..model.tokens import PlainTokenizer
 
 DATA = Path(__file__).parents[1] / "data"
 HELDOUT = DATA / "heldout-code.txt"
@@ -296,7 +296,7 @@ def tokenizer_of(target: str, chat: bool = False) -> Any:
 
     folder = Path(_local_folder(target))
     if not chat and (folder / "tokenizer.json").exists():
-        return _FastTokenizer(folder / "tokenizer.json")  # tokenizer.json alone: no transformers import
+        return PlainTokenizer(folder / "tokenizer.json")  # tokenizer.json alone: no transformers import
     if not any((folder / n).exists() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return None
     from transformers import AutoTokenizer

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from ... import __version__
 from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
-from ...checkpoint.family import FamilyCheckpoint, of_checkpoint, open_family
+from ...checkpoint.family import FamilyCheckpoint, of_checkpoint, open_any
 from ...engines.engine_process import WorkerRun, engine_path, find_vllm_python, vllm_has_gpu
 from ...engines.runners import Readings, config_folder, readings_for
-from ...errors import MissingDependencyError, ReferenceLimitError, SmokeFailedError, UnknownFormatError, UsageError
+from ...errors import MissingDependencyError, ReferenceLimitError, SmokeFailedError, UsageError
 from ...formats.families import smoke_limit
 from ...io.atomic import check_outputs, local_inputs
 from ...measure.workload import PromptSet, load_prompts, needs_chat, tokenizer_of
@@ -290,7 +290,7 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     from ...measure.target import Target
     from ..inspect import inspect_opened
 
-    d = _open(req.drafter)
+    d = open_any(req.drafter)
     t = Target.open(req.target, progress=progress, dtype=req.dtype)
     assert t is not None
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
@@ -300,7 +300,7 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
             from ..family import inspect_family
             from ..requests import InspectRequest
 
-            findings = inspect_family(opened, InspectRequest(opened.source, req.target)).findings
+            findings = inspect_family(opened, t.checkpoint, InspectRequest(opened.source, req.target)).findings
         else:
             findings = inspect_opened(opened, t, measure=False).findings  # engine_reading measures what vLLM ran
         # the GPU runner's reading does not stop a run here (CPU vLLM and the reference loop run V1's)
@@ -309,17 +309,6 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
             raise SmokeFailedError(f"{opened.source}: pre-flight inspect found errors, first [{first.rule_id}] "
                                    f"{first.message}", hint=f"eaglectl inspect {opened.source} --target {req.target}")
     return measure(d, t, replace(req, baselines=tuple(baselines)), progress=progress)
-
-
-def _open(source: str) -> DrafterCheckpoint | FamilyCheckpoint:
-    """An EAGLE-3 drafter (P-EAGLE among them), else a DFlash / DSpark drafter in its own layout."""
-    try:
-        return open_drafter(source)
-    except UnknownFormatError as e:
-        fc = open_family(source) if "family_id" in e.context else None
-        if fc is None:
-            raise
-        return fc
 
 
 def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: str | None) -> None:
