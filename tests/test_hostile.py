@@ -319,7 +319,7 @@ def test_a_prompt_too_long_for_max_model_len_is_refused_before_tokenizing(tmp_pa
 
     p = tmp_path / "p.jsonl"
     p.write_text(json.dumps({"prompt": "word " * 20_000}) + "\n")  # 100,000 bytes: over 64 x the 1,021 tokens left
-    monkeypatch.setattr(workload._FastTokenizer, "__call__", never)
+    monkeypatch.setattr(workload.PlainTokenizer, "__call__", never)
     r = invoke("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--prompts", p, "--max-tokens", "8",
                "--max-model-len", "1034")
     assert r.exit_code == 20, r.output
