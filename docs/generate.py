@@ -90,7 +90,8 @@ def formats_page() -> str:
                "detected before the dialects. A family matches when the weights of its signals that hold reach its "
                "threshold. A family eaglectl reads is named by `inspect` with the evidence, its canonical spec and its "
                "rules ([families.md](families.md)): DFlash and DSpark header-only in their own layouts (`smoke "
-               "--engine vllm` measures them where vLLM serves the method; every other command refuses them), "
+               "--engine vllm` measures them where vLLM serves the method, `convert` moves DFlash between its "
+               "producers' layouts; every other command refuses them), "
                "P-EAGLE through the EAGLE-3 dialects. The others are refused by name "
                "(`unknown-format`, exit 5) by every command.\n\n"
                "| family | id | signals (weight) | threshold | eaglectl | vLLM method | served by "
@@ -110,6 +111,20 @@ def formats_page() -> str:
         for i, (name, keys) in enumerate(f["read"]["fields"].items()):
             out.append(f"| {f['name'] if i == 0 else ''} | `{name}` | {', '.join(f'`{k}`' for k in keys)} | "
                        f"{_cell(runners) if i == 0 else ''} |\n")
+    out.append("\n### The layouts `convert` moves a family between\n\n"
+               "A family's files are in the first layout whose signals all hold (the last, with none, is the family's "
+               "own). Tensors are renamed by the layout's prefixes (canonical: vLLM's names); the config is rebuilt "
+               "from vLLM's reading of the source and must read the same ([families.md](families.md#converting-"
+               "between-dflash-layouts)).\n\n"
+               "| family | `--to` | layout | producers | signals | tensor prefixes (canonical: its own) | config "
+               "| vLLM loads it | written |\n|---|---|---|---|---|---|---|---|---|\n")
+    for f in family_rows():
+        for lay in f["layouts"]:
+            prefixes = ", ".join(f"`{c}`: `{o}`" for c, o in lay["key_rules"].items()) or "canonical"
+            written = "yes" if lay["written"] else f"no: {lay['why_not_written']}"
+            out.append(f"| {f['name']} | `{lay['id']}` | {_cell(lay['title'])} | {_cell(lay['producers'])} | "
+                       f"{_cell('; '.join(lay['signals']) or '(none: the default)')} | {prefixes} | "
+                       f"{lay['config_style']} | {'yes' if lay['vllm_loads'] else 'no'} | {_cell(written)} |\n")
     return "".join(out)
 
 

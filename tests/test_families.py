@@ -65,9 +65,12 @@ def test_dflash_spec_and_serve_line(invoke):
     assert "--speculative-config" in doc["serve_command"]
 
 
-def test_other_commands_refuse_dflash_and_point_at_inspect(invoke, tmp_path):
-    r = invoke("convert", FAM / "dflash", tmp_path / "out", "--to", "speculators")
-    assert r.exit_code == 5 and "eaglectl inspect" in r.stderr and not (tmp_path / "out").exists()
+def test_other_commands_refuse_dflash_and_point_at_inspect_and_its_layouts(invoke, tmp_path):
+    r = invoke("upgrade", FAM / "dflash", tmp_path / "out")
+    assert r.exit_code == 5 and not (tmp_path / "out").exists()
+    assert "eaglectl inspect" in r.stderr and "--to dflash-speculators (between its layouts" in r.stderr
+    r = invoke("convert", FAM / "dflash", tmp_path / "out", "--to", "speculators")  # an EAGLE-3 dialect
+    assert r.exit_code == 7 and "not a layout of DFlash drafters" in r.stderr and not (tmp_path / "out").exists()
 
 
 def test_peagle_converts_like_eagle3_and_fails_closed_where_its_token_is_lost(invoke, tmp_path):

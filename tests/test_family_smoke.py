@@ -113,3 +113,21 @@ def test_dflash_is_served_and_its_random_fixture_is_flagged(invoke, vllm_py):
     assert doc["num_accepted_tokens"] == 0 and doc["mean_acceptance_length"] == 1.0
     assert len(doc["red_flags"]) == 1 and doc["red_flags"][0].startswith("acceptance length 1.000 is about 1.0")
     assert doc["versions"]["cuda"] is False
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_torchspec_dflash_converted_to_speculators_is_served(invoke, vllm_py, tmp_path):
+    """TorchSpec's training names, which vLLM's DFlash loader refuses, converted to the speculators format: vLLM reads
+    it through its speculators reader, loads every tensor and drafts the block (random weights: AL 1, exit 9)."""
+    from .test_family_convert import _torchspec
+
+    out = tmp_path / "served"
+    r = invoke("convert", _torchspec(tmp_path), out, "--to", "dflash-speculators", "--target", TARGET,
+               "--base-model", "org/target")
+    assert r.exit_code == 0, r.stderr
+    r = _smoke(invoke, out, "--engine", "vllm", "--vllm-python", vllm_py, "--max-tokens", 16, "--json")
+    assert r.exit_code == 9, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["family"]["id"] == "dflash"
+    _consistent(doc)

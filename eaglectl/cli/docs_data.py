@@ -37,7 +37,7 @@ def dialect_rows() -> list[dict[str, Any]]:
 def family_rows() -> list[dict[str, Any]]:
     """The drafter families beside EAGLE-3 (formats/families.py): how each is detected, and whether eaglectl reads
     it (its method, fields and runners) or refuses it by name."""
-    from ..formats.families import FAMILIES
+    from ..formats.families import FAMILIES, LAYOUTS
 
     rows = []
     for f in FAMILIES:
@@ -51,5 +51,12 @@ def family_rows() -> list[dict[str, Any]]:
                 "fields": {name: list(keys) for name, keys in r.fields}, "numbering": r.numbering,
                 "runners": {k: "serves" if why is None else why for k, why in r.runners.items()},
                 "d2t_when": r.d2t_when, "mask_hidden": r.mask_hidden, "serve_extra": dict(r.serve_extra)},
+            # the producers' layouts `convert` moves it between (the last: the family's own, no signal)
+            "layouts": [{"id": lay.id, "title": lay.title, "producers": lay.producers,
+                         "signals": [s.describe() for s in lay.signals],
+                         "key_rules": {canonical: ours for canonical, ours in lay.key_rules},
+                         "config_style": lay.config_style, "vllm_loads": lay.vllm_loads,
+                         "written": lay.writable, "why_not_written": lay.why or None}
+                        for lay in LAYOUTS if lay.family == f.id],
         })
     return rows

@@ -34,13 +34,16 @@ class DialectChoice(click.Choice):
     """The registry's dialects (or the writable ones), read when used: a dialect registered at run
     time is a valid choice."""
 
-    def __init__(self, writable: bool = False) -> None:
-        self.writable = writable
+    def __init__(self, writable: bool = False, layouts: bool = False) -> None:
+        self.writable, self.layouts = writable, layouts  # layouts: also the drafter families' (convert)
         super().__init__([])
 
     @property  # type: ignore[override]
     def choices(self) -> tuple[str, ...]:
-        return tuple(formats.writable() if self.writable else formats.names())
+        from ..formats.families import writable_layouts
+
+        return tuple((formats.writable() if self.writable else formats.names())
+                     + (writable_layouts() if self.layouts else []))
 
     @choices.setter
     def choices(self, value: object) -> None:

@@ -277,8 +277,15 @@ def family_view(config: dict[str, Any]) -> dict[str, Any]:
         own = None
     if kind == "dspark":
         view["target_layer_ids"] = own
-    else:
-        view["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": own}
+        return view
+    view["architectures"] = ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"]
+    view["draft_vocab_size"] = config.get("draft_vocab_size")
+    if config.get("target_hidden_size") is not None:
+        view["target_hidden_size"] = config["target_hidden_size"]
+    # an absent sliding_window_non_causal reads as true, so as causal false (the speculators class default is false)
+    view["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": own,
+                             "sample_from_anchor": config.get("sample_from_anchor", False),
+                             "causal": not config.get("sliding_window_non_causal", True)}
     return view
 
 

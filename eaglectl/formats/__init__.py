@@ -12,7 +12,7 @@ import shlex
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
-from .families import identify
+from .families import LAYOUTS, identify
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
            "detect", "evaluate", "get", "names", "register", "writable"]
@@ -106,7 +106,10 @@ def not_eagle3(probe: Probe, where: str) -> None:
         family_id=family.id if read else None,
         hint=(f"eaglectl inspect {shlex.quote(where)} (reads it header-only: its layers, mask token and head); "
               f"eaglectl smoke {shlex.quote(where)} --target TARGET (measures it where vLLM serves the method); "
-              "converting and verifying are for EAGLE-3 / 3.1 drafters" if read else
+              + (f"eaglectl convert {shlex.quote(where)} DEST --to {layouts[0]} (between its layouts: "
+                 f"{', '.join(layouts)}); "
+                 if (layouts := [lay.id for lay in LAYOUTS if lay.family == family.id and lay.writable]) else "")
+              + "upgrading and verifying are for EAGLE-3 / 3.1 drafters" if read else
               "only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
               "named"))
 

@@ -72,7 +72,8 @@ _SIZES = (("num_hidden_layers", ("num_hidden_layers", "transformer_layer_config.
           ("target_hidden_size", ("target_hidden_size",)),
           ("vocab_size", ("vocab_size", "transformer_layer_config.vocab_size")),
           ("draft_vocab_size", ("draft_vocab_size",)),
-          ("num_target_layers", ("num_target_layers",)))  # the depth of the target it was trained on
+          # the depth of the target it was trained on (TorchSpec's own key first: its num_target_layers is a count)
+          ("num_target_layers", ("target_num_hidden_layers", "num_target_layers")))
 
 # vLLM 0.32's registered MTP architectures (model_executor/models/registry.py), and other MTP markers
 _MTP_ARCHS = ("DeepSeekMTPModel", "DeepseekV32MTPModel", "DeepSeekV4MTPModel", "EagleDeepSeekMTPModel", "MiMoMTPModel",
@@ -111,7 +112,7 @@ FAMILIES: tuple[Family, ...] = (
         id="dflash",
         reading=Reading(
             "dflash",
-            (("layer_ids", ("dflash_config.target_layer_ids", "aux_hidden_state_layer_ids")),
+            (("layer_ids", ("dflash_config.target_layer_ids", "aux_hidden_state_layer_ids", "target_layer_ids")),
              ("mask_token_id", MASK_TOKEN_KEYS), ("block_size", ("dflash_config.block_size", "block_size")),
              *_SIZES),
             "output-of-layer: id k is target layer k's output, which both vLLM runners capture as boundary k+1 "
@@ -181,6 +182,69 @@ FAMILIES: tuple[Family, ...] = (
                       "tokens in one pass (mask token, mask_hidden), which the loop does not implement"),
     ),
 )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One producer's way of writing a read family's files: its tensor names and its config's shape.
+
+    `convert` moves a drafter between the layouts of its family (commands/convert/family.py): tensors renamed by
+    `key_rules` (canonical prefix, this layout's), the config rebuilt from vLLM's reading of the source (its
+    `config_style`: "hf", the fields at the top level and in `dflash_config`, as vLLM reads them; "speculators", the
+    speculators format that vLLM's reader turns into the former). The first layout of the family whose `signals` all
+    hold is the files' layout; the last has none (the family's own). `writable` False: read only, with `why`.
+    """
+
+    id: str  # the --to value, stable (JSON, docs)
+    family: str  # Family.id
+    title: str
+    producers: str
+    signals: tuple[Signal, ...] = ()
+    key_rules: tuple[tuple[str, str], ...] = ()
+    config_style: str = "hf"
+    vllm_loads: bool = True  # vLLM's loader knows these tensor names
+    depth_key: str = "num_target_layers"  # the config key holding the depth of the target it was trained on
+    writable: bool = True
+    why: str = ""  # why eaglectl does not write it
+
+    def to_canonical(self, name: str) -> str:
+        return next((c + name[len(ours):] for c, ours in self.key_rules if name.startswith(ours)), name)
+
+    def from_canonical(self, name: str) -> str:
+        return next((ours + name[len(c):] for c, ours in self.key_rules if name.startswith(c)), name)
+
+
+# DFlash as three producers write it. The canonical names are vLLM's (qwen3_dflash.py); TorchSpec keeps its training
+# names in what its DFlash export writes (tools/convert_dflash_to_hf.py saves the model's state dict as is) and maps
+# the canonical ones back itself when it loads (models/draft/keymap.py), so it is read, never written.
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("dflash-speculators", "dflash", "vLLM speculators DFlash",
+           "vllm-project/speculators (`speculators_model_type: dflash`; its `convert --algorithm dflash`)",
+           (Signal("config-value", "speculators_model_type", "dflash"),), config_style="speculators"),
+    Layout("dflash-torchspec", "dflash", "TorchSpec DFlash", "lightseekorg/TorchSpec (training names: context_proj, "
+           "context_norm, final_norm)", (Signal("tensor-prefix", "context_proj."),),
+           key_rules=(("fc.", "context_proj."), ("hidden_norm.", "context_norm."), ("norm.", "final_norm.")),
+           # TorchSpec's num_target_layers counts the layers it captures
+           vllm_loads=False, depth_key="target_num_hidden_layers", writable=False,
+           why="TorchSpec loads the vLLM layout itself (its keymap renames fc, hidden_norm and norm back): write "
+               "--to dflash"),
+    Layout("dflash", "dflash", "DFlash (z-lab / vLLM)", "z-lab DFlash releases, SpecForge, ModelOpt; what vLLM "
+           "loads as DFlashDraftModel (`dflash_config`)"),
+)
+
+
+def layout_of(family: Family, probe: Probe) -> Layout | None:
+    """The layout these files of `family` are in (None: the family has no layouts eaglectl converts)."""
+    return next((lay for lay in LAYOUTS if lay.family == family.id and all(s.holds(probe) for s in lay.signals)),
+                None)
+
+
+def layout(layout_id: str) -> Layout | None:
+    return next((lay for lay in LAYOUTS if lay.id == layout_id), None)
+
+
+def writable_layouts() -> list[str]:
+    return [lay.id for lay in LAYOUTS if lay.writable]
 
 
 # Model Runner V1 is the one every CPU build of vLLM runs (no Triton: docs/engines.md#runners)

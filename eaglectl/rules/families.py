@@ -3,6 +3,7 @@ vLLM 0.32.0's code does with the files (assumed from that code: eaglectl's table
 
 - which target layers each runner captures (the families count layer outputs; vLLM captures id+1), and
   whether they exist in the target (`family-layers`, `family-layers-range`);
+- whether vLLM loads the tensor names at all (`family-layout`: TorchSpec's training names);
 - which runner serves the method (`family-runner`: DSpark is V2 only, P-EAGLE's parallel drafting V1 only);
 - whether the mask token id exists in the drafter's and the target's vocabulary and embedding (`family-mask-token`);
 - whether the head is the drafter's own or the target's, and whether vLLM's d2t then fits it (`family-head-d2t`,
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
 from ..checkpoint.family import HEAD, FamilyCheckpoint, of_checkpoint
-from ..formats.families import MASK_TOKEN_KEYS
+from ..formats.families import MASK_TOKEN_KEYS, layout_of
 from . import catalogue as rule
 from .base import Context, Finding, Rule, check
 
@@ -35,8 +36,11 @@ def target_depth(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> tuple
     """The target's depth and where it came from: --target, else the drafter's own num_target_layers."""
     if target is not None and target.num_layers is not None:
         return target.num_layers, "--target"
-    depth = fc.int_field("num_target_layers")
-    return depth, "the drafter's num_target_layers" if depth is not None else "unknown"
+    lay = layout_of(fc.family, probe_of(fc.ckpt))
+    key = lay.depth_key if lay is not None else "num_target_layers"
+    depth = fc.config.get(key)
+    depth = depth if isinstance(depth, int) and not isinstance(depth, bool) else None
+    return depth, f"the drafter's {key}" if depth is not None else "unknown"
 
 
 def layers(fc: FamilyCheckpoint, readings: Readings, depth: int | None, depth_from: str) -> Emitted:
@@ -57,6 +61,16 @@ def layers(fc: FamilyCheckpoint, readings: Readings, depth: int | None, depth_fr
             out.append((rule.FAMILY_LAYERS_RANGE, f"{where}: vLLM captures boundaries {beyond}, beyond the "
                         f"{depth}-layer target ({depth_from}; its last layer's output is boundary {depth})", key))
     return out
+
+
+def loadable(fc: FamilyCheckpoint) -> Emitted:
+    """The files' layout is one vLLM loads (formats/families.LAYOUTS: TorchSpec's training names are not)."""
+    lay = layout_of(fc.family, probe_of(fc.ckpt))
+    if lay is None or lay.vllm_loads:
+        return []
+    names = sorted({n.split(".")[0] + "." for n in fc.ckpt.tensor_file if lay.to_canonical(n) != n})
+    return [(rule.FAMILY_LAYOUT, f"{lay.title} layout ({lay.producers}): vLLM's {fc.family.name} loader does not know "
+             f"{', '.join(n + '*' for n in names)}", None)]
 
 
 def runner(fc: FamilyCheckpoint) -> Emitted:
@@ -145,7 +159,7 @@ def family_findings(fc: FamilyCheckpoint, target: TargetCheckpoint | None, readi
                     where: str) -> list[Finding]:
     """Every family rule for a DFlash / DSpark drafter read in its own layout, header-only."""
     depth, depth_from = target_depth(fc, target)
-    emitted = [*layers(fc, readings, depth, depth_from), *runner(fc), *mask_token(fc, target),
+    emitted = [*loadable(fc), *layers(fc, readings, depth, depth_from), *runner(fc), *mask_token(fc, target),
                *head_d2t(fc, target)]
     return [Finding(r, message, f"{where}:{loc}" if loc is not None and fc.tensor(loc) is None else loc)
             for r, message, loc in emitted]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import formats
-from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
+from ...checkpoint.drafter import DrafterCheckpoint
+from ...checkpoint.family import FamilyCheckpoint, open_any
 from ...checkpoint.target import TargetCheckpoint
 from ...errors import ConversionError, UsageError, filesystem_error
 from ...io.atomic import check_destination, fsync, local_inputs, staged_output
@@ -41,7 +42,11 @@ from .write import (
 )
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ...measure.probe import Measurement
+
+Recheck = Callable[["Path", ConversionPlan, list[Written]], list[str]]
 
 
 @dataclass
@@ -77,7 +82,17 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
         raise UsageError("give --to DIALECT or --for ENGINE (or a 'to' / 'for' key per manifest line), not both"
                          if to else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key per manifest "
                          "line)", hint="eaglectl convert SOURCE DEST --for vllm")
-    src = open_drafter(source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
+    src = open_any(source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
+    if isinstance(src, FamilyCheckpoint):  # DFlash: between its producers' layouts (commands/convert/family.py)
+        from . import family
+
+        plan, target = family.plan_request(req, src)
+        if req.dry_run:
+            return ConversionResult(plan, False, [])
+        inputs = local_inputs(src, target)
+        check_destination(dest, force=req.force, sources=inputs)
+        return execute(plan, src, force=req.force, progress=progress, inputs=inputs,
+                       recheck=lambda stage, p, written: family.recheck(stage, p, written, target))
     tgt = Target.open(req.target, req.states, progress=progress)
     checkpoint = tgt.checkpoint if tgt is not None else None
     if to is not None:
@@ -213,14 +228,15 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
     return check
 
 
-def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
+def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, target: TargetCheckpoint | None = None,
             force: bool = False, supplied: dict[str, bytes] | None = None, progress: Progress = passthrough,
             after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
-            inputs: list[str] | None = None) -> ConversionResult:
+            inputs: list[str] | None = None, recheck: Recheck | None = None) -> ConversionResult:
     """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
 
     `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
-    before the rename and returns more lines for `checked`.
+    before the rename and returns more lines for `checked`. `recheck(stage, plan, written)` replaces the EAGLE-3
+    re-checks of the staged output (a family's layouts: commands/convert/family.py).
     """
     supplied = supplied or {}
     public_provenance(plan)
@@ -261,11 +277,13 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheck
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for side_name, side_data in plan.side_files.items():  # hf_quant_config.json of a quantised drafter
             (stage / side_name).write_text(json.dumps(side_data, indent=2) + "\n")
-        out, lines = check_checkpoint(stage, plan, written, target)
-        checked += lines
-        checked += check_readings(out, plan, target)
-        if after_write is not None:
-            checked += after_write(out)
+        if recheck is not None:
+            checked += recheck(stage, plan, written)
+        else:
+            out, lines = check_checkpoint(stage, plan, written, target)
+            checked += lines + check_readings(out, plan, target)
+            if after_write is not None:
+                checked += after_write(out)
         src.ckpt.ensure_unchanged()
         if target is not None:
             target.ckpt.ensure_unchanged()

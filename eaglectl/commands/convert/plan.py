@@ -18,8 +18,9 @@ from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
 from ...errors import ConversionError
 from ...formats import Dialect
+from ...io.checkpoint import Checkpoint
 from ...io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
-from ...io.jsonio import MISSING, config_set
+from ...io.jsonio import MISSING, config_get, config_set
 from ...io.quant import QUANT_FILE, converted_configs, layout_of
 from ...rules import Context, run_checks
 from ...rules.hazards import strip_null_template_fields
@@ -91,6 +92,11 @@ class ConversionPlan:
 
 
 def writable_dialect(to: str) -> Dialect:
+    from ...formats.families import by_id, layout
+
+    if (lay := layout(to)) is not None:
+        raise ConversionError(f"'{to}' is a layout of {by_id(lay.family).name} drafters ({lay.title}); this is "
+                              "an EAGLE-3 drafter", dialect=to, hint=f"write one of: {', '.join(formats.writable())}")
     if to not in formats.DIALECTS:
         raise ConversionError(f"unknown dialect '{to}' (known: {', '.join(formats.names())})", dialect=to)
     dialect = formats.get(to)
@@ -164,8 +170,8 @@ def plan_conversion(
                                      if src.ckpt.layout == "sharded" else None)  # the source's largest file
     return ConversionPlan(
         source=src.ckpt.source, source_dialect=src.dialect.name, dest=os.fspath(dest), dest_dialect=to,
-        tensors=actions, dropped=dropped, config=config, config_changes=_diff(src.ckpt.config or {}, config),
-        shards=_shard(actions, shard_limit), metadata=metadata,
+        tensors=actions, dropped=dropped, config=config, config_changes=config_diff(src.ckpt.config or {}, config),
+        shards=shard(actions, shard_limit), metadata=metadata,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
         warnings=warnings,
     )
@@ -313,7 +319,7 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         record["aux_id_fields"] = {p: c for p, (c, _) in fields.items()}  # the numbering of each field written
     if decided is not None and fields:
         record["aux_numbering"] = decided  # not assumed: the numbering rules (kimi-aux-ids-ambiguous) are settled
-    config["eaglectl_provenance"] = provenance(src, "convert", dialect.name, **record)
+    config["eaglectl_provenance"] = provenance(src.ckpt, src.dialect.name, "convert", dialect.name, **record)
     return config, warnings, quant_file
 
 
@@ -423,10 +429,10 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
     if dialect.config_style == "speculators":
-        verifier = _verifier(src, target, base_model)
-        if verifier is None:
+        named_verifier = verifier(src.ckpt.config, target, base_model)
+        if named_verifier is None:
             fail("the speculators format names its verifier (target): pass --base-model ORG/NAME or --target")
-        if verifier["name_or_path"] is None:
+        if named_verifier["name_or_path"] is None:
             warnings.append("the speculators verifier is null (no Hub id of the target is known): the speculators "
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
                             "and vllm serve needs --speculative-config and the target; pass --base-model ORG/NAME "
@@ -445,7 +451,7 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": src.speculative_tokens}],
-                "verifier": verifier,
+                "verifier": named_verifier,
             },
             "transformer_layer_config": layer,
         })
@@ -490,15 +496,16 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
 UNNAMED = ""
 
 
-def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_model: str | None
-              ) -> dict[str, Any] | None:
-    """The speculators verifier, named by Hub id only: --base-model, the target's own id, the source's
-    verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
+def verifier(config: dict[str, Any] | None, target: TargetCheckpoint | None, base_model: str | None
+             ) -> dict[str, Any] | None:
+    """The speculators verifier of a drafter with this config, named by Hub id only: --base-model, the target's own
+    id, the source's verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
     published). None: nothing at all is known of the target (and `base_model` is not UNNAMED)."""
-    existing = src.config.dict("speculators_config.verifier") or {}
+    existing = config_get(config or {}, "speculators_config.verifier")
+    existing = existing if isinstance(existing, dict) else {}
     named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
     own_null = "name_or_path" in existing and existing["name_or_path"] is None \
-        and src.config.dict("eaglectl_provenance") is not None  # eaglectl wrote it null (a local target)
+        and isinstance((config or {}).get("eaglectl_provenance"), dict)  # eaglectl wrote it null (a local target)
     if target is None and base_model is None and named is None and not own_null:
         return None
     name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
@@ -511,17 +518,17 @@ def _verifier(src: DrafterCheckpoint, target: TargetCheckpoint | None, base_mode
 DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
 
 
-def provenance(src: DrafterCheckpoint, operation: str, to: str, **extra: Any) -> dict[str, Any]:
+def provenance(ckpt: Checkpoint, source_dialect: str, operation: str, to: str, **extra: Any) -> dict[str, Any]:
     """Where the output came from, as it may be published: a Hub source by its id, a local one by its
     basename (the digest identifies its bytes); never a path of this machine (eaglectl/publish.py)."""
     from ...checkpoint.publish import public_name, public_value
 
-    ref = src.ckpt.hub_ref
+    ref = ckpt.hub_ref
     out = {
         "tool": f"eaglectl {__version__}",
         "operation": operation,
-        "source": ref.display if ref else public_name(src.ckpt.source),
-        "source_dialect": src.dialect.name,
+        "source": ref.display if ref else public_name(ckpt.source),
+        "source_dialect": source_dialect,
         "source_digest": DIGEST_PLACEHOLDER,
         "dialect": to,
     }
@@ -541,7 +548,7 @@ def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     """Key-level config changes: each changed leaf by its dotted path (`speculators_config.verifier.
     name_or_path`), never a whole nested object; a key that only changed place (into or out of
     `transformer_layer_config`, `eagle_config`) is one "moved" change naming both paths."""
@@ -573,7 +580,7 @@ def _diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _shard(actions: list[TensorAction], limit: int | None) -> list[list[str]]:
+def shard(actions: list[TensorAction], limit: int | None) -> list[list[str]]:
     if not limit:
         return [[a.dest for a in actions]]
     shards: list[list[str]] = [[]]

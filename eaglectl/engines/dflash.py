@@ -1,0 +1,85 @@
+"""What vLLM 0.32 builds from a DFlash drafter's config: eaglectl's reading of the keys its DFlash model, proposer and
+runners read (model_executor/models/qwen3_dflash.py, v1/spec_decode/dflash.py, the runners' layer selection), after
+its speculators reader has turned a speculators config into its own (runners.family_view).
+
+`convert` between DFlash layouts compares this reading of the source with that of what it writes (before writing
+and again on the written files): equal readings mean vLLM builds the same drafter from both. Labelled as a table
+(runners.ASSUMED); a test marked `vllm` calls vLLM's own functions on the same configs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..formats.families import MASK_TOKEN_KEYS
+from ..io.jsonio import MISSING, config_get
+from .runners import family_readings, family_view
+
+SLIDING = "sliding_attention"
+DEFAULT_ROPE_THETA = 1000000  # qwen3_dflash.py: set_default_rope_theta(config, default_theta=1000000)
+
+# decoder keys the DFlash model reads as they stand
+DECODER_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "intermediate_size", "rms_norm_eps", "hidden_act", "max_position_embeddings",
+                "attention_bias", "vocab_size", "rope_scaling", "rope_parameters", "layer_types", "is_neox_style",
+                "logit_scale")
+# dflash_config keys vLLM reads, with the value it assumes when absent
+DFLASH_KEYS = {"sample_from_anchor": False, "use_aux_hidden_state": True, "attention_value_scale": None}
+
+
+def layer_attention(view: dict[str, Any]) -> list[list[Any]] | str:
+    """[sliding window or None, causal] per draft layer (qwen3_dflash.py _resolve_layer_attention and
+    _dflash_layer_causal), or why vLLM refuses the config."""
+    dc = view.get("dflash_config") or {}
+    types = view.get("layer_types")
+    n = view.get("num_hidden_layers")
+    if not isinstance(n, int) or (types is not None and (not isinstance(types, list) or len(types) < n)):
+        return "num_hidden_layers / layer_types unreadable"
+    use_swa = bool(dc.get("use_swa", False))
+    any_sliding = types is not None and SLIDING in types
+    out: list[list[Any]] = []
+    for i in range(n):
+        sliding = use_swa if types is None or (use_swa and not any_sliding) else types[i] == SLIDING
+        window = dc.get("swa_window_size", view.get("sliding_window")) if sliding else None
+        if sliding and window is None:
+            return "a sliding layer without dflash_config.swa_window_size or sliding_window"
+        if view.get("is_causal") is not None:
+            causal = bool(view["is_causal"])
+        elif dc.get("causal") is not None:
+            causal = bool(dc["causal"])
+        else:
+            causal = bool(types) and types[i] == SLIDING
+        out.append([window, causal])
+    return out
+
+
+def mask_token(view: dict[str, Any]) -> Any:
+    """The mask token id, where vLLM's proposer looks for it first (MASK_TOKEN_KEYS)."""
+    for key in MASK_TOKEN_KEYS:
+        value = config_get(view, key)
+        if value is not MISSING and value is not None:
+            return value
+    return None
+
+
+def reading(config: dict[str, Any]) -> dict[str, Any]:
+    """{what vLLM reads: the value it reads} for a DFlash config in the hf or the speculators layout."""
+    view = family_view(config)
+    dc = view.get("dflash_config") or {}
+    out: dict[str, Any] = {k: view.get(k) for k in DECODER_KEYS}
+    out["rope_theta"] = view.get("rope_theta", DEFAULT_ROPE_THETA)
+    out["draft_vocab_size"] = view.get("draft_vocab_size") or view.get("vocab_size")
+    out["target_hidden_size"] = view.get("target_hidden_size") or view.get("hidden_size")
+    out["mask_token_id"] = mask_token(view)
+    out["attention per layer [sliding window, causal]"] = layer_attention(view)
+    out["attention_sink_bias"] = bool(dc.get("attention_sink_bias", view.get("add_swa_attention_sink_bias", False)))
+    out.update({f"dflash_config.{k}": dc.get(k, default) for k, default in DFLASH_KEYS.items()})
+    for r in family_readings(view, {"v1": None, "v2": None}, None).runners:
+        out[f"layers vLLM's {r.runner} runner captures"] = r.error or (list(r.boundary_ids) if r.boundary_ids
+                                                                         else None)
+    return out
+
+
+def differences(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(what, the source's, the output's) for every read value that differs."""
+    return [(k, before.get(k), after.get(k)) for k in before if before.get(k) != after.get(k)]
