@@ -131,3 +131,46 @@ def test_a_torchspec_dflash_converted_to_speculators_is_served(invoke, vllm_py, 
     doc = json.loads(r.stdout)
     assert doc["family"]["id"] == "dflash"
     _consistent(doc)
+
+
+def _gate(invoke, drafter, *args):
+    r = invoke("check", drafter, "--json", *args)
+    doc = json.loads(r.stdout)
+    return r, doc, {s["name"]: s for s in doc["stages"]}
+
+
+def test_check_gates_a_dflash_drafter_on_its_own_rules(invoke, tmp_path):
+    """check reads a DFlash drafter in its layout: inspect by the family's rules, parity undecided (eaglectl's
+    reference drafts no DFlash), the card unlinted, the publish stage on its files: UNDECIDED, exit 10."""
+    r, doc, stages = _gate(invoke, TRAINED / "dflash-untrained", "--target", TARGET)
+    assert r.exit_code == 10 and doc["verdict"] == "UNDECIDED", r.stderr
+    assert [s["status"] for s in doc["stages"]] == ["pass", "undecided", "skipped", "skipped", "pass"]
+    assert stages["inspect"]["data"]["family"] == "dflash"
+    assert "no block-parallel DFlash drafter" in stages["parity"]["detail"] and not stages["parity"]["environment"]
+    bad = edited(TRAINED / "dflash-untrained", tmp_path, config={"_name_or_path": "/home/me/run7/dflash",
+                                                               "dflash_config": {"mask_token_id": 4000,
+                                                                                 "target_layer_ids": [1, 4, 6]}})
+    r, doc, stages = _gate(invoke, bad, "--target", TARGET, "--card")
+    assert r.exit_code == 1 and doc["verdict"] == "FAIL", r.stderr
+    assert stages["inspect"]["status"] == "fail" and stages["parity"]["status"] == "skipped"
+    assert stages["card"]["status"] == "undecided" and stages["publish"]["status"] == "fail"
+    assert {"family-mask-token", "local-path"} <= {f["rule_id"] for f in doc["findings"]}
+    assert not (bad / "README.md").exists()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_check_smoke_measures_a_dflash_drafter_under_vllm(invoke, vllm_py):
+    """check --smoke runs smoke's family path: vLLM's counts, and the random fixture's AL-about-1 red flag fails the
+    stage (a DSpark drafter on a CPU build: undecided, vLLM not started)."""
+    r, doc, stages = _gate(invoke, TRAINED / "dflash-untrained", "--target", TARGET, "--smoke", "--vllm-python",
+                           vllm_py, "--num-prompts", 4, "-k", K)
+    assert r.exit_code == 1 and stages["smoke"]["status"] == "fail", r.stderr
+    assert "acceptance length 1.000 is about 1.0" in stages["smoke"]["detail"]
+    sm = stages["smoke"]["data"]  # vLLM's counts (the gate runs no baseline: greedy_match is not measured)
+    assert sm["family"]["method"] == "dflash" and sm["num_drafts"] > 0 and sm["num_accepted_tokens"] == 0
+    assert sm["num_draft_tokens"] == K * sm["num_drafts"] == K * sum(r["num_drafts"] for r in sm["requests"])
+    if not vllm_has_gpu(vllm_py):
+        r, doc, stages = _gate(invoke, FIXTURES / "families" / "dspark", "--smoke", "--vllm-python", vllm_py,
+                               "--target", TARGET)
+        assert stages["smoke"]["status"] == "undecided" and "this vLLM is a CPU build" in stages["smoke"]["detail"]

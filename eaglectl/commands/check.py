@@ -29,6 +29,9 @@ from .requests import CheckRequest, SmokeRequest
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
+    from ..checkpoint.family import FamilyCheckpoint
+    from ..measure.probe import Measurement
+    from ..measure.target import Target
     from .inspect import InspectReport
 
 
@@ -95,25 +98,27 @@ NAMING_FIXES = ("verifier-unnamed", "verifier-local-path", "verifier-local-path-
 def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     """Run the gate on the request's source (`check`'s, `upload`'s or a manifest line's). `--min-acceptance`, or
     any of the smoke stage's options, implies the smoke stage."""
-    from ..checkpoint.drafter import open_drafter
+    from ..checkpoint.family import FamilyCheckpoint, open_any
     from ..measure.target import Target
     from .inspect import inspect_opened
 
     source, target, states, strict = req.source, req.target, req.states, req.strict
     given = req.smoke_given()
     t0 = time.perf_counter()
-    d = open_drafter(source, allow_pickle=req.allow_pickle)
+    d = open_any(source, allow_pickle=req.allow_pickle)
     tgt = Target.open(target, states, progress=progress)
     others = local_inputs(tgt, given.get("prompts"))
     check_outputs({"--sarif": req.sarif_path}, [*others, *local_inputs(d)])
     if req.card and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
         from .card import CARD
 
-        check_outputs({"the model card": Path(d.root) / CARD}, [*others, *d.ckpt.identities])
+        check_outputs({"the model card": Path(d.ckpt.root) / CARD}, [*others, *d.ckpt.identities])
     wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
     smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
                          concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
     missing = _environment(wants_smoke and target is not None, smoke)  # before the slow stages, not after them
+    if isinstance(d, FamilyCheckpoint):  # DFlash, DSpark: their own layout
+        return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)
     rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
                          engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
@@ -125,7 +130,8 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
     if missing is None or not rep.servable:  # a drafter inspect fails fails the gate, here or anywhere
         out.stages.append(_timed(lambda: _parity(rep)))
-        smoke_stage = _timed(lambda: _smoke(rep, target, wants_smoke, smoke, progress))
+        smoke_stage = _timed(lambda: _smoke(rep.drafter, rep.opened_target, rep.servable, rep.measured, wants_smoke,
+                                            smoke, progress))
     else:  # the gate is undecided whatever parity says: rerun it where the smoke stage can run
         out.stages.append(Stage("parity", "skipped", "not run: the requested smoke stage cannot run here, so the "
                                 "gate is undecided (the target was not measured either)"))
@@ -158,20 +164,25 @@ def gates(sarif_path: str | None,
 def _publish(out: CheckReport, rep: InspectReport) -> Stage:
     """The files an upload would send (after the card stage wrote README.md): no local path, and a drafter
     the loaders it meets on the Hub can load (rules/publish.py)."""
-    from ..checkpoint.publish import upload_files
-    from ..rules.publish import lint_publish
-
-    folder = Path(rep.drafter.root)
-    if rep.drafter.ckpt.hub_ref is not None and not folder.is_dir():
-        return Stage("publish", "skipped", "a Hub repo, read remotely: its files are published already")
     drafter = rep.drafter
     if out.config_written:  # the card stage named the verifier: lint the config as it is now
         from ..checkpoint.drafter import open_drafter
 
-        drafter = open_drafter(str(folder), from_dialect=drafter.dialect.name)
+        drafter = open_drafter(drafter.root, from_dialect=drafter.dialect.name)
+    return _publish_files(out, Path(drafter.root), drafter.ckpt.hub_ref is not None, drafter)
+
+
+def _publish_files(out: CheckReport, folder: Path, remote: bool, drafter: DrafterCheckpoint | None) -> Stage:
+    """The publish stage on `folder`: its files, and the findings about publishing them (an EAGLE-3 `drafter`'s
+    loader rules too; a family's: local paths only)."""
+    from ..checkpoint.publish import upload_files
+    from ..rules.publish import lint_publish, local_path_findings
+
+    if remote and not folder.is_dir():
+        return Stage("publish", "skipped", "a Hub repo, read remotely: its files are published already")
     try:
         files = upload_files(folder)  # refuses a link out of the folder, a FIFO, a device: before reading any file
-        found = lint_publish(drafter, folder)
+        found = lint_publish(drafter, folder) if drafter is not None else local_path_findings(folder)
     except EaglectlError as e:
         return Stage("publish", "fail", f"[{e.reference}] {e.message}")
     if any(f.rule_id == "speculators-null-verifier" for f in found):  # says all verifier-unnamed says, and more
@@ -232,18 +243,20 @@ def _parity(rep: InspectReport) -> Stage:
                  f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
 
 
-def _smoke(rep: InspectReport, target: str | None, requested: bool, req: SmokeRequest, progress: Progress) -> Stage:
+def _smoke(d: DrafterCheckpoint | FamilyCheckpoint, t: Target | None, servable: bool, measured: Measurement | None,
+           requested: bool, req: SmokeRequest, progress: Progress) -> Stage:
     if not requested:
         return Stage("smoke", "skipped", "not requested (--smoke runs the drafter under vLLM, --engine reference "
                      "under eaglectl's reference loop)")
-    why_not = ("needs --target" if target is None else
-               "inspect found errors" if not rep.servable else None)
+    why_not = ("needs --target" if t is None else
+               "inspect found errors" if not servable else None)
     if why_not:
         return Stage("smoke", "fail", f"requested but cannot run: {why_not}", requested=True)
+    assert t is not None
     from .smoke import command as smoke
 
     try:
-        sm = smoke.measure(rep.drafter, rep.opened_target, req, measured=rep.measured, progress=progress).to_json()
+        sm = smoke.measure(d, t, req, measured=measured, progress=progress).to_json()
     except (MissingDependencyError, ReferenceLimitError) as e:  # eaglectl cannot run it: undecided (exit 10)
         return undecided("smoke", e, requested=True)
     except EaglectlError as e:
@@ -258,6 +271,36 @@ def _smoke(rep: InspectReport, target: str | None, requested: bool, req: SmokeRe
     if sm["red_flags"]:
         return Stage("smoke", "fail", detail + "; " + sm["red_flags"][0], data=sm, requested=True)
     return Stage("smoke", "pass", detail, data=sm, requested=True)
+
+
+def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke: SmokeRequest, wants_smoke: bool,
+                 missing: MissingDependencyError | None, progress: Progress) -> CheckReport:
+    """The gate for a drafter of a family read in its own layout (DFlash, DSpark): its inspect, and smoke when asked
+    (vLLM serves the family's method). Parity is undecided (eaglectl's reference drafter runs none of these methods),
+    and eaglectl writes and lints EAGLE-3 model cards only."""
+    from .family import inspect_family
+    from .requests import InspectRequest
+
+    t0 = time.perf_counter()
+    rep = inspect_family(d, t.checkpoint if t is not None else None, InspectRequest(d.source, strict=req.strict))
+    servable = not rep.summary["error"]
+    reading = d.family.reading
+    assert reading is not None
+    out = CheckReport(req.source, [Stage("inspect", "fail" if rep.exit_code else "pass", rep.summary_line()
+                                         + (" (strict)" if req.strict else "")
+                                         + (f", against {req.target}" if req.target else ""),
+                                         time.perf_counter() - t0, {"family": d.family.id, "summary": rep.summary},
+                                         requested=True)],
+                      list(rep.findings), root=d.ckpt.root)
+    out.stages.append(undecided("parity", ReferenceLimitError(f"{d.source}: {d.family.name}: {reading.reference}"))
+                      if servable else Stage("parity", "skipped", "inspect found errors"))
+    out.stages.append(undecided("smoke", missing, requested=True) if missing is not None else
+                      _timed(lambda: _smoke(d, t, servable, None, wants_smoke, smoke, progress)))
+    out.stages.append(Stage("card", "undecided", f"beyond eaglectl: it writes model cards from an EAGLE-3 report, and "
+                            f"this is a {d.family.name} drafter", requested=True) if req.card else
+                      Stage("card", "skipped", f"not linted: eaglectl lints EAGLE-3 model cards ({d.family.name})"))
+    out.stages.append(_timed(lambda: _publish_files(out, Path(d.ckpt.root), d.ckpt.hub_ref is not None, None)))
+    return out
 
 
 def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,

@@ -8,15 +8,20 @@ from pathlib import Path
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..checkpoint.publish import is_local_path, local_paths
 from . import catalogue as rule
-from .base import Context, Finding
+from .base import Context, Finding, hint_values
+
+
+def local_path_findings(folder: Path, values: dict[str, str] | None = None) -> list[Finding]:
+    """A `local-path` finding for every path of this machine in a file an upload of `folder` would send (`values`:
+    the drafter's hint placeholders)."""
+    return [Finding(rule.LOCAL_PATH, f"{p.file} {p.where}: '{p.value}' is a local path; on the Hub it names nothing",
+                    f"{p.file}:{p.where}", values) for p in local_paths(folder)]
 
 
 def lint_publish(drafter: DrafterCheckpoint, folder: Path) -> list[Finding]:
     """Findings about publishing `folder` (the drafter's local root) as it is."""
     ctx = Context(drafter)
-    for p in local_paths(folder):
-        ctx.emit(rule.LOCAL_PATH, f"{p.file} {p.where}: '{p.value}' is a local path; on the Hub it names nothing",
-                 f"{p.file}:{p.where}")
+    ctx.findings.extend(local_path_findings(folder, hint_values(drafter)))
     if drafter.dialect.config_style == "speculators" and not drafter.spec.has_embed_tokens:
         name = (drafter.config.dict("speculators_config.verifier") or {}).get("name_or_path")
         if name is None or (isinstance(name, str) and is_local_path(name)):
