@@ -32,15 +32,17 @@ def _config(folder: Path) -> dict:
     return json.loads((folder / "config.json").read_text())
 
 
-def _torchspec(tmp_path: Path) -> Path:
-    """The untrained DFlash as TorchSpec's DFlash export writes it: its training names, the target's embedding
-    kept, and its config class's fields (a top-level target_layer_ids, num_target_layers = how many)."""
+def _torchspec(tmp_path: Path, source: Path = DFLASH) -> Path:
+    """A DFlash drafter as TorchSpec's DFlash export writes it: its training names, the target's embedding kept, and
+    its config class's fields (a top-level target_layer_ids, num_target_layers = how many)."""
     names = {"fc.": "context_proj.", "hidden_norm.": "context_norm.", "norm.": "final_norm."}
+    with safe_open(str(TARGET / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight")
 
     def rename(state: dict) -> dict:
         out = {next((new + k[len(old):] for old, new in names.items() if k.startswith(old)), k): v
                for k, v in state.items()}
-        out["embed_tokens.weight"] = torch.zeros(320, 128, dtype=torch.bfloat16)
+        out["embed_tokens.weight"] = embed
         return out
 
     def config(c: dict) -> None:
@@ -48,7 +50,7 @@ def _torchspec(tmp_path: Path) -> Path:
         c.update(target_layer_ids=dc["target_layer_ids"], mask_token_id=dc["mask_token_id"], num_target_layers=3,
                  target_num_hidden_layers=8, target_hidden_size=128)
 
-    return edited(DFLASH, tmp_path, name="torchspec", tensors=rename, config=config)
+    return edited(source, tmp_path, name="torchspec", tensors=rename, config=config)
 
 
 def test_dflash_round_trips_through_speculators_with_every_layer_kept(invoke, tmp_path):
