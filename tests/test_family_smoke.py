@@ -82,22 +82,31 @@ def _consistent(doc: dict) -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_peagle_is_measured_with_parallel_drafting(invoke, vllm_py):
-    """P-EAGLE (the trained EAGLE-3 drafter plus an untrained, zero mask_hidden): position 1 drafts as EAGLE-3 does;
-    positions 2..k come from masked slots it never learnt. Served as a plain EAGLE-3 chain they would be accepted
-    about as often as position 1 (trained/expected.json: 0.87, 0.79, 0.73), so a collapse after position 1 shows
-    that vLLM drafted in parallel."""
-    r = _smoke(invoke, TRAINED / "peagle", "--engine", "vllm", "--vllm-python", vllm_py, "--max-tokens", 32,
-               "--baseline", "none", "--json")
-    assert r.exit_code == 0, r.stderr[-3000:]
-    doc = json.loads(r.stdout)
+def test_peagle_is_measured_with_parallel_drafting(invoke, vllm_py, tmp_path):
+    """P-EAGLE (the trained EAGLE-3 drafter plus a fitted mask_hidden): position 1 drafts as EAGLE-3 does; positions
+    2..k come from masked slots. Served as a plain EAGLE-3 chain they would be accepted about as often as position 1
+    (trained/expected.json: 0.87, 0.79, 0.73), so the drop after position 1 shows that vLLM drafted in parallel; with
+    mask_hidden zeroed vLLM accepts fewer of them, so it reads the fitted one."""
+    import torch
+
+    def measured(drafter: Path) -> dict:
+        r = _smoke(invoke, drafter, "--engine", "vllm", "--vllm-python", vllm_py, "--max-tokens", 32, "--baseline",
+                   "none", "--json")
+        assert r.exit_code == 0, r.stderr[-3000:]
+        return json.loads(r.stdout)
+
+    doc = measured(TRAINED / "peagle")
     assert doc["family"]["id"] == "peagle" and doc["family"]["extra"] == {"parallel_drafting": True}
     _consistent(doc)
     assert doc["red_flags"] == []
     first, *later = doc["per_position_acceptance"]
-    assert first > 0.5 and all(p < first / 4 for p in later)
+    assert first > 0.5 and all(p < 0.6 * first for p in later)
     assert doc["runners"][0]["runner_used"] == "v1"
     assert doc["engine_reading"] is None and doc["engine_reading_note"].startswith("not replayed: ")
+    zero = edited(TRAINED / "peagle", tmp_path, tensors={"mask_hidden": torch.zeros(1, 384, dtype=torch.bfloat16)})
+    unfitted = measured(zero)
+    masked = lambda d: sum(_counts(d)[2][1:])  # noqa: E731 (tokens accepted at positions 2..k)
+    assert masked(unfitted) < masked(doc)
 
 
 @pytest.mark.vllm
