@@ -406,20 +406,36 @@ def test_provenance_is_recorded(tmp_path):
     assert meta["format"] == "pt" and json.loads(meta["eaglectl"]) == prov
 
 
+def independent_digest(folder) -> str:
+    """The provenance digest of a one-file safetensors drafter, computed here from its bytes."""
+    ck = open_checkpoint(str(folder))
+    raw = (folder / "model.safetensors").read_bytes()
+    start = ck.files[0].header.data_start
+    h = hashlib.sha256()
+    for name in sorted(ck.tensor_file):
+        info = ck.tensors[name]
+        sha = hashlib.sha256(raw[start + info.begin: start + info.end]).hexdigest()
+        h.update(f"{name}|{info.dtype}|{list(info.shape)}|{sha}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def test_source_digest_is_the_sources_whatever_is_written(invoke, tmp_path):
+    """Hashed from the moment the source is opened (copies and casts alike), the digest names the source's bytes:
+    the same with and without a cast, and a refused conversion stops the hashing and leaves nothing."""
+    src = DRAFTERS / "speculators-3.1"
+    runs = [json.loads(invoke("convert", src, tmp_path / name, "--to", "modelopt", *extra, "--json").stdout)
+            for name, extra in (("copy", []), ("cast", ["--dtype", "float16"]))]
+    assert {a["action"] for a in runs[1]["plan"]["tensors"]} >= {"cast"}
+    assert runs[0]["source_digest"] == runs[1]["source_digest"] == independent_digest(src)
+    refused = invoke("convert", src, tmp_path / "refused", "--to", "eagle")  # planning refuses fc_norm: the digest ran
+    assert refused.exit_code != 0 and not (tmp_path / "refused").exists()
+
+
 def test_source_digest_identifies_tensors_not_layout(tmp_path):
     """The digest streamed while writing equals an independent hash, and ignores sharding."""
     a = convert(DRAFTERS / "speculators-3.1", tmp_path / "a", "modelopt", max_shard_size=10_000)
     b = convert(DRAFTERS / "speculators-sharded", tmp_path / "b", "modelopt")
-    assert a.source_digest == b.source_digest
-    ck = open_checkpoint(str(DRAFTERS / "speculators-3.1"))
-    h = hashlib.sha256()
-    for name in sorted(ck.tensor_file):
-        info = ck.tensors[name]
-        raw = (DRAFTERS / "speculators-3.1" / "model.safetensors").read_bytes()
-        start = ck.files[0].header.data_start
-        sha = hashlib.sha256(raw[start + info.begin: start + info.end]).hexdigest()
-        h.update(f"{name}|{info.dtype}|{list(info.shape)}|{sha}\n".encode())
-    assert a.source_digest == "sha256:" + h.hexdigest()
+    assert a.source_digest == b.source_digest == independent_digest(DRAFTERS / "speculators-3.1")
     for shard in sorted((tmp_path / "a").glob("*.safetensors")):
         meta = json.loads(open_checkpoint(str(shard)).metadata["eaglectl"])
         assert meta["source_digest"] == a.source_digest == config(tmp_path / "a")["eaglectl_provenance"]["source_digest"]

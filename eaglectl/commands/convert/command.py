@@ -100,51 +100,58 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
     inputs = local_inputs(src, tgt)  # the drafter, the target and its capture (--states)
     if not req.dry_run:
         check_destination(dest, force=req.force, sources=inputs)
-    measured = None
-    notes: list[str] = []
-    if tgt is not None and req.measure:
-        why = tgt.why_not_measurable()
-        if why is None:
-            from ...measure.probe import try_measure  # torch and transformers: only when the target can be run
+    # the provenance digest hashes the source from now on, on the other cores, while this one plans and writes
+    digest = None if req.dry_run else SourceDigest(src.ckpt)
+    try:
+        measured = None
+        notes: list[str] = []
+        if tgt is not None and req.measure:
+            why = tgt.why_not_measurable()
+            if why is None:
+                from ...measure.probe import try_measure  # torch and transformers: only when the target can be run
 
-            measured, why = try_measure(src, tgt, progress=progress)
-        if why:
-            notes.append(why)
+                measured, why = try_measure(src, tgt, progress=progress)
+            if why:
+                notes.append(why)
 
-    named = UNNAMED if base_model is None and for_engine is not None else base_model  # --for: never refused for it
+        named = UNNAMED if base_model is None and for_engine is not None else base_model  # --for: never refused for it
 
-    def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
-        ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
-                                                   dialect)
-        return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
-                               source_aux_convention=convention, max_shard_size=req.max_shard_size,
-                               measured=measured, base_model=named, embed_from_target=req.embed_from_target
-                               ), ids, convention, more
+        def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
+            ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
+                                                       dialect)
+            return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
+                                   source_aux_convention=convention, max_shard_size=req.max_shard_size,
+                                   measured=measured, base_model=named, embed_from_target=req.embed_from_target
+                                   ), ids, convention, more
 
-    serve = None
-    if for_engine is not None:
-        from ...engines.serving import pick
+        serve = None
+        if for_engine is not None:
+            from ...engines.serving import pick
 
-        to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
-    else:
-        assert to is not None
-        plan, ids, convention, more = plan_for(to)
-    plan.notes[:0] = notes + more
-    if serve is not None:
-        from ...engines.serving import serve_command
+            to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
+        else:
+            assert to is not None
+            plan, ids, convention, more = plan_for(to)
+        plan.notes[:0] = notes + more
+        if serve is not None:
+            from ...engines.serving import serve_command
 
-        serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
-    if req.dry_run:
-        return ConversionResult(plan, False, [], serve=serve)
-    check = None
-    if tgt is not None and tgt.runnable and measured is not None and not measured.at_chance:
-        check = behaviour_check(src, measured, tgt, ids, convention, to)
-    elif tgt is not None and tgt.states is not None and measured is not None:
-        plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
-                          "runnable --target without --states)")
-    result = execute(plan, src, target=checkpoint, force=req.force, progress=progress, after_write=check, inputs=inputs)
-    result.serve = serve
-    return result
+            serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
+        if req.dry_run:
+            return ConversionResult(plan, False, [], serve=serve)
+        check = None
+        if tgt is not None and tgt.runnable and measured is not None and not measured.at_chance:
+            check = behaviour_check(src, measured, tgt, ids, convention, to)
+        elif tgt is not None and tgt.states is not None and measured is not None:
+            plan.notes.append("measured on the capture; the written output's drafting was not replayed (that needs a "
+                              "runnable --target without --states)")
+        result = execute(plan, src, target=checkpoint, force=req.force, progress=progress, after_write=check,
+                         inputs=inputs, digest=digest)
+        result.serve = serve
+        return result
+    finally:
+        if digest is not None:
+            digest.close()
 
 
 def follow_measurement(src: DrafterCheckpoint, m: Measurement | None, given: str | None,
@@ -231,12 +238,14 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
 def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, target: TargetCheckpoint | None = None,
             force: bool = False, supplied: dict[str, bytes] | None = None, progress: Progress = passthrough,
             after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
-            inputs: list[str] | None = None, recheck: Recheck | None = None) -> ConversionResult:
+            inputs: list[str] | None = None, recheck: Recheck | None = None, digest: SourceDigest | None = None
+            ) -> ConversionResult:
     """Write exactly `plan` into a staging folder, check it, then rename it to DEST.
 
     `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
     before the rename and returns more lines for `checked`. `recheck(stage, plan, written)` replaces the EAGLE-3
-    re-checks of the staged output (a family's layouts: commands/convert/family.py).
+    re-checks of the staged output (a family's layouts: commands/convert/family.py). `digest`: the source's,
+    started by the caller as soon as it opened the source (else here).
     """
     supplied = supplied or {}
     public_provenance(plan)
@@ -244,12 +253,12 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, 
         from .gguf import execute_gguf
 
         return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force,
-                                                                after_write=after_write, inputs=inputs))
+                                                                after_write=after_write, inputs=inputs, digest=digest))
     by_name = {a.dest: a for a in plan.tensors}
     names = plan.file_names()
     total = sum(a.nbytes for a in plan.tensors)
     with staged_output(plan.dest, force=force, sources=local_inputs(src, target) if inputs is None else inputs) as stage:
-        digest = SourceDigest(src.ckpt)
+        digest = digest or SourceDigest(src.ckpt)
         try:
             written: list[Written] = []
             for file_name, members in progress(list(zip(names, plan.shards, strict=True)), label="writing", total=total,
@@ -266,7 +275,7 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, 
         except OSError as e:
             raise filesystem_error(e, "write the output in", stage) from None
         finally:
-            digest.pool.shutdown(wait=True, cancel_futures=True)
+            digest.close()
         for file_name in names:
             patch_header(stage / file_name, DIGEST_PLACEHOLDER.encode(), source_digest.encode())
         if len(names) > 1:

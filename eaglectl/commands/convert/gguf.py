@@ -89,7 +89,7 @@ def _llama_layout(name: str, data: np.ndarray, meta: dict[str, Any]) -> np.ndarr
 
 def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: TargetCheckpoint | None = None,
                  force: bool = False, after_write: Callable[[DrafterCheckpoint], list[str]] | None = None,
-                 inputs: list[str] | None = None) -> tuple[list[str], str]:
+                 inputs: list[str] | None = None, digest: SourceDigest | None = None) -> tuple[list[str], str]:
     """Write `plan` as DEST/model.gguf; (what was checked, the source digest). `after_write(out)` (convert's
     behavioural replay) runs on the staged file, re-read, before the rename, as for every other destination."""
     if "lm_head.weight" not in {a.canonical for a in plan.tensors}:
@@ -98,7 +98,7 @@ def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: Target
     meta = gguf_metadata(plan)
     with staged_output(plan.dest, force=force, sources=local_inputs(src, target) if inputs is None else inputs,
                        replaceable=(*REPLACEABLE, "*.gguf")) as stage:
-        digest = SourceDigest(src.ckpt)
+        digest = digest or SourceDigest(src.ckpt)
         try:
             wanted = {a.dest: (a, _stored(a, src, target, digest)) for a in plan.tensors}
             source_digest = digest.result()
@@ -108,7 +108,7 @@ def execute_gguf(plan: ConversionPlan, src: DrafterCheckpoint, *, target: Target
         except OSError as e:
             raise filesystem_error(e, "write the output in", stage) from None
         finally:
-            digest.pool.shutdown(wait=True, cancel_futures=True)
+            digest.close()
         out = interpret(ggufio.open_gguf(str(stage / FILE_NAME), stage / FILE_NAME))
         checked = [_check_round_trip(out, wanted), *_check_spec(out, src, plan)]
         if after_write is not None:  # under llama.cpp's reading of eagle3.target_layers (ENGINE_AUX_CONVENTIONS)

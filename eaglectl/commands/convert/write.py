@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ... import formats
+from ... import formats, threads
 from ...checkpoint.drafter import DrafterCheckpoint, interpret
 from ...checkpoint.target import TargetCheckpoint
 from ...errors import ConversionError, EaglectlError
@@ -33,21 +33,27 @@ if TYPE_CHECKING:
 class SourceDigest:
     """sha256 of every source tensor (the provenance digest), computed off the main thread.
 
-    Local copied ranges are hashed from the page cache by a worker while the main thread copies;
-    bytes the main thread reads anyway (casts) are hashed as they pass; the rest at the end.
+    Every local tensor is handed to the workers (one per core the main thread leaves, at most two) as soon as
+    this is created, largest first so that they end together, and hashed from the page cache while the main
+    thread plans, copies and checks. Tensors without a local byte range (pickled, remote) are hashed
+    as the main thread reads them (casts) or at the end.
     """
 
     def __init__(self, ckpt: Checkpoint) -> None:
         self.ckpt = ckpt
-        self.per_tensor: dict[str, Future[str] | str] = {}
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eaglectl-sha256")
+        self.pool = ThreadPoolExecutor(min(2, max(1, threads.cores() - 1)), thread_name_prefix="eaglectl-sha256")
+        local = [(name, r) for name, wf in ckpt.tensor_file.items() if (r := wf.byte_range(name)) is not None]
+        self.per_tensor: dict[str, Future[str] | str] = {
+            name: self.pool.submit(sha256_range, r) for name, r in sorted(local, key=lambda nr: -nr[1].length)}
 
-    def start(self, stored: str) -> None:
-        r = self.ckpt.tensor_file[stored].byte_range(stored)
-        if r is not None and stored not in self.per_tensor:
-            self.per_tensor[stored] = self.pool.submit(sha256_range, r)
+    def close(self) -> None:
+        """Stop hashing (an error, a dry run): what a worker is hashing now finishes, the rest is dropped."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
     def chunks(self, stored: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        if stored in self.per_tensor:  # hashed by a worker already
+            yield from chunks
+            return
         h = hashlib.sha256()
         for chunk in chunks:
             h.update(chunk)
@@ -68,7 +74,7 @@ class SourceDigest:
                 value = got.result() if isinstance(got, Future) else got
                 h.update(f"{name}|{info.dtype}|{list(info.shape)}|{value}\n".encode())
         finally:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.close()
         return "sha256:" + h.hexdigest()
 
 
@@ -101,7 +107,6 @@ def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoi
         assert a.source is not None
         r = src.ckpt.tensor_file[a.source].byte_range(a.source)
         if r is not None:
-            digest.start(a.source)
             return TensorEntry(a.dest, a.dtype, a.shape, copy=r)
         return TensorEntry(a.dest, a.dtype, a.shape, lambda: digest.chunks(a.source, raw_chunks(src.ckpt, a.source)))
     if a.action == "cast":
