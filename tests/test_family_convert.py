@@ -145,6 +145,11 @@ def test_an_eagle3_drafter_is_not_written_as_dflash(invoke, tmp_path):
     assert "layout of DFlash drafters" in r.stderr and not (tmp_path / "out").exists()
 
 
+def test_dspark_has_no_layouts_to_convert_between(invoke, tmp_path):
+    r = invoke("convert", FIXTURES / "families" / "dspark", tmp_path / "out", "--to", "dflash")
+    assert r.exit_code == ConversionError.exit_code and "converts no DSpark layouts" in r.stderr, r.stderr
+
+
 def test_dfash2_is_refused_by_name(invoke, tmp_path):
     src = edited(FIXTURES / "families" / "dflash", tmp_path, config={"architectures": ["DFlash2DraftModel"]})
     r = invoke("convert", src, tmp_path / "out", "--to", "dflash")

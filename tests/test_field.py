@@ -69,7 +69,7 @@ def test_convert_and_upgrade_refuse_it_with_the_reason(invoke, tmp_path, name, c
     r = invoke(*args)
     assert not (tmp_path / "out").exists()
     if command == "convert" and name not in REFUSED:  # read in its own layout: convert moves it between its layouts
-        assert r.exit_code == 7 and f"not a layout of {family} drafters" in r.stderr, r.stderr
+        assert r.exit_code == 7 and family in r.stderr and "layout" in r.stderr, r.stderr
     else:
         assert r.exit_code == 5 and f"{family}, not EAGLE-3" in r.stderr
 

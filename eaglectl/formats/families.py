@@ -191,7 +191,7 @@ class Layout:
     `convert` moves a drafter between the layouts of its family (commands/convert/family.py): tensors renamed by
     `key_rules` (canonical prefix, this layout's), the config rebuilt from vLLM's reading of the source (its
     `config_style`: "hf", the fields at the top level and in `dflash_config`, as vLLM reads them; "speculators", the
-    speculators format that vLLM's reader turns into the former). The first layout of the family whose `signals` all
+    speculators format that vLLM's reader turns into the former; "torchspec", TorchSpec's config class's fields). The first layout of the family whose `signals` all
     hold is the files' layout; the last has none (the family's own). `writable` False: read only, with `why`.
     """
 
@@ -224,8 +224,8 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("dflash-torchspec", "dflash", "TorchSpec DFlash", "lightseekorg/TorchSpec (training names: context_proj, "
            "context_norm, final_norm)", (Signal("tensor-prefix", "context_proj."),),
            key_rules=(("fc.", "context_proj."), ("hidden_norm.", "context_norm."), ("norm.", "final_norm.")),
-           # TorchSpec's num_target_layers counts the layers it captures
-           vllm_loads=False, depth_key="target_num_hidden_layers", writable=False,
+           # its config class's fields: TorchSpec's num_target_layers counts the layers it captures
+           config_style="torchspec", vllm_loads=False, depth_key="target_num_hidden_layers", writable=False,
            why="TorchSpec loads the vLLM layout itself (its keymap renames fc, hidden_norm and norm back): write "
                "--to dflash"),
     Layout("dflash", "dflash", "DFlash (z-lab / vLLM)", "z-lab DFlash releases, SpecForge, ModelOpt; what vLLM "

@@ -84,7 +84,7 @@ def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn])
     """The source's config as vLLM reads a DFlash config (runners.family_view); TorchSpec's first mapped from the
     fields its own model reads (a top-level target_layer_ids and mask_token_id, num_target_layers = how many)."""
     config = src.config
-    if lay.id != "dflash-torchspec":
+    if lay.config_style != "torchspec":
         view = family_view(config)
     else:
         view = {k: v for k, v in config.items() if k not in _TORCHSPEC_KEYS}
@@ -102,9 +102,8 @@ def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn])
             view["num_target_layers"] = config[lay.depth_key]  # z-lab's key for the target's depth
         if view.get("model_type") == "dflash":  # TorchSpec's config class; the decoder is Qwen3's (q_norm, k_norm)
             view["model_type"] = "qwen3"
-    archs = view.get("architectures")
-    if archs not in (None, [CONVERTED_ARCHITECTURE]) and not (lay.config_style == "speculators"
-                                                               and config.get("speculators_model_type") == "dflash"):
+    archs = view.get("architectures")  # a speculators dflash2 / xpress config reads as its own class
+    if archs not in (None, [CONVERTED_ARCHITECTURE]):
         fail(f"architecture {archs}: eaglectl maps the layouts of {CONVERTED_ARCHITECTURE} only (DFlash2's "
              "convolution and selector head, XPress: not mapped)")
     fc = src.shape("fc.weight") or src.shape(lay.from_canonical("fc.weight"))
@@ -125,11 +124,11 @@ def plan_family(src: FamilyCheckpoint, dest: str | os.PathLike[str], to: str, *,
     def fail(message: str) -> NoReturn:
         _fail(src, to, message)
 
+    source_layout = _source_layout(src)
     if dest_layout is None or dest_layout.family != src.family.id:
         fail(f"'{to}' is not a layout of {src.family.name} drafters (eaglectl writes: {', '.join(writable_layouts())})")
     if not dest_layout.writable:
         fail(f"eaglectl reads {dest_layout.title} but does not write it: {dest_layout.why}")
-    source_layout = _source_layout(src)
     view = meaning(src, source_layout, fail)
     config = _config(src, view, dest_layout, target, base_model, fail)
     config["eaglectl_provenance"] = provenance(src.ckpt, source_layout.id, "convert", to)
