@@ -171,7 +171,7 @@ Examples:
 @click.argument("source", required=False, metavar="SOURCE")
 @click.argument("dest", required=False, metavar="DEST")
 @click.option("--to", "to", type=params.DialectChoice(writable=True, layouts=True),
-              help="Destination dialect (a DFlash drafter: dflash or dflash-speculators). [required unless --for]")
+              help="Destination dialect (or DFlash layout). [required unless --for]")
 @click.option("--for", "for_engine", type=click.Choice(["vllm"]),
               help="Instead of --to: the dialect this engine serves the drafter from best (by the release its "
                    "features need, docs/engines.md); prints the serve line for DEST.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -292,7 +293,10 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
                                          time.perf_counter() - t0, {"family": d.family.id, "summary": rep.summary},
                                          requested=True)],
                       list(rep.findings), root=d.ckpt.root)
-    out.stages.append(undecided("parity", ReferenceLimitError(f"{d.source}: {d.family.name}: {reading.reference}"))
+    limit = ReferenceLimitError(f"{d.source}: {d.family.name}: {reading.reference}",
+                                hint=f"eaglectl smoke {shlex.quote(d.source)} --target TARGET --engine vllm (vLLM "
+                                     "serves the method)")
+    out.stages.append(undecided("parity", limit)
                       if servable else Stage("parity", "skipped", "inspect found errors"))
     out.stages.append(undecided("smoke", missing, requested=True) if missing is not None else
                       _timed(lambda: _smoke(d, t, servable, None, wants_smoke, smoke, progress)))
