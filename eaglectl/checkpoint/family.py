@@ -7,11 +7,12 @@ whose family rules view it through this class too (rules/families.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UnknownFormatError
-from ..formats.families import Family, identify
+from ..formats.families import Family, Layout, identify, layout_of
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.jsonio import MISSING, config_get
 from .drafter import DrafterCheckpoint, open_drafter, probe_of
@@ -24,6 +25,11 @@ class FamilyCheckpoint:
     ckpt: Checkpoint
     family: Family
     evidence: tuple[str, ...]
+
+    @functools.cached_property
+    def layout(self) -> Layout | None:
+        """The producer's layout these files are in (formats/families.LAYOUTS; None: the family has none)."""
+        return layout_of(self.family, probe_of(self.ckpt))
 
     @property
     def source(self) -> str:

@@ -12,7 +12,7 @@ import shlex
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
-from .families import LAYOUTS, identify
+from .families import identify, writable_layouts
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
            "detect", "evaluate", "get", "names", "register", "writable"]
@@ -108,7 +108,7 @@ def not_eagle3(probe: Probe, where: str) -> None:
               f"eaglectl smoke {shlex.quote(where)} --target TARGET (measures it where vLLM serves the method); "
               + (f"eaglectl convert {shlex.quote(where)} DEST --to {layouts[0]} (between its layouts: "
                  f"{', '.join(layouts)}); "
-                 if (layouts := [lay.id for lay in LAYOUTS if lay.family == family.id and lay.writable]) else "")
+                 if (layouts := writable_layouts(family.id)) else "")
               + "upgrading and verifying are for EAGLE-3 / 3.1 drafters" if read else
               "only EAGLE-3 / 3.1 drafters are read, checked and converted here; serve this one with the engine "
               "named"))

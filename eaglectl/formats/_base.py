@@ -72,6 +72,16 @@ class Signal:
         }[self.kind]
 
 
+def renamed(name: str, key_rules: tuple[tuple[str, str], ...], *, to_canonical: bool) -> str:
+    """`name` under the first (canonical prefix, layout prefix) rule it starts with, in either direction; a name
+    matching none is kept as is."""
+    for canonical, ours in key_rules:
+        old, new = (ours, canonical) if to_canonical else (canonical, ours)
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def architectures(*names: str, weight: float = 1.0) -> tuple[Signal, ...]:
     """One signal per class name: config `architectures` names it."""
     return tuple(Signal("config-value", "architectures", n, weight) for n in names)
@@ -179,16 +189,10 @@ class Dialect:
     exported_rope_scaling: dict[str, Any] = field(default_factory=dict)
 
     def to_canonical(self, name: str) -> str:
-        for canonical, ours in self.key_rules:
-            if name.startswith(ours):
-                return canonical + name[len(ours):]
-        return name
+        return renamed(name, self.key_rules, to_canonical=True)
 
     def from_canonical(self, name: str) -> str:
-        for canonical, ours in self.key_rules:
-            if name.startswith(canonical):
-                return ours + name[len(canonical):]
-        return name
+        return renamed(name, self.key_rules, to_canonical=False)
 
     def aux_convention_for(self, probe: Probe) -> tuple[str, str]:
         for signals, convention, why in self.aux_convention_when:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._base import Probe, Signal
+from ._base import Probe, Signal, renamed
 from ._base import architectures as _archs
 
 # Where vLLM 0.32's proposer looks for the mask (parallel-drafting) token id, in its order
@@ -191,8 +191,9 @@ class Layout:
     `convert` moves a drafter between the layouts of its family (commands/convert/family.py): tensors renamed by
     `key_rules` (canonical prefix, this layout's), the config rebuilt from vLLM's reading of the source (its
     `config_style`: "hf", the fields at the top level and in `dflash_config`, as vLLM reads them; "speculators", the
-    speculators format that vLLM's reader turns into the former; "torchspec", TorchSpec's config class's fields). The first layout of the family whose `signals` all
-    hold is the files' layout; the last has none (the family's own). `writable` False: read only, with `why`.
+    speculators format that vLLM's reader turns into the former; "torchspec", TorchSpec's config class's fields).
+    The first layout of the family whose `signals` all hold is the files' layout; the last has none (the family's
+    own). `writable` False: read only, with `why`.
     """
 
     id: str  # the --to value, stable (JSON, docs)
@@ -208,10 +209,10 @@ class Layout:
     why: str = ""  # why eaglectl does not write it
 
     def to_canonical(self, name: str) -> str:
-        return next((c + name[len(ours):] for c, ours in self.key_rules if name.startswith(ours)), name)
+        return renamed(name, self.key_rules, to_canonical=True)
 
     def from_canonical(self, name: str) -> str:
-        return next((ours + name[len(c):] for c, ours in self.key_rules if name.startswith(c)), name)
+        return renamed(name, self.key_rules, to_canonical=False)
 
 
 # DFlash as three producers write it. The canonical names are vLLM's (qwen3_dflash.py); TorchSpec keeps its training
@@ -243,8 +244,9 @@ def layout(layout_id: str) -> Layout | None:
     return next((lay for lay in LAYOUTS if lay.id == layout_id), None)
 
 
-def writable_layouts() -> list[str]:
-    return [lay.id for lay in LAYOUTS if lay.writable]
+def writable_layouts(family_id: str | None = None) -> list[str]:
+    """The layout ids eaglectl writes (of one family when `family_id` is given)."""
+    return [lay.id for lay in LAYOUTS if lay.writable and family_id in (None, lay.family)]
 
 
 # Model Runner V1 is the one every CPU build of vLLM runs (no Triton: docs/engines.md#runners)

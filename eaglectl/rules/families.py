@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
 from ..checkpoint.family import HEAD, FamilyCheckpoint, of_checkpoint
-from ..formats.families import MASK_TOKEN_KEYS, layout_of
+from ..formats.families import MASK_TOKEN_KEYS
 from . import catalogue as rule
 from .base import Context, Finding, Rule, check
 
@@ -36,8 +36,7 @@ def target_depth(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> tuple
     """The target's depth and where it came from: --target, else the drafter's own num_target_layers."""
     if target is not None and target.num_layers is not None:
         return target.num_layers, "--target"
-    lay = layout_of(fc.family, probe_of(fc.ckpt))
-    key = lay.depth_key if lay is not None else "num_target_layers"
+    key = fc.layout.depth_key if fc.layout is not None else "num_target_layers"
     depth = fc.config.get(key)
     depth = depth if isinstance(depth, int) and not isinstance(depth, bool) else None
     return depth, f"the drafter's {key}" if depth is not None else "unknown"
@@ -65,7 +64,7 @@ def layers(fc: FamilyCheckpoint, readings: Readings, depth: int | None, depth_fr
 
 def loadable(fc: FamilyCheckpoint) -> Emitted:
     """The files' layout is one vLLM loads (formats/families.LAYOUTS: TorchSpec's training names are not)."""
-    lay = layout_of(fc.family, probe_of(fc.ckpt))
+    lay = fc.layout
     if lay is None or lay.vllm_loads:
         return []
     names = sorted({n.split(".")[0] + "." for n in fc.ckpt.tensor_file if lay.to_canonical(n) != n})

@@ -18,18 +18,17 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ... import __version__
-from ...checkpoint.drafter import probe_of
 from ...checkpoint.family import FamilyCheckpoint, of_checkpoint
 from ...checkpoint.target import TargetCheckpoint
 from ...engines.dflash import differences, layer_attention, reading
 from ...engines.runners import family_view
-from ...errors import ConversionError, EaglectlError, UsageError
-from ...formats.families import LAYOUTS, Layout, layout, layout_of, writable_layouts
-from ...io.checkpoint import open_checkpoint
+from ...errors import ConversionError, UsageError
+from ...formats.families import LAYOUTS, Layout, layout, writable_layouts
 from ...io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
 from ...io.safetensors import Written
 from ..requests import ConvertRequest, InspectRequest
 from .plan import ConversionPlan, TensorAction, config_diff, provenance, shard, verifier
+from .write import reopen
 
 # the only DFlash class whose layouts eaglectl maps (DFlash2's convolution and selector, XPress: not mapped)
 CONVERTED_ARCHITECTURE = "DFlashDraftModel"
@@ -72,7 +71,7 @@ def _fail(src: FamilyCheckpoint, to: str, message: str) -> NoReturn:
 
 
 def _source_layout(src: FamilyCheckpoint) -> Layout:
-    found = layout_of(src.family, probe_of(src.ckpt))
+    found = src.layout
     if found is None:
         raise ConversionError(f"{src.source}: eaglectl converts no {src.family.name} layouts (only between "
                               f"DFlash's: {', '.join(lay.id for lay in LAYOUTS)})", path=src.source,
@@ -211,16 +210,9 @@ def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: T
     from ..family import inspect_family
 
     where = f"{plan.dest} (staged)"
-    try:
-        out = open_checkpoint(str(stage))
-    except EaglectlError as e:
-        raise ConversionError(f"{where}: the written output does not open ({e.message})") from None
-    wanted = {a.dest: a for a in plan.tensors}
-    if set(out.tensor_file) != set(wanted) or any(
-            (out.tensors[n].dtype, tuple(out.tensors[n].shape)) != (a.dtype, a.shape) for n, a in wanted.items()):
-        raise ConversionError(f"{where}: written tensors differ from the plan")
+    out = reopen(stage, plan, written)
     fam = of_checkpoint(out, own_layout=True)
-    found = layout_of(fam.family, probe_of(out)) if fam is not None else None
+    found = fam.layout if fam is not None else None
     if found is None or found.id != plan.dest_dialect:
         raise ConversionError(f"{where}: the written files read as {found.id if found else 'no DFlash layout'}, "
                               f"not {plan.dest_dialect}")
@@ -231,7 +223,7 @@ def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: T
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}")
     assert plan.intended is not None
     before = plan.intended["reading"]
-    changed = differences(before, reading(json.loads((stage / "config.json").read_text())))
+    changed = differences(before, reading(out.config or {}))
     if changed:
         what, was, now = changed[0]
         raise ConversionError(f"{where}: vLLM reads {what} as {now!r} from the written config, the source as "

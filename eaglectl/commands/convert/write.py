@@ -184,10 +184,8 @@ def check_tensors(plan: ConversionPlan, written: list[Written], src: DrafterChec
     return f"{len(plan.tensors)} tensors equal their source or documented transform (re-read after writing)"
 
 
-def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
-                     ) -> tuple[DrafterCheckpoint, list[str]]:
-    """The finished output opens, holds exactly the planned tensors where they were written, is detected
-    as the planned dialect, and inspect finds no errors in it: (the output, interpreted; what was checked)."""
+def reopen(stage: Path, plan: ConversionPlan, written: list[Written]) -> Checkpoint:
+    """The staged output, opened: exactly the planned tensors, each where it was written (ConversionError else)."""
     where = f"{plan.dest} (staged)"
     try:
         out = open_checkpoint(str(stage))
@@ -204,7 +202,15 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
                 out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
             raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
                                   f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
-    d = interpret(out)
+    return out
+
+
+def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
+                     ) -> tuple[DrafterCheckpoint, list[str]]:
+    """The finished output opens, holds exactly the planned tensors where they were written, is detected
+    as the planned dialect, and inspect finds no errors in it: (the output, interpreted; what was checked)."""
+    where = f"{plan.dest} (staged)"
+    d = interpret(reopen(stage, plan, written))
     if d.dialect.name != plan.dest_dialect:
         raise ConversionError(f"{where}: written checkpoint is detected as {d.dialect.name}, not {plan.dest_dialect}")
     errors = [f for f in run_checks(Context(d, target)) if f.severity == "error"]
