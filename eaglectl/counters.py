@@ -3,7 +3,8 @@
 Kinds: `drafter` (a checkpoint interpreted), `drafter_fp32` (a drafter read into fp32 for the reference),
 `target_config` (a target's config opened), `target_model` (HF weights loaded), `target_text` (a forward
 pass over the bundled text), `target_continuations` (a batch of greedy continuations decoded) and
-`target_prompts_decoded` (prompts in them), `target_continuation_states` (states added to decoded ones).
+`target_prompts_decoded` (prompts in them), `target_continuation_states` (states added to decoded ones),
+`engine_worker` (a vLLM reading worker started: one per process, however many configs are asked).
 """
 
 from __future__ import annotations

@@ -354,3 +354,51 @@ def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
     got = read_batch([req], vllm_python=str(python))[0]
     assert asked == [1] and not got.asked and "vLLM was not asked" in (got.note or "")
     runners.code_fingerprint.cache_clear()
+
+
+# ------------------------------------------------------------------------------------ one worker per process
+
+
+@pytest.mark.vllm
+def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invoke, vllm_py):
+    """Asked for every config (EAGLECTL_ASK_VLLM=1, an empty cache), a manifest of three conversions starts one
+    vLLM worker, and every output's readings are vLLM's own. The same worker reads a config changed in place as it
+    is now; a worker that died is replaced."""
+    from eaglectl import counters
+
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
+    monkeypatch.setenv("EAGLECTL_VLLM_PYTHON", vllm_py)
+    monkeypatch.setattr(runners, "_MEMO", {})
+    runners.close_workers()  # one an earlier test of this process left running
+    counters.reset()
+    lines = [{"source": str(TRAINED / "eagle3"), "dest": str(tmp_path / "a"), "to": "speculators",
+              "base_model": "org/target"},
+             {"source": str(TRAINED / "eagle3.1"), "dest": str(tmp_path / "b"), "to": "modelopt"},
+             {"source": str(TRAINED / "eagle3"), "dest": str(tmp_path / "c"), "to": "specforge"}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    r = invoke("convert", "--manifest", tmp_path / "m.jsonl", "--json")
+    assert r.exit_code == 0, r.stdout + r.stderr
+    assert [i["exit_code"] for i in json.loads(r.stdout)["items"]] == [0, 0, 0]
+    answers = [json.loads(f.read_text()) for f in (tmp_path / "cache").glob("*.json")]
+    assert len(answers) == 3  # each written config asked of vLLM, not answered by the verified tables
+    assert {a["vllm_version"] for a in answers} == {runners.vllm_version(vllm_py)}
+    assert counters.COUNTS["engine_worker"] == 1
+    # a config changed in place between two questions of one worker: read as it is now
+    folder = edited(TRAINED / "eagle3", tmp_path, name="edited")
+
+    def asked() -> tuple[int, ...] | None:
+        config = json.loads((folder / "config.json").read_text())
+        got = read_batch([Request(str(folder), config, 8)], vllm_python=vllm_py)[0]
+        assert got.asked
+        assert _ids(got.get("v1")) == _ids(table_readings(config, 8).get("v1"))
+        return _ids(got.get("v1"))
+
+    before = asked()
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]}))
+    assert asked() != before and counters.COUNTS["engine_worker"] == 1
+    runners._SESSIONS[vllm_py].proc.kill()  # a worker that died (killed, out of memory) is replaced
+    (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 3, 5]}))
+    assert asked() not in (before, None) and counters.COUNTS["engine_worker"] == 2
+    runners.close_workers()

@@ -153,6 +153,55 @@ def test_a_worker_that_exits_leaves_no_child_running(tmp_path):
     assert result == {"ok": True} and group_members(run.proc.pid) == [] and _gone(child)
 
 
+# a serving worker that starts a child of its own, then never answers
+SILENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          "time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_serving_worker_that_does_not_answer_takes_its_children_with_it(tmp_path):
+    from eaglectl.engines.engine_process import WorkerSession
+    from eaglectl.errors import MissingDependencyError
+
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT)
+    session = WorkerSession(sys.executable, script)
+    session.grace_s = 1.0
+    log = session.log_path
+    deadline = time.monotonic() + 30
+    while not log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(log.read_text().split()[0])
+    with pytest.raises(MissingDependencyError, match="did not answer within"):
+        session.ask({"requests": []}, timeout_s=1.0)
+    assert group_members(session.proc.pid) == [] and _gone(child) and not session.exited
+    assert log.exists()  # a failure names its log: kept
+
+
+def test_the_reading_worker_serves_until_its_input_closes_or_it_idles(tmp_path):
+    """The real reading worker, in an interpreter without vLLM: each request is answered on its own line (vLLM's
+    absence is an answer, not a crash), it stays up between requests, and it stops when its stdin closes or after
+    its idle time."""
+    from eaglectl.engines.engine_process import WorkerSession
+    from eaglectl.engines.runners import WORKER
+
+    session = WorkerSession(sys.executable, WORKER, idle_s=600)
+    for _ in range(2):
+        raw = session.ask({"requests": []}, timeout_s=60)
+        assert raw["ok"] is False and "vllm" in raw["error"] and session.alive
+    session.close()
+    assert not session.alive and not session.tmp.exists()
+    idle = WorkerSession(sys.executable, WORKER, idle_s=0.5)
+    idle.proc.wait(timeout=30)  # no request within its idle time: it stops by itself
+    assert idle.proc.returncode == 0
+    idle.close()
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")

@@ -2,16 +2,20 @@
 
 eaglectl never imports vLLM in-process. Each worker (`workers/*.py`, standalone scripts) runs in the vLLM
 interpreter (`--vllm-python`, else `$EAGLECTL_VLLM_PYTHON`, else this one) in a scratch folder, reads a
-request JSON and writes a result JSON; its log is kept. The worker runs in its own session, and however
+request JSON and writes a result JSON; its log is kept. A `WorkerSession` keeps one worker running for many
+requests, one JSON line each way (the runner readings: one vLLM import per process, however many drafters a
+command or a manifest asks about). The worker runs in its own session, and however
 the run ends (done, crashed, timed out, interrupted) no process it started survives it
 (`processes.stop_group`). `smoke`, `capture` and the runner readings (`runners.py`) all launch through here.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import counters
 from ..errors import EaglectlError, MissingDependencyError, SmokeFailedError
 from ..threads import worker_env
 from .process_group import stop_group
@@ -147,6 +152,84 @@ class WorkerRun:
         """Remove the scratch folder (request, result, log) once a successful run's answer and log were read: no
         `eaglectl-*` folder is left in the temp directory per run. A failed run keeps it: the error names its log."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class WorkerSession:
+    """One worker kept running for many requests: each is one JSON line on the worker's stdin, answered by one
+    JSON line on a pipe of its own (its stdout and stderr are the log, which vLLM writes to).
+
+    The worker runs in its own session like a WorkerRun's and leaves nothing behind: `close()` ends its group,
+    and so does the end of this process (atexit); it also stops by itself when its stdin closes (this process
+    died) or after `idle_s` seconds without a request. A session whose worker died is not reused: `alive`."""
+
+    def __init__(self, python: str, worker: Path, error: type[EaglectlError] = MissingDependencyError,
+                 idle_s: float = 600.0) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
+        self.log_path, self.error, self.grace_s = self.tmp / "vllm.log", error, 5.0
+        answers, write_end = os.pipe()
+        env = worker_env({**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+        try:
+            with self.log_path.open("w") as log:
+                self.proc = subprocess.Popen(
+                    [python, "-c", _RUN_WORKER, str(worker), "--serve", str(write_end), str(idle_s)],
+                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.tmp,
+                    start_new_session=True, pass_fds=(write_end,))
+        except BaseException:
+            os.close(answers)
+            raise
+        finally:
+            os.close(write_end)
+        self.answers = os.fdopen(answers, "rb")
+        self.exited = False  # the worker stopped before answering (not a timeout)
+        counters.count("engine_worker")
+        atexit.register(self.close)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """The worker's answer to `request`; `error` (naming the log) when it takes over `timeout_s` or exits first
+        (`exited`), and the session is closed then, as on an interrupt."""
+        assert self.proc.stdin is not None
+        try:
+            try:
+                self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+                self.proc.stdin.flush()
+            except BrokenPipeError:
+                raise self._exited() from None
+            deadline = time.monotonic() + timeout_s
+            while not select.select([self.answers], [], [], 0.5)[0]:
+                if not self.alive:
+                    raise self._exited()
+                if time.monotonic() > deadline:
+                    raise self.error(f"vLLM did not answer within {timeout_s:.0f} s (log: {self.log_path})",
+                                     hint=_tail(self.log_path))
+            line = self.answers.readline()
+            if not line:
+                raise self._exited()
+            return json.loads(line)
+        except BaseException:
+            self.close(keep_log=True)
+            raise
+
+    def _exited(self) -> EaglectlError:
+        self.exited = True
+        return self.error(f"the vLLM worker exited with {self.proc.wait()} (log: {self.log_path})",
+                          hint=_tail(self.log_path))
+
+    def close(self, keep_log: bool = False) -> None:
+        """End the worker and its group; the scratch folder goes unless `keep_log` (a failure names the log)."""
+        atexit.unregister(self.close)
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # the worker's signal to stop
+            except OSError:
+                pass
+        stop_group(self.proc, self.grace_s)
+        self.answers.close()
+        if not keep_log:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _tail(path: Path, lines: int = 12) -> str:

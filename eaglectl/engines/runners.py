@@ -34,7 +34,7 @@ from ..io.jsonio import MISSING, config_get
 from ..limits import LIMITS
 from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
-from .engine_process import WORKERS, WorkerRun, vllm_interpreter
+from .engine_process import WORKERS, WorkerSession, vllm_interpreter
 from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
 from .target_support import TargetSupport, engines_own, support_from_worker, table_support
 
@@ -501,19 +501,45 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_SESSIONS: dict[str, WorkerSession] = {}  # interpreter -> its running reading worker
+
+
 def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
-    """One worker run for a batch of requests ({drafter_dir, target_dir, target_layers}); vLLM's raw answer."""
+    """vLLM's raw answer to a batch of requests ({drafter_dir, target_dir, target_layers}), from the reading worker
+    this process keeps running in `python` (started by the first question: vLLM is imported once per process,
+    however many commands or manifest lines ask)."""
     payload = {"method": "eagle3", "requests": [
         {"drafter_dir": os.path.abspath(r["drafter_dir"]),
          "target_dir": os.path.abspath(r["target_dir"]) if r.get("target_dir") else None,
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
-    run = WorkerRun(python, payload, 600.0, worker=WORKER, error=MissingDependencyError)
-    raw, _log = run.result()
-    run.discard()
+    while True:
+        session = _SESSIONS.get(python)
+        running = session is not None and session.alive
+        if session is None or not running:  # a worker that stopped (idle, killed) is replaced
+            session = _SESSIONS[python] = WorkerSession(python, WORKER)
+        try:
+            raw = session.ask(payload, 600.0)
+            break
+        except MissingDependencyError:
+            del _SESSIONS[python]
+            if not (running and session.exited):  # a running worker may stop as it is asked (idle time, a kill)
+                raise
     if not raw.get("ok"):
         raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
     return raw
+
+
+def close_workers() -> None:
+    """Stop this process's reading workers now (they stop by themselves at its exit, or idle)."""
+    while _SESSIONS:
+        _SESSIONS.popitem()[1].close()
+
+
+def worker_running(python: str) -> bool:
+    """Whether this process's reading worker in `python` is running (vLLM imported already: asking is quick)."""
+    session = _SESSIONS.get(python)
+    return session is not None and session.alive
 
 
 def _from_worker(result: dict[str, Any], version: str, target_layers: int | None) -> list[RunnerReading]:
@@ -592,8 +618,9 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     first: dict[str, int] = {}
     unique = [(i, key) for i, key in todo if key is None or first.setdefault(key, i) == i]
     try:
-        label = (f"asking vLLM {version} what its runners read ({len(unique)} config(s), one worker importing "
-                 "vLLM: about 10-20 s; the answer is cached)")
+        label = (f"asking vLLM {version} what its runners read ({len(unique)} config(s)" +
+                 ("; its worker is running)" if worker_running(python) else  # type: ignore[arg-type]
+                  ", one worker importing vLLM: about 10-20 s once per run; the answers are cached)"))
         for _ in progress([None], label=label):
             raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
                              "target_layers": requests[i].target_layers} for i, _ in unique], python)

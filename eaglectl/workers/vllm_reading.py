@@ -2,12 +2,15 @@
 for a drafter, and which flags vLLM's draft model class applies. No weights are read, nothing runs on
 a device.
 
-    python vllm_reading.py REQUEST.json RESULT.json
+    python vllm_reading.py --serve FD IDLE_S
 
-Standalone on purpose (stdlib at the top, vllm imported inside `main`), like `workers/vllm_smoke.py`.
-One vLLM import serves the whole batch.
+Standalone on purpose (stdlib at the top, vllm imported by the first request), like `workers/vllm_smoke.py`.
+It serves: each line on stdin is one REQUEST, answered by one RESULT line on file descriptor FD, until stdin
+closes or IDLE_S seconds pass without a request, so one vLLM import serves every request of the process that
+started it (engine_process.WorkerSession). By hand: `echo '{"requests": [...]}' | python vllm_reading.py
+--serve 1 5`.
 
-REQUEST.json::
+REQUEST::
 
     {"method": "eagle3",
      "requests": [{"drafter_dir": "/abs/drafter", "target_dir": "/abs/target" or null, "target_layers": 8}]}
@@ -28,7 +31,7 @@ draft `ModelConfig` through vLLM's config loader, converts speculators-format co
   stops with "Model does not support EAGLE3 interface"), `IsHybrid` / `IsAttentionFree`, and the layer count
   as vLLM counts it.
 
-RESULT.json: {"ok", "vllm_version", "torch_version", "python", "results": [one per request, in order]}; a
+RESULT: {"ok", "vllm_version", "torch_version", "python", "results": [one per request, in order]}; a
 result is {"drafter_dir", "target_layers", "build", "error", "runners": {"v1": {...}, "v2": {...}},
 "model": {...}, "target_support": {...} (with `target_dir`)}. A config vLLM refuses is a result (`error` holds
 vLLM's exception), not a crash; so is a target vLLM cannot resolve (`target_support.error`).
@@ -292,28 +295,48 @@ def read_one(req: dict, method: str, tmp: str) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
-    req_path, res_path = argv[1], argv[2]
+def answer(req: dict, tmp: str) -> dict:
+    """RESULT for one REQUEST (vLLM imported by the first call); never raises."""
     try:
-        with open(req_path) as f:
-            req = json.load(f)
         import torch
         import vllm
 
         result: dict = {"ok": True, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
-                        "python": sys.version.split()[0], "results": []}
-        with tempfile.TemporaryDirectory(prefix="eaglectl-reading-") as tmp:
-            for one in req["requests"]:
-                result["results"].append(read_one(one, req.get("method", "eagle3"), tmp))
-        rc = 0
-    except BaseException as e:  # noqa: BLE001 - always leave a RESULT.json
+                        "python": sys.version.split()[0],
+                        "results": [read_one(one, req.get("method", "eagle3"), tmp) for one in req["requests"]]}
+    except BaseException as e:  # noqa: BLE001 - always answer
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        rc = 1
-    tmp_path = res_path + ".tmp"
-    with open(tmp_path, "w") as f:
-        json.dump(result, f)
-    os.replace(tmp_path, res_path)
-    return rc
+    return result
+
+
+def _forget_folders() -> None:
+    """vLLM memoises some readings of a model folder by its path (functools.cache in its transformers_utils):
+    cleared before each request, so that every answer reads the folders as they are now, as a fresh import would."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm.transformers_utils"):
+            for value in list(vars(module).values()):
+                if getattr(value, "__module__", None) == name and callable(getattr(value, "cache_clear", None)):
+                    value.cache_clear()
+
+
+def serve(answers_fd: int, idle_s: float) -> int:
+    """One REQUEST per line on stdin, its RESULT as one line on `answers_fd`, until stdin closes or `idle_s`
+    seconds pass without a request."""
+    import select
+
+    with os.fdopen(answers_fd, "w") as out, tempfile.TemporaryDirectory(prefix="eaglectl-reading-") as tmp:
+        while select.select([sys.stdin], [], [], idle_s)[0]:
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            _forget_folders()
+            out.write(json.dumps(answer(json.loads(line), tmp)) + "\n")
+            out.flush()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    return serve(int(argv[argv.index("--serve") + 1]), float(argv[argv.index("--serve") + 2]))
 
 
 if __name__ == "__main__":
