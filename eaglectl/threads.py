@@ -3,8 +3,10 @@
 `configure()` runs once when the CLI starts, before any torch work (torch is imported lazily, so it
 usually is not loaded yet: the count then goes into `OMP_NUM_THREADS`, which torch and its OpenMP
 read when they load, with `OMP_WAIT_POLICY=PASSIVE`; if torch is loaded already,
-`torch.set_num_threads` is called). An `OMP_NUM_THREADS` or `OMP_WAIT_POLICY` the user set is
-respected as it is.
+`torch.set_num_threads` is called). numpy's OpenBLAS runs its own threads (pthreads, not OpenMP): as numpy
+loads they spin about 0.1 CPU-s each before they sleep, which on 2 cores is taken from the work of the command
+(a conversion's copy and hash); `OPENBLAS_THREAD_TIMEOUT=4` puts them to sleep at once (`import numpy`:
+0.23 -> 0.12 CPU-s on 2 cores). A variable the user set is respected as it is.
 
 The cores a process may use are its scheduler affinity mask (`taskset`, cpusets, Slurm, Kubernetes
 CPU pinning), narrowed by a CPU quota (`docker --cpus`, a cgroup `cpu.max`): more OpenMP threads
@@ -22,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-VAR, WAIT = "OMP_NUM_THREADS", "OMP_WAIT_POLICY"
+VAR, WAIT, BLAS_SPIN = "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT"
 _state: dict[str, object] = {}  # "threads": the count; "ours": the variables configure() set (not the user's)
 
 
@@ -81,7 +83,7 @@ def configure() -> int:
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         return n
-    for var, value in ((VAR, str(n)), (WAIT, "PASSIVE")):  # read by torch's OpenMP when it loads
+    for var, value in ((VAR, str(n)), (WAIT, "PASSIVE"), (BLAS_SPIN, "4")):  # read by OpenMP / OpenBLAS as they load
         if var not in os.environ:
             os.environ[var] = value
             ours.append(var)

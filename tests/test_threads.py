@@ -30,15 +30,16 @@ r = CliRunner().invoke(cli, ["rules", "fc-norm-weights-without-flag"])
 assert r.exit_code == 0, r.output
 import torch
 from eaglectl.threads import worker_env
-worker = {k: v for k, v in worker_env(dict(os.environ)).items() if k.startswith("OMP_")}
+worker = {k: v for k, v in worker_env(dict(os.environ)).items() if k.startswith(("OMP_", "OPENBLAS_"))}
 print(json.dumps({"torch": torch.get_num_threads(), "env": os.environ.get("OMP_NUM_THREADS"),
                   "cores": len(os.sched_getaffinity(0)), "wait": os.environ.get("OMP_WAIT_POLICY"),
-                  "worker": worker}))
+                  "blas_spin": os.environ.get("OPENBLAS_THREAD_TIMEOUT"), "worker": worker}))
 """
 
 
 def _probe(cpu: str, omp: str | None, wait: str | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                             "OPENBLAS_THREAD_TIMEOUT")}
     env["PYTHONPATH"] = str(ROOT)
     for var, value in (("OMP_NUM_THREADS", omp), ("OMP_WAIT_POLICY", wait)):
         if value is not None:
@@ -53,12 +54,13 @@ def test_the_cli_sizes_torch_to_the_affinity_mask_and_respects_omp_num_threads()
     cpu = str(min(os.sched_getaffinity(0)))
     pinned = _probe(cpu, None)  # one core allowed: one thread, whatever the machine has
     # eaglectl's own choices do not reach a vLLM worker (it sizes its own threads)
-    assert pinned == {"torch": 1, "env": "1", "cores": 1, "wait": "PASSIVE", "worker": {}}
+    # numpy's OpenBLAS threads sleep as soon as they idle (they would spin ~0.1 CPU-s each as numpy loads)
+    assert pinned == {"torch": 1, "env": "1", "cores": 1, "wait": "PASSIVE", "blas_spin": "4", "worker": {}}
     free = _probe("all", None)
     assert free["torch"] == free["cores"] == threads.cores() and free["env"] == str(free["cores"])
     want = min(2, os.cpu_count() or 1)  # torch caps OMP_NUM_THREADS at the machine's CPUs
     user = _probe(cpu, str(want), "ACTIVE")  # the user's values win, even beyond the mask
-    assert user == {"torch": want, "env": str(want), "cores": 1, "wait": "ACTIVE",
+    assert user == {"torch": want, "env": str(want), "cores": 1, "wait": "ACTIVE", "blas_spin": "4",
                     "worker": {"OMP_NUM_THREADS": str(want), "OMP_WAIT_POLICY": "ACTIVE"}}
 
 
