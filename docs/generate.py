@@ -11,6 +11,7 @@ slow test runs every example and tour step instead and checks its exit code and 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from eaglectl.engines.facts import (  # noqa: E402
     REFERENCE,
     RUNNER_CHOICE,
     RUNNERS,
+    SPECULATORS_READERS,
 )
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
@@ -198,10 +200,22 @@ def engines_page() -> str:
                "| what | read from |\n|---|---|\n")
     for what, where in MODEL_READS:
         out.append(f"| `{what}` | {_cell(where)} |\n")
-    out.append("\nA speculators-format config is first converted by vLLM's speculators reader: "
-               "`transformer_layer_config` plus the top-level `draft_vocab_size`, `target_hidden_size`, "
-               "`norm_before_residual` (true when absent), `norm_before_fc`, `fc_norm`, `norm_output` and the "
-               "top-level ids; a top-level `eagle_config` of a speculators config is not carried.\n")
+    out.append("\nA speculators-format config is first converted by vLLM's speculators reader for its "
+               "`speculators_model_type` (`SPECULATORS_READERS` in `eaglectl/engines/facts.py`): "
+               "`transformer_layer_config`, then the keys below copied from the top level over it (their default "
+               "when absent; a flag not listed keeps `transformer_layer_config`'s value), `target_hidden_size` and "
+               "the top-level ids when set, the architecture by `transformer_layer_config`'s `model_type`, and the "
+               "required keys (vLLM refuses the config without them). A top-level `eagle_config` is not carried. "
+               "speculators 0.9.0 writes a P-EAGLE's `fc_norm` and `norm_output` at the top level, where the `peagle` "
+               "reader does not take them: `engine-flags-differ` (error) reports any flag vLLM's draft model applies "
+               "differently from the drafter's config.\n\n"
+               "| speculators_model_type | copied from the top level (default) | architecture | required |\n"
+               "|---|---|---|---|\n")
+    for kind, reader in SPECULATORS_READERS.items():
+        copied = ", ".join(f"`{k}` ({json.dumps(v)})" for k, v in reader.copied.items())
+        archs = ", ".join(f"{m}: `{a}`" for m, a in reader.archs.items())
+        required = ", ".join(f"`{k}` (as `{v}`)" for k, v in reader.renamed.items()) or "-"
+        out.append(f"| `{kind}` | {copied} | {archs} | {required} |\n")
     out.append("\n## features\n\nThe first release that serves a drafter feature correctly, and what older releases do "
                "with such a drafter: *loud* (the load or the first request fails) or *silent* (served, wrongly, with no "
                "error: the worse one). \"from X.Y\" in `before`: releases older than X.Y fail for another row's "

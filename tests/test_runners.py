@@ -42,6 +42,19 @@ def _mla(**extra):
     return {**copy.deepcopy(_MLA), **extra}
 
 
+_SPECULATORS = json.loads((FIXTURES / "drafters" / "speculators-3" / "config.json").read_text())
+for _k in ("fc_norm", "norm_output", "norm_before_residual", "eaglectl_provenance"):
+    _SPECULATORS.pop(_k, None)
+
+
+def _peagle(layer: dict | None = None, **extra):
+    """A speculators-format P-EAGLE config (speculators 0.9.0's PEagleSpeculatorConfig): `layer` goes into its
+    transformer_layer_config."""
+    cfg = {**copy.deepcopy(_SPECULATORS), "speculators_model_type": "peagle", "mask_token_id": 127, **extra}
+    cfg["transformer_layer_config"].update(layer or {})
+    return cfg
+
+
 # The published layouts the field notes name (their aux-id layout; small sizes), with the target depth their ids
 # imply, and what each runner captures there (V1, V2). The first six keep their ids only in eagle_config.
 PUBLISHED = {
@@ -72,6 +85,14 @@ PUBLISHED = {
                                        (1, 9, 17, 33), (2, 18, 33)),
     "fc_norm alias only (enable_fc_norm)": (_llama(enable_fc_norm=True, eagle_aux_hidden_state_layer_ids=[2, 18, 33]),
                                             36, (2, 18, 33), (2, 18, 33)),
+    # speculators-format P-EAGLE: vLLM's peagle reader copies neither 3.1 flag from the top level, and defaults
+    # norm_before_residual to false (the eagle3 reader: true)
+    "speculators P-EAGLE, 3.1 flags at the top level": (_peagle(fc_norm=True, norm_output=True), 8, (1, 4, 7),
+                                                        (1, 4, 7)),
+    "speculators P-EAGLE, 3.1 flags in transformer_layer_config": (_peagle({"fc_norm": True, "norm_output": True}),
+                                                                   8, (1, 4, 7), (1, 4, 7)),
+    "speculators P-EAGLE, Qwen3": (_peagle({"model_type": "qwen3"}, norm_before_residual=True), 8, (1, 4, 7),
+                                   (1, 4, 7)),
 }
 
 
@@ -143,6 +164,51 @@ def test_speculators_configs_are_read_as_vllm_converts_them():
     assert select(view, RUNNERS[1]) == ((1, 4, 7), "eagle_aux_hidden_state_layer_ids", 0)
 
 
+def test_a_speculators_peagle_config_is_read_as_vllms_peagle_reader_reads_it():
+    """speculators 0.9.0 writes P-EAGLE's flags at the top level (its config class is EAGLE-3's); vLLM's peagle reader
+    copies neither 3.1 flag from there, defaults norm_before_residual to false, and requires the mask token."""
+    view = vllm_view(_peagle(fc_norm=True, norm_output=True))
+    assert view["architectures"] == ["PeagleLlamaForCausalLM"] and view["pard_token"] == 127
+    assert "fc_norm" not in view and "norm_output" not in view and view["norm_before_residual"] is False
+    got = table_readings(_peagle(fc_norm=True, norm_output=True), 8)
+    assert got.get("v1").flags == {"fc_norm": False, "norm_output": False, "norm_before_residual": False,
+                                   "norm_before_fc": False} and got.get("v1").num_aux == 3
+    assert table_readings(_peagle({"fc_norm": True}), 8).get("v2").flags["fc_norm"] is True
+    assert vllm_view(_peagle({"model_type": "qwen3"}))["architectures"] == ["PeagleQwen3ForCausalLM"]
+    unmasked = _peagle()
+    del unmasked["mask_token_id"]
+    with pytest.raises(ValueError, match="mask_token_id"):
+        vllm_view(unmasked)
+    assert table_readings(unmasked, 8).get("v1").error
+
+
+def test_a_flag_vllm_does_not_apply_is_an_error_and_withholds_the_serve_line(invoke, tmp_path):
+    """A speculators P-EAGLE trained as EAGLE-3.1 (fc_norm weights, the flags where speculators writes them): vLLM
+    builds no fc_norm, so inspect says so as an error and prints no serve line; with the flags also inside
+    transformer_layer_config vLLM applies them, and the finding goes."""
+    import torch
+
+    def peagle(layer: dict) -> dict:
+        def edit(cfg: dict) -> None:
+            cfg.update(speculators_model_type="peagle", mask_token_id=127)
+            cfg["transformer_layer_config"].update(layer)
+        return edit
+
+    mask = {"mask_hidden": torch.full((1, 96), 0.01, dtype=torch.bfloat16)}
+    top = edited(DRAFTERS / "speculators-3.1", tmp_path, name="top", config=peagle({}), tensors=mask)
+    doc = json.loads(invoke("inspect", top, "--json").stdout)
+    found = [f for f in doc["findings"] if f["rule_id"] == "engine-flags-differ"]
+    assert [f["severity"] for f in found] == ["error", "error"], found  # fc_norm and norm_output
+    assert "transformer_layer_config only" in found[0]["message"] and doc["exit_code"] != 0
+    r = invoke("inspect", top)
+    assert "engine-flags-differ" in r.stdout and "vllm serve" not in r.stdout
+    inner = edited(DRAFTERS / "speculators-3.1", tmp_path, name="inner",
+                   config=peagle({"fc_norm": True, "norm_output": True}), tensors=mask)
+    doc = json.loads(invoke("inspect", inner, "--json").stdout)
+    assert not [f for f in doc["findings"] if f["rule_id"] == "engine-flags-differ"]
+    assert all(r["flags"]["fc_norm"] and r["flags"]["norm_output"] for r in doc["engine_readings"])
+
+
 def test_v1_lets_a_non_empty_eagle_config_shadow_dflash_ids():
     cfg = _llama(dflash_config={"target_layer_ids": [1, 2, 3]}, eagle_config={"use_aux_hidden_state": True})
     v1, v2 = RUNNERS
@@ -200,7 +266,12 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")  # vLLM itself, not the tables this test verifies
     monkeypatch.setattr(runners, "_MEMO", {})  # readings an earlier test of this worker asked are not in this cache
-    cases = _fixtures() + _published(tmp_path)
+    unmasked = _peagle()
+    del unmasked["mask_token_id"]
+    (tmp_path / "peagle-unmasked").mkdir()
+    (tmp_path / "peagle-unmasked" / "config.json").write_text(json.dumps(unmasked))
+    cases = _fixtures() + _published(tmp_path) + [
+        ("speculators P-EAGLE without mask_token_id", Request(str(tmp_path / "peagle-unmasked"), unmasked, 8))]
     asked = read_batch([r for _, r in cases], vllm_python=python)  # one worker run (the cache starts empty)
     lines = ["| drafter | vLLM V1 | vLLM V2 | table V1 / V2 |", "|---|---|---|---|"]
     mismatches = []
@@ -243,6 +314,13 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
         got = by_name[name]
         assert (_ids(got.get("v1")), _ids(got.get("v2"))) == (v1, v2), name
         assert got.get("v1").basis == f"asked vLLM {got.get('v1').version} (its own code)"
+    top, inner = by_name["speculators P-EAGLE, 3.1 flags at the top level"], by_name[
+        "speculators P-EAGLE, 3.1 flags in transformer_layer_config"]
+    assert top.get("v1").flags == {"fc_norm": False, "norm_output": False, "norm_before_residual": False,
+                                   "norm_before_fc": False}
+    assert inner.get("v1").flags["fc_norm"] and inner.get("v1").flags["norm_output"]
+    refused = by_name["speculators P-EAGLE without mask_token_id"]  # vLLM's KeyError, and the table's refusal
+    assert refused.get("v1").error and table_readings(unmasked, 8).get("v1").error
     mla = by_name["trained/eagle3.1-mla"]
     assert _ids(mla.get("v1")) == (2, 3, 4) and _ids(mla.get("v2")) == (1, 2)  # V2: the 4-layer default, deduplicated
     assert mla.get("v1").flags == {"fc_norm": True, "norm_output": True, "norm_before_residual": False,

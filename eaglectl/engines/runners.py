@@ -35,7 +35,7 @@ from ..limits import LIMITS
 from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
 from .engine_process import WORKERS, WorkerSession, vllm_interpreter
-from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_EAGLE3_KEYS, RunnerTable
+from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_READERS, RunnerTable
 from .target_support import TargetSupport, engines_own, support_from_worker, table_support
 
 if TYPE_CHECKING:
@@ -130,23 +130,30 @@ class Readings:
 # ------------------------------------------------------------------------------------------ the tables
 
 def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
-    """The drafter's config as vLLM builds it: a speculators-format eagle3 config becomes its
-    transformer_layer_config with the eagle3 keys copied over (vLLM's speculators reader); an HF-style
-    config stays as it is (EAGLEConfig copies it). Raises ValueError where vLLM's reader refuses."""
-    if config.get("speculators_model_type") is None:
+    """The drafter's config as vLLM builds it: a speculators-format config becomes its transformer_layer_config
+    updated as vLLM's speculators reader updates it for its `speculators_model_type` (SPECULATORS_READERS); an
+    HF-style config stays as it is (EAGLEConfig copies it). Raises ValueError where vLLM's reader refuses."""
+    kind = config.get("speculators_model_type")
+    if kind is None:
         return dict(config)
-    if config["speculators_model_type"] != "eagle3":
-        raise ValueError(f"speculators_model_type '{config['speculators_model_type']}' is not eagle3")
+    reader = SPECULATORS_READERS.get(kind)
+    if reader is None:
+        raise ValueError(f"speculators_model_type '{kind}' is not one vLLM builds an EAGLE-3 drafter from "
+                         f"({', '.join(SPECULATORS_READERS)})")
     base = config.get("transformer_layer_config")
     view = dict(base) if isinstance(base, dict) else {}
-    for key, default in SPECULATORS_EAGLE3_KEYS.items():
+    for key, default in reader.copied.items():
         view[key] = config.get(key, default)
     if config.get("target_hidden_size") is not None:
         view["target_hidden_size"] = config["target_hidden_size"]
     model_type = view.get("model_type", "llama")
-    if model_type not in ("llama", "qwen3"):
-        raise ValueError(f"Unsupported model_type {model_type} for Eagle3 speculator")
-    view["architectures"] = ["Eagle3Qwen3ForCausalLM" if model_type == "qwen3" else "Eagle3LlamaForCausalLM"]
+    if model_type not in reader.archs:
+        raise ValueError(f"Unsupported model_type {model_type} for {kind} speculator")
+    view["architectures"] = [reader.archs[model_type]]
+    for key, built in reader.renamed.items():
+        if key not in config:
+            raise ValueError(f"KeyError: '{key}' (vLLM's {kind} reader requires it)")
+        view[built] = config[key]
     if config.get("eagle_aux_hidden_state_layer_ids"):
         view["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
     return view
@@ -196,6 +203,8 @@ def draft_module(view: dict[str, Any]) -> str | None:
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         return None
     arch = archs[0]
+    if arch in DRAFT_CLASSES:  # a class the registry lists as it is (the speculators readers' Peagle* classes)
+        return DRAFT_CLASSES[arch]
     if not (arch.startswith("Eagle3") or arch.endswith("Eagle3")):
         arch = f"Eagle3{arch}"
     return DRAFT_CLASSES.get(arch)

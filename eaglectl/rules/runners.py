@@ -4,7 +4,10 @@ readings were computed (`inspect`, `check`)."""
 
 from __future__ import annotations
 
+from ..checkpoint.drafter import FLAG_ALIASES
+from ..engines.facts import SPECULATORS_READERS
 from ..engines.target_support import said
+from ..spec import FLAGS
 from . import catalogue as rule
 from .base import Context, check
 
@@ -50,3 +53,39 @@ def runners(ctx: Context) -> None:
 
 def _where(r) -> str:  # type: ignore[no-untyped-def]
     return "the target's default" if r.default else r.source
+
+
+@check
+def engine_flags(ctx: Context) -> None:
+    """The flags vLLM's draft model class applies (each runner's reading) against the drafter's, where no rule
+    with a more precise fix names the difference already (`_named_elsewhere`)."""
+    r = ctx.readings
+    if r is None:
+        return
+    spec, config = ctx.spec, ctx.ckpt.config or {}
+    reader = SPECULATORS_READERS.get(config.get("speculators_model_type"))  # type: ignore[arg-type]
+    for name in FLAGS:
+        declared = bool(getattr(spec, name))
+        if _named_elsewhere(ctx, name):
+            continue
+        differ = [x for x in r.runners if not x.error and x.flags is not None and x.flags.get(name) != declared]
+        if not differ:
+            continue
+        where = ""
+        if reader is not None and name not in reader.copied:
+            where = (f"; vLLM's {config['speculators_model_type']} reader takes {name} from transformer_layer_config "
+                     "only, not from the top level")
+        applied = str(differ[0].flags.get(name)).lower()  # type: ignore[union-attr]
+        runners = " and ".join(x.runner.upper() for x in differ) + (" runners apply" if len(differ) > 1 else
+                                                                       " runner applies")
+        ctx.emit(rule.ENGINE_FLAGS_DIFFER, f"vLLM's {runners} {name} = {applied}, "
+                 f"the drafter declares {str(declared).lower()} ({spec.sources.get(name, 'default')}){where}; "
+                 f"{said(differ[0].basis, differ[0].version, 'assumed: eaglectl table of vLLM')}", ctx.at(name))
+
+
+def _named_elsewhere(ctx: Context, flag: str) -> bool:
+    """fc_norm declared by an alias only (fc-norm-alias), norm_before_fc on an MLA drafter, whose vLLM class builds
+    no input norm (mla-norm-before-fc)."""
+    if flag == "fc_norm":
+        return ctx.spec.sources.get(flag, "").removeprefix("config: ").split(" ")[0] in FLAG_ALIASES
+    return flag == "norm_before_fc" and ctx.spec.arch == "mla"
