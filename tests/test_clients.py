@@ -155,6 +155,41 @@ def test_mla_fixture_cannot_be_written_for_either_training_client(invoke, tmp_pa
         assert not (tmp_path / to).exists()
 
 
+PEAGLE_LOAD = """
+import json, sys, torch
+from safetensors import safe_open
+from speculators import SpeculatorModel, SpeculatorModelConfig
+folder, target = sys.argv[1], sys.argv[2]
+config = SpeculatorModelConfig.from_pretrained(folder)
+config.speculators_config.verifier.name_or_path = target  # the local target, given explicitly
+model = SpeculatorModel.from_pretrained(folder, config=config, dtype=torch.float32)
+with safe_open(folder + "/model.safetensors", "pt") as f:
+    shipped = {k: f.get_tensor(k) for k in f.keys()}
+state = model.state_dict()
+print(json.dumps({"config": type(config).__name__, "model": type(model).__name__, "mask_token_id": config.mask_token_id,
+                  "unexpected": sorted(set(shipped) - set(state)),
+                  "mask_hidden": bool(torch.equal(state["mask_hidden"], shipped["mask_hidden"].float()))}))
+"""
+
+
+def test_speculators_loads_eaglectls_peagle_form(invoke, tmp_path):
+    """`convert --to speculators` of a P-EAGLE writes speculators' own P-EAGLE form, which speculators 0.9.0 loads as
+    its PEagleDraftModel: every tensor placed (mask_hidden at the [1, 1, n] shape its module holds, equal to the
+    source's), the mask token in its config."""
+    python = client_python("speculators")
+    out = tmp_path / "peagle"
+    r = invoke("convert", TRAINED / "peagle", out, "--to", "speculators", "--target", TARGET, "--base-model",
+               "org/target")
+    assert r.exit_code == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONNOUSERSITE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([python, "-c", PEAGLE_LOAD, str(out), str(TARGET)], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"config": "PEagleSpeculatorConfig", "model": "PEagleDraftModel", "mask_token_id": 319,
+                   "unexpected": [], "mask_hidden": True}
+
+
 def _load_and_forward(client, outputs, tokens, target, tmp_path):
     """CLIENT's worker run on every output written `--to CLIENT` (inputs prepared): its report, and eaglectl's
     reference logits per output."""

@@ -77,10 +77,54 @@ def test_peagle_converts_like_eagle3_and_fails_closed_where_its_token_is_lost(in
     r = invoke("convert", FAM / "peagle", tmp_path / "out", "--to", "modelopt", "--target", TARGET)
     assert r.exit_code == 0, r.stderr
     assert "peagle-mask-hidden" not in _rules(_doc(invoke, tmp_path / "out"))
-    # the speculators writer keeps mask_hidden but has no place for the mask token: the re-check refuses the output
-    r = invoke("convert", FAM / "peagle", tmp_path / "spec", "--to", "speculators", "--target", TARGET,
+    # speculators writes P-EAGLE in its own form: speculators_model_type peagle, the mask token at the top level
+    # (where vLLM's peagle reader requires it), no HF-style mask token or parallel_drafting inside the layer config
+    spec = tmp_path / "spec"
+    r = invoke("convert", FAM / "peagle", spec, "--to", "speculators", "--target", TARGET,
                "--source-aux-convention", "boundary")
-    assert r.exit_code == 7 and "family-mask-token" in r.stderr and not (tmp_path / "spec").exists()
+    assert r.exit_code == 0, r.stderr
+    config = json.loads((spec / "config.json").read_text())
+    assert (config["speculators_model_type"], config["speculators_config"]["algorithm"]) == ("peagle", "peagle")
+    assert config["mask_token_id"] == MASK and config["architectures"] == ["PEagleSpeculator"]
+    assert not {"mask_token_id", "parallel_drafting"} & set(config["transformer_layer_config"])
+    from safetensors import safe_open
+
+    def mask_shape(folder) -> list[int]:
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            return list(f.get_slice("mask_hidden").get_shape())
+
+    assert mask_shape(spec) == [1, 1, 3 * H]  # speculators' PEagleDraftModel holds [1, 1, n]; vLLM takes either
+    doc = _doc(invoke, spec)
+    assert doc["family"]["id"] == "peagle" and doc["exit_code"] == 0
+    assert all(r["flags"] is not None and not r["error"] for r in doc["engine_readings"])
+    back = tmp_path / "back"  # and back to the HF layout: the token where the EAGLE-3 dialects keep it
+    assert invoke("convert", spec, back, "--to", "modelopt").exit_code == 0
+    assert json.loads((back / "config.json").read_text())["mask_token_id"] == MASK and mask_shape(back) == [1, 3 * H]
+    # a P-EAGLE whose mask token is lost: speculators' form requires one, so nothing is written
+    lost = edited(FAM / "peagle", tmp_path, name="lost", config=lambda c: c.pop("mask_token_id"))
+    r = invoke("convert", lost, tmp_path / "none", "--to", "speculators", "--target", TARGET,
+               "--source-aux-convention", "boundary")
+    assert r.exit_code == 7 and "mask_token_id" in r.stderr and not (tmp_path / "none").exists()
+
+
+def test_an_eagle31_peagle_keeps_its_flags_where_vllm_reads_them(invoke, tmp_path):
+    """speculators' P-EAGLE form, EAGLE-3.1: the flags at the top level (the speculators library's config) and inside
+    transformer_layer_config (vLLM's peagle reader copies neither fc_norm nor norm_output from the top): vLLM's
+    reading applies both, and inspect finds no flag difference."""
+    def to_peagle(c: dict) -> None:
+        c.update(parallel_drafting=True, mask_token_id=MASK)
+
+    src = edited(FIXTURES / "drafters" / "specforge-3.1", tmp_path, name="peagle31", config=to_peagle,
+                 tensors={"mask_hidden": torch.full((1, 3 * H), 0.01, dtype=torch.bfloat16)})
+    out = tmp_path / "spec"
+    r = invoke("convert", src, out, "--to", "speculators", "--target", TARGET)
+    assert r.exit_code == 0, r.stderr
+    config = json.loads((out / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    assert config["fc_norm"] and config["norm_output"] and layer["fc_norm"] and layer["norm_output"]
+    doc = _doc(invoke, out)
+    assert doc["eagle_version"] == "3.1" and "engine-flags-differ" not in _rules(doc)
+    assert all(r["flags"]["fc_norm"] and r["flags"]["norm_output"] for r in doc["engine_readings"])
 
 
 def test_formats_lists_the_families(invoke):

@@ -107,6 +107,14 @@ def test_peagle_is_measured_with_parallel_drafting(invoke, vllm_py, tmp_path):
     unfitted = measured(zero)
     masked = lambda d: sum(_counts(d)[2][1:])  # noqa: E731 (tokens accepted at positions 2..k)
     assert masked(unfitted) < masked(doc)
+    # written in speculators' own P-EAGLE form (vLLM's peagle reader: the mask token at the top level), vLLM
+    # accepts exactly the same tokens at every position
+    out = tmp_path / "speculators"
+    r = invoke("convert", TRAINED / "peagle", out, "--to", "speculators", "--target", TARGET, "--base-model",
+               "org/target")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((out / "config.json").read_text())["speculators_model_type"] == "peagle"
+    assert _counts(measured(out)) == _counts(doc)
 
 
 @pytest.mark.vllm

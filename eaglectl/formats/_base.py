@@ -128,6 +128,12 @@ class Writer:
     t2d: bool = True  # write t2d (derived from d2t if needed) for reduced vocabularies
     require_embed_tokens: bool = False
     allowed_tensors: tuple[str, ...] | None = None  # regexes of canonical names it can hold (None: all)
+    # a read family in the EAGLE-3 layout (formats/families.py) that this writer writes in a form of its own: family id
+    # -> (model type, architecture); others are written as EAGLE-3 (speculators: P-EAGLE is its `peagle` type)
+    family_forms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # canonical tensor -> the rank it is stored at, leading ones added or dropped (the bytes unchanged): P-EAGLE's
+    # mask_hidden is [1, n] in the HF layouts and [1, 1, n] in speculators' PEagleDraftModel (vLLM takes either)
+    ranks: dict[str, int] = field(default_factory=lambda: {"mask_hidden": 2})
 
     def aux_fields(self, dialect_convention: str) -> tuple[tuple[str, str], ...]:
         """(path, convention) of every aux-id field written, in order."""

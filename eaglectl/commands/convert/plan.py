@@ -15,9 +15,12 @@ import numpy as np
 
 from ... import __version__, formats
 from ...checkpoint.drafter import DrafterCheckpoint
+from ...checkpoint.family import FamilyCheckpoint, of_checkpoint
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
+from ...engines.facts import SPECULATORS_READERS
 from ...errors import ConversionError
 from ...formats import Dialect
+from ...formats.families import MASK_TOKEN_KEYS
 from ...io.checkpoint import Checkpoint
 from ...io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from ...io.jsonio import MISSING, config_get, config_set
@@ -242,13 +245,22 @@ def _stored_actions(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect,
         if not any(p.match(canon) for p in allowed):
             fail(f"{dialect.title} cannot hold '{stored}'")
         name = dialect.from_canonical(canon)
+        shape = _at_rank(tuple(info.shape), w.ranks.get(canon))
         cast = out_dtype if (out_dtype and info.dtype in FLOAT_DTYPES) else None
         if cast and cast != info.dtype:
-            actions.append(TensorAction(name, canon, "cast", cast, info.shape, stored, info.dtype,
+            actions.append(TensorAction(name, canon, "cast", cast, shape, stored, info.dtype,
                                         f"{info.dtype} -> {cast}"))
         else:
-            actions.append(TensorAction(name, canon, "copy", info.dtype, info.shape, stored, info.dtype))
+            actions.append(TensorAction(name, canon, "copy", info.dtype, shape, stored, info.dtype,
+                                        "" if shape == tuple(info.shape) else f"stored as {list(shape)}"))
     return actions, dropped
+
+
+def _at_rank(shape: tuple[int, ...], rank: int | None) -> tuple[int, ...]:
+    """`shape` at `rank` by leading ones (Writer.ranks), when all but its last size are 1; else as it is."""
+    if rank is None or not shape or any(n != 1 for n in shape[:-1]):
+        return shape
+    return (1,) * (rank - 1) + (shape[-1],)
 
 
 def _added_actions(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, target: TargetCheckpoint | None,
@@ -428,6 +440,9 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
+    family = of_checkpoint(src.ckpt)  # P-EAGLE: an EAGLE-3 drafter with a mask token and mask_hidden
+    if family is not None and not (family.family.reading is not None and family.family.reading.eagle3_layout):
+        family = None  # a family EAGLE-3's dialects do not read (its evidence is beside the point here)
     if dialect.config_style == "speculators":
         named_verifier = verifier(src.ckpt.config, target, base_model)
         if named_verifier is None:
@@ -444,12 +459,16 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
             # vLLM's speculators reader (update_eagle3) builds the draft config from transformer_layer_config and
             # carries no count of its own: fc is sized from num_aux_hidden_states only when it is in there
             layer["num_aux_hidden_states"] = n_aux
+        kind, architecture = "eagle3", w.architectures[spec.arch]
+        if family is not None and family.family.id in w.family_forms:
+            kind, architecture = w.family_forms[family.family.id]
+            top.update(_family_form(family, kind, spec, layer, fail))
         top.update({
-            "architectures": [w.architectures[spec.arch]],
-            "speculators_model_type": "eagle3",
+            "architectures": [architecture],
+            "speculators_model_type": kind,
             "speculators_version": "eaglectl-" + __version__,
             "speculators_config": {
-                "algorithm": "eagle3", "default_proposal_method": "greedy",
+                "algorithm": kind, "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": src.speculative_tokens}],
                 "verifier": named_verifier,
             },
@@ -457,6 +476,8 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         })
     else:
         top.update({"architectures": [_dest_architecture(src, spec, w.architectures[spec.arch])], **layer})
+        if family is not None:
+            top.update(_hf_family_keys(family, top))
     top["draft_vocab_size"] = draft_vocab
     top["target_hidden_size"] = spec.target_hidden_size
     for flag in FLAGS:
@@ -478,6 +499,40 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         config_set(top, path, value)
     top["torch_dtype"] = torch_dtype
     return top
+
+
+def _family_form(family: FamilyCheckpoint, kind: str, spec: DrafterSpec, layer: dict[str, Any], fail: Fail
+                 ) -> dict[str, Any]:
+    """A family's speculators form (`kind`, e.g. P-EAGLE's `peagle`), as vLLM's reader of that kind reads it
+    (SPECULATORS_READERS): the keys it requires at the top level, taken from the family's own reading (the mask token),
+    and every flag it does not copy from the top level written inside transformer_layer_config as well, so the draft
+    model applies it. The HF-style places of those keys leave `layer`."""
+    reader = SPECULATORS_READERS[kind]
+    top: dict[str, Any] = {}
+    for key in reader.renamed:
+        value, _ = family.field(key)
+        if value is None:
+            fail(f"the speculators {kind} form needs {key} (vLLM's {kind} reader requires it); the source has none")
+        top[key] = value
+    for key in (*MASK_TOKEN_KEYS, "parallel_drafting"):  # vLLM's speculators reader sets both for this kind
+        layer.pop(key, None)
+    for flag in FLAGS:
+        if flag not in reader.copied:
+            layer[flag] = bool(getattr(spec, flag))
+    return top
+
+
+def _hf_family_keys(family: FamilyCheckpoint, top: dict[str, Any]) -> dict[str, Any]:
+    """What an HF-style config of a family in the EAGLE-3 layout holds beside EAGLE-3's, where the source kept it
+    elsewhere (a speculators P-EAGLE: the mask token at the top level, parallel drafting implied by its type): the
+    mask token where vLLM's proposer looks for it, and the keys its serve line needs (`parallel_drafting`)."""
+    reading = family.family.reading
+    assert reading is not None
+    out: dict[str, Any] = dict(reading.serve_extra)
+    token, _ = family.field("mask_token_id")
+    if token is not None and all(config_get(top, key) is MISSING for key in MASK_TOKEN_KEYS):
+        out["mask_token_id"] = token
+    return {k: v for k, v in out.items() if k not in top}
 
 
 def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) -> str:
