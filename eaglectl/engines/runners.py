@@ -136,7 +136,7 @@ def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
     kind = config.get("speculators_model_type")
     if kind is None:
         return dict(config)
-    reader = SPECULATORS_READERS.get(kind)
+    reader = SPECULATORS_READERS.get(kind) if isinstance(kind, str) else None  # a list or a dict: unhashable
     if reader is None:
         raise ValueError(f"speculators_model_type '{kind}' is not one vLLM builds an EAGLE-3 drafter from "
                          f"({', '.join(SPECULATORS_READERS)})")

@@ -63,7 +63,8 @@ def engine_flags(ctx: Context) -> None:
     if r is None:
         return
     spec, config = ctx.spec, ctx.ckpt.config or {}
-    reader = SPECULATORS_READERS.get(config.get("speculators_model_type"))  # type: ignore[arg-type]
+    kind = config.get("speculators_model_type")
+    reader = SPECULATORS_READERS.get(kind) if isinstance(kind, str) else None
     for name in FLAGS:
         declared = bool(getattr(spec, name))
         if _named_elsewhere(ctx, name):
@@ -73,7 +74,7 @@ def engine_flags(ctx: Context) -> None:
             continue
         where = ""
         if reader is not None and name not in reader.copied:
-            where = (f"; vLLM's {config['speculators_model_type']} reader takes {name} from transformer_layer_config "
+            where = (f"; vLLM's {kind} reader takes {name} from transformer_layer_config "
                      "only, not from the top level")
         applied = str(differ[0].flags.get(name)).lower()  # type: ignore[union-attr]
         runners = " and ".join(x.runner.upper() for x in differ) + (" runners apply" if len(differ) > 1 else
