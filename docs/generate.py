@@ -78,8 +78,10 @@ def formats_page() -> str:
                    f"{', '.join(r['flag_fields']) or 'none'} |\n")
     out.append("\n## Flag values when a flag is absent\n\n| dialect | flag | value | why |\n|---|---|---|---|\n")
     for r in rows:
-        for flag, d in r["flag_defaults"].items():
-            out.append(f"| `{r['id']}` | `{flag}` | {str(d['value']).lower()} | {_cell(d['why'])} |\n")
+        for when, defaults in [("", r["flag_defaults"])] + [(" (" + "; ".join(w["when"]) + ")", w["flag_defaults"])
+                                                            for w in r["flag_defaults_when"]]:
+            for flag, d in defaults.items():
+                out.append(f"| `{r['id']}`{_cell(when)} | `{flag}` | {str(d['value']).lower()} | {_cell(d['why'])} |\n")
     out.append("\n## Aux-layer-id conventions\n\n| convention | meaning |\n|---|---|\n")
     for k, v in AUX_CONVENTIONS.items():
         out.append(f"| `{k}` | {_cell(v)} |\n")

@@ -207,6 +207,13 @@ def test_a_flag_vllm_does_not_apply_is_an_error_and_withholds_the_serve_line(inv
     doc = json.loads(invoke("inspect", inner, "--json").stdout)
     assert not [f for f in doc["findings"] if f["rule_id"] == "engine-flags-differ"]
     assert all(r["flags"]["fc_norm"] and r["flags"]["norm_output"] for r in doc["engine_readings"])
+    # an absent norm_before_residual reads as the peagle reader fills it in (false; the eagle3 reader: true)
+    absent = edited(inner, tmp_path, name="absent", config=lambda c: c.pop("norm_before_residual"))
+    doc = json.loads(invoke("inspect", absent, "--json").stdout)
+    assert doc["spec"]["norm_before_residual"] is False
+    assert doc["spec_sources"]["norm_before_residual"] == \
+        "default: vLLM's speculators peagle reader assumes False when absent"
+    assert not [f for f in doc["findings"] if f["rule_id"] == "engine-flags-differ"]
 
 
 def test_v1_lets_a_non_empty_eagle_config_shadow_dflash_ids():

@@ -200,7 +200,8 @@ def read_spec(ckpt: Checkpoint, dialect: Dialect, view: CanonicalView, config: C
     draft_vocab = f.get("draft_vocab_size", "draft_vocab_size", "int", arch=False, lo=1)
     aux_ids, convention = _aux_ids(f, dialect, probe)
     rope_theta, rope_scaling = _rope(f)
-    flags = {flag: _flag(f, dialect, flag) for flag in FLAGS}
+    defaults = dialect.flag_defaults_for(probe)
+    flags = {flag: _flag(f, defaults, flag) for flag in FLAGS}
     config_dtype, tie = _dtype_and_tie(f, dialect)
     bias = bool(f.get("attention_bias", "attention_bias", "bool"))
     window, sliding_layers = _sliding_window(f, arch)
@@ -370,13 +371,13 @@ def _aux_ids(f: _Fields, dialect: Dialect, probe: Probe) -> tuple[tuple[int, ...
     return None, convention
 
 
-def _flag(f: _Fields, dialect: Dialect, flag: str) -> bool:
+def _flag(f: _Fields, defaults: dict[str, tuple[bool, str]], flag: str) -> bool:
     for path in FLAG_PATHS[flag]:
         value = f.top.bool(path)
         if value is None:  # absent, or invalid (config.problems records it)
             continue
         f.sources[flag] = f"config: {path}" + (" (an alias vLLM does not read)" if path in FLAG_ALIASES else "")
         return value
-    value, why = dialect.flag_defaults.get(flag, (False, "vLLM default"))
+    value, why = defaults.get(flag, (False, "vLLM default"))
     f.sources[flag] = f"default: {why}"
     return value

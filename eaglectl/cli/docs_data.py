@@ -28,6 +28,10 @@ def dialect_rows() -> list[dict[str, Any]]:
             if d.writer is not None else None,
             "flag_fields": sorted(d.flag_fields),
             "flag_defaults": {k: {"value": v, "why": why} for k, (v, why) in d.flag_defaults.items()},
+            # the defaults that replace those when every signal holds (a speculators config's type has its own reader)
+            "flag_defaults_when": [{"when": [s.describe() for s in signals],
+                                    "flag_defaults": {k: {"value": v, "why": why} for k, (v, why) in defaults.items()}}
+                                   for signals, defaults in d.flag_defaults_when],
             "consumer": d.consumer,
             "notes": list(d.notes),
         })

@@ -9,10 +9,11 @@ engine that serves the destination dialect.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from ..formats import ConfigStyle
+from ..formats.speculators import SPECULATORS_READERS, SpeculatorsReader  # noqa: F401 (engines' name for them)
 from ..io.jsonio import ConfigView
 from ..spec import DrafterSpec, default_aux_ids
 
@@ -161,32 +162,6 @@ MODEL_READS: tuple[tuple[str, str], ...] = (
      "len(eagle_config.eagle_aux_hidden_state_layer_ids), "
      "else 3; Qwen3: num_aux_layers, num_aux_hidden_states, the top-level ids, the eagle_config ids, else 3"),
 )
-
-
-@dataclass(frozen=True)
-class SpeculatorsReader:
-    """How vLLM's speculators reader builds the config of one `speculators_model_type`
-    (transformers_utils/configs/speculators/algos.py): transformer_layer_config, then the `copied` keys taken from
-    the top level over it (their defaults when absent: a key not listed keeps transformer_layer_config's value), the
-    architecture by its model_type, and the `renamed` top-level keys, which vLLM requires (KeyError when absent)."""
-
-    copied: dict[str, Any]
-    archs: dict[str, str]  # transformer_layer_config's model_type (default llama) -> the architecture it sets
-    renamed: dict[str, str] = field(default_factory=dict)
-
-
-SPECULATORS_READERS: dict[str, SpeculatorsReader] = {
-    "eagle3": SpeculatorsReader(
-        {"draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
-         "norm_output": False},
-        {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}),
-    # P-EAGLE (update_peagle): norm_before_residual defaults to false, and the EAGLE-3.1 flags are not copied: only
-    # an fc_norm / norm_output inside transformer_layer_config reaches the draft model
-    "peagle": SpeculatorsReader(
-        {"draft_vocab_size": None, "norm_before_residual": False, "norm_before_fc": False},
-        {"qwen3": "PeagleQwen3ForCausalLM", "llama": "PeagleLlamaForCausalLM"},
-        {"mask_token_id": "pard_token"}),
-}
 
 
 Before = Literal["loud", "silent"]

@@ -182,6 +182,8 @@ class Dialect:
     aux_path_conventions: dict[str, tuple[str, str]] = field(default_factory=dict)
     flag_fields: frozenset[str] = frozenset()  # flags this dialect's config can record
     flag_defaults: dict[str, tuple[bool, str]] = field(default_factory=dict)  # when absent: value, why
+    # (signals that all hold, defaults): override `flag_defaults` (a speculators config's type has its own reader)
+    flag_defaults_when: tuple[tuple[tuple[Signal, ...], dict[str, tuple[bool, str]]], ...] = ()
     writer: Writer | None = None  # None: eaglectl reads this dialect but does not write it
     config_style: ConfigStyle = "hf"  # how it reads and eaglectl writes config.json
     owned_config_keys: tuple[str, ...] = ()  # top-level keys of this dialect's wrapping (not decoder config)
@@ -199,6 +201,12 @@ class Dialect:
 
     def from_canonical(self, name: str) -> str:
         return renamed(name, self.key_rules, to_canonical=False)
+
+    def flag_defaults_for(self, probe: Probe) -> dict[str, tuple[bool, str]]:
+        for signals, defaults in self.flag_defaults_when:
+            if all(s.holds(probe) for s in signals):
+                return defaults
+        return self.flag_defaults
 
     def aux_convention_for(self, probe: Probe) -> tuple[str, str]:
         for signals, convention, why in self.aux_convention_when:

@@ -3,10 +3,50 @@
 No top-level `model_type`, a `speculators_config`, the decoder config in
 `transformer_layer_config`, `layers.N.*` keys, top-level flags and boundary-convention aux ids.
 vLLM's reader treats a missing `norm_before_residual` as **True** (the speculators class default
-is False), so that default is the one recorded here (docs/hazards.md#flags).
+is False), so that default is the one recorded here (docs/hazards.md#flags); a P-EAGLE config
+(`speculators_model_type: peagle`) has a reader of its own, whose defaults apply to it
+(`SPECULATORS_READERS`, the one table of how vLLM reads each type).
 """
 
-from ._base import FLAGS, Dialect, Signal, Writer, flag_defaults
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._base import FLAGS, Dialect, Signal, Writer
+
+
+@dataclass(frozen=True)
+class SpeculatorsReader:
+    """How vLLM's speculators reader builds the config of one `speculators_model_type`
+    (transformers_utils/configs/speculators/algos.py): transformer_layer_config, then the `copied` keys taken from
+    the top level over it (their defaults when absent: a key not listed keeps transformer_layer_config's value), the
+    architecture by its model_type, and the `renamed` top-level keys, which vLLM requires (KeyError when absent)."""
+
+    copied: dict[str, Any]
+    archs: dict[str, str]  # transformer_layer_config's model_type (default llama) -> the architecture it sets
+    renamed: dict[str, str] = field(default_factory=dict)
+
+
+SPECULATORS_READERS: dict[str, SpeculatorsReader] = {
+    "eagle3": SpeculatorsReader(
+        {"draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
+         "norm_output": False},
+        {"qwen3": "Eagle3Qwen3ForCausalLM", "llama": "Eagle3LlamaForCausalLM"}),
+    # P-EAGLE (update_peagle): norm_before_residual defaults to false, and the EAGLE-3.1 flags are not copied: only
+    # an fc_norm / norm_output inside transformer_layer_config reaches the draft model
+    "peagle": SpeculatorsReader(
+        {"draft_vocab_size": None, "norm_before_residual": False, "norm_before_fc": False},
+        {"qwen3": "PeagleQwen3ForCausalLM", "llama": "PeagleLlamaForCausalLM"},
+        {"mask_token_id": "pard_token"}),
+}
+
+
+def _defaults(kind: str) -> dict[str, tuple[bool, str]]:
+    """A flag absent from a config of this type, as vLLM's reader of it fills it in."""
+    reader = SPECULATORS_READERS[kind]
+    who = f"vLLM's speculators {kind} reader"
+    return {f: (bool(reader.copied[f]), f"{who} assumes {bool(reader.copied[f])} when absent") if f in reader.copied
+            else (False, f"{who} reads it only inside transformer_layer_config") for f in FLAGS}
+
 
 _MARKER = Signal("config-key", "speculators_config", weight=3)
 
@@ -28,8 +68,9 @@ DIALECT = Dialect(
     aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
     aux_convention="boundary",
     flag_fields=frozenset(FLAGS),
-    flag_defaults=flag_defaults("vLLM") | {
-        "norm_before_residual": (True, "vLLM's speculators reader assumes True when absent")},
+    flag_defaults=_defaults("eagle3"),
+    flag_defaults_when=tuple(((Signal("config-value", "speculators_model_type", kind),), _defaults(kind))
+                             for kind in SPECULATORS_READERS if kind != "eagle3"),
     writer=Writer(
         architectures={"llama": "Eagle3Speculator", "qwen3": "Eagle3Speculator"},
         aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
