@@ -255,6 +255,29 @@ def test_peagle_declared_without_mask_hidden(invoke, tmp_path):
     assert "parallel_drafting" in hit["message"] and "mask_hidden not found" in hit["message"]
 
 
+def test_a_peagle_is_measured_and_gated_on_the_chain_its_reference_drafts(invoke, tmp_path):
+    """P-EAGLE is EAGLE-3's chain plus mask_hidden for its parallel slots. The reference drafter drafts the chain, so
+    it leaves mask_hidden out instead of refusing the drafter: `inspect --target` measures its aux reading from the
+    weights, and check's parity stage passes on the chain, says mask_hidden was not run, and checks its values (a NaN
+    in it fails the stage)."""
+    trained = FIXTURES / "trained"
+    doc = _doc(invoke, trained / "peagle", "--target", trained / "target")
+    assert doc["measured"]["aux_convention"]["measured"] == "boundary" and doc["measured_note"] is None
+    r = invoke("check", trained / "peagle", "--target", trained / "target", "--json")
+    report = json.loads(r.stdout)
+    parity = next(s for s in report["stages"] if s["name"] == "parity")
+    assert r.exit_code == 0 and report["verdict"] == "PASS", r.stdout
+    assert parity["status"] == "pass" and parity["detail"].endswith(
+        "not run by the reference (it drafts the chain): mask_hidden, finite"), parity
+    nan = torch.full((1, 384), 0.01, dtype=torch.bfloat16)
+    nan[0, 7] = float("nan")
+    bad = edited(trained / "peagle", tmp_path, name="nan", tensors={"mask_hidden": nan})
+    report = json.loads(invoke("check", bad, "--target", trained / "target", "--json").stdout)
+    parity = next(s for s in report["stages"] if s["name"] == "parity")
+    assert parity["status"] == "fail" and "'mask_hidden' has 1 NaN/Inf values" in parity["detail"]
+    assert report["verdict"] == "FAIL"
+
+
 def test_peagle_runs_on_v1_only(invoke):
     hit = _rules(_doc(invoke, FAM / "peagle"))["family-runner"][0]
     assert "V1 runner only" in hit["message"] and "parallel_drafting: true" in hit["message"]

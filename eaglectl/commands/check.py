@@ -225,7 +225,7 @@ def _parity(rep: InspectReport) -> Stage:
     from .verify import compare, real_inputs, synthetic_inputs
 
     try:
-        from ..model.loader import load_reference
+        from ..model.loader import CHAIN_UNUSED, load_reference
         loaded = load_reference(rep.drafter)
         t = rep.opened_target
         if t is not None and t.has_states:
@@ -238,10 +238,16 @@ def _parity(rep: InspectReport) -> Stage:
     except EaglectlError as e:
         return Stage("parity", "fail", f"[{e.reference}] {e.message}")
     worst = max(par.metrics, key=lambda m: m.kl_mean)
-    return Stage("parity", "pass" if par.passed else "fail",
+    # what the chain never reads (P-EAGLE's mask_hidden) is not run, so its values are checked here
+    unused = [(c, rep.drafter.ckpt.count_nonfinite(rep.drafter.view.stored[c])) for c in sorted(CHAIN_UNUSED)
+              if c in rep.drafter.view]
+    bad = [f"'{c}' has {n} NaN/Inf values" for c, n in unused if n]
+    not_run = (f"; not run by the reference (it drafts the chain): {', '.join(c for c, _ in unused)}, "
+               + ("; ".join(bad) if bad else "finite")) if unused else ""
+    return Stage("parity", "pass" if par.passed and not bad else "fail",
                  f"strict load into the reference drafter; bf16 vs fp32 CPU over {par.steps} steps x {par.tokens} "
                  f"anchors ({par.inputs.split(':')[0]}): KL mean <= {worst.kl_mean:.2e}, top-1 >= "
-                 f"{min(m.top1_agreement for m in par.metrics):.3f}", data=par.to_json())
+                 f"{min(m.top1_agreement for m in par.metrics):.3f}{not_run}", data=par.to_json())
 
 
 def _smoke(d: DrafterCheckpoint | FamilyCheckpoint, t: Target | None, servable: bool, measured: Measurement | None,

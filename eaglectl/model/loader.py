@@ -134,6 +134,11 @@ class LoadedDrafter:
         return model.to(device=device, dtype=dtype).eval()
 
 
+# Tensors of a drafter that EAGLE-3's chain never reads, so the reference drafter (which drafts the chain) leaves them
+# out: P-EAGLE's mask_hidden fills its parallel slots only (inspect checks its shape and values)
+CHAIN_UNUSED = frozenset({"mask_hidden"})
+
+
 def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | None = None) -> LoadedDrafter:
     """Every tensor of an interpreted checkpoint in fp32 for the reference drafter, read on the first call only
     (`d.memo` keeps the result); a quantised export's weights are dequantised. `shared`: fp32 tensors the caller
@@ -151,6 +156,8 @@ def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | No
     for canon in d.view.names():
         if canon.endswith(".hidden_norm.weight") and layer_index(canon) not in (None, 0):
             continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
+        if canon in CHAIN_UNUSED:
+            continue
         if quant is not None and scale_of(canon) is not None and canon not in quant.orphans:
             continue
         if shared is not None and canon in shared:
