@@ -206,7 +206,7 @@ class WorkerSession:
                     raise self.error(f"vLLM did not answer within {timeout_s:.0f} s (log: {self.log_path})",
                                      hint=_tail(self.log_path))
             line = self.answers.readline()
-            if not line:
+            if not line.endswith(b"\n"):  # nothing, or the worker died halfway through its answer
                 raise self._exited()
             return json.loads(line)
         except BaseException:
