@@ -483,7 +483,9 @@ def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invo
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [0, 3, 6]}))
     assert asked() != before and counters.COUNTS["engine_worker"] == 1
-    runners._SESSIONS[vllm_py].proc.kill()  # a worker that died (killed, out of memory) is replaced
+    from eaglectl.engines import engine_process
+
+    engine_process._SESSIONS[(vllm_py, runners.WORKER)].proc.kill()  # a worker that died (killed, OOM) is replaced
     (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 3, 5]}))
     assert asked() not in (before, None) and counters.COUNTS["engine_worker"] == 2
     runners.close_workers()

@@ -204,6 +204,20 @@ def test_the_reading_worker_serves_until_its_input_closes_or_it_idles(tmp_path):
     idle.close()
 
 
+def test_an_engine_worker_starts_with_no_reading_worker_beside_it(tmp_path):
+    """An engine (smoke, capture) sizes itself by the memory it finds free: the reading worker this process kept
+    running is ended before an engine worker starts, and the next question starts a new one."""
+    from eaglectl.engines import engine_process
+    from eaglectl.engines.runners import WORKER
+
+    reading, running = engine_process.session(sys.executable, WORKER)
+    assert not running and reading.alive and engine_process.session(sys.executable, WORKER) == (reading, True)
+    run, child = _worker(tmp_path, exit_at_once=True, timeout_s=60)
+    assert not reading.alive and not engine_process.session_running(sys.executable, WORKER)
+    run.result()
+    assert _gone(child)
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")

@@ -107,6 +107,8 @@ class WorkerRun:
 
     def __init__(self, python: str, request: dict[str, Any], timeout_s: float, worker: Path = SMOKE_WORKER,
                  error: type[EaglectlError] = SmokeFailedError) -> None:
+        # an engine sizes itself by the memory it finds free: no reading worker of this process holds any meanwhile
+        close_sessions()
         self.tmp = Path(tempfile.mkdtemp(prefix=f"eaglectl-{worker.stem.strip('_')}-"))
         self.res_path, self.log_path = self.tmp / "result.json", self.tmp / "vllm.log"
         req_path = self.tmp / "request.json"
@@ -230,6 +232,35 @@ class WorkerSession:
         self.answers.close()
         if not keep_log:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_SESSIONS: dict[tuple[str, Path], WorkerSession] = {}  # (interpreter, worker) -> the one this process keeps running
+
+
+def session(python: str, worker: Path) -> tuple[WorkerSession, bool]:
+    """This process's running session of `worker` in `python`, started (or restarted, when it stopped) as needed;
+    and whether it was running already."""
+    found = _SESSIONS.get((python, worker))
+    if found is not None and found.alive:
+        return found, True
+    _SESSIONS[(python, worker)] = started = WorkerSession(python, worker)
+    return started, False
+
+
+def forget_session(python: str, worker: Path) -> None:
+    """A session that failed is not asked again (its worker was ended: WorkerSession.ask)."""
+    _SESSIONS.pop((python, worker), None)
+
+
+def session_running(python: str, worker: Path) -> bool:
+    found = _SESSIONS.get((python, worker))
+    return found is not None and found.alive
+
+
+def close_sessions() -> None:
+    """End every session this process keeps (they end by themselves at its exit, or idle)."""
+    while _SESSIONS:
+        _SESSIONS.popitem()[1].close()
 
 
 def _tail(path: Path, lines: int = 12) -> str:

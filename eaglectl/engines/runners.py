@@ -34,7 +34,7 @@ from ..io.jsonio import MISSING, config_get
 from ..limits import LIMITS
 from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
-from .engine_process import WORKERS, WorkerSession, vllm_interpreter
+from .engine_process import WORKERS, close_sessions, forget_session, session, session_running, vllm_interpreter
 from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_READERS, RunnerTable
 from .target_support import TargetSupport, engines_own, support_from_worker, table_support
 
@@ -510,9 +510,6 @@ def _clean(message: str | None, limit: int = 300) -> str | None:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-_SESSIONS: dict[str, WorkerSession] = {}  # interpreter -> its running reading worker
-
-
 def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
     """vLLM's raw answer to a batch of requests ({drafter_dir, target_dir, target_layers}), from the reading worker
     this process keeps running in `python` (started by the first question: vLLM is imported once per process,
@@ -523,16 +520,13 @@ def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
          "target_layers": r["target_layers"] if r.get("target_layers") is not None else _STAND_IN_LAYERS}
         for r in requests]}
     while True:
-        session = _SESSIONS.get(python)
-        running = session is not None and session.alive
-        if session is None or not running:  # a worker that stopped (idle, killed) is replaced
-            session = _SESSIONS[python] = WorkerSession(python, WORKER)
+        worker, running = session(python, WORKER)
         try:
-            raw = session.ask(payload, 600.0)
+            raw = worker.ask(payload, 600.0)
             break
         except MissingDependencyError:
-            del _SESSIONS[python]
-            if not (running and session.exited):  # a running worker may stop as it is asked (idle time, a kill)
+            forget_session(python, WORKER)
+            if not (running and worker.exited):  # a running worker may stop as it is asked (idle time, a kill)
                 raise
     if not raw.get("ok"):
         raise MissingDependencyError(f"the vLLM reading worker failed: {raw.get('error')}")
@@ -540,15 +534,9 @@ def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
 
 
 def close_workers() -> None:
-    """Stop this process's reading workers now (they stop by themselves at its exit, or idle)."""
-    while _SESSIONS:
-        _SESSIONS.popitem()[1].close()
-
-
-def worker_running(python: str) -> bool:
-    """Whether this process's reading worker in `python` is running (vLLM imported already: asking is quick)."""
-    session = _SESSIONS.get(python)
-    return session is not None and session.alive
+    """Stop this process's reading workers now (they stop by themselves at its exit, or idle; and before an engine
+    worker of this process starts)."""
+    close_sessions()
 
 
 def _from_worker(result: dict[str, Any], version: str, target_layers: int | None) -> list[RunnerReading]:
@@ -628,7 +616,7 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, ask: 
     unique = [(i, key) for i, key in todo if key is None or first.setdefault(key, i) == i]
     try:
         label = (f"asking vLLM {version} what its runners read ({len(unique)} config(s)" +
-                 ("; its worker is running)" if worker_running(python) else  # type: ignore[arg-type]
+                 ("; its worker is running)" if session_running(python, WORKER) else  # type: ignore[arg-type]
                   ", one worker importing vLLM: about 10-20 s once per run; the answers are cached)"))
         for _ in progress([None], label=label):
             raw = ask_vllm([{"drafter_dir": requests[i].drafter_dir, "target_dir": requests[i].target_dir,
