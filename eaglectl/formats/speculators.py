@@ -75,8 +75,8 @@ DIALECT = Dialect(
         architectures={"llama": "Eagle3Speculator", "qwen3": "Eagle3Speculator"},
         aux_ids_paths=("eagle_aux_hidden_state_layer_ids",),
         flag_paths={f: (f,) for f in FLAGS},
-        # speculators 0.9.0's PEagleSpeculatorConfig; vLLM reads it with its own reader (engines/facts.py
-        # SPECULATORS_READERS: the mask token at the top level, the 3.1 flags only inside transformer_layer_config)
+        # speculators 0.9.0's PEagleSpeculatorConfig; vLLM reads it with its own reader (SPECULATORS_READERS above:
+        # the mask token at the top level, the 3.1 flags only inside transformer_layer_config)
         family_forms={"peagle": ("peagle", "PEagleSpeculator")},
         ranks={"mask_hidden": 3},
     ),

@@ -135,7 +135,7 @@ class LoadedDrafter:
 
 
 # Tensors of a drafter that EAGLE-3's chain never reads, so the reference drafter (which drafts the chain) leaves them
-# out: P-EAGLE's mask_hidden fills its parallel slots only (inspect checks its shape and values)
+# out: P-EAGLE's mask_hidden fills its parallel slots only (inspect checks its shape, check's parity stage its values)
 CHAIN_UNUSED = frozenset({"mask_hidden"})
 
 
