@@ -278,6 +278,38 @@ def test_a_peagle_is_measured_and_gated_on_the_chain_its_reference_drafts(invoke
     assert report["verdict"] == "FAIL"
 
 
+def test_verify_judges_a_peagle_conversion_on_mask_hidden_too(invoke, tmp_path):
+    """verify runs the chain and compares mask_hidden, which the chain does not read, by its values: the speculators
+    form (mask_hidden at [1, 1, n]) is identical to its source, a cast stays within the rounding, and a changed
+    mask_hidden fails although every output is bit-identical."""
+    from eaglectl.errors import ParityMismatchError
+
+    trained = FIXTURES / "trained"
+
+    def verified(folder) -> tuple[int, dict]:
+        r = invoke("verify", folder, "--against", trained / "peagle", "--json")
+        return r.exit_code, json.loads(r.stdout)
+
+    same, cast = tmp_path / "same", tmp_path / "cast"
+    for out, extra in ((same, ()), (cast, ("--dtype", "float16"))):
+        r = invoke("convert", trained / "peagle", out, "--to", "speculators", "--base-model", "org/target", *extra)
+        assert r.exit_code == 0, r.stderr
+    code, doc = verified(same)
+    assert code == 0 and doc["identical_tensors"] and doc["regime"] == "exact"
+    code, doc = verified(cast)
+    assert code == 0 and doc["regime"] == "low-precision" and doc["unrun_differences"] == []
+    nudged = edited(same, tmp_path, name="nudged", tensors=lambda state: {  # another dtype, within BF16's rounding
+        **state, "mask_hidden": (state["mask_hidden"].float() * (1 + 2 ** -10)).to(torch.float16)})
+    code, doc = verified(nudged)
+    assert code == 0 and "mask_hidden" in doc["differing_tensors"] and doc["unrun_differences"] == []
+    doubled = edited(same, tmp_path, name="doubled", tensors=lambda state: {
+        **state, "mask_hidden": state["mask_hidden"] * 2})
+    code, doc = verified(doubled)
+    assert code == ParityMismatchError.exit_code and doc["unrun_differences"] == [
+        "'mask_hidden' changed while its stored dtype (BF16) did not"]
+    assert all(m["logits_max_abs"] == 0 and m["passed"] for m in doc["per_step"])  # the chain cannot show it
+
+
 def test_peagle_runs_on_v1_only(invoke):
     hit = _rules(_doc(invoke, FAM / "peagle"))["family-runner"][0]
     assert "V1 runner only" in hit["message"] and "parallel_drafting: true" in hit["message"]

@@ -31,7 +31,7 @@ from ..errors import (
 from ..io.states import States
 from ..measure.probe import measured_layers
 from ..measure.target import Target
-from ..model.loader import DTYPES, LoadedDrafter, load_reference
+from ..model.loader import CHAIN_UNUSED, DTYPES, LoadedDrafter, load_reference
 from ..model.reference import DrafterArgs, StepOutput
 from ..progress import Progress, passthrough
 from ..result import Result
@@ -367,12 +367,14 @@ class ParityReport(Result):
     warm_start: WarmStart | None = None  # the upgrade regime: what an upgrade must keep, and which steps are judged
     inputs_real: bool = False  # the target's states, not synthetic ones
     layers: dict[str, Any] | None = None  # the target boundaries the inputs were taken at, and how they were known
+    # tensors the reference does not run (model/loader.CHAIN_UNUSED) whose values differ beyond a conversion's rounding
+    unrun_differences: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool | None:
         if self.mode == "fidelity":
             return None
-        if self.warm_start is not None and self.warm_start.problems:
+        if self.warm_start is not None and self.warm_start.problems or self.unrun_differences:
             return False
         return all(m.passed is not False for m in self.metrics)
 
@@ -389,6 +391,9 @@ class ParityReport(Result):
         failed = [str(m.step) for m in self.metrics if m.passed is False]
         if self.warm_start is not None and self.warm_start.problems:
             return ParityMismatchError(f"{self.candidate['source']}: {self.warm_start.problems[0]}", reported=True)
+        if self.unrun_differences:
+            return ParityMismatchError(f"{self.candidate['source']}: {self.unrun_differences[0]} (the reference does "
+                                       "not run it: P-EAGLE's parallel slots)", reported=True)
         return ParityMismatchError(f"{self.candidate['source']}: step(s) {', '.join(failed)} exceed the {self.regime} "
                                    "tolerance", reported=True)
 
@@ -406,6 +411,7 @@ class ParityReport(Result):
             "near_tie_nats": NEAR_TIE_NATS,
             "identical_tensors": self.identical_tensors,
             "differing_tensors": self.differing_tensors,
+            "unrun_differences": self.unrun_differences,
             "warm_start": self.warm_start.to_json() if self.warm_start is not None else None,
             "layers": self.layers,
             "per_step": [asdict(m) for m in self.metrics],
@@ -466,15 +472,19 @@ def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, 
     if cand.has_embed != ref.has_embed:
         names.discard("embed_tokens.weight")
     differing = sorted(k for k in names if k not in cand.tensors or k not in ref.tensors
-                       or not torch.equal(cand.tensors[k], ref.tensors[k]))
-    regime = None if mode == "fidelity" else choose_regime(cand, ref, differing, run_at, ref_at, upgrade)
-    warm = warm_start(cand, ref, differing, upgrade, inputs, steps, seed, tokens) if regime == "upgrade" else None
+                       or not _same(k, cand.tensors[k], ref.tensors[k]))
+    # what the reference does not run (P-EAGLE's mask_hidden) is judged on its values: its outputs cannot show it
+    unrun = [problem for k in differing if k in CHAIN_UNUSED and (problem := _unrun_difference(cand, ref, k))]
+    run = [k for k in differing if k not in CHAIN_UNUSED]
+    regime = None if mode == "fidelity" else choose_regime(cand, ref, run, run_at, ref_at, upgrade)
+    warm = warm_start(cand, ref, run, upgrade, inputs, steps, seed, tokens) if regime == "upgrade" else None
     with torch.no_grad():
         ref_out = _run(ref, *ref_at, inputs, embed, steps)
         cand_out = _run(cand, *run_at, inputs, embed, steps)
     report = ParityReport(mode, _side(cand, *run_at), _side(ref, *ref_at), inputs.description, steps, tokens, seed,
                           regime, TOLERANCES.get(regime or "", {}), identical_tensors=not differing,
-                          differing_tensors=differing[:20], warm_start=warm, inputs_real=inputs.real)
+                          differing_tensors=differing[:20], warm_start=warm, inputs_real=inputs.real,
+                          unrun_differences=unrun)
     for j, (r, c) in enumerate(zip(ref_out, cand_out, strict=True)):
         m = step_metrics(j, r, c)
         if warm is not None:
@@ -483,6 +493,36 @@ def compare(cand: LoadedDrafter, ref: LoadedDrafter, inputs: Inputs, mode: str, 
             m.passed = judge(m, r, c, regime)
         report.metrics.append(m)
     return report
+
+
+def _same(k: str, c: torch.Tensor, r: torch.Tensor) -> bool:
+    """Equal tensors; one the reference does not run may be stored at another shape (a layout's own rank:
+    formats Writer.ranks), its values in the same order."""
+    if k in CHAIN_UNUSED:
+        return c.numel() == r.numel() and torch.equal(c.reshape(-1), r.reshape(-1))
+    return torch.equal(c, r)
+
+
+# the relative spacing of each stored float type: a cast between two of them moves a value by at most the coarser one's
+_SPACING = {"BF16": 2.0 ** -8, "F16": 2.0 ** -11, "F32": 2.0 ** -24}
+
+
+def _unrun_difference(cand: LoadedDrafter, ref: LoadedDrafter, k: str) -> str | None:
+    """Why tensor `k`, which the reference does not run, differs more than a conversion explains (None: it does not):
+    absent on one side, another number of values, a value changed while its stored dtype did not, or moved by more
+    than the rounding of the coarser stored dtype."""
+    if k not in cand.tensors or k not in ref.tensors:
+        return f"'{k}' is only in the {'candidate' if k in cand.tensors else 'reference'}"
+    c, r = cand.tensors[k], ref.tensors[k]
+    dtypes = (cand.stored_dtypes.get(k), ref.stored_dtypes.get(k))
+    if c.numel() != r.numel():
+        return f"'{k}' holds {c.numel()} values in the candidate, {r.numel()} in the reference"
+    if dtypes[0] == dtypes[1]:
+        return f"'{k}' changed while its stored dtype ({dtypes[0]}) did not"
+    rtol = 2 * max(_SPACING.get(d or "", 2.0 ** -8) for d in dtypes)
+    if not torch.allclose(c.reshape(-1), r.reshape(-1), rtol=rtol, atol=1e-30):
+        return f"'{k}' differs by more than the rounding of a {'/'.join(map(str, dtypes))} cast"
+    return None
 
 
 def choose_regime(cand: LoadedDrafter, ref: LoadedDrafter, differing: list[str], run: tuple[str, str],

@@ -90,6 +90,12 @@ def _mla_args(spec: DrafterSpec, where: str) -> tuple[MLADims, dict[str, Any] | 
     return mla, scaling
 
 
+# Tensors of a drafter that EAGLE-3's chain never reads, so the reference drafter (which drafts the chain) does not
+# build them: P-EAGLE's mask_hidden fills its parallel slots only. They are loaded all the same, for what compares
+# values (verify; check's parity stage looks at them), and inspect checks their shape.
+CHAIN_UNUSED = frozenset({"mask_hidden"})
+
+
 @dataclass
 class LoadedDrafter:
     """A drafter's values in fp32 (exact for bf16/fp16 files), ready to build at any dtype/device."""
@@ -111,7 +117,7 @@ class LoadedDrafter:
         own = self.has_embed if own_embedding is None else own_embedding
         with torch.device("meta"):  # no random init of weights that are replaced anyway
             model = Drafter(args, own_embedding=own)
-        state = {k: v for k, v in {**self.tensors, **(replace or {})}.items() if k != "t2d"}
+        state = {k: v for k, v in {**self.tensors, **(replace or {})}.items() if k != "t2d" and k not in CHAIN_UNUSED}
         if not own:
             state.pop("embed_tokens.weight", None)
         if overrides.get("fc_norm") is False:  # a reading that ignores fc_norm weights (an engine that drops them)
@@ -134,11 +140,6 @@ class LoadedDrafter:
         return model.to(device=device, dtype=dtype).eval()
 
 
-# Tensors of a drafter that EAGLE-3's chain never reads, so the reference drafter (which drafts the chain) leaves them
-# out: P-EAGLE's mask_hidden fills its parallel slots only (inspect checks its shape, check's parity stage its values)
-CHAIN_UNUSED = frozenset({"mask_hidden"})
-
-
 def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | None = None) -> LoadedDrafter:
     """Every tensor of an interpreted checkpoint in fp32 for the reference drafter, read on the first call only
     (`d.memo` keeps the result); a quantised export's weights are dequantised. `shared`: fp32 tensors the caller
@@ -156,8 +157,6 @@ def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | No
     for canon in d.view.names():
         if canon.endswith(".hidden_norm.weight") and layer_index(canon) not in (None, 0):
             continue  # vLLM creates hidden_norm on every layer but uses only layer 0's
-        if canon in CHAIN_UNUSED:
-            continue
         if quant is not None and scale_of(canon) is not None and canon not in quant.orphans:
             continue
         if shared is not None and canon in shared:
