@@ -107,7 +107,14 @@ def test_a_piped_batch_has_a_heartbeat(invoke, width80, tmp_path, monkeypatch):
     r = invoke("upgrade", "--manifest", m, "--json", "--no-fidelity")
     assert r.exit_code == 0, r.stderr
     json.loads(r.stdout)
-    beats = [line for line in r.stderr.splitlines() if line.startswith("upgrade 1/1 ")]
+    # a beat wraps at 80 columns: its indented continuation belongs to it (a long step's label puts "after" there)
+    lines: list[str] = []
+    for line in r.stderr.splitlines():
+        if line.startswith(" ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    beats = [line for line in lines if line.startswith("upgrade 1/1 ")]
     assert beats and any(" after " in line for line in beats), r.stderr
     assert not _too_wide(r.stderr), r.stderr
     r = invoke("upgrade", "--manifest", m, "--json", "--no-fidelity", "--force", "-q")
