@@ -32,8 +32,8 @@ from eaglectl.engines.facts import (  # noqa: E402
     REFERENCE,
     RUNNER_CHOICE,
     RUNNERS,
-    SPECULATORS_READERS,
 )
+from eaglectl.formats.speculators import SPECULATORS_READERS  # noqa: E402
 from eaglectl.limits import LIMITS  # noqa: E402
 from eaglectl.rules import RULES  # noqa: E402
 from eaglectl.spec import AUX_CONVENTIONS, EAGLE_VERSIONS  # noqa: E402
@@ -203,7 +203,7 @@ def engines_page() -> str:
     for what, where in MODEL_READS:
         out.append(f"| `{what}` | {_cell(where)} |\n")
     out.append("\nA speculators-format config is first converted by vLLM's speculators reader for its "
-               "`speculators_model_type` (`SPECULATORS_READERS` in `eaglectl/engines/facts.py`): "
+               "`speculators_model_type` (`SPECULATORS_READERS` in `eaglectl/formats/speculators.py`): "
                "`transformer_layer_config`, then the keys below copied from the top level over it (their default "
                "when absent; a flag not listed keeps `transformer_layer_config`'s value), `target_hidden_size` and "
                "the top-level ids when set, the architecture by `transformer_layer_config`'s `model_type`, and the "

@@ -36,6 +36,14 @@ FLAG_PATHS: dict[str, tuple[str, ...]] = {
 # spec says what the drafter was trained with; the rule `fc-norm-alias` says vLLM would not see it.
 FLAG_ALIASES: dict[str, str] = {"enable_fc_norm": "the EAGLE-4 harness's name for fc_norm",
                                 "use_aux_norm": "an sglang fork's legacy name for fc_norm"}
+
+
+def flag_alias(spec: DrafterSpec, flag: str) -> str | None:
+    """The alias key (FLAG_ALIASES) `flag` was read from, None when its own key or a default gave it."""
+    key = spec.sources.get(flag, "").removeprefix("config: ").split(" ")[0]
+    return key if key in FLAG_ALIASES else None
+
+
 # k when the files record none: what the serve line's num_speculative_tokens and a written speculators config say
 DEFAULT_SPECULATIVE_TOKENS = 3
 # Aux ids: vLLM captures the top-level list first, then eagle_config's.

@@ -28,6 +28,7 @@ from ..errors import (
     ParityMismatchError,
     UsageError,
 )
+from ..io.dtypes import TO_CONFIG
 from ..io.states import States
 from ..measure.probe import measured_layers
 from ..measure.target import Target
@@ -503,10 +504,6 @@ def _same(k: str, c: torch.Tensor, r: torch.Tensor) -> bool:
     return torch.equal(c, r)
 
 
-# the relative spacing of each stored float type: a cast between two of them moves a value by at most the coarser one's
-_SPACING = {"BF16": 2.0 ** -8, "F16": 2.0 ** -11, "F32": 2.0 ** -24}
-
-
 def _unrun_difference(cand: LoadedDrafter, ref: LoadedDrafter, k: str) -> str | None:
     """Why tensor `k`, which the reference does not run, differs more than a conversion explains (None: it does not):
     absent on one side, another number of values, a value changed while its stored dtype did not, or moved by more
@@ -519,7 +516,8 @@ def _unrun_difference(cand: LoadedDrafter, ref: LoadedDrafter, k: str) -> str | 
         return f"'{k}' holds {c.numel()} values in the candidate, {r.numel()} in the reference"
     if dtypes[0] == dtypes[1]:
         return f"'{k}' changed while its stored dtype ({dtypes[0]}) did not"
-    rtol = 2 * max(_SPACING.get(d or "", 2.0 ** -8) for d in dtypes)
+    # a cast between two float types moves a value by at most half the coarser one's spacing (eps: the spacing at 1)
+    rtol = max(torch.finfo(DTYPES.get(TO_CONFIG.get(d or "", ""), torch.bfloat16)).eps for d in dtypes)
     if not torch.allclose(c.reshape(-1), r.reshape(-1), rtol=rtol, atol=1e-30):
         return f"'{k}' differs by more than the rounding of a {'/'.join(map(str, dtypes))} cast"
     return None

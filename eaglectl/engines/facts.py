@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..formats import ConfigStyle
-from ..formats.speculators import SPECULATORS_READERS, SpeculatorsReader  # noqa: F401 (engines' name for them)
 from ..io.jsonio import ConfigView
 from ..spec import DrafterSpec, default_aux_ids
 

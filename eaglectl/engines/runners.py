@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EaglectlError, MissingDependencyError
+from ..formats.speculators import SPECULATORS_READERS
 from ..io.atomic import write_file
 from ..io.jsonio import MISSING, config_get
 from ..limits import LIMITS
 from ..progress import Progress, passthrough
 from ..spec import default_aux_ids
 from .engine_process import WORKERS, close_sessions, forget_session, session, session_running, vllm_interpreter
-from .facts import DRAFT_CLASSES, RUNNERS, SPECULATORS_READERS, RunnerTable
+from .facts import DRAFT_CLASSES, RUNNERS, RunnerTable
 from .target_support import TargetSupport, engines_own, support_from_worker, table_support
 
 if TYPE_CHECKING:
@@ -533,10 +534,7 @@ def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
     return raw
 
 
-def close_workers() -> None:
-    """Stop this process's reading workers now (they stop by themselves at its exit, or idle; and before an engine
-    worker of this process starts)."""
-    close_sessions()
+close_workers = close_sessions  # the library's name: stop this process's reading workers now
 
 
 def _from_worker(result: dict[str, Any], version: str, target_layers: int | None) -> list[RunnerReading]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..checkpoint.drafter import FLAG_ALIASES
+from ..checkpoint.drafter import FLAG_ALIASES, flag_alias
 from ..formats import ConfigStyle
 from . import catalogue as rule
 from .base import RULES, Context, check
@@ -32,8 +32,8 @@ ENGINE_DEFAULTS: dict[str, tuple[tuple[str, ConfigStyle, bool], ...]] = {
 def norms(ctx: Context) -> None:
     spec, view, cfg = ctx.spec, ctx.view, ctx.config
     fc_norms = sorted(int(c.split(".")[1]) for c in view.names() if re.match(r"fc_norm\.[0-9]{1,6}\.weight$", c))
-    alias = spec.sources.get("fc_norm", "").removeprefix("config: ").split(" ")[0]
-    if alias in FLAG_ALIASES and spec.fc_norm and fc_norms:
+    alias = flag_alias(spec, "fc_norm")
+    if alias is not None and spec.fc_norm and fc_norms:
         ctx.emit(rule.FC_NORM_ALIAS, f"{alias} is true ({FLAG_ALIASES[alias]}) and there are {len(fc_norms)} fc_norm "
                  "weights, but no fc_norm key: vLLM reads only fc_norm", ctx.at(alias))
     if fc_norms and not spec.fc_norm:

@@ -4,9 +4,9 @@ readings were computed (`inspect`, `check`)."""
 
 from __future__ import annotations
 
-from ..checkpoint.drafter import FLAG_ALIASES
-from ..engines.facts import SPECULATORS_READERS
+from ..checkpoint.drafter import flag_alias
 from ..engines.target_support import said
+from ..formats.speculators import SPECULATORS_READERS
 from ..spec import FLAGS
 from . import catalogue as rule
 from .base import Context, check
@@ -66,9 +66,9 @@ def engine_flags(ctx: Context) -> None:
     kind = config.get("speculators_model_type")
     reader = SPECULATORS_READERS.get(kind) if isinstance(kind, str) else None
     for name in FLAGS:
-        declared = bool(getattr(spec, name))
         if _named_elsewhere(ctx, name):
             continue
+        declared = bool(getattr(spec, name))
         differ = [x for x in r.runners if not x.error and x.flags is not None and x.flags.get(name) != declared]
         if not differ:
             continue
@@ -88,5 +88,5 @@ def _named_elsewhere(ctx: Context, flag: str) -> bool:
     """fc_norm declared by an alias only (fc-norm-alias), norm_before_fc on an MLA drafter, whose vLLM class builds
     no input norm (mla-norm-before-fc)."""
     if flag == "fc_norm":
-        return ctx.spec.sources.get(flag, "").removeprefix("config: ").split(" ")[0] in FLAG_ALIASES
+        return flag_alias(ctx.spec, flag) is not None
     return flag == "norm_before_fc" and ctx.spec.arch == "mla"

@@ -17,10 +17,10 @@ from ... import __version__, formats
 from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.family import FamilyCheckpoint, of_checkpoint
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
-from ...engines.facts import SPECULATORS_READERS
 from ...errors import ConversionError
 from ...formats import Dialect
 from ...formats.families import MASK_TOKEN_KEYS
+from ...formats.speculators import SPECULATORS_READERS
 from ...io.checkpoint import Checkpoint
 from ...io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
 from ...io.jsonio import MISSING, config_get, config_set
@@ -515,7 +515,8 @@ def _family_form(family: FamilyCheckpoint, kind: str, spec: DrafterSpec, layer: 
             fail(f"the speculators {kind} form needs {key} (vLLM's {kind} reader requires it); the source has none")
         top[key] = value
     for key in (*MASK_TOKEN_KEYS, "parallel_drafting"):  # vLLM's speculators reader sets both for this kind
-        layer.pop(key, None)
+        if "." not in key:  # a nested one (dflash_config's) is no P-EAGLE's
+            layer.pop(key, None)
     for flag in FLAGS:
         if flag not in reader.copied:
             layer[flag] = bool(getattr(spec, flag))
