@@ -5,7 +5,7 @@ the parent's memory copied at fork time (Linux keeps maxrss across exec). CPU ti
 its own children) is what to compare on a shared machine: other processes stretch wall time, not CPU time.
 
 Cold and warm (`readings_cache`): eaglectl keeps what vLLM answered for a config in its readings cache
-(engines/runners.py `cache_dir`, EAGLECTL_CACHE_DIR); a cold run gets an empty one, a warm run the one an
+(engines/asking.py `cache_dir`, EAGLECTL_CACHE_DIR); a cold run gets an empty one, a warm run the one an
 earlier run filled.
 """
 

@@ -30,7 +30,7 @@ from bench_verify import DIMS, build  # noqa: E402
 REPEATS = 5
 CONVERT = "from eaglectl.cli.app import main\nsys.argv = ['eaglectl', 'convert', *sys.argv[1:]]\nmain()\n"
 STARTUP = ("from eaglectl import threads\nthreads.configure()\n"  # as the command line starts
-           "import numpy, eaglectl.cli.app, eaglectl.commands.convert.command, eaglectl.engines.runners\n")
+           "import numpy, eaglectl.cli.app, eaglectl.commands.convert.command, eaglectl.engines.asking\n")
 
 
 def durable_copy(src: Path, dst: Path) -> Run:

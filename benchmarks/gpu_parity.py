@@ -170,7 +170,7 @@ def runner_check(work: Path, *, dry_run: bool, dtype: str, num_prompts: int, max
         made[name] = dest
     print(f"runner check: drafters written in {time.perf_counter() - t:.1f} s", flush=True)
     # every runner reading in one vLLM import (cached on disk: the smoke runs below read the cache)
-    from eaglectl.engines.runners import Request, read_batch
+    from eaglectl.engines.asking import Request, read_batch
 
     t = time.perf_counter()
     asked = read_batch([Request(str(f), json.loads((f / "config.json").read_text()), 8, str(target))

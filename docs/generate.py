@@ -164,7 +164,7 @@ def engines_page() -> str:
             out.append(f"| `{d['id']}` | {path} | {f['convention']} |\n")
     out.append("\n## runners\n\nvLLM carries two model runners, and they choose an EAGLE-3 drafter's target layers "
                "with different code. eaglectl asks that code itself where a vLLM interpreter is at hand "
-               "(`eaglectl/engines/runners.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
+               "(`eaglectl/engines/asking.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
                "runner's selection run on a stand-in target of the right depth, the draft model class built on the "
                "meta device); elsewhere it uses these tables, and its readings say `assumed`. A CI test asks vLLM "
                "for every fixture and published layout and checks the tables give exactly the same "

@@ -94,15 +94,16 @@ class DrafterSpec:
 
     @property
     def aux_layer_ids_vllm(self) -> tuple[int, ...] | None:
-        """The ids in vLLM's (boundary) convention."""
+        """The stored ids in boundary numbering (vLLM's), as the dialect's convention means them."""
         if self.aux_layer_ids is None:
             return None
         shift = 1 if self.aux_convention == "output" else 0
         return tuple(i + shift for i in self.aux_layer_ids)
 
     def capture_ids(self, target_layers: int) -> tuple[int, ...]:
-        """The boundary ids vLLM captures for this drafter on a target of that depth: its own ids
-        translated, else vLLM's default; sorted and de-duplicated as vLLM does."""
+        """The target boundaries the files say the drafter reads on a target of that depth: its stored ids in boundary
+        numbering, else the default every engine uses; sorted and de-duplicated. What the drafter means, not what an
+        engine reads of its config (engines/readings.layers_read, or the engine asked)."""
         return tuple(sorted(set(self.aux_layer_ids_vllm or default_aux_ids(target_layers, "boundary"))))
 
     def to_json(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""DFlash, DSpark and P-EAGLE (formats/families.py, rules/families.py, docs/families.md): inspect names each family
+"""DFlash, DSpark and P-EAGLE (formats/families.py, eaglectl/families/, docs/families.md): inspect names each family
 on its fixture (published configs, fixtures/families/README.md) with the evidence, and each trap rule fires on a
 defect variant of that fixture and not on the clean one, in the JSON report."""
 
@@ -343,7 +343,7 @@ def test_family_layer_tables_give_what_vllms_selection_code_gives(tmp_path, vllm
     choose are the ones family_readings reports (sorted, de-duplicated, as the model then captures them)."""
     import subprocess
 
-    from eaglectl.engines.runners import family_readings, family_view
+    from eaglectl.families.reading import family_readings, family_view
     from eaglectl.formats.families import by_id
 
     configs = [json.loads((FAM / "dflash" / "config.json").read_text()),

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglectl.engines.dflash import reading
 from eaglectl.errors import ConversionError, UsageError
+from eaglectl.families.reading import reading
 
 from .conftest import FIXTURES, ROOT
 from .helpers import edited
@@ -193,8 +193,7 @@ def test_the_dflash_reading_is_what_vllms_code_builds(tmp_path, vllm_py, invoke)
     conversion reads and writes: eaglectl's view and per-layer attention are theirs."""
     import subprocess
 
-    from eaglectl.engines.dflash import layer_attention
-    from eaglectl.engines.runners import family_view
+    from eaglectl.families.reading import family_view, layer_attention
 
     src = _config(DFLASH)
     swa = dict(src, layer_types=["sliding_attention"], sliding_window=64)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglectl.engines import runners
+from eaglectl.engines import asking
+from eaglectl.engines.asking import Request, read_batch
 from eaglectl.engines.facts import TARGET_CAPTURE
-from eaglectl.engines.runners import Request, read_batch
 from eaglectl.engines.target_support import release_key
 
 from .conftest import FIXTURES
@@ -127,15 +127,15 @@ def test_vllm_is_asked_in_the_drafters_worker_run(invoke, tmp_path, monkeypatch,
     """One worker run answers three targets (filling the reading cache); the CLI then reads vLLM's answers."""
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")  # vLLM's own code, not the tables verified by hash
-    monkeypatch.setattr(runners, "_MEMO", {})
+    monkeypatch.setattr(asking, "_MEMO", {})
     targets = {"granite": _target(tmp_path, "granite", GRANITE), "bundled": TRAINED / "target",
                "hybrid": _target(tmp_path, "qwen3-next", QWEN3_NEXT)}
     cfg = json.loads((DRAFTER / "config.json").read_text())
     asked = read_batch([Request(str(DRAFTER), cfg, 8, str(t), json.loads((t / "config.json").read_text()))
                         for t in targets.values()], vllm_python=vllm_py)
     assert all(a.target is not None and a.target.asked for a in asked), [a.target for a in asked]
-    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
-    version = runners.vllm_version(vllm_py)
+    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    version = asking.vllm_version(vllm_py)
 
     r, doc = _inspect(invoke, targets["granite"], "--vllm-python", vllm_py)
     assert r.exit_code == 1

@@ -16,7 +16,7 @@ import pytest
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.commands.smoke import runner as runner_smoke
-from eaglectl.engines.runners import table_readings
+from eaglectl.engines.readings import table_readings
 from eaglectl.engines.target_support import engines_own
 
 from .conftest import ROOT

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from eaglectl.engines import runners
+from eaglectl.engines import asking
+from eaglectl.engines.asking import Request, read_batch
 from eaglectl.engines.facts import RUNNERS
-from eaglectl.engines.runners import Request, read_batch, select, table_readings, vllm_view
+from eaglectl.engines.readings import select, table_readings, vllm_view
 
 from .conftest import DEFECTS, DRAFTERS, FIXTURES, TARGET
 from .helpers import edited
@@ -239,16 +240,16 @@ def test_no_vllm_interpreter_means_assumed_readings(monkeypatch):
 
 def test_the_cache_is_keyed_by_config_target_interpreter_version_and_worker(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "c"))
-    a = runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
-    assert a == runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
-    assert a != runners.cache_key(str(TRAINED / "eagle3.1"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
-    assert a != runners.cache_key(str(TRAINED / "eagle3"), None, 8, "/usr/bin/python3", "0.32.0")
-    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 9, "/usr/bin/python3", "0.32.0")
-    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/other/python", "0.32.0")
-    assert a != runners.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.33.0")
-    runners._to_cache(a, {"runners": {}, "x": 1})
-    runners._MEMO.clear()
-    assert runners._from_cache(a) == {"runners": {}, "x": 1}
+    a = asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a == asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a != asking.cache_key(str(TRAINED / "eagle3.1"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.32.0")
+    assert a != asking.cache_key(str(TRAINED / "eagle3"), None, 8, "/usr/bin/python3", "0.32.0")
+    assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 9, "/usr/bin/python3", "0.32.0")
+    assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/other/python", "0.32.0")
+    assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.33.0")
+    asking._to_cache(a, {"runners": {}, "x": 1})
+    asking._MEMO.clear()
+    assert asking._from_cache(a) == {"runners": {}, "x": 1}
     assert [p.name for p in (tmp_path / "c").iterdir()] == [f"{a}.json"]  # no temporary file left
 
 
@@ -272,7 +273,7 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     python = vllm_py
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")  # vLLM itself, not the tables this test verifies
-    monkeypatch.setattr(runners, "_MEMO", {})  # readings an earlier test of this worker asked are not in this cache
+    monkeypatch.setattr(asking, "_MEMO", {})  # readings an earlier test of this worker asked are not in this cache
     unmasked = _peagle()
     del unmasked["mask_token_id"]
     (tmp_path / "peagle-unmasked").mkdir()
@@ -300,12 +301,12 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     assert not mismatches, mismatches
     # the installed vLLM's deciding code is the code this test verified the tables against: its fingerprint is
     # listed, and where the tables answer for it (no refusal, known classes) they give what vLLM gave
-    where, version = runners.vllm_location(python)
-    fingerprint = runners.code_fingerprint(where)
-    assert fingerprint in runners.VERIFIED_CODE.get(version, ()), (version, fingerprint)
+    where, version = asking.vllm_location(python)
+    fingerprint = asking.code_fingerprint(where)
+    assert fingerprint in asking.VERIFIED_CODE.get(version, ()), (version, fingerprint)
     answered = 0
     for (name, req), got in zip(cases, asked, strict=True):
-        fast = runners.from_verified_code(req, version)
+        fast = asking.from_verified_code(req, version)
         if fast is None:  # the tables decline what they do not model (a refusal, a quantized class): vLLM is asked
             continue
         assert not any(r.error or r.model_error for r in got.runners), name  # never an answer where vLLM refuses
@@ -314,7 +315,7 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
             a, f = got.get(runner), fast.get(runner)
             assert (_ids(a), a.source, a.shift, a.flags, a.num_aux) == (_ids(f), f.source, f.shift, f.flags,
                                                                         f.num_aux), (name, runner)
-        assert fast.asked and fast.basis == runners.verified_basis(version)
+        assert fast.asked and fast.basis == asking.verified_basis(version)
     assert answered >= 0.8 * len(cases), (answered, len(cases))
     by_name = dict(zip((n for n, _ in cases), asked, strict=True))
     for name, (_cfg, _L, v1, v2) in PUBLISHED.items():
@@ -335,11 +336,11 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     assert "target's ModelConfig" in mla.get("v1").build and "meta device" in mla.get("v1").build
     assert by_name["drafters/nemo-3.1"].get("v1").error  # an unregistered architecture: vLLM's own refusal
     # asked once: the same requests again come from the cache, without a worker run
-    python_version = runners.vllm_version(python)
-    keys = {runners.cache_key(r.drafter_dir, r.target_dir, r.target_layers, python, python_version) for _, r in cases}
+    python_version = asking.vllm_version(python)
+    keys = {asking.cache_key(r.drafter_dir, r.target_dir, r.target_layers, python, python_version) for _, r in cases}
     assert len(list((tmp_path / "cache").glob("*.json"))) == len(keys)  # same config bytes: asked once
-    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
-    runners._MEMO.clear()
+    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    asking._MEMO.clear()
     again = read_batch([r for _, r in cases[:3]], vllm_python=python)
     assert [g.to_json() for g in again] == [g.to_json() for g in asked[:3]] and all(g.asked for g in again)
     # inspect shows the split vLLM itself reports (from the same cache: no second vLLM import)
@@ -376,9 +377,9 @@ def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch
     """The installed vLLM's deciding files hash to a verified fingerprint: inspect answers from the tables
     labelled as that code's, and no worker imports vLLM; a fingerprint that is not listed asks vLLM."""
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: only the hash can answer
-    monkeypatch.setattr(runners, "_MEMO", {})
-    monkeypatch.setattr(runners, "ask_vllm", lambda *a, **k: pytest.fail("vLLM was imported"))
-    version = runners.code_verified(vllm_py)
+    monkeypatch.setattr(asking, "_MEMO", {})
+    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("vLLM was imported"))
+    version = asking.code_verified(vllm_py)
     assert version is not None
     def config(folder: Path) -> dict:
         return json.loads((folder / "config.json").read_text())
@@ -386,18 +387,18 @@ def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch
     target = TRAINED / "target"
     req = Request(str(TRAINED / "eagle3"), config(TRAINED / "eagle3"), 8, str(target), config(target))
     got = read_batch([req], vllm_python=vllm_py)[0]
-    assert got.asked and got.basis == runners.verified_basis(version) and got.target.supports_eagle3
+    assert got.asked and got.basis == asking.verified_basis(version) and got.target.supports_eagle3
     assert _ids(got.get("v1")) == (2, 4, 5) and got.get("v1").num_aux == 3
     r = invoke("inspect", TRAINED / "eagle3", "--target", target, "--vllm-python", vllm_py, "--no-measure")
     assert r.exit_code == 0 and f"vLLM {version}'s code, verified by hash" in r.stdout
     # other code (a fingerprint not listed), or EAGLECTL_ASK_VLLM=1: vLLM is asked
-    monkeypatch.setattr(runners, "VERIFIED_CODE", {version: ("0" * 64,)})
-    assert runners.code_verified(vllm_py) is None
-    installed = runners.code_fingerprint(runners.vllm_location(vllm_py)[0])
-    monkeypatch.setattr(runners, "VERIFIED_CODE", {version: (installed,)})
-    assert runners.code_verified(vllm_py) == version
+    monkeypatch.setattr(asking, "VERIFIED_CODE", {version: ("0" * 64,)})
+    assert asking.code_verified(vllm_py) is None
+    installed = asking.code_fingerprint(asking.vllm_location(vllm_py)[0])
+    monkeypatch.setattr(asking, "VERIFIED_CODE", {version: (installed,)})
+    assert asking.code_verified(vllm_py) == version
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
-    assert runners.code_verified(vllm_py) is None
+    assert asking.code_verified(vllm_py) is None
 
 
 def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
@@ -409,7 +410,7 @@ def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
 
     site = tmp_path / "site"
     fake = site / "vllm"
-    for name in runners.DECIDING_FILES:
+    for name in asking.DECIDING_FILES:
         (fake / name).parent.mkdir(parents=True, exist_ok=True)
         (fake / name).write_text(f"# {name}\n")
     (fake / "__init__.py").write_text("")
@@ -419,26 +420,26 @@ def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("EAGLECTL_ASK_VLLM", raising=False)
-    monkeypatch.setattr(runners, "_MEMO", {})
+    monkeypatch.setattr(asking, "_MEMO", {})
     asked: list[int] = []
 
     def ask(requests, _python):  # noqa: ANN001, ANN202 - stands in for the worker run
         asked.append(len(requests))
         raise MissingDependencyError("the fake vLLM cannot be imported")
 
-    monkeypatch.setattr(runners, "ask_vllm", ask)
+    monkeypatch.setattr(asking, "ask_vllm", ask)
     req = Request(str(TRAINED / "eagle3"), json.loads((TRAINED / "eagle3" / "config.json").read_text()), 8)
-    for cached in (runners.vllm_location, runners.vllm_version, runners.code_fingerprint):
+    for cached in (asking.vllm_location, asking.vllm_version, asking.code_fingerprint):
         getattr(cached, "cache_clear", lambda: None)()
-    monkeypatch.setattr(runners, "VERIFIED_CODE", {"0.32.0": (runners.code_fingerprint(fake),)})
+    monkeypatch.setattr(asking, "VERIFIED_CODE", {"0.32.0": (asking.code_fingerprint(fake),)})
     got = read_batch([req], vllm_python=str(python))[0]
-    assert asked == [] and got.basis == runners.verified_basis("0.32.0") and _ids(got.get("v1")) == (2, 4, 5)
+    assert asked == [] and got.basis == asking.verified_basis("0.32.0") and _ids(got.get("v1")) == (2, 4, 5)
     with (fake / "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py").open("a") as f:
         f.write("# a change in the selection code\n")
-    runners.code_fingerprint.cache_clear()
+    asking.code_fingerprint.cache_clear()
     got = read_batch([req], vllm_python=str(python))[0]
     assert asked == [1] and not got.asked and "vLLM was not asked" in (got.note or "")
-    runners.code_fingerprint.cache_clear()
+    asking.code_fingerprint.cache_clear()
 
 
 # ------------------------------------------------------------------------------------ one worker per process
@@ -454,8 +455,8 @@ def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invo
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
     monkeypatch.setenv("EAGLECTL_VLLM_PYTHON", vllm_py)
-    monkeypatch.setattr(runners, "_MEMO", {})
-    runners.close_workers()  # one an earlier test of this process left running
+    monkeypatch.setattr(asking, "_MEMO", {})
+    asking.close_workers()  # one an earlier test of this process left running
     counters.reset()
     lines = [{"source": str(TRAINED / "eagle3"), "dest": str(tmp_path / "a"), "to": "speculators",
               "base_model": "org/target"},
@@ -467,7 +468,7 @@ def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invo
     assert [i["exit_code"] for i in json.loads(r.stdout)["items"]] == [0, 0, 0]
     answers = [json.loads(f.read_text()) for f in (tmp_path / "cache").glob("*.json")]
     assert len(answers) == 3  # each written config asked of vLLM, not answered by the verified tables
-    assert {a["vllm_version"] for a in answers} == {runners.vllm_version(vllm_py)}
+    assert {a["vllm_version"] for a in answers} == {asking.vllm_version(vllm_py)}
     assert counters.COUNTS["engine_worker"] == 1
     # a config changed in place between two questions of one worker: read as it is now
     folder = edited(TRAINED / "eagle3", tmp_path, name="edited")
@@ -485,7 +486,7 @@ def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invo
     assert asked() != before and counters.COUNTS["engine_worker"] == 1
     from eaglectl.engines import engine_process
 
-    engine_process._SESSIONS[(vllm_py, runners.WORKER)].proc.kill()  # a worker that died (killed, OOM) is replaced
+    engine_process._SESSIONS[(vllm_py, asking.WORKER)].proc.kill()  # a worker that died (killed, OOM) is replaced
     (folder / "config.json").write_text(json.dumps({**config, "eagle_aux_hidden_state_layer_ids": [1, 3, 5]}))
     assert asked() not in (before, None) and counters.COUNTS["engine_worker"] == 2
-    runners.close_workers()
+    asking.close_workers()

@@ -189,8 +189,8 @@ def test_the_reading_worker_serves_until_its_input_closes_or_it_idles(tmp_path):
     """The real reading worker, in an interpreter without vLLM: each request is answered on its own line (vLLM's
     absence is an answer, not a crash), it stays up between requests, and it stops when its stdin closes or after
     its idle time."""
+    from eaglectl.engines.asking import WORKER
     from eaglectl.engines.engine_process import WorkerSession
-    from eaglectl.engines.runners import WORKER
 
     session = WorkerSession(sys.executable, WORKER, idle_s=600)
     for _ in range(2):
@@ -208,7 +208,7 @@ def test_an_engine_worker_starts_with_no_reading_worker_beside_it(tmp_path):
     """An engine (smoke, capture) sizes itself by the memory it finds free: the reading worker this process kept
     running is ended before an engine worker starts, and the next question starts a new one."""
     from eaglectl.engines import engine_process
-    from eaglectl.engines.runners import WORKER
+    from eaglectl.engines.asking import WORKER
 
     reading, running = engine_process.session(sys.executable, WORKER)
     assert not running and reading.alive and engine_process.session(sys.executable, WORKER) == (reading, True)

@@ -18,8 +18,8 @@ import pytest
 
 from eaglectl import formats
 from eaglectl.checkpoint.drafter import open_drafter
-from eaglectl.engines import runners
-from eaglectl.engines.runners import Request, read_batch
+from eaglectl.engines.asking import Request, read_batch
+from eaglectl.engines.readings import FLAG_NAMES
 from eaglectl.errors import ConversionError
 
 from .conftest import FIXTURES
@@ -81,7 +81,7 @@ def _assert_invariant(out, got) -> list[str]:
         assert not v1.error and not v2.error, (key, v1.error, v2.error)
         assert v1.boundary_ids == v2.boundary_ids == want, (key, v1.boundary_ids, v2.boundary_ids, want)
         spec = open_drafter(str(out[key])).spec
-        flags = {f: bool(getattr(spec, f)) for f in runners.FLAG_NAMES}
+        flags = {f: bool(getattr(spec, f)) for f in FLAG_NAMES}
         assert v1.flags == v2.flags == flags, (key, v1.flags, flags)
     return rows
 

@@ -9,7 +9,7 @@ so) and the rules report it. Only the dialect tables decide names and defaults.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import counters as loads
 from .. import formats
@@ -107,6 +107,10 @@ class CanonicalView:
 @dataclass
 class DrafterCheckpoint:
     """A drafter read through its dialect: the files, the dialect decision, canonical names, spec."""
+
+    # what commands ask of whatever they opened (families/checkpoint.FamilyCheckpoint answers too): EAGLE-3's
+    # dialects, the reference drafter and the runner readings read it
+    eagle3_layout: ClassVar[bool] = True
 
     ckpt: Checkpoint
     dialect: Dialect

@@ -145,7 +145,7 @@ class Parsed(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
-SIZE = Parsed("size", int, "eaglectl.commands.convert.plan:parse_size")
+SIZE = Parsed("size", int, "eaglectl.checkpoint.plan:parse_size")
 BASELINES = Parsed("baselines", list, "eaglectl.commands.smoke.command:parse_baselines")
 SERVING_OPTION = Parsed("serving-option", dict, "eaglectl.commands.smoke.runner:parse_serving_options", listed=True)
 

@@ -30,7 +30,7 @@ from .requests import CheckRequest, SmokeRequest
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
-    from ..checkpoint.family import FamilyCheckpoint
+    from ..families.checkpoint import FamilyCheckpoint
     from ..measure.probe import Measurement
     from ..measure.target import Target
     from .inspect import InspectReport
@@ -99,7 +99,7 @@ NAMING_FIXES = ("verifier-unnamed", "verifier-local-path", "verifier-local-path-
 def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     """Run the gate on the request's source (`check`'s, `upload`'s or a manifest line's). `--min-acceptance`, or
     any of the smoke stage's options, implies the smoke stage."""
-    from ..checkpoint.family import FamilyCheckpoint, open_any
+    from ..families.checkpoint import open_any
     from ..measure.target import Target
     from .inspect import inspect_opened
 
@@ -118,8 +118,8 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
                          concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
     missing = _environment(wants_smoke and target is not None, smoke)  # before the slow stages, not after them
-    if isinstance(d, FamilyCheckpoint):  # DFlash, DSpark: their own layout
-        return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)
+    if not d.eagle3_layout:  # DFlash, DSpark: their own layout
+        return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)  # type: ignore[arg-type]
     rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
                          engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
@@ -285,11 +285,10 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     """The gate for a drafter of a family read in its own layout (DFlash, DSpark): its inspect, and smoke when asked
     (vLLM serves the family's method). Parity is undecided (eaglectl's reference drafter runs none of these methods),
     and eaglectl writes and lints EAGLE-3 model cards only."""
-    from .family import inspect_family
-    from .requests import InspectRequest
+    from ..families.inspect import inspect_family
 
     t0 = time.perf_counter()
-    rep = inspect_family(d, t.checkpoint if t is not None else None, InspectRequest(d.source, strict=req.strict))
+    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict)
     servable = not rep.summary["error"]
     reading = d.family.reading
     assert reading is not None

@@ -19,8 +19,8 @@ from ..rules import Context, Finding, run_checks, scope, summarise
 from .requests import InspectRequest
 
 if TYPE_CHECKING:
-    from ..checkpoint.family import FamilyCheckpoint
-    from .family import FamilyReport
+    from ..families.checkpoint import FamilyCheckpoint
+    from ..families.inspect import FamilyReport
 
 
 @dataclass
@@ -33,7 +33,7 @@ class InspectReport(Result):
     strict: bool
     measured: Any = None  # probe.Measurement when the target could be run
     measured_note: str | None = None  # why nothing was measured
-    readings: Any = None  # runners.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
+    readings: Any = None  # engines.readings.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
     engine_version: str | None = None
     for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
     merged_convert: str | None = None  # the one conversion the report offers, when its fixes named several
@@ -49,7 +49,7 @@ class InspectReport(Result):
     @functools.cached_property
     def family(self) -> FamilyCheckpoint | None:
         """The family read in the EAGLE-3 layout (P-EAGLE), with its evidence; None for a plain EAGLE-3 drafter."""
-        from ..checkpoint.family import of_checkpoint
+        from ..families.checkpoint import of_checkpoint
 
         return of_checkpoint(self.drafter.ckpt)
 
@@ -142,7 +142,7 @@ class InspectReport(Result):
         return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
 
     def payload(self) -> dict[str, Any]:
-        from ..engines.runners import scope_note
+        from ..engines.readings import scope_note
 
         d = self.drafter
         return {
@@ -183,13 +183,13 @@ class InspectReport(Result):
 def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport:
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
-    from ..checkpoint.family import FamilyCheckpoint, open_any
+    from ..families.checkpoint import open_any
+    from ..families.inspect import inspect_family
 
     d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
-    if isinstance(d, FamilyCheckpoint):  # a family read in its own layout (DFlash, DSpark): commands/family.py
-        from .family import inspect_family
-
-        return inspect_family(d, open_target(req.target) if req.target else None, req)
+    if not d.eagle3_layout:  # a family read in its own layout (DFlash, DSpark): families/inspect.py
+        return inspect_family(d, open_target(req.target) if req.target else None,  # type: ignore[arg-type]
+                              strict=req.strict, for_engine=req.for_engine)
     return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
                           strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
                           vllm_python=req.vllm_python, for_engine=req.for_engine)
@@ -201,8 +201,8 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
                    for_engine: str = "vllm") -> InspectReport:
     """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
     object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
-    of vLLM where an interpreter is at hand (runners.readings_for)."""
-    from ..engines.runners import readings_for
+    of vLLM where an interpreter is at hand (engines/asking.readings_for)."""
+    from ..engines.asking import readings_for
 
     readings = readings_for(d, t, vllm_python=vllm_python, progress=progress)
     measured, note = None, None

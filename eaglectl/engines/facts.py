@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..formats import ConfigStyle
 from ..io.jsonio import ConfigView
-from ..spec import DrafterSpec, default_aux_ids
+from ..spec import DrafterSpec
 
 
 @dataclass(frozen=True)
@@ -52,20 +52,21 @@ ENGINE_AUX_CONVENTIONS: tuple[EngineAuxConvention, ...] = (
 )
 
 
-# Where an engine other than vLLM reads a drafter's ids from (vLLM: runners.py): sglang reads eagle_config's
+# Where an engine other than vLLM reads a drafter's ids from (vLLM: readings.py): sglang reads eagle_config's
 # (its EAGLE-3 worker and `set_eagle3_layers_to_capture`), never vLLM's top-level key. An engine not listed
 # reads the dialect's own fields, in the dialect's reading order.
 AUX_KEYS: dict[str, tuple[str, ...]] = {"sglang": ("eagle_config.eagle_aux_hidden_state_layer_ids",)}
 
 
-def engine_ids(engine: str, config: ConfigView | None, stored: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """The ids `engine` reads from a drafter's config: its own keys (AUX_KEYS),
-    else `stored` (the ids as the dialect reads them)."""
+def engine_ids(engine: str, config: ConfigView | None, stored: tuple[int, ...] | None
+               ) -> tuple[tuple[int, ...] | None, str]:
+    """The ids `engine` reads from a drafter's config and where: its own keys (AUX_KEYS), else `stored` (the ids as
+    the dialect reads them)."""
     for key in AUX_KEYS.get(engine, ()):
         ids = config.int_list(key) if config is not None else None
         if ids is not None:
-            return tuple(ids)
-    return stored
+            return tuple(ids), key
+    return stored, "the dialect's aux ids"
 
 
 def engine_convention(engine: str) -> EngineAuxConvention:
@@ -73,16 +74,8 @@ def engine_convention(engine: str) -> EngineAuxConvention:
     return [r for r in ENGINE_AUX_CONVENTIONS if r.engine == engine][-1]
 
 
-def engine_boundaries(engine: str, ids: tuple[int, ...] | None, target_layers: int) -> tuple[int, ...]:
-    """The target boundaries `engine` captures for a drafter whose config lists `ids` (None: no list;
-    every engine's default names the same boundaries). Sorted and de-duplicated, as engines do."""
-    if ids is None:
-        return default_aux_ids(target_layers, "boundary")
-    return tuple(sorted(set(engine_convention(engine).boundaries(tuple(ids)))))
-
-
 # ---------------------------------------------------------------------------- vLLM's two model runners
-# The tables of their selection code (0.32 and 0.33) that runners.py falls back on where no vLLM is at hand
+# The tables of their selection code (0.32 and 0.33) that readings.py falls back on where no vLLM is at hand
 # (readings labelled "assumed"); `docs/engines.md` renders them.
 
 

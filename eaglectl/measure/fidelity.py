@@ -1,5 +1,5 @@
 """An upgrade measured the way it will be served: the prompts (`Workload`), the vLLM runner whose reading of a
-config's aux ids counts (`Setup.runner`: engines/runners.runner_boundaries), the fc_norm inits ranked by the
+config's aux ids counts (`Setup.runner`: engines/readings.layers_read), the fc_norm inits ranked by the
 acceptance they keep (`rank_by_acceptance`), the acceptance length before and after with a bootstrap interval
 (`before_after`), and the written files replayed to the counts reported (`check_written`).
 
@@ -121,10 +121,12 @@ class Setup:
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
     """The boundaries the engine captures for a config, as the setup's runner reads it."""
-    from ..engines.runners import runner_boundaries
+    from ..engines.readings import layers_read
 
     assert s.tgt is not None and s.tgt.num_layers is not None
-    return runner_boundaries(config, s.runner, s.tgt.num_layers)
+    got = layers_read("vllm", config, s.tgt.num_layers, runner=s.runner).boundary_ids
+    assert got is not None
+    return got
 
 
 def reading_name(s: Setup) -> tuple[str, str]:

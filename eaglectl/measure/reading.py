@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.drafter import DrafterCheckpoint
-from ..engines.facts import engine_boundaries
+from ..engines.readings import layers_read
 from ..spec import FLAGS
 
 if TYPE_CHECKING:
-    from ..engines.runners import RunnerReading
+    from ..engines.readings import EngineReading
     from .probe import Measurement
     from .target import Target
 
@@ -43,7 +43,7 @@ class Candidate:
 
 
 @dataclass
-class EngineReading:
+class ServedReading:
     """The reading a served engine ran, measured: the candidate whose replay reproduced its counts exactly."""
 
     engine: str
@@ -74,18 +74,20 @@ class EngineReading:
 
 
 def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Candidate,
-                       runner: RunnerReading | None = None) -> list[Candidate]:
+                       runner: EngineReading | None = None) -> list[Candidate]:
     """What vLLM should read, the intended reading, and the near misses: aux ids one boundary off either
     way, and each flag flipped (an engine that drops or defaults a flag). What vLLM should read is the
-    runner's own reading (runners.readings_for: asked of vLLM, else its table) when there is one, else the
-    engine table's."""
+    runner's own reading (asking.readings_for: asked of vLLM, else its table) when there is one, else the
+    table's (readings.layers_read)."""
     spec = d.spec
     flags = {f: bool(getattr(spec, f)) for f in FLAGS}
     if runner is not None and runner.boundary_ids is not None and not runner.error:
         expected = Candidate(f"vllm-{runner.runner} ({'asked' if runner.asked else 'assumed'})",
                            tuple(runner.boundary_ids), flags)
     else:
-        expected = Candidate("vllm-0.32", engine_boundaries("vllm", spec.aux_layer_ids, target_layers), flags)
+        table = layers_read("vllm", d.ckpt.config, target_layers)  # None: vLLM refuses the config; the files' reading
+        ids = table.boundary_ids if table.boundary_ids is not None else d.spec.capture_ids(target_layers)
+        expected = Candidate(f"vllm-{table.runner} (assumed)", tuple(ids), flags)
     out = [expected, intended]
     for shift in (-1, 1):
         ids = tuple(i + shift for i in expected.boundary_ids)
@@ -103,8 +105,8 @@ def candidate_readings(d: DrafterCheckpoint, target_layers: int, intended: Candi
 
 
 def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int, max_tokens: int,
-                   engine_counts: dict[str, Any], measured: Measurement | None, runner: RunnerReading | None = None,
-                   engine: str = "vLLM") -> EngineReading:
+                   engine_counts: dict[str, Any], measured: Measurement | None, runner: EngineReading | None = None,
+                   engine: str = "vLLM") -> ServedReading:
     """Replay candidate readings (on the target's greedy continuations, decoded once) until one reproduces
     the engine's counts exactly. `runner`: the reading of the runner that produced the counts (tried first);
     `engine` names it in the difference ("vLLM V1", "vLLM V2 (emulated on V1)")."""
@@ -132,5 +134,5 @@ def engine_reading(d: DrafterCheckpoint, target: Target, prompts: list[list[int]
         if c.counts == want:
             matched = c
             break
-    return EngineReading(engine, intended, matched, [c for c in candidates if c.counts is not None], basis,
+    return ServedReading(engine, intended, matched, [c for c in candidates if c.counts is not None], basis,
                          runner.runner if runner is not None else None)

@@ -38,5 +38,5 @@ from . import files, layout, vocab, aux, norms, mla, tables, target, measured, c
 from . import window  # noqa: E402, F401  (sliding-window attention, as each engine applies it)
 from . import engine, runners  # noqa: E402, F401
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)
-from . import families  # noqa: E402, F401  (P-EAGLE's traps; DFlash / DSpark: commands/family.py)
+# the families' checks (P-EAGLE's) register from eaglectl.families, which every command imports
 from . import publish  # noqa: E402, F401  (check / upload only: what publishing the folder does)

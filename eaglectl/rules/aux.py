@@ -94,10 +94,10 @@ def aux(ctx: Context) -> None:
 
 def _built(ctx: Context) -> tuple[dict[str, int], str]:
     """How many aux states each vLLM runner builds fc for, and on what basis: the readings the command computed,
-    else vLLM's table read on the config (runners.table_readings)."""
+    else vLLM's table read on the config (engines/readings.table_readings)."""
     readings = ctx.readings
     if readings is None:
-        from ..engines.runners import table_readings
+        from ..engines.readings import table_readings
 
         readings = table_readings(ctx.ckpt.config, None)
     return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}, readings.basis

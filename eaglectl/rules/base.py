@@ -24,7 +24,7 @@ from ..spec import DrafterSpec
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..engines.runners import Readings
+    from ..engines.readings import Readings
     from ..measure.probe import Measurement
 
 

@@ -4,7 +4,8 @@ predicts this target at all (docs/math.md#reading-probe, docs/engines.md#aux-ids
 
 from __future__ import annotations
 
-from ..engines.facts import engine_boundaries, engine_convention, engine_ids
+from ..engines.readings import EngineReading, layers_read
+from ..engines.target_support import said
 from . import catalogue as rule
 from .base import Context, check
 
@@ -25,16 +26,18 @@ def measured(ctx: Context) -> None:
     if trained is not None and L is not None:
         by_ids = {c.boundary_ids: c for c in m.aux.candidates}
         for engine in dict.fromkeys([ctx.dialect.consumer, "vllm"]):
-            reads = engine_boundaries(engine, engine_ids(engine, ctx.config, spec.aux_layer_ids), L)
-            if reads == trained:
+            r = _reading(ctx, engine, L)
+            if r is None or r.boundary_ids is None or r.boundary_ids == trained:
                 continue
+            reads = r.boundary_ids
             stake = ""
             if reads in by_ids and by_ids[reads].acceptance_length and m.aux.winner and \
                     m.aux.winner.acceptance_length:
                 stake = (f": acceptance length {by_ids[reads].acceptance_length:.2f} instead of "
                          f"{m.aux.winner.acceptance_length:.2f} under the reference loop")
-            message = (f"{engine} (since {engine_convention(engine).since}) reads boundaries {list(reads)}; the "
-                       f"drafter was trained on {list(trained)}{stake}")
+            how = said(r.basis, r.version, f"assumed: eaglectl's table of {engine}" +
+                       (f" {r.version}" if engine == "vllm" else f", since {r.version}"))
+            message = f"{engine} reads boundaries {list(reads)} ({how}); the drafter was trained on {list(trained)}{stake}"
             if engine == ctx.dialect.consumer:
                 ctx.emit(rule.AUX_READING_MISMATCH, message, ctx.where)
             else:
@@ -53,3 +56,13 @@ def measured(ctx: Context) -> None:
         how = (f"{m.convention} numbering of the stored ids {list(spec.aux_layer_ids)}" if spec.aux_layer_ids is not None
                else "no ids stored: every engine's default for this target")
         ctx.emit(rule.MEASURED_READING, f"trained on boundaries {list(trained)} ({how}; {m.aux.reason})", ctx.where)
+
+
+def _reading(ctx: Context, engine: str, L: int) -> EngineReading | None:
+    """What `engine` reads of this config on the target: vLLM's runners as inspect read them (asked, else their
+    tables), or None where they read different layers (aux-ids-runner-split names which is right); any other engine
+    by eaglectl's table of it."""
+    if engine == "vllm" and ctx.readings is not None:
+        read = {r.boundary_ids: r for r in ctx.readings.runners if not r.error and r.boundary_ids is not None}
+        return next(iter(read.values())) if len(read) == 1 else None
+    return layers_read(engine, ctx.ckpt.config, L, declared=ctx.spec.aux_layer_ids, view=ctx.config)

@@ -20,10 +20,10 @@ if TYPE_CHECKING:
     from ...commands.check import CheckReport
     from ...commands.convert.command import ConversionResult
     from ...commands.diff import DiffReport
-    from ...commands.family import FamilyReport
     from ...commands.inspect import InspectReport
     from ...commands.upgrade.command import UpgradeResult
     from ...commands.upload import UploadReport
+    from ...families.inspect import FamilyReport
     from ...result import BatchResult
 
 
@@ -68,7 +68,8 @@ def render_inspect(report: InspectReport) -> None:
         if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
             say("measured ", f"nothing: {report.measured_note}")
     if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
-        from ...engines.runners import describe, scope_note
+        from ...engines.readings import scope_note
+        from .readings import describe
 
         for i, line in enumerate(describe(report.readings)):
             say("vLLM     " if i == 0 else "         ", line)

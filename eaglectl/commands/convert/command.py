@@ -1,12 +1,12 @@
 """`eaglectl convert`: one dialect to another, planned first, streamed, fail-closed, checked after writing.
 
-This module is the command (`run`, `execute`, the result). `conversion_plan.plan_conversion` decides everything
+This module is the command (`run`, `execute`, the result). `plan.plan_conversion` decides everything
 (tensor renames, casts, drops, derivations, the config) and `execute` does exactly that plan: `--dry-run` prints
 the same object a real run executes. Semantics travel through the DrafterSpec: every flag is written explicitly
 where the destination keeps it, aux ids are translated between conventions, `d2t` is validated and `t2d` derived
 when needed, and tables missing from the source come from `--target` (single tensor / row reads). Anything the
 destination cannot represent is a ConversionError naming it. The output is built in a staging folder with the
-mechanisms of `conversion_write` (streamed copies, the digest computed alongside, the post-write checks),
+mechanisms of `write.py` (streamed copies, the digest computed alongside, the post-write checks),
 re-opened, detected and inspected, and only then renamed to DEST.
 """
 
@@ -20,16 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 from ... import formats
 from ...checkpoint.drafter import DrafterCheckpoint
-from ...checkpoint.family import FamilyCheckpoint, open_any
-from ...checkpoint.target import TargetCheckpoint
+from ...checkpoint.plan import DIGEST_PLACEHOLDER, UNNAMED, ConversionPlan
+from ...checkpoint.target import TargetCheckpoint, open_target
 from ...errors import ConversionError, UsageError, filesystem_error
+from ...families.checkpoint import FamilyCheckpoint, open_any
+from ...families.convert import plan_family, recheck
+from ...formats.families import writable_layouts
 from ...io.atomic import check_destination, fsync, local_inputs, staged_output
 from ...io.safetensors import Written, write_safetensors
 from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
 from ..requests import ConvertRequest
-from .plan import DIGEST_PLACEHOLDER, UNNAMED, ConversionPlan, plan_conversion, writable_dialect
+from .plan import plan_conversion, writable_dialect
 from .write import (
     SourceDigest,
     check_checkpoint,
@@ -83,16 +86,8 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
                          if to else "--to DIALECT or --for ENGINE is required (or a 'to' / 'for' key per manifest "
                          "line)", hint="eaglectl convert SOURCE DEST --for vllm")
     src = open_any(source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
-    if isinstance(src, FamilyCheckpoint):  # DFlash: between its producers' layouts (commands/convert/family.py)
-        from . import family
-
-        plan, target = family.plan_request(req, src)
-        if req.dry_run:
-            return ConversionResult(plan, False, [])
-        inputs = local_inputs(src, target)
-        check_destination(dest, force=req.force, sources=inputs)
-        return execute(plan, src, force=req.force, progress=progress, inputs=inputs,
-                       recheck=lambda stage, p, written: family.recheck(stage, p, written, target))
+    if not src.eagle3_layout:  # DFlash: between its producers' layouts (families/convert.py)
+        return _convert_family(req, src, progress)  # type: ignore[arg-type]
     tgt = Target.open(req.target, req.states, progress=progress)
     checkpoint = tgt.checkpoint if tgt is not None else None
     if to is not None:
@@ -233,6 +228,30 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
         return lines
 
     return check
+
+
+# what a request may ask that only an EAGLE-3 conversion does
+_EAGLE3_ONLY = (("aux_layer_ids", "--aux-layer-ids"), ("source_aux_convention", "--source-aux-convention"),
+                ("embed_from_target", "--embed-from-target"), ("for_engine", "--for"), ("states", "--states"))
+
+
+def _convert_family(req: ConvertRequest, src: FamilyCheckpoint, progress: Progress) -> ConversionResult:
+    """A family's drafter between its producers' layouts (families/convert.py): planned, executed and re-checked by
+    the same machinery as EAGLE-3's; an option only an EAGLE-3 conversion takes is refused by name."""
+    for name, option in _EAGLE3_ONLY:
+        if getattr(req, name):
+            raise UsageError(f"{src.source}: {option} is for EAGLE-3 drafters; this is a {src.family.name} drafter",
+                             hint=f"eaglectl convert {src.source} DEST --to {writable_layouts()[0]} (its layouts: "
+                                  f"{', '.join(writable_layouts())})")
+    target = open_target(req.target) if req.target else None
+    plan = plan_family(src, req.dest, req.to or "", dtype=req.dtype, target=target, base_model=req.base_model,
+                       max_shard_size=req.max_shard_size)
+    if req.dry_run:
+        return ConversionResult(plan, False, [])
+    inputs = local_inputs(src, target)
+    check_destination(req.dest, force=req.force, sources=inputs)
+    return execute(plan, src, force=req.force, progress=progress, inputs=inputs,
+                   recheck=lambda stage, p, written: recheck(stage, p, written, target))
 
 
 def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, target: TargetCheckpoint | None = None,

@@ -24,8 +24,8 @@ from ...io.dtypes import DTYPES
 from .write import SourceDigest, tensor_entry
 
 if TYPE_CHECKING:
+    from ...checkpoint.plan import ConversionPlan, TensorAction
     from ...checkpoint.target import TargetCheckpoint
-    from .plan import ConversionPlan, TensorAction
 
 FILE_NAME = "model.gguf"
 _KEYS = {config: key for key, config in ggufio.CONFIG_KEYS.items()}

@@ -8,21 +8,19 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
-
-import numpy as np
 
 from ... import __version__, formats
 from ...checkpoint.drafter import DrafterCheckpoint
-from ...checkpoint.family import FamilyCheckpoint, of_checkpoint
+from ...checkpoint.plan import ConversionPlan, TensorAction, config_diff, provenance, shard, verifier
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
 from ...errors import ConversionError
+from ...families.checkpoint import FamilyCheckpoint, of_checkpoint
 from ...formats import Dialect
 from ...formats.families import MASK_TOKEN_KEYS
 from ...formats.speculators import SPECULATORS_READERS
-from ...io.checkpoint import Checkpoint
-from ...io.dtypes import CONFIG_NAMES, DTYPE_BITS, FLOAT_DTYPES, TO_CONFIG
+from ...io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
 from ...io.jsonio import MISSING, config_get, config_set
 from ...io.quant import QUANT_FILE, converted_configs, layout_of
 from ...rules import Context, run_checks
@@ -39,59 +37,6 @@ _DRAFTER_KEYS = frozenset({
     "architectures", "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
     "num_aux_hidden_states", "eaglectl_provenance", "torch_dtype", "dtype", "quantization_config", *FLAGS,
 })
-
-
-@dataclass
-class TensorAction:
-    dest: str
-    canonical: str
-    action: str  # copy | cast | derive | from-target
-    dtype: str
-    shape: tuple[int, ...]
-    source: str | None = None  # stored name in the source (copy / cast)
-    source_dtype: str | None = None
-    note: str = ""
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * DTYPE_BITS[self.dtype] // 8
-
-
-@dataclass
-class ConversionPlan:
-    source: str
-    source_dialect: str
-    dest: str
-    dest_dialect: str
-    tensors: list[TensorAction]
-    dropped: list[tuple[str, str]]  # (stored source name, why)
-    config: dict[str, Any]
-    config_changes: list[dict[str, Any]]
-    shards: list[list[str]]  # dest tensor names per file; one list = single model.safetensors
-    metadata: dict[str, str]
-    notes: list[str] = field(default_factory=list)
-    side_files: dict[str, Any] = field(default_factory=dict)  # other JSON files written beside config.json
-    # what every runner that serves DEST must read: {"boundary_ids", "flags", "basis"} (the post-write check)
-    intended: dict[str, Any] | None = None
-    warnings: list[str] = field(default_factory=list)  # what a consumer of this dialect will read differently
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source, "source_dialect": self.source_dialect, "dest": self.dest,
-            "dest_dialect": self.dest_dialect,
-            "tensors": [{**asdict(t), "shape": list(t.shape)} for t in self.tensors],
-            "dropped": [{"tensor": n, "why": w} for n, w in self.dropped],
-            "config": self.config, "config_changes": self.config_changes,
-            "files": self.file_names() + sorted(self.side_files), "metadata": self.metadata, "notes": self.notes,
-            "intended": self.intended,
-            "warnings": self.warnings,
-        }
-
-    def file_names(self) -> list[str]:
-        n = len(self.shards)
-        if self.dest_dialect == "gguf":  # one llama.cpp file (conversion_gguf.py)
-            return ["model.gguf"]
-        return ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
 
 def writable_dialect(to: str) -> Dialect:
@@ -183,7 +128,7 @@ def plan_conversion(
 def count_carriers(src: DrafterCheckpoint, count: int, target: TargetCheckpoint | None = None) -> list[str]:
     """The dialects eaglectl writes for vLLM whose written config vLLM reads as fc for `count` aux states on both
     runners: each is planned (nothing written) and its config read as vLLM's tables read it."""
-    from ...engines.runners import table_readings
+    from ...engines.readings import table_readings
 
     layers = target.num_layers if target is not None else None
     found = []
@@ -546,118 +491,3 @@ def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) 
     return name if name in REGISTERED["mla"] and written in REGISTERED["mla"] else written
 
 
-# `base_model` when `convert --for` chose speculators and nobody named the target: the verifier is written null, with
-# its warning, as with a local --target, so that the choice never depends on --base-model (`--to speculators`
-# without any name still refuses: the user asked for the format that names its verifier)
-UNNAMED = ""
-
-
-def verifier(config: dict[str, Any] | None, target: TargetCheckpoint | None, base_model: str | None
-             ) -> dict[str, Any] | None:
-    """The speculators verifier of a drafter with this config, named by Hub id only: --base-model, the target's own
-    id, the source's verifier when that is one; else null (vLLM needs the key, and a local path names nothing once
-    published). None: nothing at all is known of the target (and `base_model` is not UNNAMED)."""
-    existing = config_get(config or {}, "speculators_config.verifier")
-    existing = existing if isinstance(existing, dict) else {}
-    named = existing.get("name_or_path") if isinstance(existing.get("name_or_path"), str) else None
-    own_null = "name_or_path" in existing and existing["name_or_path"] is None \
-        and isinstance((config or {}).get("eaglectl_provenance"), dict)  # eaglectl wrote it null (a local target)
-    if target is None and base_model is None and named is None and not own_null:
-        return None
-    name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
-    archs = list(target.architectures) if target is not None else existing.get("architectures") or []
-    return {"name_or_path": name, "architectures": archs}
-
-
-# The source digest is computed from the bytes read while writing and patched into config and
-# safetensors metadata afterwards; same length, so the header layout does not move.
-DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
-
-
-def provenance(ckpt: Checkpoint, source_dialect: str, operation: str, to: str, **extra: Any) -> dict[str, Any]:
-    """Where the output came from, as it may be published: a Hub source by its id, a local one by its
-    basename (the digest identifies its bytes); never a path of this machine (eaglectl/publish.py)."""
-    from ...checkpoint.publish import public_name, public_value
-
-    ref = ckpt.hub_ref
-    out = {
-        "tool": f"eaglectl {__version__}",
-        "operation": operation,
-        "source": ref.display if ref else public_name(ckpt.source),
-        "source_dialect": source_dialect,
-        "source_digest": DIGEST_PLACEHOLDER,
-        "dialect": to,
-    }
-    out.update(public_value(extra))
-    return out
-
-
-def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A config as {dotted key path: value}: objects are opened (an empty one is a value), lists are values."""
-    out: dict[str, Any] = {}
-    for k, v in obj.items():
-        path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, path + "."))
-        else:
-            out[path] = v
-    return out
-
-
-def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
-    """Key-level config changes: each changed leaf by its dotted path (`speculators_config.verifier.
-    name_or_path`), never a whole nested object; a key that only changed place (into or out of
-    `transformer_layer_config`, `eagle_config`) is one "moved" change naming both paths."""
-    a, b = _flat(old), _flat(new)
-    removed = [k for k in a if k not in b]
-    added = [k for k in b if k not in a]
-    moved: dict[str, str] = {}  # new path -> old path
-    for k in added:
-        leaf = k.rsplit(".", 1)[-1]
-        # the same key under another parent: the value may also have changed
-        frm = next((r for r in removed if r not in moved.values() and r.rsplit(".", 1)[-1] == leaf
-                    and (r.endswith("." + k) or k.endswith("." + r) or r.count(".") != k.count("."))), None)
-        if frm is not None:
-            moved[k] = frm
-    out = []
-    for k in sorted(set(a) | set(b)):
-        if k in moved.values():
-            continue
-        x, y = a.get(k, MISSING), b.get(k, MISSING)
-        if k in moved:
-            x = a[moved[k]]
-            out.append({"key": k, "change": "moved", "from": moved[k], **({"old": x} if x != y else {}), "new": y})
-            continue
-        if x == y:
-            continue
-        kind = "added" if x is MISSING else "removed" if y is MISSING else "changed"
-        out.append({"key": k, "change": kind, **({"old": x} if x is not MISSING else {}),
-                    **({"new": y} if y is not MISSING else {})})
-    return out
-
-
-def shard(actions: list[TensorAction], limit: int | None) -> list[list[str]]:
-    if not limit:
-        return [[a.dest for a in actions]]
-    shards: list[list[str]] = [[]]
-    size = 0
-    for a in actions:
-        if shards[-1] and size + a.nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(a.dest)
-        size += a.nbytes
-    return shards
-
-
-def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
-    unit = (m.group(2) or "B").upper()
-    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
-    size = int(float(m.group(1)) * scale)
-    if size <= 0:
-        raise ValueError(f"a shard size must be positive, not {text!r}")
-    return size

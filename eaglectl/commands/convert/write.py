@@ -18,14 +18,14 @@ import numpy as np
 
 from ... import formats, threads
 from ...checkpoint.drafter import DrafterCheckpoint, interpret
+from ...checkpoint.plan import ConversionPlan, TensorAction, reopen
 from ...checkpoint.target import TargetCheckpoint
-from ...errors import ConversionError, EaglectlError
+from ...errors import ConversionError
 from ...io import cast as casting
-from ...io.checkpoint import Checkpoint, open_checkpoint
+from ...io.checkpoint import Checkpoint
 from ...io.safetensors import ByteRange, TensorEntry, Written, crc32_range, same_bytes, sha256_range
 from ...rules import Context, run_checks
 from ...spec import default_aux_ids
-from .plan import ConversionPlan, TensorAction
 
 if TYPE_CHECKING:
     from ...measure.target import Target
@@ -201,27 +201,6 @@ def pieces(r: ByteRange, size: int = 1 << 26) -> list[ByteRange]:
     return [ByteRange(r.path, r.offset + at, min(size, r.length - at)) for at in range(0, r.length, size)] or [r]
 
 
-def reopen(stage: Path, plan: ConversionPlan, written: list[Written]) -> Checkpoint:
-    """The staged output, opened: exactly the planned tensors, each where it was written (ConversionError else)."""
-    where = f"{plan.dest} (staged)"
-    try:
-        out = open_checkpoint(str(stage))
-    except EaglectlError as e:
-        raise ConversionError(f"{where}: the written output does not open ({e.message})") from None
-    expected = {a.dest for a in plan.tensors}
-    if set(out.tensor_file) != expected:
-        raise ConversionError(f"{where}: written tensors differ from the plan "
-                              f"({sorted(set(out.tensor_file) ^ expected)[:3]})")
-    ranges = {name: r for w in written for name, r in w.ranges.items()}
-    for a in plan.tensors:
-        info = out.tensors[a.dest]
-        if (info.dtype, info.shape) != (a.dtype, tuple(a.shape)) or \
-                out.tensor_file[a.dest].byte_range(a.dest) != ranges[a.dest]:
-            raise ConversionError(f"{where}: tensor '{a.dest}' is {info.dtype}{list(info.shape)} at another place "
-                                  f"than planned ({a.dtype}{list(a.shape)})", tensor=a.dest)
-    return out
-
-
 def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None
                      ) -> tuple[DrafterCheckpoint, list[str]]:
     """The finished output opens, holds exactly the planned tensors where they were written, is detected
@@ -242,7 +221,8 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
     draft model class where its interpreter is available, else the table: runners.readings_for) captures the
     intended boundaries, applies the intended flags and builds fc for as many aux states as fc.weight holds
     (ConversionError naming the runner, the key and both values otherwise: nothing is left at DEST)."""
-    from ...engines.runners import FLAG_NAMES, readings_for
+    from ...engines.asking import readings_for
+    from ...engines.readings import FLAG_NAMES
 
     intended = plan.intended
     if intended is None:
@@ -295,10 +275,10 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
 
 def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -> list[tuple[str, tuple[int, ...]]]:
     """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
-    where it is installed, else its table: runners.readings_for) and, for a dialect another engine serves
-    (`Dialect.consumer`), that engine's reading of the dialect's own field."""
-    from ...engines.facts import engine_boundaries, engine_convention, engine_ids
-    from ...engines.runners import readings_for
+    where it is installed, else its table: asking.readings_for) and, for a dialect another engine serves
+    (`Dialect.consumer`), that engine's reading (readings.layers_read)."""
+    from ...engines.asking import readings_for
+    from ...engines.readings import layers_read
 
     dialect = formats.get(to)
     found: dict[tuple[int, ...], list[str]] = {}
@@ -307,6 +287,7 @@ def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -
         if not r.error:
             found.setdefault(ids, []).append(f"vLLM {r.runner}")
     if dialect.consumer != "vllm":
-        ids = engine_boundaries(dialect.consumer, engine_ids(dialect.consumer, out.config, out.spec.aux_layer_ids), L)
-        found.setdefault(ids, []).append(f"{dialect.consumer} (since {engine_convention(dialect.consumer).since})")
+        other = layers_read(dialect.consumer, out.ckpt.config, L, declared=out.spec.aux_layer_ids, view=out.config)
+        assert other.boundary_ids is not None
+        found.setdefault(other.boundary_ids, []).append(f"{dialect.consumer} (since {other.version})")
     return [(" and ".join(who), ids) for ids, who in found.items()]

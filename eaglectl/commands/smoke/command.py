@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from ... import __version__
 from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
-from ...checkpoint.family import FamilyCheckpoint, of_checkpoint, open_any
+from ...engines.asking import config_folder, readings_for
 from ...engines.engine_process import WorkerRun, engine_path, find_vllm_python, vllm_has_gpu
-from ...engines.runners import Readings, config_folder, readings_for
+from ...engines.readings import Readings
 from ...errors import MissingDependencyError, ReferenceLimitError, SmokeFailedError, UsageError
+from ...families.checkpoint import FamilyCheckpoint, family_of, open_any
+from ...families.inspect import inspect_family
 from ...formats.families import smoke_limit
 from ...io.atomic import check_outputs, local_inputs
 from ...measure.workload import PromptSet, load_prompts, needs_chat, tokenizer_of
@@ -43,7 +45,7 @@ from .runner import RunnerRun
 
 if TYPE_CHECKING:
     from ...measure.probe import Measurement
-    from ...measure.reading import EngineReading
+    from ...measure.reading import ServedReading
     from ...measure.target import Target
     from ...model.replay import LoopCounts
 
@@ -196,7 +198,7 @@ class SmokeReport(Result):
     red_flags: list[str]
     log: str | None = None
     min_acceptance: float | None = None
-    engine_reading: EngineReading | None = None  # vLLM engine only
+    engine_reading: ServedReading | None = None  # vLLM engine only
     engine_reading_note: str | None = None
     plot: str | None = None
     profile: str | None = None  # --profile: the speculation_profile.json written
@@ -296,11 +298,8 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
                  for b in req.baselines]
     for opened in ([d] if req.preflight else []) + [b.opened for b in baselines if b.opened is not None]:
-        if isinstance(opened, FamilyCheckpoint):  # its own layout: the family's rules, header-only
-            from ..family import inspect_family
-            from ..requests import InspectRequest
-
-            findings = inspect_family(opened, t.checkpoint, InspectRequest(opened.source, req.target)).findings
+        if not opened.eagle3_layout:  # its own layout: the family's rules, header-only
+            findings = inspect_family(opened, t.checkpoint).findings  # type: ignore[arg-type]
         else:
             findings = inspect_opened(opened, t, measure=False).findings  # engine_reading measures what vLLM ran
         # the GPU runner's reading does not stop a run here (CPU vLLM and the reference loop run V1's)
@@ -343,10 +342,10 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
                   local_inputs(d, target, prompts, *[b.opened or b.path for b in req.baselines]))
     engine, baselines = _engine_for(engine, server, list(req.baselines), context_lengths)
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
-    fc = d if isinstance(d, FamilyCheckpoint) else of_checkpoint(d.ckpt)  # None: plain EAGLE-3
+    fc = family_of(d)  # None: plain EAGLE-3
     if fc is not None:
         _measurable(fc, engine, python, runner)
-    own = isinstance(d, FamilyCheckpoint)  # DFlash / DSpark: no EAGLE-3 reading, no runner readings
+    own = not d.eagle3_layout  # DFlash / DSpark: no EAGLE-3 reading, no runner readings
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([req.max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])
     prompt_set, groups = _prompt_sets(target, prompts, req.num_prompts, max_tokens, max_model_len, k, seed,

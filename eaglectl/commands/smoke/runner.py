@@ -36,9 +36,9 @@ from ...progress import Progress, passthrough
 
 if TYPE_CHECKING:
     from ...checkpoint.drafter import DrafterCheckpoint
-    from ...engines.runners import Readings, RunnerReading
+    from ...engines.readings import EngineReading, Readings
     from ...measure.probe import Measurement
-    from ...measure.reading import EngineReading
+    from ...measure.reading import ServedReading
     from ...measure.target import Target
 
 RUNNER_CHOICES = ("v1", "v2", "both")
@@ -122,14 +122,14 @@ class RunnerRun:
     """One runner a smoke measures: the reading it applies and how it is run here."""
 
     runner: str  # v1 | v2
-    reading: RunnerReading | None
+    reading: EngineReading | None
     boundary_ids: tuple[int, ...] | None  # what the runner captures on this target
     emulated: bool = False  # v2 run on the V1 runner with the top-level ids pinned (the engine decides: GPU or not)
     staged: str | None = None  # the staged folder vLLM serves when emulated
     used: str | None = None  # the runner vLLM reported it ran (worker), or the reference loop
     aux_log: str | None = None  # vLLM's "Using ... auxiliary layers from ..." line for this run
     result: Any = None  # smoke.ConfigResult
-    engine_reading: EngineReading | None = None
+    engine_reading: ServedReading | None = None
     engine_reading_note: str | None = None
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None  # why this runner cannot serve the drafter (not run)
@@ -222,7 +222,7 @@ def stage_pinned(source: str | Path, ids: tuple[int, ...]) -> Path:
 
 def check_staged(staged: Path, ids: tuple[int, ...], target_layers: int | None) -> None:
     """The staged copy must read as V2's selection under V1 (eaglectl's table of V1's code)."""
-    from ...engines.runners import table_readings
+    from ...engines.readings import table_readings
 
     got = table_readings(json.loads((staged / "config.json").read_text()), target_layers).get("v1")
     if got is None or got.boundary_ids != tuple(sorted(set(ids))):
@@ -314,7 +314,7 @@ def prepare(d: DrafterCheckpoint, target: Target, engine: str, runner: str | Non
     """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
     intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
     reading is in question or --reference-layers measured), else as the files declare it."""
-    from ...engines.runners import readings_for
+    from ...engines.asking import readings_for
     from ...measure.probe import try_measure
 
     if reference_layers not in ("runner", "measured"):
@@ -368,7 +368,7 @@ def attach(runs: list[RunnerRun], results: list[Any], raw: dict[str, Any], log: 
 
 
 def replayed(run: RunnerRun, d: DrafterCheckpoint, target: Target, prompts: list[list[int]], *, k: int,
-             max_tokens: int, dtype: str, measured: Measurement | None) -> tuple[EngineReading | None, str | None]:
+             max_tokens: int, dtype: str, measured: Measurement | None) -> tuple[ServedReading | None, str | None]:
     """Which reading of the drafter one vLLM runner ran (replayed in fp32 only: other precisions do not
     reproduce vLLM's kernels bit for bit)."""
     if dtype != "float32":

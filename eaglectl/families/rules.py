@@ -10,7 +10,7 @@ vLLM 0.32.0's code does with the files (assumed from that code: eaglectl's table
   `family-padded-vocab`);
 - P-EAGLE's `mask_hidden` shape and how it is switched on (`peagle-mask-hidden`, `peagle-parallel-drafting`).
 
-DFlash and DSpark are checked by `family_findings` (commands/family.py, header-only); P-EAGLE by the check below,
+DFlash and DSpark are checked by `family_findings` (families/inspect.py, header-only); P-EAGLE by the check below,
 beside the EAGLE-3 rules that read the rest of its layout.
 """
 
@@ -20,14 +20,14 @@ import math
 from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
-from ..checkpoint.family import HEAD, FamilyCheckpoint, of_checkpoint
 from ..formats.families import MASK_TOKEN_KEYS
-from . import catalogue as rule
-from .base import Context, Finding, Rule, check
+from ..rules import catalogue as rule
+from ..rules.base import Context, Finding, Rule, check
+from .checkpoint import HEAD, FamilyCheckpoint, of_checkpoint
 
 if TYPE_CHECKING:
     from ..checkpoint.target import TargetCheckpoint
-    from ..engines.runners import Readings
+    from ..engines.readings import Readings
 
 Emitted = list[tuple[Rule, str, str | None]]  # (rule, message, locator)
 

@@ -1,8 +1,8 @@
 """`eaglectl inspect` on a DFlash or DSpark drafter: the family named with the evidence, its canonical spec, what
-each vLLM runner captures, and the family's traps (rules/families.py), header-only (docs/families.md).
+each vLLM runner captures, and the family's traps (families/rules.py), header-only (docs/families.md).
 
-These layouts are not EAGLE-3's, so no dialect reads them and every other command but `smoke --engine vllm`
-refuses them by name; inspect reads them here instead of opening them as an EAGLE-3 drafter.
+These layouts are not EAGLE-3's, so no dialect reads them: `inspect`, `check`, `smoke` and `convert` (between the
+family's layouts) take this report instead of EAGLE-3's; `upgrade`, `verify` and the rest refuse them by name.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.family import FamilyCheckpoint
 from ..checkpoint.target import TargetCheckpoint
-from ..engines.runners import Readings, family_readings
+from ..engines.readings import Readings
 from ..engines.serving import serve_line
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..result import Result
 from ..rules import Finding, scope, summarise
-from ..rules.families import family_findings, target_depth
-from .requests import InspectRequest
+from .checkpoint import FamilyCheckpoint
+from .reading import family_readings
+from .rules import family_findings, target_depth
 
 
 @dataclass
@@ -79,7 +79,8 @@ class FamilyReport(Result):
         }
 
 
-def inspect_family(d: FamilyCheckpoint, target: TargetCheckpoint | None, req: InspectRequest) -> FamilyReport:
+def inspect_family(d: FamilyCheckpoint, target: TargetCheckpoint | None, *, strict: bool = False,
+                   for_engine: str = "vllm") -> FamilyReport:
     """Read a DFlash / DSpark drafter and check its traps against the target's config, when one is given (opened
     by the caller: smoke's pre-flight passes the target it has open)."""
     reading = d.family.reading
@@ -87,5 +88,5 @@ def inspect_family(d: FamilyCheckpoint, target: TargetCheckpoint | None, req: In
     depth, _ = target_depth(d, target)
     readings = family_readings(d.config, reading.runners, depth, d.ckpt.root)
     where = d.ckpt.config_name or f"{d.ckpt.root}/config.json"
-    findings = scope(family_findings(d, target, readings, where), req.for_engine)
-    return FamilyReport(d, target, readings, findings, req.strict)
+    findings = scope(family_findings(d, target, readings, where), for_engine)
+    return FamilyReport(d, target, readings, findings, strict)

@@ -1,8 +1,8 @@
 """A drafter of a family eaglectl reads beside EAGLE-3 (formats/families.py): its files, the family named with the
 evidence, and its canonical spec, all from the config and the safetensors headers (no tensor data is read).
 
-DFlash and DSpark are opened here by `inspect` only; a P-EAGLE drafter is an EAGLE-3 drafter (checkpoint/drafter.py)
-whose family rules view it through this class too (rules/families.py).
+DFlash and DSpark are opened here (`open_any`); a P-EAGLE drafter is an EAGLE-3 drafter (checkpoint/drafter.py)
+whose family rules view it through this class too (families/rules.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.drafter import DrafterCheckpoint, open_drafter, probe_of
 from ..errors import UnknownFormatError
 from ..formats.families import Family, Layout, identify, layout_of
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.jsonio import MISSING, config_get
-from .drafter import DrafterCheckpoint, open_drafter, probe_of
 
 HEAD = "lm_head.weight"
 
@@ -25,6 +25,11 @@ class FamilyCheckpoint:
     ckpt: Checkpoint
     family: Family
     evidence: tuple[str, ...]
+
+    @property
+    def eagle3_layout(self) -> bool:
+        """EAGLE-3's dialects read these files (P-EAGLE); else only this package does (DFlash, DSpark)."""
+        return self.family.reading is not None and self.family.reading.eagle3_layout
 
     @functools.cached_property
     def layout(self) -> Layout | None:
@@ -117,3 +122,9 @@ def of_checkpoint(ckpt: Checkpoint, *, own_layout: bool = False) -> FamilyCheckp
     if found is None or found[0].reading is None or (own_layout and found[0].reading.eagle3_layout):
         return None
     return FamilyCheckpoint(ckpt, found[0], found[1])
+
+
+def family_of(opened: DrafterCheckpoint | FamilyCheckpoint) -> FamilyCheckpoint | None:
+    """The family view of what a command opened: itself for a family in its own layout, the family an EAGLE-3-layout
+    drafter belongs to (P-EAGLE), or None for a plain EAGLE-3 drafter."""
+    return opened if isinstance(opened, FamilyCheckpoint) else of_checkpoint(opened.ckpt)

@@ -1,7 +1,7 @@
 """`convert` between the producers' layouts of one drafter family (formats/families.LAYOUTS: DFlash as z-lab / vLLM,
 the speculators format and TorchSpec write it), planned, streamed, fail-closed and re-checked like EAGLE-3's.
 
-The source's meaning is vLLM's reading of its config (engines/dflash.reading: the layers each runner captures, the
+The source's meaning is vLLM's reading of its config (families/reading.reading: the layers each runner captures, the
 mask token, each layer's attention, the sizes), TorchSpec's config first read as TorchSpec's model reads it. The
 destination config is built from that meaning; before a byte is written its reading must equal the source's (else
 a ConversionError names the value the destination cannot carry), and after writing the files are re-opened,
@@ -17,18 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ... import __version__
-from ...checkpoint.family import FamilyCheckpoint, of_checkpoint
-from ...checkpoint.target import TargetCheckpoint
-from ...engines.dflash import differences, layer_attention, reading
-from ...engines.runners import family_view
-from ...errors import ConversionError, UsageError
-from ...formats.families import LAYOUTS, Layout, layout, writable_layouts
-from ...io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
-from ...io.safetensors import Written
-from ..requests import ConvertRequest, InspectRequest
-from .plan import ConversionPlan, TensorAction, config_diff, provenance, shard, verifier
-from .write import reopen
+from .. import __version__
+from ..checkpoint.plan import ConversionPlan, TensorAction, config_diff, provenance, reopen, shard, verifier
+from ..checkpoint.target import TargetCheckpoint
+from ..errors import ConversionError
+from ..formats.families import LAYOUTS, Layout, layout, writable_layouts
+from ..io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
+from ..io.safetensors import Written
+from .checkpoint import FamilyCheckpoint, of_checkpoint
+from .inspect import inspect_family
+from .reading import differences, family_view, layer_attention, reading
 
 # the only DFlash class whose layouts eaglectl maps (DFlash2's convolution and selector, XPress: not mapped)
 CONVERTED_ARCHITECTURE = "DFlashDraftModel"
@@ -40,30 +38,7 @@ _DRAFTER_KEYS = frozenset({"architectures", "auto_map", "dflash_config", "eagle_
 # it captures there, where z-lab's counts the target's layers
 _TORCHSPEC_KEYS = ("target_layer_ids", "mask_token_id", "num_target_layers", "target_num_hidden_layers",
                    "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
-# what a request may ask that only an EAGLE-3 conversion does
-_EAGLE3_ONLY = (("aux_layer_ids", "--aux-layer-ids"), ("source_aux_convention", "--source-aux-convention"),
-                ("embed_from_target", "--embed-from-target"), ("for_engine", "--for"), ("states", "--states"))
 
-
-def plan_request(req: ConvertRequest, src: FamilyCheckpoint) -> tuple[ConversionPlan, TargetCheckpoint | None]:
-    """The plan for converting the DFlash drafter `src` (opened by convert.run) as `req` asks, and the target it
-    opened; refused where an option is EAGLE-3's or the source has an error the conversion would carry over.
-    convert.run executes it with `recheck`."""
-    from ...checkpoint.target import open_target
-    from ..family import inspect_family
-
-    for field, option in _EAGLE3_ONLY:
-        if getattr(req, field):
-            raise UsageError(f"{src.source}: {option} is for EAGLE-3 drafters; this is a {src.family.name} drafter",
-                             hint=f"eaglectl convert {src.source} DEST --to {writable_layouts()[0]} (its layouts: "
-                                  f"{', '.join(writable_layouts())})")
-    target = open_target(req.target) if req.target else None
-    for f in inspect_family(src, target, InspectRequest(source=src.source)).findings:
-        if f.severity == "error" and not f.rule.repaired_by_convert:
-            raise ConversionError(f"{src.source}: source has error [{f.rule_id}] {f.message}", path=src.source,
-                                  hint=f"eaglectl inspect {src.source} (shows every finding)")
-    return plan_family(src, req.dest, req.to or "", dtype=req.dtype, target=target, base_model=req.base_model,
-                       max_shard_size=req.max_shard_size), target
 
 
 def _fail(src: FamilyCheckpoint, to: str, message: str) -> NoReturn:
@@ -117,7 +92,12 @@ def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn])
 def plan_family(src: FamilyCheckpoint, dest: str | os.PathLike[str], to: str, *, dtype: str | None = None,
                 target: TargetCheckpoint | None = None, base_model: str | None = None,
                 max_shard_size: int | None = None) -> ConversionPlan:
-    """Every tensor renamed (copied or cast) and the destination config, decided before a byte is written."""
+    """Every tensor renamed (copied or cast) and the destination config, decided before a byte is written; refused
+    where the source has an error the conversion would carry over. `convert` executes it with `recheck`."""
+    for f in inspect_family(src, target).findings:
+        if f.severity == "error" and not f.rule.repaired_by_convert:
+            raise ConversionError(f"{src.source}: source has error [{f.rule_id}] {f.message}", path=src.source,
+                                  hint=f"eaglectl inspect {src.source} (shows every finding)")
     dest_layout = layout(to)
 
     def fail(message: str) -> NoReturn:
@@ -207,8 +187,6 @@ def _config(src: FamilyCheckpoint, view: dict[str, Any], lay: Layout, target: Ta
 def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: TargetCheckpoint | None) -> list[str]:
     """The staged output opens with exactly the planned tensors, is the destination layout of the family, has no
     inspect errors, and vLLM's reading of the written config is the source's."""
-    from ..family import inspect_family
-
     where = f"{plan.dest} (staged)"
     out = reopen(stage, plan, written)
     fam = of_checkpoint(out, own_layout=True)
@@ -217,7 +195,7 @@ def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: T
         raise ConversionError(f"{where}: the written files read as {found.id if found else 'no DFlash layout'}, "
                               f"not {plan.dest_dialect}")
     assert fam is not None
-    report = inspect_family(fam, target, InspectRequest(source=str(stage)))
+    report = inspect_family(fam, target)
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}")

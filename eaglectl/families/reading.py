@@ -1,19 +1,21 @@
-"""What vLLM 0.32 builds from a DFlash drafter's config: eaglectl's reading of the keys its DFlash model, proposer and
-runners read (model_executor/models/qwen3_dflash.py, v1/spec_decode/dflash.py, the runners' layer selection), after
-its speculators reader has turned a speculators config into its own (runners.family_view).
+"""What vLLM 0.32 reads of a DFlash / DSpark drafter's config: the config as its speculators reader builds it
+(`family_view`), the layers each runner captures (`family_readings`), and for DFlash every key its model, proposer
+and runners read (`reading`: model_executor/models/qwen3_dflash.py, v1/spec_decode/dflash.py, the runners' layer
+selection).
 
 `convert` between DFlash layouts compares this reading of the source with that of what it writes (before writing
 and again on the written files): equal readings mean vLLM builds the same drafter from both. Labelled as a table
-(runners.ASSUMED); a test marked `vllm` calls vLLM's own functions on the same configs.
+(engines/readings.ASSUMED); a test marked `vllm` calls vLLM's own functions on the same configs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..engines.facts import RUNNERS
+from ..engines.readings import ASSUMED, TABLE_VERSION, EngineReading, Readings, captured, select
 from ..formats.families import MASK_TOKEN_KEYS
 from ..io.jsonio import MISSING, config_get
-from .runners import family_readings, family_view
 
 SLIDING = "sliding_attention"
 DEFAULT_ROPE_THETA = 1000000  # qwen3_dflash.py: set_default_rope_theta(config, default_theta=1000000)
@@ -25,6 +27,57 @@ DECODER_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention
                 "logit_scale")
 # dflash_config keys vLLM reads, with the value it assumes when absent
 DFLASH_KEYS = {"sample_from_anchor": False, "use_aux_hidden_state": True, "attention_value_scale": None}
+
+
+def family_view(config: dict[str, Any]) -> dict[str, Any]:
+    """A DFlash / DSpark config as vLLM 0.32 builds it: a speculators config's boundary-numbered
+    `aux_hidden_state_layer_ids` become vLLM's top-level key and the family's own field one lower
+    (transformers_utils/configs/speculators/algos.py update_dflash / update_dspark); any other config as it is."""
+    kind = config.get("speculators_model_type")
+    if kind not in ("dflash", "dflash2", "dspark"):
+        return dict(config)
+    base = config.get("transformer_layer_config")
+    view = dict(base) if isinstance(base, dict) else {}
+    aux = config.get("aux_hidden_state_layer_ids")
+    view["eagle_aux_hidden_state_layer_ids"] = aux
+    try:
+        own = [int(i) - 1 for i in aux] if isinstance(aux, list) else None
+    except (TypeError, ValueError):
+        own = None
+    if kind == "dspark":
+        view["target_layer_ids"] = own
+        return view
+    view["architectures"] = ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"]
+    view["draft_vocab_size"] = config.get("draft_vocab_size")
+    if config.get("target_hidden_size") is not None:
+        view["target_hidden_size"] = config["target_hidden_size"]
+    # an absent sliding_window_non_causal reads as true, so as causal false (the speculators class default is false)
+    view["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": own,
+                             "sample_from_anchor": config.get("sample_from_anchor", False),
+                             "causal": not config.get("sliding_window_non_causal", True)}
+    return view
+
+
+def family_readings(config: dict[str, Any] | None, runners_serving: dict[str, str | None],
+                    target_layers: int | None, drafter: str = "") -> Readings:
+    """What each vLLM runner captures for a DFlash / DSpark drafter, from the tables of its selection code
+    (labelled assumed): a runner that does not serve the family's method gets the reason as its error."""
+    out = Readings(drafter, target_layers)
+    if config is None:
+        out.note = "no config.json"
+        return out
+    view = family_view(config)
+    for t in RUNNERS:
+        chosen, source, shift, why = None, None, 0, runners_serving.get(t.runner)
+        if why is None:
+            try:
+                chosen, source, shift = select(view, t)
+            except ValueError as e:
+                why = str(e)
+        ids = None if why else captured(chosen, target_layers)
+        out.runners.append(EngineReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, None, None, ASSUMED,
+                                         error=why, build="eaglectl's reading of the config"))
+    return out
 
 
 def layer_attention(view: dict[str, Any]) -> list[list[Any]] | str:
