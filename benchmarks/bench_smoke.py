@@ -70,7 +70,7 @@ def overhead(python: str) -> None:
 def table(ks: tuple[int, ...]) -> None:
     from _measure import library
 
-    from eaglectl.commands.smoke.command import parse_baselines
+    from eaglectl.commands.requests import parse_baselines
 
     smoke = library("smoke")
 

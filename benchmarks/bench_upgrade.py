@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _measure import library  # noqa: E402
 
-from eaglectl.commands.smoke.command import Baseline  # noqa: E402
-from eaglectl.commands.upgrade.command import INITS  # noqa: E402
+from eaglectl.commands.requests import Baseline  # noqa: E402
+from eaglectl.commands.upgrade.inits import INITS  # noqa: E402
 from eaglectl.measure.workload import heldout_prompts, tokenizer_of  # noqa: E402
 
 convert, smoke, upgrade = library("convert"), library("smoke"), library("upgrade")

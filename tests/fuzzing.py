@@ -557,9 +557,10 @@ class Parts:
         import numpy as np
 
         from eaglectl.commands import drift, verify
+        from eaglectl.commands.upgrade import calibration
         from eaglectl.commands.upgrade import command as upgrade
         from eaglectl.io.states import open_states
-        from eaglectl.measure import calibration, probe
+        from eaglectl.measure import probe
 
         st = open_states(str(case))
         d = self.eagle3

@@ -113,3 +113,149 @@ def test_a_command_that_runs_no_weights_imports_no_torch(args, tmp_path):
     line = r.stdout.strip().splitlines()[-1]
     assert line.startswith("IMPORTED") and line.split(" ", 2)[1] in ("0", "1"), r.stdout[-500:] + r.stderr[-2000:]
     assert line.endswith("[]"), line
+
+
+# ------------------------------------------------------------------------------------------ sizes, pinned
+
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
+# a module or function that is better long, with the reason (empty: none is)
+LONG_ALLOWED: dict[str, str] = {}
+
+
+def oversized(root: Path) -> list[str]:
+    """Every module over MAX_MODULE_LINES and every function over MAX_FUNCTION_LINES under `root` (allow-list aside),
+    as 'path:line name (n lines)'."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        text = path.read_text()
+        n = len(text.splitlines())
+        if n > MAX_MODULE_LINES and rel not in LONG_ALLOWED:
+            out.append(f"{rel} ({n} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in LONG_ALLOWED:
+                    out.append(f"{rel}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_no_module_passes_600_lines_and_no_function_80():
+    assert not oversized(PACKAGE), oversized(PACKAGE)
+
+
+def test_the_size_check_finds_a_planted_long_function_and_module(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def planted():\n{body}\n")
+    (tmp_path / "big.py").write_text("\n".join(f"y{i} = {i}" for i in range(MAX_MODULE_LINES + 1)) + "\n")
+    found = oversized(tmp_path)
+    assert any(f.startswith("long.py:1 planted") for f in found) and "big.py (601 lines)" in found, found
+
+
+# ---------------------------------------------------------------------------- the contracts fail when they should
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint is not None, "import-linter is not installed in this interpreter (pip install -e '.[test]')"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([lint, str(root / "pyproject.toml"), "--no-cache"], cwd=root,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_typing_only_imports_count_for_cycles_and_layers():
+    """A cycle hidden behind `if TYPE_CHECKING:` is still a cycle (a reader follows it as any other import)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    assert "exclude_type_checking_imports = false" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["torch in rules", "an upward import", "a cycle", "a typing-only cycle"])
+def test_the_contracts_break_on_a_planted_violation(planted, tmp_path):
+    """Each contract of pyproject.toml fails on a violation planted in a copy of the package."""
+    copy = tmp_path / "tree"
+    shutil.copytree(PACKAGE, copy / "eaglectl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
+    pkg = copy / "eaglectl"
+    if planted == "torch in rules":
+        (pkg / "rules" / "planted.py").write_text("import torch  # noqa: F401\n")
+        (pkg / "rules" / "__init__.py").write_text((pkg / "rules" / "__init__.py").read_text()
+                                                  + "from . import planted  # noqa: E402, F401\n")
+    elif planted == "an upward import":
+        (pkg / "io" / "planted.py").write_text("from ..commands import inspect  # noqa: F401\n")
+    elif planted == "a cycle":
+        (pkg / "io" / "planted_a.py").write_text("from . import planted_b  # noqa: F401\n")
+        (pkg / "io" / "planted_b.py").write_text("from . import planted_a  # noqa: F401\n")
+    else:
+        (pkg / "io" / "planted_a.py").write_text("from . import planted_b  # noqa: F401\n")
+        (pkg / "io" / "planted_b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                 "    from . import planted_a  # noqa: F401\n")
+    r = _lint(copy)
+    assert r.returncode != 0 and "BROKEN" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------- laziness at one boundary
+
+HEAVY = ("torch", "transformers", "vllm", "sglang", "huggingface_hub", "matplotlib", "pyarrow", "gguf", "llama_cpp",
+         "rich")  # what a light command must not pay for (seconds, hundreds of MB)
+LAZY_BOUNDARY = "cli/table.py"  # the command table: a command's library module is imported when it runs
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if node.level:
+        base = base[: len(base) - (node.level - 1)]
+        name = ".".join(base) + (f".{node.module}" if node.module else "")
+    else:
+        name = node.module or ""
+    return [name] + [f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in known]
+
+
+def function_level_imports(package: Path = PACKAGE) -> list[tuple[str, int, list[str]]]:
+    """(module, line, names) of every import inside a function whose names are all light: neither a HEAVY package
+    nor an eaglectl module that imports one at its top, directly or through others (TYPE_CHECKING blocks aside).
+    Those may be imported lazily; anything else belongs at the top of its module."""
+    files = {_module_name(p): p for p in package.rglob("*.py") if "workers" not in p.parts}
+    top: dict[str, set[str]] = {m: set() for m in files}
+    inner: list[tuple[str, int, list[str]]] = []
+    for module, path in files.items():
+        is_package = path.name == "__init__.py"
+
+        def visit(node: ast.AST, depth: int) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                    continue
+                if isinstance(child, (ast.Import, ast.ImportFrom)):
+                    names = _imported(module, is_package, child, set(files))  # noqa: B023
+                    (top[module].update(names) if depth == 0 else  # noqa: B023
+                     inner.append((module, child.lineno, names)))  # noqa: B023
+                visit(child, depth + isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+        visit(ast.parse(path.read_text()), 0)
+    heavy: dict[str, bool] = {}
+
+    def is_heavy(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        if name.split(".")[0] in HEAVY:
+            return True
+        if name not in files or name in seen:
+            return False
+        if name not in heavy:
+            heavy[name] = any(is_heavy(n, seen | {name}) for n in top[name])
+        return heavy[name]
+
+    boundary = _module_name(PACKAGE / LAZY_BOUNDARY) if package == PACKAGE else None
+    return [(m, line, names) for m, line, names in inner
+            if m != boundary and not any(is_heavy(n) for n in names)]
+
+
+def test_laziness_stays_at_one_boundary():
+    """A function imports lazily only what is heavy (HEAVY, or an eaglectl module that imports it); the command table
+    imports each command's module when it runs. Every other import is at the top of its module."""
+    light = function_level_imports()
+    assert not light, [f"{m}:{line} imports {names[0]}" for m, line, names in light]

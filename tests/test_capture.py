@@ -15,9 +15,10 @@ import torch
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.commands import capture
+from eaglectl.commands.upgrade import calibration
 from eaglectl.commands.upgrade import command as upgrade
 from eaglectl.io.states import open_states
-from eaglectl.measure import calibration, probe
+from eaglectl.measure import probe
 from eaglectl.measure.target import Target
 from eaglectl.model.hf import forward, load_model
 

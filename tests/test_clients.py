@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.cli.app import cli as eaglectl_cli
-from eaglectl.commands.verify import TOLERANCES
+from eaglectl.measure.parity import TOLERANCES
 from eaglectl.model.hf import forward, load_model
 from eaglectl.model.loader import load_reference
 

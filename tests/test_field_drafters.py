@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglectl.commands.smoke.command import Baseline
+from eaglectl.commands.requests import Baseline
 
 from .conftest import ROOT
 from .helpers import edited, run_json, smoke

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from eaglectl import formats
 from eaglectl.checkpoint.drafter import probe_of
-from eaglectl.cli.app import inspect_cmd
+from eaglectl.cli.table import inspect_cmd
 from eaglectl.formats import Probe, Signal
 from eaglectl.io.checkpoint import open_checkpoint
 from eaglectl.rules.layout import CANONICAL

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from eaglectl.commands.upgrade import calibration
 from eaglectl.errors import InvalidStatesError
-from eaglectl.measure import calibration
 
 from .conftest import ROOT
 from .fuzzing import (

@@ -325,7 +325,7 @@ def test_trained_mla_verify_with_target_and_upgrade_calibration(invoke, tmp_path
 def test_vllm_counts_equal_the_reference_loop_exactly_on_the_mla_pair(tmp_path, vllm_py):
     """vLLM's Eagle3DeepseekV2ForCausalLM (CPU_MLA backend, DeepSeek YaRN, fc_norm, norm_output) drafts
     exactly what the reference loop drafts: the committed counts, as shipped and after a conversion."""
-    from eaglectl.commands.smoke.command import Baseline
+    from eaglectl.commands.requests import Baseline
     
     from .test_smoke import COUNTS, EXPECTED
 

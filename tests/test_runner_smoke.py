@@ -186,7 +186,7 @@ def test_no_split_runs_one_runner_quietly(invoke):
 @pytest.mark.slow
 def test_vllm_runner_v2_equals_a_config_pinned_by_hand(tmp_path, vllm_py):
     """One worker run: V1 and V2 (emulated: the staged copy) of the split drafter, and a copy pinned by hand."""
-    from eaglectl.commands.smoke.command import Baseline
+    from eaglectl.commands.requests import Baseline
     
     from .test_smoke import EXPECTED
 

@@ -16,7 +16,7 @@ import pytest
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.checkpoint.target import open_target
 from eaglectl.commands.convert.command import execute, plan_conversion
-from eaglectl.commands.smoke.command import Baseline, parse_baselines
+from eaglectl.commands.requests import Baseline, parse_baselines
 
 from .conftest import ROOT, vllm_python  # noqa: F401 (vllm_python: read from here by other tests)
 from .helpers import convert_run, edited, inspect_checkpoint, smoke

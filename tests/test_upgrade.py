@@ -223,7 +223,7 @@ def test_ranking_calibration_and_report_read_disjoint_windows():
     avoid the windows are the ones they always were (smoke's prompts unchanged)."""
     import random
 
-    from eaglectl.measure.fidelity import SMOKE_SEED, ranking_spans, reserved_spans, smoke_spans
+    from eaglectl.commands.upgrade.fidelity import SMOKE_SEED, ranking_spans, reserved_spans, smoke_spans
     from eaglectl.measure.workload import _heldout_text, heldout_spans
 
     size = len(_heldout_text())

@@ -146,7 +146,7 @@ class Parsed(click.ParamType):
 
 
 SIZE = Parsed("size", int, "eaglectl.checkpoint.plan:parse_size")
-BASELINES = Parsed("baselines", list, "eaglectl.commands.smoke.command:parse_baselines")
+BASELINES = Parsed("baselines", list, "eaglectl.commands.requests:parse_baselines")
 SERVING_OPTION = Parsed("serving-option", dict, "eaglectl.commands.smoke.runner:parse_serving_options", listed=True)
 
 

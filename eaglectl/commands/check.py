@@ -222,7 +222,7 @@ def undecided(name: str, e: EaglectlError, requested: bool = False) -> Stage:
 def _parity(rep: InspectReport) -> Stage:
     if not rep.servable:
         return Stage("parity", "skipped", "inspect found errors; the reference would refuse or mislead")
-    from .verify import compare, real_inputs, synthetic_inputs
+    from ..measure.parity import compare, real_inputs, synthetic_inputs
 
     try:
         from ..model.loader import CHAIN_UNUSED, load_reference

@@ -1,6 +1,6 @@
 """What each command is asked: one dataclass per command, its defaults defined here once.
 
-The command line builds a request from its options (`cli/app.py`, whose option defaults read these), a
+The command line builds a request from its options (`cli/table.py`, whose option defaults read these), a
 manifest line builds one the same way (`cli/batch.py`), `check` builds smoke's from its own, and each command's
 `run(request, progress)` is its one library call. Field names are the options' Python names. Nothing heavy is
 imported here: the command line reads it before it knows which command runs.
@@ -9,11 +9,12 @@ imported here: the command line reads it before it knows which command runs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from .smoke.command import Baseline
+    from ..checkpoint.drafter import DrafterCheckpoint
 
 R = TypeVar("R")
 
@@ -30,6 +31,50 @@ def build(kind: type[R], options: Mapping[str, Any], **more: Any) -> R:
     if unknown:
         raise TypeError(f"{kind.__name__} has no field {', '.join(unknown)}")
     return kind(**given)
+
+
+# ------------------------------------------------------------------ smoke's baselines (--baseline)
+
+@dataclass
+class Baseline:
+    name: str
+    kind: str  # none | ngram | draft_model | eagle3
+    path: str | None = None
+    opened: DrafterCheckpoint | None = field(default=None, repr=False, compare=False)  # eagle3, once opened
+
+
+BASELINE_KINDS = ("none", "ngram", "draft_model:PATH", "eagle3:PATH", "a drafter folder")
+# methods smoke does not offer as baselines, and why (vLLM 0.33 removed both: config/speculative.py)
+NOT_OFFERED = {"medusa": "vLLM 0.33 removed method medusa (smoke measures what current vLLM serves)",
+               "mlp_speculator": "vLLM 0.33 removed method mlp_speculator"}
+
+
+def parse_baselines(text: str | None) -> list[Baseline]:
+    """`none`, `ngram`, `draft_model:PATH`, `eagle3:PATH` (or a drafter path), comma-separated.
+    Raises ValueError naming the first item that is none of these."""
+    out: list[Baseline] = []
+    items = (text or "").split(",")
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            if len(items) > 1:
+                raise ValueError(f"empty item in {text!r}")
+            continue
+        kind, _, rest = item.partition(":")
+        if kind in NOT_OFFERED:
+            raise ValueError(f"baseline '{item}' is not offered: {NOT_OFFERED[kind]}")
+        if item in ("none", "ngram"):
+            out.append(Baseline(item, item))
+        elif kind == "draft_model" or kind in ("eagle3", "eagle"):
+            if not rest.strip():
+                raise ValueError(f"'{item}' names no model: use {kind}:PATH")
+            out.append(Baseline(item if kind == "draft_model" else f"eagle3:{rest}",
+                                "draft_model" if kind == "draft_model" else "eagle3", rest))
+        elif "/" in item or Path(item).exists():
+            out.append(Baseline(f"eagle3:{item}", "eagle3", item))
+        else:
+            raise ValueError(f"unknown baseline '{item}' (one of: {', '.join(BASELINE_KINDS)})")
+    return out
 
 
 @dataclass(frozen=True)

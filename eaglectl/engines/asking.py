@@ -21,7 +21,7 @@ import re
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import EaglectlError, MissingDependencyError
 from ..io.atomic import write_file
@@ -35,7 +35,6 @@ from .target_support import TargetSupport, support_from_worker, table_support
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
     from ..checkpoint.target import TargetCheckpoint
-    from ..measure.target import Target
 
 WORKER = WORKERS / "vllm_reading.py"
 _STAND_IN_LAYERS = 64  # the stand-in target's depth when none is given (only the model default depends on it)
@@ -363,11 +362,19 @@ def _target(result: dict[str, Any], version: str, req: Request) -> TargetSupport
     return support_from_worker(result.get("target_support"), version, req.target_config)
 
 
-def readings_for(drafter: DrafterCheckpoint, target: Target | TargetCheckpoint | None = None, *,
+class OpenedTarget(Protocol):
+    """A target as a command holds it: its files (a TargetCheckpoint is its own), or the target it runs
+    (measure.target.Target: `checkpoint`, and the depth of its capture when it stands in)."""
+
+    @property
+    def num_layers(self) -> int | None: ...
+
+
+def readings_for(drafter: DrafterCheckpoint, target: OpenedTarget | None = None, *,
                  vllm_python: str | None = None, progress: Progress = passthrough) -> Readings:
     """The readings of an opened drafter on an opened target (or none)."""
     L = target.num_layers if target is not None else None
-    checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)
+    checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)  # type: ignore[assignment]
     target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
     folder = config_folder(drafter.ckpt.config_name)
     target_config = checkpoint.ckpt.config if checkpoint is not None else None

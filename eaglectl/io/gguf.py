@@ -212,6 +212,16 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
     for n, what, bound in ((n_tensors, "tensors", limit("tensors_per_file")), (n_kv, "KV pairs", limit("gguf_kv"))):
         if not 0 <= n <= bound:
             raise h.fail(f"header says {n} {what}; the limit is {bound}")
+    metadata, alignment = _metadata(h, n_kv)
+    if metadata.get("general.architecture") != ARCH:
+        raise UnknownFormatError(f"{path}: GGUF architecture {metadata.get('general.architecture')!r}, not an "
+                                 f"EAGLE-3 draft ('{ARCH}')", path=str(path),
+                                 hint="only llama.cpp EAGLE-3 drafts (general.architecture = eagle3) are read")
+    return metadata, _placed(h, _tensor_infos(h, path, n_tensors), alignment)
+
+
+def _metadata(h: _Header, n_kv: int) -> tuple[dict[str, Any], int]:
+    """The KV pairs and the alignment they set, checked as gguf.cpp reads them."""
     metadata: dict[str, Any] = {}
     seen: set[bytes] = set()
     alignment: Any = DEFAULT_ALIGNMENT
@@ -237,11 +247,15 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
         metadata[key] = value
     if alignment == 0 or alignment & (alignment - 1):
         raise h.fail(f"general.alignment {alignment} is not a power of 2")
-    if metadata.get("general.architecture") != ARCH:
-        raise UnknownFormatError(f"{path}: GGUF architecture {metadata.get('general.architecture')!r}, not an "
-                                 f"EAGLE-3 draft ('{ARCH}')", path=str(path),
-                                 hint="only llama.cpp EAGLE-3 drafts (general.architecture = eagle3) are read")
-    infos: list[tuple[str, str, tuple[int, ...], int, int]] = []  # name, dtype, torch shape, offset, bytes
+    return metadata, alignment
+
+
+_Info = tuple[str, str, tuple[int, ...], int, int]  # name, dtype, torch shape, offset, bytes
+
+
+def _tensor_infos(h: _Header, path: Path, n_tensors: int) -> list[_Info]:
+    """Each tensor's name, type, shape and relative offset, checked as gguf.cpp reads them."""
+    infos: list[_Info] = []
     names: set[str] = set()
     for i in range(n_tensors):
         raw = h.string(f"tensor name {i}", MAX_NAME - 1)
@@ -268,6 +282,11 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
         dtype, size = _READ[type_id]
         offset = h.unpack("<Q", f"the offset of tensor '{name}'")
         infos.append((name, dtype, tuple(reversed(ne)), offset, numel * size))
+    return infos
+
+
+def _placed(h: _Header, infos: list[_Info], alignment: int) -> dict[str, TensorInfo]:
+    """The tensor infos at absolute offsets, each where llama.cpp's loader expects its bytes."""
     # the data section starts at the first aligned byte after the tensor infos; each tensor's offset (relative to
     # it) must be exactly where the previous tensor's bytes, padded to the alignment, end: aligned, in order, no
     # overlap, no gap (gguf.cpp: "tensor '%s' has offset %lu, expected %zu")
@@ -288,7 +307,7 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
             raise h.fail(f"shape {list(shape)}: llama.cpp's eagle3 loader reads a {RANKS[name]}-D '{name}'", name)
         tensors[name] = TensorInfo(name, dtype, shape, begin, begin + nbytes)
         expected += -(-nbytes // alignment) * alignment
-    return metadata, tensors
+    return tensors
 
 
 def read_gguf(path: Path) -> GGUFFile:

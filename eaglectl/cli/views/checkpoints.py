@@ -11,10 +11,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from ...engines.readings import scope_note
 from ...text import short_path
 from .. import console
 from ..console import SETTINGS, safe, say, table
 from .parts import STATUS_STYLE, findings, human_size, json_short, num
+from .readings import describe
 
 if TYPE_CHECKING:
     from ...commands.check import CheckReport
@@ -67,15 +69,7 @@ def render_inspect(report: InspectReport) -> None:
             say("         ", report.readings.target.describe())
         if report.measured is None and report.measured_note:  # a fix that measures cannot work with this target
             say("measured ", f"nothing: {report.measured_note}")
-    if report.readings is not None:  # what each vLLM runner reads (V1: CPU; V2: GPU default)
-        from ...engines.readings import scope_note
-        from .readings import describe
-
-        for i, line in enumerate(describe(report.readings)):
-            say("vLLM     " if i == 0 else "         ", line)
-        note = scope_note(report.readings, report.engine_version, with_note=False)
-        if note:
-            say("         ", note, style="dim")
+    _engine_lines(report)
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
     out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
               + ("  (--strict: warnings fail)" if report.strict else ""))
@@ -84,6 +78,36 @@ def render_inspect(report: InspectReport) -> None:
         say(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: ", rec, indent=2)
     findings(report.findings)
     out.print()
+    _serve(report)
+    if not SETTINGS.verbose:
+        out.print("[dim]spec fields and where each was read: add -v (or --json)[/]")
+        return
+    fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
+              "aux_convention", "num_aux_hidden_states", "rms_norm_eps", "rope_theta", "rope_scaling",
+              "max_position_embeddings", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+              "has_embed_tokens", "has_lm_head", "tie_word_embeddings", "config_dtype"]
+    rows = [(f, getattr(spec, f), spec.sources.get(f, "weights" if f.startswith("has_") else "")) for f in fields]
+    if spec.aux_layer_ids is not None and spec.aux_convention == "output":
+        rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
+    out.print()
+    out.print(table("spec", ["field", "value", "source"], rows))
+
+
+def _engine_lines(report: InspectReport) -> None:
+    """What each engine reads of the drafter (vLLM's runners: V1 on CPU, V2 the GPU default)."""
+    if report.readings is None:
+        return
+    for i, line in enumerate(describe(report.readings)):
+        say("vLLM     " if i == 0 else "         ", line)
+    note = scope_note(report.readings, report.engine_version, with_note=False)
+    if note:
+        say("         ", note, style="dim")
+
+
+def _serve(report: InspectReport) -> None:
+    """The serve line, or why there is none and what to run first."""
+    d, out = report.drafter, console.stdout
     serve = report.serve_command()
     if serve is not None:
         out.print("vLLM:")
@@ -102,19 +126,6 @@ def render_inspect(report: InspectReport) -> None:
             f"eaglectl convert {shlex.quote(d.source)} DEST --for vllm (writes one it loads)", indent=2)
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
-    if not SETTINGS.verbose:
-        out.print("[dim]spec fields and where each was read: add -v (or --json)[/]")
-        return
-    fields = ["hidden_size", "target_hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "intermediate_size", "num_hidden_layers", "vocab_size", "draft_vocab_size", "aux_layer_ids",
-              "aux_convention", "num_aux_hidden_states", "rms_norm_eps", "rope_theta", "rope_scaling",
-              "max_position_embeddings", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
-              "has_embed_tokens", "has_lm_head", "tie_word_embeddings", "config_dtype"]
-    rows = [(f, getattr(spec, f), spec.sources.get(f, "weights" if f.startswith("has_") else "")) for f in fields]
-    if spec.aux_layer_ids is not None and spec.aux_convention == "output":
-        rows.insert(10, ("aux ids (vLLM)", spec.aux_layer_ids_vllm, "derived: output-of-layer id + 1"))
-    out.print()
-    out.print(table("spec", ["field", "value", "source"], rows))
 
 
 def render_family(report: FamilyReport) -> None:

@@ -15,8 +15,8 @@ from .parts import num, step_range
 if TYPE_CHECKING:
     from ...commands.capture import CaptureResult
     from ...commands.drift import DriftReport
-    from ...commands.smoke.command import SmokeReport
-    from ...commands.verify import ParityReport
+    from ...commands.smoke.report import SmokeReport
+    from ...measure.parity import ParityReport
 
 
 def render_verify(report: ParityReport) -> None:

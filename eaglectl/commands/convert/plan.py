@@ -371,22 +371,13 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     assert w is not None
     if aux_ids is not None and w.aux_ids_paths:
         written_fields.update(aux_fields_written(dialect, aux_ids))
-    skip = _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}  # a dialect's wrapping
-    layer = json.loads(json.dumps({k: v for k, v in src.layer_config.data.items() if k not in skip}))  # the plan's own
-    if not is_hub_id(layer.get("_name_or_path")):
-        layer.pop("_name_or_path", None)  # a training machine's path is no identity
-    strip_null_template_fields(layer)  # a typed field is never written as null (rule null-template-field)
-    layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
-    if spec.rope_theta is None and "rope_parameters" not in layer:
-        layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
-    if isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer:
-        layer["rope_parameters"]["rope_theta"] = layer["rope_theta"]  # both encodings agree
+    layer = _layer_config(src, spec)
     n_aux = spec.num_aux_hidden_states
     draft_vocab = spec.draft_vocab_size or spec.vocab_size
     torch_dtype = TO_CONFIG.get(float_dtype, "float32")
     top: dict[str, Any] = {}
     family = of_checkpoint(src.ckpt)  # P-EAGLE: an EAGLE-3 drafter with a mask token and mask_hidden
-    if family is not None and not (family.family.reading is not None and family.family.reading.eagle3_layout):
+    if family is not None and not family.eagle3_layout:
         family = None  # a family EAGLE-3's dialects do not read (its evidence is beside the point here)
     if dialect.config_style == "speculators":
         named_verifier = verifier(src.ckpt.config, target, base_model)
@@ -397,9 +388,9 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
                             "and vllm serve needs --speculative-config and the target; pass --base-model ORG/NAME "
                             "to name it")
-        layer["model_type"] = "qwen3" if spec.arch == "qwen3" else "llama"
-        layer["architectures"] = ["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"]
-        layer["torch_dtype"] = torch_dtype
+        layer.update(model_type="qwen3" if spec.arch == "qwen3" else "llama",
+                     architectures=["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"],
+                     torch_dtype=torch_dtype)
         if n_aux is not None and n_aux != 3:
             # vLLM's speculators reader (update_eagle3) builds the draft config from transformer_layer_config and
             # carries no count of its own: fc is sized from num_aux_hidden_states only when it is in there
@@ -408,17 +399,13 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         if family is not None and family.family.id in w.family_forms:
             kind, architecture = w.family_forms[family.family.id]
             top.update(_family_form(family, kind, spec, layer, fail))
-        top.update({
-            "architectures": [architecture],
-            "speculators_model_type": kind,
-            "speculators_version": "eaglectl-" + __version__,
-            "speculators_config": {
-                "algorithm": kind, "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": src.speculative_tokens}],
-                "verifier": named_verifier,
-            },
-            "transformer_layer_config": layer,
-        })
+        top.update(architectures=[architecture], speculators_model_type=kind,
+                   speculators_version="eaglectl-" + __version__,
+                   speculators_config={"algorithm": kind, "default_proposal_method": "greedy",
+                                       "proposal_methods": [{"proposal_type": "greedy",
+                                                             "speculative_tokens": src.speculative_tokens}],
+                                       "verifier": named_verifier},
+                   transformer_layer_config=layer)
     else:
         top.update({"architectures": [_dest_architecture(src, spec, w.architectures[spec.arch])], **layer})
         if family is not None:
@@ -444,6 +431,23 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         config_set(top, path, value)
     top["torch_dtype"] = torch_dtype
     return top
+
+
+def _layer_config(src: DrafterCheckpoint, spec: DrafterSpec) -> dict[str, Any]:
+    """The decoder layer's config as every destination writes it: the source's own keys (a copy), without any
+    dialect's wrapping, a training machine's path or a null typed field, with its RoPE base and untied head
+    explicit."""
+    skip = _DRAFTER_KEYS | {k for d in formats.DIALECTS.values() for k in d.owned_config_keys}  # a dialect's wrapping
+    layer = json.loads(json.dumps({k: v for k, v in src.layer_config.data.items() if k not in skip}))  # the plan's own
+    if not is_hub_id(layer.get("_name_or_path")):
+        layer.pop("_name_or_path", None)  # a training machine's path is no identity
+    strip_null_template_fields(layer)  # a typed field is never written as null (rule null-template-field)
+    layer["tie_word_embeddings"] = False  # the drafter's head is its own (sglang would tie it)
+    if spec.rope_theta is None and "rope_parameters" not in layer:
+        layer["rope_theta"] = 10000.0  # absent means base 10000 (SafeAILab); written explicitly
+    if isinstance(layer.get("rope_parameters"), dict) and "rope_theta" in layer:
+        layer["rope_parameters"]["rope_theta"] = layer["rope_theta"]  # both encodings agree
+    return layer
 
 
 def _family_form(family: FamilyCheckpoint, kind: str, spec: DrafterSpec, layer: dict[str, Any], fail: Fail

@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..checkpoint.drafter import DrafterCheckpoint
-from ..errors import BehaviourChangedError
-from ..io import cast as casting
-from ..progress import Progress, passthrough
+from ...checkpoint.drafter import DrafterCheckpoint
+from ...errors import BehaviourChangedError
+from ...io import cast as casting
+from ...measure.target import Target
+from ...progress import Progress, passthrough
 from .calibration import Fit
-from .target import Target
 
 if TYPE_CHECKING:
     import torch
 
-    from ..model.replay import LoopCounts
+    from ...model.replay import LoopCounts
 
 RANK_SEED = 3  # of the bundled held-out windows the inits are ranked on
 STEPS = 3  # draft steps (k) of the ranking loop, as smoke's default
@@ -71,7 +71,7 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens
     """(ranking, report). The acceptance is reported on the user's `--prompts`, else on smoke's default prompts
     (smoke's loader and defaults: `smoke` sees the same tokens); the inits are ranked on windows of the bundled
     held-out code that smoke's default prompts do not overlap, so the figure reported was never chosen on."""
-    from .workload import heldout_prompts, load_prompts, needs_chat, tokenizer_of
+    from ...measure.workload import heldout_prompts, load_prompts, needs_chat, tokenizer_of
 
     spec = prompts if prompts is not None else SMOKE_PROMPTS
     got = load_prompts(spec, tokenizer_of(tgt.source, chat=needs_chat(spec)), count=num_prompts,
@@ -87,14 +87,14 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens
 
 def smoke_spans(num_prompts: int) -> list[tuple[int, int]]:
     """The held-out spans smoke's default prompts read: what ranking and fitting stay apart from."""
-    from .workload import heldout_spans
+    from ...measure.workload import heldout_spans
 
     return heldout_spans(num_prompts, PROMPT_TOKENS, SMOKE_SEED)
 
 
 def ranking_spans(num_prompts: int) -> list[tuple[int, int]]:
     """The held-out spans the inits are ranked on, apart from smoke's default prompts."""
-    from .workload import heldout_spans
+    from ...measure.workload import heldout_spans
 
     return heldout_spans(num_prompts, PROMPT_TOKENS, RANK_SEED, avoid=smoke_spans(num_prompts))
 
@@ -121,7 +121,7 @@ class Setup:
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
     """The boundaries the engine captures for a config, as the setup's runner reads it."""
-    from ..engines.readings import layers_read
+    from ...engines.readings import layers_read
 
     assert s.tgt is not None and s.tgt.num_layers is not None
     got = layers_read("vllm", config, s.tgt.num_layers, runner=s.runner).boundary_ids
@@ -144,8 +144,8 @@ def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str
     the source drafter is reported too."""
     import torch
 
-    from ..model.loader import load_reference
-    from ..model.replay import chains, correct, counts_of
+    from ...model.loader import load_reference
+    from ...model.replay import chains, correct, counts_of
 
     tgt, work = s.tgt, s.work
     assert tgt is not None and work is not None and s.ids is not None
@@ -194,8 +194,8 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
     """The reference loop's acceptance on the report's prompts (never the ranking's) for the source (read as the
     engine reads its files) and for the output about to be written (as the engine will read the written config):
     greedy fp32 counts, which equal vLLM's. Without `--prompts`, a seeded bootstrap 95 % interval over them."""
-    from ..model.loader import load_reference
-    from .probe import replay_counts
+    from ...measure.probe import replay_counts
+    from ...model.loader import load_reference
 
     tgt, work = s.tgt, s.report
     assert tgt is not None and work is not None and s.work is not None and tgt.num_layers is not None
@@ -248,8 +248,8 @@ def bootstrap(before: LoopCounts, after: LoopCounts) -> dict[str, Any]:
 def check_written(s: Setup, out: DrafterCheckpoint, reported: dict[str, Any]) -> list[str]:
     """After writing: the written files, read back and read as the engine reads them, replay to the counts
     that were reported (else nothing is written)."""
-    from ..model.loader import load_reference
-    from .probe import replay_counts
+    from ...measure.probe import replay_counts
+    from ...model.loader import load_reference
 
     tgt, work = s.tgt, s.report
     assert tgt is not None and work is not None and tgt.num_layers is not None

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConversionError, InvalidStatesError
+from ...errors import ConversionError, InvalidStatesError
 
 BLOCK = 4096  # tokens per float64 update: bounds the working set, not the result
 
