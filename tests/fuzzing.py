@@ -556,11 +556,11 @@ class Parts:
     def run(self, name: str, case: Path) -> Any:
         import numpy as np
 
-        from eaglectl.commands import drift, verify
+        from eaglectl.commands import drift
         from eaglectl.commands.upgrade import calibration
-        from eaglectl.commands.upgrade import command as upgrade
+        from eaglectl.commands.upgrade import inits as upgrade_inits
         from eaglectl.io.states import open_states
-        from eaglectl.measure import probe
+        from eaglectl.measure import parity, probe
 
         st = open_states(str(case))
         d = self.eagle3
@@ -569,7 +569,7 @@ class Parts:
         if name == "calibrate":
             W = d.tensors["fc.weight"].double().numpy()
             n, width = d.args.num_aux, d.args.target_hidden_size
-            cal, held, _ = upgrade._split_requests(st, (2, 4, 5), rank=True)
+            cal, held, _ = upgrade_inits._split_requests(st, (2, 4, 5), rank=True)
             m = calibration.accumulate(W, n, width, 1e-6, cal)
             h = calibration.accumulate(W, n, width, 1e-6, held) if held is not None else None
             for init in ("harmonic", "calibrated", "refit"):
@@ -581,7 +581,7 @@ class Parts:
         if name == "inputs":
             d = self.no_table
             ids = d.spec.capture_ids(st.num_layers) if isinstance(st.num_layers, int) else (2, 4, 5)
-            return verify.states_inputs(st, ids, 16, 3, shrink=True, vocab=d.args.vocab_size)
+            return parity.states_inputs(st, ids, 16, 3, shrink=True, vocab=d.args.vocab_size)
         return drift._states_run(self.no_table, st, self.proto, 3, 8, 2, 100, 0)
 
 

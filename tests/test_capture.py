@@ -15,8 +15,7 @@ import torch
 
 from eaglectl.checkpoint.drafter import open_drafter
 from eaglectl.commands import capture
-from eaglectl.commands.upgrade import calibration
-from eaglectl.commands.upgrade import command as upgrade
+from eaglectl.commands.upgrade import calibration, inits
 from eaglectl.io.states import open_states
 from eaglectl.measure import probe
 from eaglectl.measure.target import Target
@@ -116,7 +115,7 @@ def test_auto_init_from_states_ranks_on_held_out_requests(hf_states, tmp_path):
                     fidelity=False)
     errors = [c["heldout_fc_output_relative_error"] for c in r.init_candidates]
     assert [c["init"] for c in r.init_candidates][0] == r.init and errors == sorted(errors)
-    assert {c["init"] for c in r.init_candidates} == set(upgrade.CLOSED_FORM)  # `fit` needs a runnable target
+    assert {c["init"] for c in r.init_candidates} == set(inits.CLOSED_FORM)  # `fit` needs a runnable target
     assert r.init_candidates[0]["heldout_tokens"] == 4 * 255  # the last quarter of the 16 requests
     assert "12 captured requests (4 more held out" in r.statistics["text_source"]
     assert errors[-1] > 2 * errors[0]  # the ranking separates them (ones is far worse than a fitted init)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import counters as loads
 from .. import formats
 from ..errors import UnknownFormatError
-from ..formats import Detection, Dialect, Probe
+from ..formats import FITS, Detection, Dialect, Probe
 from ..io.checkpoint import Checkpoint, local_path, open_checkpoint
 from ..io.gguf import gguf_entry, open_gguf
 from ..io.jsonio import ConfigView
@@ -140,7 +140,6 @@ class DrafterCheckpoint:
     def evidence(self) -> tuple[str, ...]:
         if self.forced:
             return ("--from given",)
-        from ..formats import FITS
 
         own = next(d.evidence for d in self.detections if d.dialect == self.dialect.name)
         # another dialect whose layout fits but whose marker is absent: named, so that a TorchSpec template

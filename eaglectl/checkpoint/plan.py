@@ -69,7 +69,7 @@ class ConversionPlan:
 
     def file_names(self) -> list[str]:
         n = len(self.shards)
-        if self.dest_dialect == "gguf":  # one llama.cpp file (conversion_gguf.py)
+        if self.dest_dialect == "gguf":  # one llama.cpp file (commands/convert/gguf.py)
             return ["model.gguf"]
         return ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
 
@@ -104,7 +104,7 @@ DIGEST_PLACEHOLDER = "sha256:" + "0" * 64
 
 def provenance(ckpt: Checkpoint, source_dialect: str, operation: str, to: str, **extra: Any) -> dict[str, Any]:
     """Where the output came from, as it may be published: a Hub source by its id, a local one by its
-    basename (the digest identifies its bytes); never a path of this machine (eaglectl/publish.py)."""
+    basename (the digest identifies its bytes); never a path of this machine (checkpoint/publish.py)."""
     ref = ckpt.hub_ref
     out = {
         "tool": f"eaglectl {__version__}",

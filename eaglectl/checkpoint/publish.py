@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptCheckpointError, UsageError
+from ..io.bounded import kind, read_regular, walk
 from ..io.jsonio import loads
 from ..limits import limit
+from .target import is_hub_id
 
 # A path in free text: absolute, home-relative or dot-relative, not part of a URL ("https://"), a Hub id
 # ("org/name": a word character before the slash) or a placeholder ("<org>/<name>").
@@ -41,7 +43,6 @@ def is_local_path(value: str) -> bool:
 def public_name(value: str) -> str:
     """How a model or file is named in what eaglectl writes: a Hub id as it is, a local path by its
     basename (`/home/me/runs/head-7` -> `head-7`)."""
-    from .target import is_hub_id
 
     if is_hub_id(value) or not (is_local_path(value) or "/" in value or "\\" in value):
         return value
@@ -85,7 +86,6 @@ def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     (sent under the link's name; the file read is the one it resolves to now). A link whose real path leaves the
     folder, a link to a folder (inside or out) or to nothing, and a FIFO, socket or device are refused with a
     UsageError naming them, before any file is read."""
-    from ..io.bounded import kind, walk
 
     root = Path(folder)
     real_root = os.path.realpath(root)
@@ -127,7 +127,6 @@ def local_paths(folder: str | os.PathLike[str]) -> list[LocalPath]:
     in safetensors metadata) that are paths, and paths written into text files (model card, notes). Text
     files over `publish_scan_bytes` are not searched; a safetensors file is read up to its header only; JSON
     goes through the bounded parser (a document it refuses is searched as text)."""
-    from ..io.bounded import read_regular
 
     def fail(path: str, why: str) -> UsageError:
         return UsageError(f"{path}: {why}", path=path)

@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..errors import CorruptCheckpointError
+from ..io.atomic import write_file
+from ..io.bounded import read_regular
+from ..io.jsonio import loads
 from ..limits import limit
 
 SCHEMA_VERSION = "1.0"
@@ -254,9 +258,6 @@ def _check_histogram(h: Any, k: int, marginal: list[float] | None, mean: Any) ->
 
 def read(path: str | Path) -> Any:
     """A profile file's JSON (CorruptCheckpointError when it is not JSON)."""
-    from ..errors import CorruptCheckpointError
-    from ..io.bounded import read_regular
-    from ..io.jsonio import loads
 
     raw = read_regular(path, lambda p, why: CorruptCheckpointError(f"{p}: {why}", file=p), limit("profile_bytes"))
     return loads(raw, str(path))
@@ -264,7 +265,6 @@ def read(path: str | Path) -> Any:
 
 def write(path: str | Path, profile: dict[str, Any]) -> Path:
     """Write a profile atomically (it must validate: eaglectl never writes one that does not)."""
-    from ..io.atomic import write_file
 
     problems = validate(profile)
     if problems:  # a bug in the builder, not bad input

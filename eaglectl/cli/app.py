@@ -13,11 +13,15 @@ import sys
 from typing import Any
 
 import click
+from click.shell_completion import get_completion_class
 
 from .. import __version__, threads
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EaglectlError, filesystem_error
+from ..rules import explain
 from . import params as params
 from . import report, table
+from .docs_data import dialect_rows, family_rows
+from .interrupts import install
 
 # Workflow order for `eaglectl --help` (Click would sort alphabetically).
 COMMAND_ORDER = ("inspect", "convert", "upgrade", "verify", "diff", "smoke", "check", "upload", "capture", "drift",
@@ -118,7 +122,6 @@ for _command in table.COMMANDS:
 def formats_cmd() -> None:
     """List the dialects eaglectl reads, with their detection signals, and the drafter families beside EAGLE-3
     (DFlash, DSpark, P-EAGLE are read; the others are refused by name)."""
-    from .docs_data import dialect_rows, family_rows
 
     report.finish_listing("formats", {"dialects": dialect_rows(), "families": family_rows()}, report.render_formats)
 
@@ -128,7 +131,6 @@ def formats_cmd() -> None:
 @params.json_option
 def rules_cmd(rule_id: str | None) -> None:
     """List every inspect rule with its severity and fix, or explain one: eaglectl rules RULE_ID."""
-    from ..rules import explain
 
     report.finish_listing("rules", {"rules": [r.to_json() for r in explain(rule_id)]}, report.render_rules)
 
@@ -137,7 +139,6 @@ def rules_cmd(rule_id: str | None) -> None:
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion_cmd(shell: str) -> None:
     """Print the completion script for SHELL, e.g. `eval "$(eaglectl completion bash)"`."""
-    from click.shell_completion import get_completion_class
 
     cls = get_completion_class(shell)
     assert cls is not None
@@ -155,7 +156,6 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    from .interrupts import install
 
     install(sigterm=_terminated)
     try:

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from ..errors import EXIT_INTERNAL, EaglectlError, ManifestError
+from ..io.atomic import check_outputs, local_inputs, refuse_overlap, resolve_dest
 from ..io.bounded import read_regular
 from ..io.jsonio import loads
 from ..limits import limit
@@ -204,7 +205,6 @@ def _refuse_outputs_on_inputs(manifest: str | None, items: list[dict[str, Any]])
     """Before any item runs: no item's DEST on the manifest, and the batch's report (--sarif, written once at the
     end) on nothing any item reads. Each item checks its own DEST against its own inputs when it runs (a later
     line may read what an earlier one wrote)."""
-    from ..io.atomic import check_outputs, local_inputs, refuse_overlap, resolve_dest
 
     read = local_inputs(manifest, *[item.get(k) for item in items for k in _INPUT_KEYS])
     check_outputs({"--sarif": items[0].get("sarif_path") if items else None}, read)

@@ -4,8 +4,8 @@ Two module-level consoles (Rich resolves sys.stdout / sys.stderr on every write,
 runner captures them). No colour when NO_COLOR is set or the stream is not a terminal (Rich's own
 rules). Every string that comes from a file (names, keys, messages) goes through `safe`: lone
 surrogates and control characters are escaped and Rich markup is neutralised, so a hostile tensor
-name cannot crash or restyle the output. The views (eaglectl/views.py) draw with these; the sink
-(eaglectl/report.py) finishes a command with them.
+name cannot crash or restyle the output. The views (cli/views/) draw with these; the sink
+(cli/report.py) finishes a command with them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rich.text import Text
 
 from ..text import COMMAND, grid, printable, wrap_items, wrap_words
 
-# Neither console wraps: eaglectl/layout.py lays lines out at the width (`say`, `table`) and a command or
+# Neither console wraps: text.py lays lines out at the width (`say`, `table`) and a command or
 # identifier that cannot fit runs on, whole, rather than being folded where a paste would break it.
 stdout = Console(highlight=False, soft_wrap=True)
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -109,7 +109,7 @@ PROSE = ("message", "meaning", "fix", "what was checked", "result", "reason", "n
 def table(title: str | None, columns: list[str], rows: Iterable[Iterable[Any]],
           style: dict[str, Callable[[str], str | None]] | None = None) -> str:
     """A table as markup lines no wider than the console where it can be; identifiers never broken
-    (eaglectl/layout.py)."""
+    (text.py)."""
     lines = grid(columns, [list(r) for r in rows], width=stdout.width, prose=PROSE, style=style,
                  title=title.strip() if title else None)
     return ("\n" if title and title.startswith("\n") else "") + "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import formats
+from ..formats.families import FAMILIES, LAYOUTS
 
 
 def dialect_rows() -> list[dict[str, Any]]:
@@ -41,7 +42,6 @@ def dialect_rows() -> list[dict[str, Any]]:
 def family_rows() -> list[dict[str, Any]]:
     """The drafter families beside EAGLE-3 (formats/families.py): how each is detected, and whether eaglectl reads
     it (its method, fields and runners) or refuses it by name."""
-    from ..formats.families import FAMILIES, LAYOUTS
 
     rows = []
     for f in FAMILIES:

@@ -6,8 +6,10 @@ imported here, and the modules a type needs are imported when it converts a valu
 from __future__ import annotations
 
 import importlib
+import json as _json
 import math
 import os
+import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -17,8 +19,13 @@ import click
 from click.shell_completion import CompletionItem
 
 from .. import formats
+from ..checkpoint.target import is_hub_id
 from ..commands.requests import SmokeRequest
+from ..errors import EaglectlError, UsageError
+from ..formats.families import writable_layouts
+from ..io.bounded import read_regular
 from ..io.dtypes import CONFIG_NAMES, DTYPES, TO_CONFIG
+from ..limits import limit
 from . import report
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,7 +47,6 @@ class DialectChoice(click.Choice):
 
     @property  # type: ignore[override]
     def choices(self) -> tuple[str, ...]:
-        from ..formats.families import writable_layouts
 
         return tuple((formats.writable() if self.writable else formats.names())
                      + (writable_layouts() if self.layouts else []))
@@ -164,9 +170,6 @@ class TextFile(FileType):
     device is refused before it is opened (io/bounded.py)."""
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
-        from ..errors import EaglectlError, UsageError
-        from ..io.bounded import read_regular
-        from ..limits import limit
 
         try:
             text = read_regular(str(value), lambda path, why: UsageError(f"{path}: {why}"),
@@ -211,7 +214,6 @@ class HubId(click.ParamType):
     name = "org/name"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
-        from ..checkpoint.target import is_hub_id
 
         if not is_hub_id(str(value)):
             self.fail(f"{value!r} is not a Hub id (ORG/NAME)", param, ctx)
@@ -222,7 +224,6 @@ class ReleaseVersion(click.ParamType):
     name = "x.y"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
-        import re
 
         if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){1,2}", str(value)):
             self.fail(f"{value!r} is not a release number like 0.22 or 0.22.1", param, ctx)
@@ -236,7 +237,6 @@ class EngineArg(click.ParamType):
     name = "key=value"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> tuple[str, Any]:
-        import json as _json
 
         if isinstance(value, tuple):
             return value

@@ -1,7 +1,7 @@
 """The output sink: a command's result to stdout (its human view or its JSON document), everything else to
 stderr: errors, usage errors, interruptions, warnings, timings and progress.
 
-The consoles and the one output setting are eaglectl/console.py's; the human views are eaglectl/views/.
+The consoles and the one output setting are cli/console.py's; the human views are cli/views/.
 Progress shows on stderr whenever stderr is a terminal and --json is off (NO_COLOR only removes colour).
 """
 
@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.markup import escape
 
+from ..counters import COUNTS
 from ..errors import EaglectlError
 from ..result import envelope
 from ..text import printable
@@ -95,11 +98,9 @@ def result_line(command: str, result: Result) -> str:
 
 
 def timings() -> None:
-    """-v: how long the command took and what it opened, loaded and ran (eaglectl/loads.py), on stderr."""
+    """-v: how long the command took and what it opened, loaded and ran (counters.py), on stderr."""
     if SETTINGS.verbose and not SETTINGS.json:
-        import time
 
-        from ..counters import COUNTS
 
         done = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(COUNTS.items()))
         stderr.print(f"[dim]{SETTINGS.command or 'eaglectl'}: {time.perf_counter() - SETTINGS.started:.2f} s"
@@ -192,7 +193,6 @@ class Pulse:
     writing, checking) is not silent either."""
 
     def __init__(self) -> None:
-        import threading
 
         self.lock, self.wake = threading.Lock(), threading.Event()
         self.steps: list[dict[str, Any]] = []
@@ -200,8 +200,6 @@ class Pulse:
         self.thread: threading.Thread | None = None
 
     def hold(self) -> None:
-        import threading
-        import time
 
         with self.lock:
             self.holds += 1
@@ -223,12 +221,10 @@ class Pulse:
 
     def printed(self) -> None:
         """A line went to stderr: the next beat is due HEARTBEAT_S from now."""
-        import time
 
         self.last = time.perf_counter()
 
     def _beat(self) -> None:
-        import time
 
         while True:
             self.wake.wait(max(0.01, self.last + HEARTBEAT_S - time.perf_counter()))
@@ -262,7 +258,6 @@ pulse = Pulse()
 @contextlib.contextmanager
 def step(label: str, total: int | None = None, counted: bool = False) -> Iterator[dict[str, Any]]:
     """A step the heartbeat names while it runs (a batch item, a progress() loop); yields its counter."""
-    import time
 
     entry = {"label": label, "total": total, "done": 0, "counted": counted, "started": time.perf_counter()}
     pulse.hold()

@@ -13,21 +13,39 @@ runs (tensor parallelism, quantized targets); HF transformers runs one device.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shlex
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import __version__
+from ..checkpoint.drafter import open_drafter
 from ..checkpoint.target import TargetCheckpoint, open_target
 from ..engines.engine_process import WORKERS, WorkerRun, engine_path, find_vllm_python
+from ..engines.http import Deadline, check_url, post_json, server_model
 from ..errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
+from ..io import cast as casting
 from ..io.atomic import local_inputs, staged_output
-from ..io.safetensors import LocalFile, read_header
+from ..io.dtypes import CONFIG_NAMES
+from ..io.safetensors import (
+    ByteRange,
+    LocalFile,
+    TensorEntry,
+    entry_from_bytes,
+    read_header,
+    read_tensor,
+    write_safetensors,
+)
 from ..io.states import CAPTURE_JSON, SCHEMA
+from ..measure.workload import load_prompts, needs_chat, tokenizer_of
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..spec import default_aux_ids
@@ -78,7 +96,6 @@ def choose_layers(t: TargetCheckpoint, layers: str, drafter: str | None) -> tupl
         return ids
     base: tuple[int, ...] = default_aux_ids(L, "boundary")
     if drafter is not None:
-        from ..checkpoint.drafter import open_drafter
 
         stored = open_drafter(drafter).spec.aux_layer_ids
         base = tuple(stored) if stored is not None else base
@@ -86,7 +103,6 @@ def choose_layers(t: TargetCheckpoint, layers: str, drafter: str | None) -> tupl
 
 
 def prompt_set(t: TargetCheckpoint, prompts: str, count: int, length: int, seed: int) -> tuple[list[list[int]], str]:
-    from ..measure.workload import load_prompts, needs_chat, tokenizer_of
 
     tok = tokenizer_of(t.source, chat=needs_chat(prompts))
     if tok is None:
@@ -136,9 +152,6 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
         ) -> tuple[dict[str, Any], dict[str, float]]:
     import torch
 
-    from ..io import cast as casting
-    from ..io.dtypes import CONFIG_NAMES
-    from ..io.safetensors import TensorEntry, write_safetensors
     from ..model.hf import forward, load_model
     from ..model.loader import DTYPES
 
@@ -195,15 +208,11 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
     """Through a running `vllm serve` with hidden-state extraction (the --print-recipe flags): each prompt
     as token ids with max_tokens=1 and prompt_logprobs=1; the server writes the dump into its storage
     folder (same filesystem as here), which is read, completed with the target's greedy next tokens
-    and written into OUT. The replies are untrusted (http_json.py, the whole capture within `timeout_s`):
+    and written into OUT. The replies are untrusted (engines/http.py, the whole capture within `timeout_s`):
     a dump is used, and removed, only when it lies in `storage` (the folder the server was told to dump into)
     and is a regular file holding exactly the prompt sent; any other path is neither read nor removed."""
-    import os
 
-    import numpy as np
 
-    from ..engines.http import Deadline, check_url, post_json, server_model
-    from ..io.safetensors import ByteRange, TensorEntry, entry_from_bytes, read_tensor, write_safetensors
 
     started = time.perf_counter()
     deadline = Deadline(timeout_s)
@@ -268,7 +277,6 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
 
 def _regular(path: Path) -> bool:
     """A regular file itself (not a link, a FIFO or a device): the only kind a dump may be, or be removed as."""
-    import stat
 
     try:
         return stat.S_ISREG(path.lstat().st_mode)
@@ -279,7 +287,6 @@ def _regular(path: Path) -> bool:
 def _greedy_next(reply: Any, url: str, n: int, vocab: int | None) -> Any:
     """The target's greedy next token after each of the `n` prompt positions: the rank-1 entry of each
     prompt position's logprobs (positions 1..n-1), then the generated token."""
-    import numpy as np
 
     bound = vocab or 2**40
     choices = reply.get("choices") if isinstance(reply, dict) else None
@@ -305,8 +312,6 @@ def _greedy_next(reply: Any, url: str, n: int, vocab: int | None) -> Any:
 
 def _wait_for_unlocked(path: Path, timeout_s: float) -> None:
     """The server publishes the dump's path before writing it, holding `PATH.lock` while it writes."""
-    import fcntl
-    import os
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

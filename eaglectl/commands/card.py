@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..checkpoint.speculation_profile import number
 from ..checkpoint.target import is_hub_id
+from ..engines.serving import serve_line, speculative_config
+from ..errors import CorruptCheckpointError
+from ..io.bounded import read_regular
+from ..limits import limit
 from .inspect import InspectReport
 
 CARD = "README.md"
@@ -94,7 +99,6 @@ def render_card(rep: InspectReport, *, base: str | None, smoke: dict[str, Any] |
 
 def profile_section(p: dict[str, Any]) -> list[str]:
     """The measured figures of a (validated, measured) speculation_profile.json, as card lines."""
-    from ..checkpoint.speculation_profile import number
 
     cond = p.get("measurement_conditions") or {}
     said = ", ".join(f"{k} {cond[k]}" for k in ("engine", "engine_version", "runner", "dtype", "dataset", "num_samples",
@@ -126,7 +130,6 @@ def _upgrade_acceptance(acc: dict[str, Any] | None) -> list[str]:
 
 def _serve(rep: InspectReport, base: str | None) -> str:
     """The vLLM line for the published repo: a local folder's path means nothing on the Hub."""
-    from ..engines.serving import serve_line, speculative_config
 
     if rep.wrong_layers():  # the line would serve other layers than the drafter reads: say what to run instead
         fix = rep.serve_fix()
@@ -143,9 +146,6 @@ def load_card(folder: Path) -> Any | None:
     (a larger card, or a FIFO or device, is a CorruptCheckpointError naming it), parsed as ModelCard.load does."""
     from huggingface_hub import ModelCard
 
-    from ..errors import CorruptCheckpointError
-    from ..io.bounded import read_regular
-    from ..limits import limit
 
     path = folder / CARD
     if not path.exists():

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,12 +23,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError, ReferenceLimitError
+from ..checkpoint.drafter import open_drafter
+from ..checkpoint.publish import is_local_path, upload_files
+from ..engines.engine_process import find_vllm_python
+from ..errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError, ReferenceLimitError, filesystem_error
+from ..families.checkpoint import open_any
+from ..families.inspect import inspect_family
 from ..io.atomic import check_outputs, local_inputs, write_file
+from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
 from ..rules import RULES, Finding
+from ..rules.card import lint_card, lint_profile
+from ..rules.publish import lint_publish, local_path_findings
+from .card import CARD, base_model, load_card, render_card
+from .inspect import inspect_opened
 from .requests import CheckRequest, SmokeRequest
+from .smoke import command as smoke
 
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
@@ -99,9 +112,6 @@ NAMING_FIXES = ("verifier-unnamed", "verifier-local-path", "verifier-local-path-
 def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     """Run the gate on the request's source (`check`'s, `upload`'s or a manifest line's). `--min-acceptance`, or
     any of the smoke stage's options, implies the smoke stage."""
-    from ..families.checkpoint import open_any
-    from ..measure.target import Target
-    from .inspect import inspect_opened
 
     source, target, states, strict = req.source, req.target, req.states, req.strict
     given = req.smoke_given()
@@ -111,7 +121,6 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     others = local_inputs(tgt, given.get("prompts"))
     check_outputs({"--sarif": req.sarif_path}, [*others, *local_inputs(d)])
     if req.card and d.ckpt.hub_ref is None:  # the card goes into the drafter's folder, beside its files
-        from .card import CARD
 
         check_outputs({"the model card": Path(d.ckpt.root) / CARD}, [*others, *d.ckpt.identities])
     wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
@@ -167,7 +176,6 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
     the loaders it meets on the Hub can load (rules/publish.py)."""
     drafter = rep.drafter
     if out.config_written:  # the card stage named the verifier: lint the config as it is now
-        from ..checkpoint.drafter import open_drafter
 
         drafter = open_drafter(drafter.root, from_dialect=drafter.dialect.name)
     return _publish_files(out, Path(drafter.root), drafter.ckpt.hub_ref is not None, drafter)
@@ -176,8 +184,6 @@ def _publish(out: CheckReport, rep: InspectReport) -> Stage:
 def _publish_files(out: CheckReport, folder: Path, remote: bool, drafter: DrafterCheckpoint | None) -> Stage:
     """The publish stage on `folder`: its files, and the findings about publishing them (an EAGLE-3 `drafter`'s
     loader rules too; a family's: local paths only)."""
-    from ..checkpoint.publish import upload_files
-    from ..rules.publish import lint_publish, local_path_findings
 
     if remote and not folder.is_dir():
         return Stage("publish", "skipped", "a Hub repo, read remotely: its files are published already")
@@ -203,7 +209,6 @@ def _environment(smoke_wanted: bool, smoke: SmokeRequest) -> MissingDependencyEr
     and parity stages: the vLLM interpreter of a vLLM smoke (not a --server one, nor the reference loop's)."""
     if not smoke_wanted or smoke.engine != "vllm" or smoke.server is not None:
         return None
-    from ..engines.engine_process import find_vllm_python
 
     try:
         find_vllm_python(smoke.vllm_python)
@@ -260,7 +265,6 @@ def _smoke(d: DrafterCheckpoint | FamilyCheckpoint, t: Target | None, servable: 
     if why_not:
         return Stage("smoke", "fail", f"requested but cannot run: {why_not}", requested=True)
     assert t is not None
-    from .smoke import command as smoke
 
     try:
         sm = smoke.measure(d, t, req, measured=measured, progress=progress).to_json()
@@ -285,7 +289,6 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     """The gate for a drafter of a family read in its own layout (DFlash, DSpark): its inspect, and smoke when asked
     (vLLM serves the family's method). Parity is undecided (eaglectl's reference drafter runs none of these methods),
     and eaglectl writes and lints EAGLE-3 model cards only."""
-    from ..families.inspect import inspect_family
 
     t0 = time.perf_counter()
     rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict)
@@ -314,8 +317,6 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
 
 def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
-    from ..rules.card import lint_card, lint_profile
-    from .card import CARD, base_model, load_card, render_card
 
     if card is False:
         return Stage("card", "skipped", "--no-card")
@@ -361,7 +362,6 @@ def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: di
 
 def _unnamed_verifier(d: DrafterCheckpoint) -> bool:
     """A speculators config whose verifier is null or a local path (vllm serve DRAFTER cannot find the target)."""
-    from ..checkpoint.publish import is_local_path
 
     verifier = None if d.dialect.config_style == "hf" else d.config.dict("speculators_config.verifier")
     if verifier is None:
@@ -373,11 +373,7 @@ def _unnamed_verifier(d: DrafterCheckpoint) -> bool:
 def name_verifier(d: DrafterCheckpoint, base: str) -> str | None:
     """Write `base` (a Hub id) as the speculators verifier into the drafter's config.json when it is null or a
     local path; the file is replaced atomically, its other keys untouched. The path written, or None."""
-    import json
-    import os
-    import tempfile
 
-    from ..errors import filesystem_error
 
     if not _unnamed_verifier(d) or d.ckpt.config_name is None:
         return None

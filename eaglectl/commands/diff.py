@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.drafter import DrafterCheckpoint, open_drafter
+from ..checkpoint.target import open_target
 from ..progress import Progress, passthrough
 from ..result import Result
 from .inspect import inputs
@@ -84,7 +85,6 @@ def run(req: DiffRequest, progress: Progress = passthrough) -> DiffReport:
     db = open_drafter(req.b, from_dialect=req.from_b, allow_pickle=req.allow_pickle)
     layers = None
     if target is not None:
-        from ..checkpoint.target import open_target
 
         layers = open_target(target).num_layers
     ma, mb = _meaning(da, layers), _meaning(db, layers)

@@ -20,7 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import __version__
+from ..checkpoint.drafter import open_drafter
 from ..errors import IncompatibleDrafterError, InvalidStatesError, UsageError
 from ..io.atomic import check_outputs, local_inputs
 from ..measure.target import Target
@@ -108,7 +111,6 @@ class _ChainRun:
 
     def __init__(self, model: Drafter, anchors: list[int], depth: int, window: tuple[int, int],
                  token_rows: torch.Tensor | None, attention: bool) -> None:
-        import numpy as np
         import torch
 
         self.model, self.at, self.depth, self.window = model, torch.tensor(anchors), depth, window
@@ -150,7 +152,6 @@ class _ChainRun:
     def record(self, idx: torch.Tensor, d: int, kept: list[torch.Tensor], ctx_len: int, self_cols: torch.Tensor,
                out: StepOutput, alive: torch.Tensor) -> None:
         """Step `d` of the chains from anchors `idx`; a chain no longer `alive` is NaN."""
-        import numpy as np
         import torch
 
         dead, rows = ~alive.numpy(), idx.numpy()
@@ -220,7 +221,6 @@ class _ChainRun:
 def bootstrap(values: list[np.ndarray], reps: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean over prompts of the mean over anchors, with a 95 % interval from resampling prompts and then
     anchors within each (values: one 1-D array per prompt, NaN = missing)."""
-    import numpy as np
 
     vals = [v[~np.isnan(v)] for v in values]
     vals = [v for v in vals if len(v)]
@@ -245,7 +245,6 @@ def bootstrap(values: list[np.ndarray], reps: int = 1000, seed: int = 0) -> tupl
 def summarize(chains: list[Chains], depth: int, loop: LoopCounts | None, reps: int, seed: int) -> list[dict[str, Any]]:
     """The `depths` objects: per depth, each metric's mean, its 95 % interval, its spread over heads,
     and the loop's per-position acceptance where depth < k."""
-    import numpy as np
 
     out = []
     for d in range(depth):
@@ -275,7 +274,6 @@ def _per_position(loop: LoopCounts | None) -> list[float]:
 
 def _nanmean(x: np.ndarray, axis: int) -> np.ndarray:
     """Mean over non-NaN entries (NaN where there are none), without numpy's empty-slice warning."""
-    import numpy as np
 
     ok = ~np.isnan(x)
     n = ok.sum(axis)
@@ -368,7 +366,6 @@ def run(req: DriftRequest, progress: Progress = passthrough) -> DriftReport:
     """Measure drift for each drafter under each condition (context length × template)."""
     import torch
 
-    from ..checkpoint.drafter import open_drafter
     from ..measure.probe import measured_layers
 
     drafters, target, states, prompts, context_lengths, templates = (req.drafters, req.target, req.states,
@@ -464,7 +461,6 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
                 reps: int, seed: int, ids: tuple[int, ...] | None = None) -> DriftRun:
     """Chains from anchors in the last `max_tokens` positions of each captured request, one request in memory
     at a time (a first pass collects the embedding rows a drafter without its own table needs)."""
-    import numpy as np
     import torch
 
     model = d.build(torch.float32, "cpu")

@@ -10,12 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..checkpoint.target import TargetCheckpoint, open_target
+from ..engines.asking import readings_for
+from ..engines.readings import scope_note
 from ..engines.serving import serve_line, speculative_config
 from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..families.checkpoint import of_checkpoint, open_any
+from ..families.inspect import inspect_family
 from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
-from ..rules import Context, Finding, run_checks, scope, summarise
+from ..rules import Context, Finding, blocking, hint_values, run_checks, scope, summarise
+from ..rules.base import target_args
+from .convert.plan import count_carriers
 from .requests import InspectRequest
 
 if TYPE_CHECKING:
@@ -49,7 +55,6 @@ class InspectReport(Result):
     @functools.cached_property
     def family(self) -> FamilyCheckpoint | None:
         """The family read in the EAGLE-3 layout (P-EAGLE), with its evidence; None for a plain EAGLE-3 drafter."""
-        from ..families.checkpoint import of_checkpoint
 
         return of_checkpoint(self.drafter.ckpt)
 
@@ -100,7 +105,6 @@ class InspectReport(Result):
 
     def serve_fix(self) -> str | None:
         """The command that makes the serve line right, when it is withheld for wrong layers."""
-        from ..rules import blocking
         from ..text import COMMAND
 
         if blocking(self.findings) or not self.wrong_layers():
@@ -110,15 +114,12 @@ class InspectReport(Result):
         for f in self.findings:
             if f.rule.wrong_layers and f.rule.engine in (None, "vllm") and f.hint and (m := COMMAND.search(f.hint)):
                 return m.group()
-        from ..rules import hint_values
 
         return hint_values(self.drafter, self.target)["to_runners"]
 
     def recommendation(self) -> str | None:
         """One command for the engine the report is for, when a conversion repairs a finding that counts (error
         or warning): `convert --for vllm` (the dialect vLLM serves it from best), or SpecForge's layout for sglang."""
-        from ..rules import blocking, hint_values
-        from ..rules.base import target_args
 
         if blocking(self.findings) or not any(f.rule.repaired_by_convert and f.severity in ("error", "warning")
                                               for f in self.findings):
@@ -142,7 +143,6 @@ class InspectReport(Result):
         return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
 
     def payload(self) -> dict[str, Any]:
-        from ..engines.readings import scope_note
 
         d = self.drafter
         return {
@@ -183,8 +183,6 @@ class InspectReport(Result):
 def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport:
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
-    from ..families.checkpoint import open_any
-    from ..families.inspect import inspect_family
 
     d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
     if not d.eagle3_layout:  # a family read in its own layout (DFlash, DSpark): families/inspect.py
@@ -202,7 +200,6 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
     object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
     of vLLM where an interpreter is at hand (engines/asking.readings_for)."""
-    from ..engines.asking import readings_for
 
     readings = readings_for(d, t, vllm_python=vllm_python, progress=progress)
     measured, note = None, None
@@ -270,7 +267,6 @@ def _count_fix(d: DrafterCheckpoint, target: TargetCheckpoint | None, findings: 
     count = d.spec.num_aux_hidden_states
     if not unsized or count is None:
         return
-    from .convert.plan import count_carriers
 
     carriers = sorted(count_carriers(d, count, target), key=lambda name: name != d.dialect.name)
     for f in unsized:

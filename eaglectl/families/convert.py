@@ -55,7 +55,7 @@ def _source_layout(src: FamilyCheckpoint) -> Layout:
 
 
 def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
-    """The source's config as vLLM reads a DFlash config (runners.family_view); TorchSpec's first mapped from the
+    """The source's config as vLLM reads a DFlash config (reading.family_view); TorchSpec's first mapped from the
     fields its own model reads (a top-level target_layer_ids and mask_token_id, num_target_layers = how many)."""
     config = src.config
     if lay.config_style != "torchspec":

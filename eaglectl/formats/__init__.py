@@ -66,7 +66,7 @@ def evaluate(dialect: Dialect, probe: Probe) -> Detection:
 
 def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Dialect, list[Detection]]:
     """The dialect with the highest score, or the forced one; never a guess between equals. A drafter of a
-    family that is not EAGLE-3 (families.py) is refused by name, whatever --from says."""
+    family that is not EAGLE-3 (formats/families.py) is refused by name, whatever --from says."""
     not_eagle3(probe, where)
     if forced is None and (why := looks_like_target(probe)):
         raise UnknownFormatError(f"{where}: this looks like a target model ({why}), not an EAGLE drafter",
@@ -94,7 +94,7 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
 def not_eagle3(probe: Probe, where: str) -> None:
     """UnknownFormatError naming the family, the engine that serves it and why, for a drafter whose layout is not
     EAGLE-3's (a family in the EAGLE-3 layout, P-EAGLE, is read by the dialects). `inspect` catches it for a family
-    it reads on its own (`family_id` in the error's context: commands/family.py)."""
+    it reads on its own (`family_id` in the error's context: families/checkpoint.open_any)."""
     found = identify(probe)
     if found is None or (found[0].reading is not None and found[0].reading.eagle3_layout):
         return

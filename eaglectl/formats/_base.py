@@ -189,7 +189,7 @@ class Dialect:
     owned_config_keys: tuple[str, ...] = ()  # top-level keys of this dialect's wrapping (not decoder config)
     d2t_order: str = "sorted"  # sorted (ids ascending) | frequency (ModelOpt: most frequent first)
     caveats: tuple[Caveat, ...] = ()
-    # the engine that serves this dialect's files and reads their aux ids (see engines.py)
+    # the engine that serves this dialect's files and reads their aux ids (engines/facts.py)
     consumer: str = "vllm"
     vllm_loads: bool = True  # vLLM can load these files as they are (a `vllm serve` line is printed for them)
     notes: tuple[str, ...] = ()

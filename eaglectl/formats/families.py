@@ -8,7 +8,7 @@ keys and would otherwise be read as ModelOpt, an MTP head's `model.` prefix as N
 when the weights of its signals that hold reach `threshold`.
 
 A family with a `reading` is read: `inspect` names it with the evidence, gives its canonical spec and
-checks its traps (rules/families.py; docs/families.md). DFlash and DSpark are read header-only in their
+checks its traps (families/rules.py; docs/families.md). DFlash and DSpark are read header-only in their
 own layouts (`smoke --engine vllm` measures them, every other command refuses them); P-EAGLE is the EAGLE-3
 layout plus `mask_hidden`, so the EAGLE-3 dialects read it and its rules run beside EAGLE-3's. A family
 without one is refused by name. `smoke_limit` says where smoke cannot measure a read family.
@@ -188,7 +188,7 @@ FAMILIES: tuple[Family, ...] = (
 class Layout:
     """One producer's way of writing a read family's files: its tensor names and its config's shape.
 
-    `convert` moves a drafter between the layouts of its family (commands/convert/family.py): tensors renamed by
+    `convert` moves a drafter between the layouts of its family (families/convert.py): tensors renamed by
     `key_rules` (canonical prefix, this layout's), the config rebuilt from vLLM's reading of the source (its
     `config_style`: "hf", the fields at the top level and in `dflash_config`, as vLLM reads them; "speculators", the
     speculators format that vLLM's reader turns into the former; "torchspec", TorchSpec's config class's fields).

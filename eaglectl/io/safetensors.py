@@ -11,6 +11,7 @@ a named error, a known-but-exotic one (F8/F6/F4) is accepted and reported by `in
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import json
@@ -24,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
 
 from ..errors import TRUNCATED_HINT, CorruptCheckpointError, filesystem_error
 from ..limits import limit
@@ -220,7 +223,6 @@ def read_tensor(source: ByteSource, header: Header, name: str) -> Any:
 
 def read_rows(source: ByteSource, header: Header, name: str, rows: list[int]) -> Any:
     """Selected rows of a 2-D tensor (reads only those rows), as float32 / native numpy."""
-    import numpy as np
 
     info = header.tensors[name]
     if len(info.shape) != 2 or DTYPE_BITS[info.dtype] % 8:
@@ -239,7 +241,6 @@ def decodable(dtype: str) -> bool:
 
 
 def _decode(raw: bytes, dtype: str, shape: tuple[int, ...], file: str, name: str) -> Any:
-    import numpy as np
 
     if dtype == "BF16":
         wide = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
@@ -258,7 +259,6 @@ NONFINITE_MASK = {"F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4"
 
 def nonfinite_in(raw: Any, dtype: str) -> int:
     """Number of NaN/Inf encodings in RAW (a whole number of DTYPE values); 0 for a dtype without any."""
-    import numpy as np
 
     if dtype not in NONFINITE_MASK:
         return 0
@@ -438,7 +438,6 @@ def copy_range(src: ByteRange, fd: int, offset: int, written_to: Callable[[int],
 def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
     """Whether two local byte ranges hold the same bytes: memory-mapped 32 MB windows compared by libc's memcmp
     (vectorised, no copy through user space, the GIL released; unmapping each window keeps resident memory flat)."""
-    import numpy as np
 
     if a.length != b.length:
         return False
@@ -462,7 +461,6 @@ def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
 @functools.cache
 def _memcmp() -> Any:
     """libc's memcmp through ctypes, None where there is no C library to load."""
-    import ctypes
 
     try:
         fn = ctypes.CDLL(None).memcmp
@@ -474,7 +472,6 @@ def _memcmp() -> Any:
 
 def _mapped(fd: int, offset: int, length: int) -> tuple[Any, Any]:
     """`length` bytes at `offset` of `fd` as a uint8 array over a private mapping (page-aligned start)."""
-    import numpy as np
 
     base = offset - offset % mmap.ALLOCATIONGRANULARITY
     m = mmap.mmap(fd, length + offset - base, access=mmap.ACCESS_READ, offset=base)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -101,7 +103,6 @@ class States:
             yield self._read(path, index, bound)
 
     def _read(self, path: Path, index: list[int] | None, bound: int) -> Request:
-        import numpy as np
 
         where = str(path)
         try:
@@ -171,7 +172,6 @@ class States:
 
 def _ids(path: Path, name: str, values: NDArray[np.integer], bound: int) -> NDArray[np.int64]:
     """Integer ids as int64, each within [0, bound)."""
-    import numpy as np
 
     bad = np.flatnonzero((values < 0) | (values >= bound))
     if bad.size:
@@ -185,7 +185,6 @@ def compact_embedding(token_ids: NDArray[np.integer], h0: NDArray[np.floating]
                       ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
     """(ids, table) with table[ids[t]] = h0[t]: the target's embedding rows of the tokens seen, read off
     boundary 0 (the decoder's input), so a drafter without its own table can run on a capture."""
-    import numpy as np
 
     rows, index = np.unique(token_ids, return_inverse=True)
     table = np.zeros((len(rows), h0.shape[-1]), dtype=np.float32)

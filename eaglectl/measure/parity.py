@@ -16,15 +16,17 @@ or seeded synthetic states with per-layer scales and a large-norm sink token at 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import IncompatibleDrafterError, InvalidStatesError, ParityMismatchError
 from ..io.dtypes import TO_CONFIG
-from ..io.states import States
+from ..io.states import States, compact_embedding
 from ..model.loader import CHAIN_UNUSED, DTYPES, LoadedDrafter
 from ..model.reference import DrafterArgs, StepOutput
 from ..result import Result
@@ -88,7 +90,6 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
                 shrink: bool = False) -> Inputs:
     """Real aux states at the drafter's layers (`boundaries`, default: as the files say): the target's run over
     the measurement text (once per command, `Target.text_states`), else its capture (`--states`)."""
-    import numpy as np
 
     ids = boundaries or loaded.spec.capture_ids(target.num_layers)  # type: ignore[arg-type]
     if len(ids) != loaded.args.num_aux:
@@ -113,9 +114,7 @@ def states_inputs(captured: States, ids: tuple[int, ...], tokens: int, steps: in
     """Aux states of a capture (`--states`, io/states.py) at boundaries `ids`: the first request long enough
     (with `shrink`, else the longest one, on fewer anchors). With `table_needed` (no drafter ships an
     embedding) the ids index the rows read off boundary 0. Token ids are checked against `vocab` (the drafter's)."""
-    import numpy as np
 
-    from ..io.states import compact_embedding
 
     why = captured.embedding_source() if table_needed else None
     if why is not None:
@@ -256,9 +255,7 @@ class WarmStart:
 
 def values_digest(values: torch.Tensor | np.ndarray) -> str:
     """sha256 of a tensor's values as little-endian float32 (exact for the F32/BF16/F16 an upgrade writes)."""
-    import hashlib
 
-    import numpy as np
 
     if isinstance(values, torch.Tensor):
         values = values.detach().float().cpu().numpy()

@@ -27,14 +27,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import EaglectlError, IncompatibleDrafterError, InvalidStatesError
-from ..io.states import States
+from ..io.states import States, compact_embedding
 from ..model.loader import LoadedDrafter, load_reference
 from ..model.replay import Continuation, LoopCounts, replay
 from ..progress import Progress, passthrough
+from ..spec import default_aux_ids
 from .target import Target
 from .workload import heldout_prompts
 
@@ -243,9 +245,7 @@ def states_session(states: States, boundaries: set[int], tokens: int, steps: int
     the target's greedy next tokens when recorded, else the text's next tokens. Without the target's
     embedding `table`, the rows of the tokens seen are read off boundary 0. Token ids and labels are checked
     against `vocab` (the drafter's) as well as the capture's own."""
-    import numpy as np
 
-    from ..io.states import compact_embedding
 
     wanted = tuple(sorted(boundaries))
     states.require(wanted)
@@ -317,7 +317,6 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
 
     The aux reading is decided first; the other facts are then measured at the winning reading (the
     files' own reading when undecided), so each comparison changes one thing at a time."""
-    from ..spec import default_aux_ids
 
     loaded = load_reference(d)
     spec = d.spec

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .. import counters as loads
 from ..errors import IncompatibleDrafterError
 from ..io.states import Request, States, open_states
+from ..measure.workload import measurement_text, text_token_ids
 from ..progress import Progress, passthrough
 
 if TYPE_CHECKING:
@@ -136,10 +139,8 @@ class Target:
         return held
 
     def _capture_text(self) -> MemoryStates:
-        import numpy as np
         import torch
 
-        from ..measure.workload import measurement_text, text_token_ids
         from ..model.hf import forward
 
         model = self.model()

@@ -34,6 +34,7 @@ from ..errors import (
     UsageError,
     filesystem_error,
 )
+from ..io.bounded import open_regular, walk
 from ..io.jsonio import loads
 from ..limits import limit
 from ..model.tokens import PlainTokenizer
@@ -121,7 +122,6 @@ _KIND = {dict: "an object", list: "an array", str: "a string", int: "a number", 
 def _opened(spec: str) -> BinaryIO:
     """The prompt file, opened for binary reads after its kind and size are checked (io/bounded.py: a FIFO or
     device is refused before it is opened)."""
-    from ..io.bounded import open_regular
 
     if not Path(spec).exists():
         raise PromptFileError(f"{spec}: prompt file not found", path=spec)
@@ -348,7 +348,6 @@ def _speed_bench(folder: Path, tokenizer: Any, count: int, max_tokens: int, max_
     except ImportError:
         raise MissingDependencyError("reading a SPEED-Bench folder needs pyarrow",
                                      hint="pip install 'eaglectl-cli[speedbench]'") from None
-    from ..io.bounded import walk
 
     def fail(path: str, why: str) -> PromptFileError:
         return PromptFileError(f"{path}: {why}", path=path)
@@ -413,7 +412,6 @@ def _parquet(file: Path) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..io.bounded import open_regular
 
     # a FIFO or device named *.parquet is refused before it is opened; pyarrow reads the descriptor checked here
     with open_regular(file, lambda p, why: PromptFileError(f"{p}: {why}", path=p), limit("prompt_file_bytes")) as f:

@@ -12,6 +12,7 @@ import torch
 from .. import counters as loads
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import IncompatibleDrafterError, ReferenceLimitError
+from ..io.quant import dequantize, layout_of, scale_of
 from ..spec import DrafterSpec, layer_index
 from .blocks import MLADims
 from .mla import mla_rope, rope_kind
@@ -148,7 +149,6 @@ def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | No
     kept = d.memo.get("fp32")
     if isinstance(kept, LoadedDrafter):
         return kept
-    from ..io.quant import dequantize, layout_of, scale_of
 
     loads.count("drafter_fp32")
     args = args_from_spec(d.spec, d.source)

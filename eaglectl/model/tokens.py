@@ -8,6 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tokenizers import Tokenizer
+
 # tokenizer_config.json classes that are tokenizer.json and nothing more (no class-specific special-token rules)
 PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
@@ -19,7 +21,6 @@ class PlainTokenizer:
     chat_template = None
 
     def __init__(self, path: Path, settings: dict[str, Any] | None = None) -> None:
-        from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_file(str(path))
         for which in ("bos", "eos", "pad"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import formats
 from ..checkpoint.drafter import AUX_ID_PATHS
+from ..engines.readings import table_readings
 from ..limits import limit
 from ..spec import default_aux_ids
 from . import catalogue as rule
@@ -97,7 +98,6 @@ def _built(ctx: Context) -> tuple[dict[str, int], str]:
     else vLLM's table read on the config (engines/readings.table_readings)."""
     readings = ctx.readings
     if readings is None:
-        from ..engines.readings import table_readings
 
         readings = table_readings(ctx.ckpt.config, None)
     return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}, readings.basis

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import formats
 from ..checkpoint.drafter import DrafterCheckpoint
+from ..checkpoint.speculation_profile import FILE, read, validate
 from ..errors import EaglectlError
 from . import catalogue as rule
 from .base import Context, Finding
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 
 def lint_profile(folder: Path, drafter: DrafterCheckpoint) -> tuple[dict[str, Any] | None, list[Finding]]:
     """The profile found beside the drafter when it is valid and measured (for the card), and the findings."""
-    from ..checkpoint.speculation_profile import FILE, read, validate
 
     path = folder / FILE
     if not path.exists():  # a FIFO or device is reported by read, never opened

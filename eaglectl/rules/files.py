@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from ..io.dtypes import COMMON_DTYPES, CONFIG_NAMES, FLOAT_DTYPES
+from ..io.quant import scale_of
+from ..io.safetensors import NONFINITE_MASK
 from . import catalogue as rule
 from .base import Context, check
+from .quant import (
+    recognised,  # a recognised quantised layout's weights and scales are not exotic
+    values_read,
+)
 
 
 @check
@@ -23,8 +29,6 @@ def files(ctx: Context) -> None:
 
 @check
 def dtypes(ctx: Context) -> None:
-    from ..io.quant import scale_of
-    from .quant import recognised  # a recognised quantised layout's weights and scales are not exotic
 
     canon = ctx.dialect.to_canonical
     exotic = [(n, i) for n, i in ctx.ckpt.tensors.items() if i.dtype not in COMMON_DTYPES
@@ -46,8 +50,6 @@ def dtypes(ctx: Context) -> None:
 def scan(ctx: Context) -> None:
     if not ctx.scan:
         return
-    from ..io.safetensors import NONFINITE_MASK
-    from .quant import values_read
 
     # the scales rule quant-scale-values reads are its own: NaN, Inf, 0 or a negative value mean what their scheme says
     scales = {ctx.view.stored[s.canon] for s in values_read(ctx)}

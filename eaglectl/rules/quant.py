@@ -12,6 +12,7 @@ from ..io.quant import (
     excluded,
     layout_of,
     matches_any,
+    scale_of,
     scales_of,
     value_problem,
     vllm_module,
@@ -51,7 +52,6 @@ def values_read(ctx: Context) -> list[Scale]:
 def recognised(ctx: Context, canon: str) -> bool:
     """A tensor that belongs to a quantised layout eaglectl recognises (a quantised weight or a scale):
     its dtype is the scheme's, not an exotic one (rule exotic-dtype)."""
-    from ..io.quant import scale_of
 
     q = quant_layout(ctx)
     if q is None or q.effective is None or q.scheme is None:

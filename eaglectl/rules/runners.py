@@ -1,4 +1,4 @@
-"""vLLM's two model runners (`Context.readings`, runners.py): V1 (every CPU build) and Model Runner V2 (the GPU
+"""vLLM's two model runners (`Context.readings`, engines/readings.py): V1 (every CPU build) and Model Runner V2 (the GPU
 default) pick the target layers with different code (docs/engines.md#runners). The rules run only where the
 readings were computed (`inspect`, `check`)."""
 

@@ -19,7 +19,7 @@ import time
 
 def counters(llm) -> dict:  # type: ignore[no-untyped-def]
     out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
-    # the same metric names as server_smoke.METRICS (this worker imports nothing of eaglectl's)
+    # the same metric names as commands/smoke/server.METRICS (this worker imports nothing of eaglectl's)
     names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
              "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
     for metric in llm.get_metrics():

@@ -1,5 +1,5 @@
 """The human views of every command's result, one renderer per result type (the JSON form is the result's own
-`to_json`). They draw on eaglectl/console.py; eaglectl/report.py picks the view when a command finishes."""
+`to_json`). They draw on cli/console.py; cli/report.py picks the view when a command finishes."""
 
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from ...commands.upgrade.command import WARM_START
 from ...engines.readings import scope_note
+from ...engines.serving import serve_line
 from ...text import short_path
 from .. import console
 from ..console import SETTINGS, safe, say, table
@@ -148,7 +150,6 @@ def render_family(report: FamilyReport) -> None:
     out.print()
     cfg = report.speculative_config()
     if cfg is not None:
-        from ...engines.serving import serve_line
 
         out.print("vLLM:")
         out.print(f"  {safe(serve_line(report.target.source if report.target else '<target-model>', cfg))}",
@@ -283,7 +284,6 @@ def _upgrade_ending(result: UpgradeResult) -> None:
     elif result.changed:
         say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer)", indent=2)
     if result.changed:
-        from ...commands.upgrade.command import WARM_START
 
         out.print(f"[yellow]{safe(WARM_START)}[/]")
     if not result.conversion.written:

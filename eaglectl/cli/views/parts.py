@@ -55,7 +55,7 @@ def _where(locator: str) -> str:
 
 def findings(found: list[Finding]) -> None:
     """The findings table (info findings only with -v: a line says how many were left out) and the fixes,
-    each command in them whole on one line (eaglectl/layout.py)."""
+    each command in them whole on one line (text.py)."""
     shown_ = [f for f in found if SETTINGS.verbose or f.severity != "info"]
     hidden = len(found) - len(shown_)
     if shown_:  # one layout whatever the content: a finding's identifiers on a line, its message below

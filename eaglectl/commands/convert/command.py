@@ -22,7 +22,8 @@ from ... import formats
 from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.plan import DIGEST_PLACEHOLDER, UNNAMED, ConversionPlan
 from ...checkpoint.target import TargetCheckpoint, open_target
-from ...errors import ConversionError, UsageError, filesystem_error
+from ...engines.serving import pick, serve_command
+from ...errors import BehaviourChangedError, ConversionError, UsageError, filesystem_error
 from ...families.checkpoint import FamilyCheckpoint, open_any
 from ...families.convert import plan_family, recheck
 from ...formats.families import writable_layouts
@@ -32,6 +33,7 @@ from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
 from ..requests import ConvertRequest
+from .gguf import execute_gguf
 from .plan import plan_conversion, writable_dialect
 from .write import (
     SourceDigest,
@@ -121,16 +123,12 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
 
         serve = None
         if for_engine is not None:
-            from ...engines.serving import pick
-
             to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
         else:
             assert to is not None
             plan, ids, convention, more = plan_for(to)
         plan.notes[:0] = notes + more
         if serve is not None:
-            from ...engines.serving import serve_command
-
             serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
         if req.dry_run:
             return ConversionResult(plan, False, [], serve=serve)
@@ -190,7 +188,6 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
                     convention: str | None, to: str) -> Callable[[DrafterCheckpoint], list[str]]:
     """After writing: the reference loop drafts exactly as much with the output (read the way the
     destination's engine reads it) as with the source (read as measured), on the same greedy continuations."""
-    from ...errors import BehaviourChangedError
     from ...measure.probe import LOOP_TOKENS, flag_overrides, probe_prompts, replay_counts
     from ...model.loader import load_reference
 
@@ -263,13 +260,12 @@ def execute(plan: ConversionPlan, src: DrafterCheckpoint | FamilyCheckpoint, *, 
 
     `after_write(out)` (the behavioural check, upgrade's fidelity) runs on the staged output, interpreted,
     before the rename and returns more lines for `checked`. `recheck(stage, plan, written)` replaces the EAGLE-3
-    re-checks of the staged output (a family's layouts: commands/convert/family.py). `digest`: the source's,
+    re-checks of the staged output (a family's layouts: families/convert.py). `digest`: the source's,
     started by the caller as soon as it opened the source (else here).
     """
     supplied = supplied or {}
     public_provenance(plan)
-    if plan.dest_dialect == "gguf":  # one llama.cpp file, not safetensors (conversion_gguf.py)
-        from .gguf import execute_gguf
+    if plan.dest_dialect == "gguf":  # one llama.cpp file, not safetensors (gguf.py)
 
         return ConversionResult(plan, True, *execute_gguf(plan, src, target=target, force=force,
                                                                 after_write=after_write, inputs=inputs, digest=digest))

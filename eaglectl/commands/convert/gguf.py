@@ -1,6 +1,6 @@
 """`convert --to gguf`: the plan's tensors written as one llama.cpp EAGLE-3 `.gguf` file, checked by reading it back.
 
-The plan (conversion_plan) has already refused what the GGUF dialect's Writer cannot hold (not exactly 3 aux
+The plan (plan.py) has already refused what the GGUF dialect's Writer cannot hold (not exactly 3 aux
 layers, more than one decoder layer, MLA / Qwen3 attention, fc_norm, norm_output); this module refuses the rest
 that llama.cpp's eagle3 loader cannot take (rope scaling, attention biases, a missing lm_head) and then follows
 llama.cpp's converter (conversion/llama.py at 0c1e5709): q/k rows permuted, `d2t` as absolute I64 ids, `t2d` left

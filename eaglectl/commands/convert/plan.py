@@ -15,16 +15,18 @@ from ... import __version__, formats
 from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.plan import ConversionPlan, TensorAction, config_diff, provenance, shard, verifier
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
+from ...engines.readings import table_readings
 from ...errors import ConversionError
 from ...families.checkpoint import FamilyCheckpoint, of_checkpoint
 from ...formats import Dialect
-from ...formats.families import MASK_TOKEN_KEYS
+from ...formats.families import MASK_TOKEN_KEYS, by_id, layout
 from ...formats.speculators import SPECULATORS_READERS
 from ...io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
 from ...io.jsonio import MISSING, config_get, config_set
 from ...io.quant import QUANT_FILE, converted_configs, layout_of
 from ...rules import Context, run_checks
 from ...rules.hazards import strip_null_template_fields
+from ...rules.layout import MLA_SPELLINGS, REGISTERED
 from ...spec import FLAGS, DrafterSpec, default_aux_ids
 
 if TYPE_CHECKING:
@@ -40,7 +42,6 @@ _DRAFTER_KEYS = frozenset({
 
 
 def writable_dialect(to: str) -> Dialect:
-    from ...formats.families import by_id, layout
 
     if (lay := layout(to)) is not None:
         raise ConversionError(f"'{to}' is a layout of {by_id(lay.family).name} drafters ({lay.title}); this is "
@@ -128,7 +129,6 @@ def plan_conversion(
 def count_carriers(src: DrafterCheckpoint, count: int, target: TargetCheckpoint | None = None) -> list[str]:
     """The dialects eaglectl writes for vLLM whose written config vLLM reads as fc for `count` aux states on both
     runners: each is planned (nothing written) and its config read as vLLM's tables read it."""
-    from ...engines.readings import table_readings
 
     layers = target.num_layers if target is not None else None
     found = []
@@ -488,7 +488,6 @@ def _hf_family_keys(family: FamilyCheckpoint, top: dict[str, Any]) -> dict[str, 
 def _dest_architecture(src: DrafterCheckpoint, spec: DrafterSpec, written: str) -> str:
     """The writer's class for the family, except that an MLA source spelled any known way keeps its
     DeepSeek version under vLLM's registered name (rules/layout.py MLA_SPELLINGS)."""
-    from ...rules.layout import MLA_SPELLINGS, REGISTERED
 
     archs = src.config.str_list("architectures") or ()
     name = MLA_SPELLINGS.get(archs[0]) if archs and spec.arch == "mla" else None

@@ -19,13 +19,17 @@ import numpy as np
 from ... import formats, threads
 from ...checkpoint.drafter import DrafterCheckpoint, interpret
 from ...checkpoint.plan import ConversionPlan, TensorAction, reopen
+from ...checkpoint.publish import public_value
 from ...checkpoint.target import TargetCheckpoint
+from ...engines.asking import readings_for
+from ...engines.readings import FLAG_NAMES, layers_read
 from ...errors import ConversionError
 from ...io import cast as casting
 from ...io.checkpoint import Checkpoint
 from ...io.safetensors import ByteRange, TensorEntry, Written, crc32_range, same_bytes, sha256_range
 from ...rules import Context, run_checks
 from ...spec import default_aux_ids
+from .plan import count_carriers
 
 if TYPE_CHECKING:
     from ...measure.target import Target
@@ -148,7 +152,6 @@ def tensor_entry(a: TensorAction, src: DrafterCheckpoint, target: TargetCheckpoi
 def public_provenance(plan: ConversionPlan) -> None:
     """What a caller added to the plan's provenance (upgrade's calibration record names its target and
     capture) is made public before it is written: Hub ids and basenames only."""
-    from ...checkpoint.publish import public_value
 
     prov = plan.config.get("eaglectl_provenance")
     if isinstance(prov, dict):
@@ -218,11 +221,9 @@ def check_checkpoint(stage: Path, plan: ConversionPlan, written: list[Written], 
 
 def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetCheckpoint | None) -> list[str]:
     """After writing: every vLLM runner's reading of the WRITTEN config (asked of vLLM's own selection code and
-    draft model class where its interpreter is available, else the table: runners.readings_for) captures the
+    draft model class where its interpreter is available, else the table: asking.readings_for) captures the
     intended boundaries, applies the intended flags and builds fc for as many aux states as fc.weight holds
     (ConversionError naming the runner, the key and both values otherwise: nothing is left at DEST)."""
-    from ...engines.asking import readings_for
-    from ...engines.readings import FLAG_NAMES
 
     intended = plan.intended
     if intended is None:
@@ -245,7 +246,6 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
                      "(or --for vllm)")
         count = out.spec.num_aux_hidden_states
         if r.num_aux is not None and count is not None and r.num_aux != count:
-            from .plan import count_carriers
 
             carriers = count_carriers(out, count, target)
             raise ConversionError(
@@ -277,8 +277,6 @@ def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -
     """(who reads them, boundaries) for each distinct reading of the written files: vLLM's runners (asked of vLLM
     where it is installed, else its table: asking.readings_for) and, for a dialect another engine serves
     (`Dialect.consumer`), that engine's reading (readings.layers_read)."""
-    from ...engines.asking import readings_for
-    from ...engines.readings import layers_read
 
     dialect = formats.get(to)
     found: dict[tuple[int, ...], list[str]] = {}

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import __version__
 from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
+from ...checkpoint.speculation_profile import write_from_smoke
 from ...engines.asking import config_folder, readings_for
 from ...engines.engine_process import WorkerRun, engine_path, find_vllm_python, vllm_has_gpu
 from ...engines.readings import Readings
@@ -36,10 +37,13 @@ from ...families.checkpoint import FamilyCheckpoint, family_of, open_any
 from ...families.inspect import inspect_family
 from ...formats.families import smoke_limit
 from ...io.atomic import check_outputs, local_inputs
+from ...measure.target import Target
 from ...measure.workload import PromptSet, load_prompts, needs_chat, tokenizer_of
 from ...progress import Progress, passthrough
+from ..inspect import inspect_opened
 from ..requests import Baseline, SmokeRequest
 from . import runner as runner_smoke
+from . import server as server_smoke
 from .report import ConfigResult, SmokeReport, red_flags
 from .runner import RunnerRun
 
@@ -67,8 +71,6 @@ def speculative_config(kind: str, path: str | None, k: int, extra: dict[str, Any
 
 def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first."""
-    from ...measure.target import Target
-    from ..inspect import inspect_opened
 
     d = open_any(req.drafter)
     t = Target.open(req.target, progress=progress, dtype=req.dtype)
@@ -219,7 +221,6 @@ def _prompt_sets(target: Target, prompts: str, count: int, max_tokens: int, max_
 
 def _by_server(server: str, drafter: str, prompt_set: PromptSet, max_tokens: int, timeout_s: float
                ) -> tuple[list[ConfigResult], None, dict[str, Any]]:
-    from . import server as server_smoke
 
     got = server_smoke.run(server, prompt_set.prompts, max_tokens=max_tokens, timeout_s=timeout_s)
     return ([ConfigResult("drafter", "eagle3", drafter, got["counters"], got["outputs"],
@@ -288,7 +289,6 @@ def _judged(rep: SmokeReport, d: DrafterCheckpoint | FamilyCheckpoint, target: T
         plot_smoke(rep.to_json(), plot)
         rep.plot = plot
     if profile:
-        from ...checkpoint.speculation_profile import write_from_smoke
 
         rep.profile = write_from_smoke(profile, rep.to_json())
     return rep

@@ -1,6 +1,6 @@
 """`smoke --runner`: which of vLLM's model runners a smoke measures, and how (docs/smoke.md#runners).
 
-vLLM picks an EAGLE-3 drafter's target layers with different code in its two model runners (runners.py):
+vLLM picks an EAGLE-3 drafter's target layers with different code in its two model runners (engines/readings.py):
 V1 (every CPU build) and Model Runner V2 (the default on a GPU with Triton). `smoke` measures each runner
 the user asks for (`--runner v1|v2|both`; by default both when their readings differ, else the one vLLM uses
 here) and raises a red flag when they read different layers, or other layers than the drafter's intended
@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...engines.asking import readings_for
+from ...engines.readings import table_readings
 from ...errors import EaglectlError, SmokeFailedError
+from ...measure.reading import engine_reading
 from ...progress import Progress, passthrough
 
 if TYPE_CHECKING:
@@ -222,7 +225,6 @@ def stage_pinned(source: str | Path, ids: tuple[int, ...]) -> Path:
 
 def check_staged(staged: Path, ids: tuple[int, ...], target_layers: int | None) -> None:
     """The staged copy must read as V2's selection under V1 (eaglectl's table of V1's code)."""
-    from ...engines.readings import table_readings
 
     got = table_readings(json.loads((staged / "config.json").read_text()), target_layers).get("v1")
     if got is None or got.boundary_ids != tuple(sorted(set(ids))):
@@ -314,7 +316,6 @@ def prepare(d: DrafterCheckpoint, target: Target, engine: str, runner: str | Non
     """The runners' readings (asked of vLLM where it is at hand), the runners to measure, and the drafter's
     intended reading: measured by the probe (always before vLLM runs; for the reference loop when the runners'
     reading is in question or --reference-layers measured), else as the files declare it."""
-    from ...engines.asking import readings_for
     from ...measure.probe import try_measure
 
     if reference_layers not in ("runner", "measured"):
@@ -373,7 +374,6 @@ def replayed(run: RunnerRun, d: DrafterCheckpoint, target: Target, prompts: list
     reproduce vLLM's kernels bit for bit)."""
     if dtype != "float32":
         return None, f"not replayed: the reference loop reproduces vLLM's counts exactly in float32, not {dtype}"
-    from ...measure.reading import engine_reading
 
     try:
         assert run.result is not None and run.result.counters is not None

@@ -2,7 +2,7 @@
 acceptance from its Prometheus `/metrics` (spec-decode counters read before and after: deltas, so
 earlier traffic does not count; traffic from others during the run would, so run it on a quiet server).
 
-The server's replies are untrusted (http_json.py): each call is bounded in time and bytes, the whole
+The server's replies are untrusted (engines/http.py): each call is bounded in time and bytes, the whole
 run by --timeout-s, every reply is checked for the shape vLLM gives, and counters that go backwards
 (a restarted server) are an error, never a negative acceptance."""
 

@@ -30,6 +30,7 @@ read the way vLLM (V1 runner) reads their files: greedy counts that equal vLLM's
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -289,7 +290,6 @@ def _mark(plan: ConversionPlan, steps: list[str], choice: Choice, acceptance: di
     """Provenance in config and safetensors metadata: what was done, that it needs fine-tuning, the
     acceptance lengths before / after on which prompts, and the value digest of every tensor the upgrade
     wrote (`verify DEST --against SOURCE` holds them to it)."""
-    import json
 
     from ...measure.parity import values_digest
 

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...checkpoint.drafter import DrafterCheckpoint
+from ...engines.readings import layers_read
 from ...errors import BehaviourChangedError
 from ...io import cast as casting
 from ...measure.target import Target
+from ...measure.workload import heldout_prompts, heldout_spans, load_prompts, needs_chat, tokenizer_of
 from ...progress import Progress, passthrough
 from .calibration import Fit
 
@@ -71,7 +73,6 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens
     """(ranking, report). The acceptance is reported on the user's `--prompts`, else on smoke's default prompts
     (smoke's loader and defaults: `smoke` sees the same tokens); the inits are ranked on windows of the bundled
     held-out code that smoke's default prompts do not overlap, so the figure reported was never chosen on."""
-    from ...measure.workload import heldout_prompts, load_prompts, needs_chat, tokenizer_of
 
     spec = prompts if prompts is not None else SMOKE_PROMPTS
     got = load_prompts(spec, tokenizer_of(tgt.source, chat=needs_chat(spec)), count=num_prompts,
@@ -87,14 +88,12 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens
 
 def smoke_spans(num_prompts: int) -> list[tuple[int, int]]:
     """The held-out spans smoke's default prompts read: what ranking and fitting stay apart from."""
-    from ...measure.workload import heldout_spans
 
     return heldout_spans(num_prompts, PROMPT_TOKENS, SMOKE_SEED)
 
 
 def ranking_spans(num_prompts: int) -> list[tuple[int, int]]:
     """The held-out spans the inits are ranked on, apart from smoke's default prompts."""
-    from ...measure.workload import heldout_spans
 
     return heldout_spans(num_prompts, PROMPT_TOKENS, RANK_SEED, avoid=smoke_spans(num_prompts))
 
@@ -121,7 +120,6 @@ class Setup:
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
     """The boundaries the engine captures for a config, as the setup's runner reads it."""
-    from ...engines.readings import layers_read
 
     assert s.tgt is not None and s.tgt.num_layers is not None
     got = layers_read("vllm", config, s.tgt.num_layers, runner=s.runner).boundary_ids

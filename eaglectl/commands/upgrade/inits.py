@@ -13,6 +13,7 @@ import numpy as np
 from ...errors import ConversionError
 from ...io.states import States
 from ...measure.target import Target
+from ...measure.workload import heldout_prompts
 from ..requests import UpgradeRequest
 from .calibration import Fit, Moments, accumulate, fit, held_out_error
 from .fidelity import STEPS, Setup, boundaries, rank_by_acceptance, reserved_spans
@@ -160,7 +161,6 @@ def _split_requests(captured: States, ids: tuple[int, ...], rank: bool
 def _calibration_prompts(s: Setup) -> list[list[int]]:
     """The windows calibration and `fit` read: apart from those the inits are ranked and the acceptance is
     reported on."""
-    from ...measure.workload import heldout_prompts
 
     assert s.tgt is not None
     return heldout_prompts(s.tgt.model().tokenizer, CAL_PROMPTS, RANK_TOKENS, seed=CAL_SEED,
