@@ -70,6 +70,11 @@ LIMITS: dict[str, Limit] = {
     "http_read_timeout_s": Limit(3600, "seconds one reply may take (the command's --timeout-s may be shorter)"),
     "http_redirects": Limit(3, "redirects followed per request (same host only; another host is refused)"),
     "server_total_s": Limit(7 * 86400, "seconds a whole server-driving command may take (--timeout-s is lower)"),
+    # an engine's reading worker (the engine's own code asked what it reads): its answers are untrusted input too
+    "engine_answer_s": Limit(600, "seconds one question to an engine's reading worker may take, every wait in it "
+                                  "bounded (EAGLECTL_ENGINE_TIMEOUT=SECONDS lowers it)"),
+    "engine_answer_bytes": Limit(64 << 20, "bytes of one answer line from an engine's reading worker"),
+    "log_tail_bytes": Limit(64 << 10, "bytes of a worker's log read for the hint when it fails (its end)"),
 }
 
 

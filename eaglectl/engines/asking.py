@@ -27,7 +27,15 @@ from ..errors import EaglectlError, MissingDependencyError
 from ..io.atomic import write_file
 from ..limits import LIMITS
 from ..progress import Progress, passthrough
-from .engine_process import WORKERS, close_sessions, forget_session, session, session_running, vllm_interpreter
+from .engine_process import (
+    WORKERS,
+    close_sessions,
+    engine_timeout,
+    forget_session,
+    session,
+    session_running,
+    vllm_interpreter,
+)
 from .facts import RUNNERS
 from .readings import EngineReading, Readings, table_readings, vllm_view
 from .target_support import TargetSupport, support_from_worker, table_support
@@ -241,7 +249,7 @@ def ask_vllm(requests: list[dict[str, Any]], python: str) -> dict[str, Any]:
     while True:
         worker, running = session(python, WORKER)
         try:
-            raw = worker.ask(payload, 600.0)
+            raw = worker.ask(payload, engine_timeout())
             break
         except MissingDependencyError:
             forget_session(python, WORKER)

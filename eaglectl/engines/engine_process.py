@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import math
 import os
 import select
 import shutil
@@ -26,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import counters
-from ..errors import EaglectlError, MissingDependencyError, SmokeFailedError
+from ..errors import EaglectlError, MissingDependencyError, SmokeFailedError, UsageError
+from ..io.jsonio import loads
+from ..limits import limit
 from ..threads import worker_env
 from .process_group import stop_group
 
@@ -37,7 +40,34 @@ SMOKE_WORKER = WORKERS / "vllm_smoke.py"
 # where any name next to it shadows the standard library (a module named like one did)
 _HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 _HAS_GPU = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
-_RUN_WORKER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+# A worker ends with eaglectl, also when eaglectl is killed (SIGKILL runs no cleanup of ours): a thread in the worker
+# ends the worker's whole process group (it runs in a session of its own, with every child it starts) once its
+# parent is gone (the worker is re-parented).
+_RUN_WORKER = ("import os, runpy, signal, sys, threading, time\n"
+               "def _orphaned(parent=os.getppid()):\n"
+               "    while os.getppid() == parent:\n"
+               "        time.sleep(0.5)\n"
+               "    os.killpg(0, signal.SIGKILL)\n"
+               "threading.Thread(target=_orphaned, daemon=True).start()\n"
+               "sys.argv = sys.argv[1:]\n"
+               "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+ENGINE_TIMEOUT = "EAGLECTL_ENGINE_TIMEOUT"
+
+
+def engine_timeout() -> float:
+    """Seconds one question to a reading worker may take: limits.py's, lowered by $EAGLECTL_ENGINE_TIMEOUT."""
+    most = float(limit("engine_answer_s"))
+    given = os.environ.get(ENGINE_TIMEOUT)
+    if not given:
+        return most
+    try:
+        seconds = float(given) if given.isascii() else math.nan  # float() reads other scripts' digits too
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"${ENGINE_TIMEOUT}={given!r}: not a number of seconds above 0",
+                         hint=f"unset it, or e.g. {ENGINE_TIMEOUT}=60")
+    return min(seconds, most)
 
 
 def _absolute(python: str) -> str:
@@ -148,7 +178,16 @@ class WorkerRun:
         if self.proc.returncode != 0 or not self.res_path.exists():
             raise self.error(f"vLLM exited with {self.proc.returncode} (log: {self.log_path})",
                              hint=_tail(self.log_path))
-        return json.loads(self.res_path.read_text()), str(self.log_path)
+        try:
+            with self.res_path.open("rb") as f:
+                got = loads(f.read(limit("engine_answer_bytes") + 1), str(self.res_path),
+                            max_bytes=limit("engine_answer_bytes"))
+        except EaglectlError as e:
+            raise self.error(f"the vLLM worker's result is unreadable: {e.message} (log: {self.log_path})") from None
+        if not isinstance(got, dict):
+            raise self.error(f"the vLLM worker's result is a JSON {type(got).__name__}, not an object "
+                             f"(log: {self.log_path})")
+        return got, str(self.log_path)
 
     def discard(self) -> None:
         """Remove the scratch folder (request, result, log) once a successful run's answer and log were read: no
@@ -161,8 +200,11 @@ class WorkerSession:
     JSON line on a pipe of its own (its stdout and stderr are the log, which vLLM writes to).
 
     The worker runs in its own session like a WorkerRun's and leaves nothing behind: `close()` ends its group,
-    and so does the end of this process (atexit); it also stops by itself when its stdin closes (this process
-    died) or after `idle_s` seconds without a request. A session whose worker died is not reused: `alive`."""
+    and so does the end of this process (atexit, or the worker's own watch when this process is killed); it also
+    stops by itself when its stdin closes or after `idle_s` seconds without a request. Its answers are untrusted:
+    every wait for one is bounded by the question's timeout (a line, its end, the worker's exit), a line by
+    limits.py, and anything but one JSON object ends the worker with an error naming its log. A session whose
+    worker died is not reused: `alive`."""
 
     def __init__(self, python: str, worker: Path, error: type[EaglectlError] = MissingDependencyError,
                  idle_s: float = 600.0) -> None:
@@ -181,7 +223,7 @@ class WorkerSession:
             raise
         finally:
             os.close(write_end)
-        self.answers = os.fdopen(answers, "rb")
+        self.answers: int | None = answers
         self.exited = False  # the worker stopped before answering (not a timeout)
         counters.count("engine_worker")
         atexit.register(self.close)
@@ -191,8 +233,9 @@ class WorkerSession:
         return self.proc.poll() is None
 
     def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """The worker's answer to `request`; `error` (naming the log) when it takes over `timeout_s` or exits first
-        (`exited`), and the session is closed then, as on an interrupt."""
+        """The worker's answer to `request`, one JSON object; `error` (naming the log) when it takes over
+        `timeout_s`, exits or closes its answer pipe first (`exited`), or answers anything else: the session is
+        closed then, as on an interrupt."""
         assert self.proc.stdin is not None
         try:
             try:
@@ -200,25 +243,53 @@ class WorkerSession:
                 self.proc.stdin.flush()
             except BrokenPipeError:
                 raise self._exited() from None
-            deadline = time.monotonic() + timeout_s
-            while not select.select([self.answers], [], [], 0.5)[0]:
-                if not self.alive:
-                    raise self._exited()
-                if time.monotonic() > deadline:
-                    raise self.error(f"vLLM did not answer within {timeout_s:.0f} s (log: {self.log_path})",
-                                     hint=_tail(self.log_path))
-            line = self.answers.readline()
-            if not line.endswith(b"\n"):  # nothing, or the worker died halfway through its answer
-                raise self._exited()
-            return json.loads(line)
+            line = self._line(time.monotonic() + timeout_s, timeout_s)
+            try:
+                got = loads(line, "the answer", max_bytes=limit("engine_answer_bytes"))
+            except EaglectlError as e:
+                raise self.error(f"the vLLM worker's answer is unreadable: {e.message} (log: {self.log_path})",
+                                 hint=_tail(self.log_path)) from None
+            if not isinstance(got, dict):
+                raise self.error(f"the vLLM worker answered a JSON {type(got).__name__}, not an object "
+                                 f"(log: {self.log_path})", hint=_tail(self.log_path))
+            return got
         except BaseException:
             self.close(keep_log=True)
             raise
 
+    def _line(self, deadline: float, timeout_s: float) -> bytes:
+        """One answer line, read as it comes (a part of a line never blocks) within the deadline and the size bound."""
+        assert self.answers is not None
+        most, got = limit("engine_answer_bytes"), bytearray()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.error(f"vLLM did not answer within {timeout_s:.0f} s (log: {self.log_path})",
+                                 hint=_tail(self.log_path))
+            if not select.select([self.answers], [], [], min(0.5, left))[0]:
+                if not self.alive:
+                    raise self._exited()
+                continue
+            chunk = os.read(self.answers, 1 << 16)
+            if not chunk:  # the worker closed its answer pipe: it died, or stopped answering while it runs on
+                raise self._exited()
+            end = chunk.find(b"\n")
+            got += chunk if end < 0 else chunk[:end]
+            if len(got) > most:
+                raise self.error(f"the vLLM worker's answer passed {most} bytes without ending (log: "
+                                 f"{self.log_path})", hint=_tail(self.log_path))
+            if end >= 0:
+                return bytes(got)
+
     def _exited(self) -> EaglectlError:
+        """The error for a worker that ended (or closed its answers and runs on: ended here) before answering."""
         self.exited = True
-        return self.error(f"the vLLM worker exited with {self.proc.wait()} (log: {self.log_path})",
-                          hint=_tail(self.log_path))
+        try:
+            code: int | str = self.proc.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            stop_group(self.proc, self.grace_s)
+            code = "nothing: it closed its answer pipe and was ended"
+        return self.error(f"the vLLM worker exited with {code} (log: {self.log_path})", hint=_tail(self.log_path))
 
     def close(self, keep_log: bool = False) -> None:
         """End the worker and its group; the scratch folder goes unless `keep_log` (a failure names the log)."""
@@ -229,7 +300,9 @@ class WorkerSession:
             except OSError:
                 pass
         stop_group(self.proc, self.grace_s)
-        self.answers.close()
+        if self.answers is not None:
+            os.close(self.answers)
+            self.answers = None
         if not keep_log:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -264,5 +337,11 @@ def close_sessions() -> None:
 
 
 def _tail(path: Path, lines: int = 12) -> str:
-    text = path.read_text(errors="replace").strip().splitlines()
+    """The log's last lines, read from its last limits.py bytes (a log of gigabytes is not read whole)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit("log_tail_bytes")))
+            text = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
     return "last log lines:\n" + "\n".join(text[-lines:])
