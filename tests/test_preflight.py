@@ -134,7 +134,7 @@ def test_vllm_is_asked_in_the_drafters_worker_run(invoke, tmp_path, monkeypatch,
     asked = read_batch([Request(str(DRAFTER), cfg, 8, str(t), json.loads((t / "config.json").read_text()))
                         for t in targets.values()], vllm_python=vllm_py)
     assert all(a.target is not None and a.target.asked for a in asked), [a.target for a in asked]
-    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    monkeypatch.setattr(asking, "ask_engine", lambda *a, **k: pytest.fail("asked vLLM again"))
     version = asking.vllm_version(vllm_py)
 
     r, doc = _inspect(invoke, targets["granite"], "--vllm-python", vllm_py)

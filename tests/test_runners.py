@@ -302,8 +302,8 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     # the installed vLLM's deciding code is the code this test verified the tables against: its fingerprint is
     # listed, and where the tables answer for it (no refusal, known classes) they give what vLLM gave
     where, version = asking.vllm_location(python)
-    fingerprint = asking.code_fingerprint(where)
-    assert fingerprint in asking.VERIFIED_CODE.get(version, ()), (version, fingerprint)
+    fingerprint = asking.code_fingerprint(where, asking.ENGINES["vllm"].files(version))
+    assert fingerprint in asking.ENGINES["vllm"].verified.get(version, ()), (version, fingerprint)
     answered = 0
     for (name, req), got in zip(cases, asked, strict=True):
         fast = asking.from_verified_code(req, version)
@@ -339,7 +339,7 @@ def test_the_table_gives_exactly_what_vllm_gives(tmp_path, monkeypatch, invoke, 
     python_version = asking.vllm_version(python)
     keys = {asking.cache_key(r.drafter_dir, r.target_dir, r.target_layers, python, python_version) for _, r in cases}
     assert len(list((tmp_path / "cache").glob("*.json"))) == len(keys)  # same config bytes: asked once
-    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("asked vLLM again"))
+    monkeypatch.setattr(asking, "ask_engine", lambda *a, **k: pytest.fail("asked vLLM again"))
     asking._MEMO.clear()
     again = read_batch([r for _, r in cases[:3]], vllm_python=python)
     assert [g.to_json() for g in again] == [g.to_json() for g in asked[:3]] and all(g.asked for g in again)
@@ -378,7 +378,7 @@ def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch
     labelled as that code's, and no worker imports vLLM; a fingerprint that is not listed asks vLLM."""
     monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))  # nothing cached: only the hash can answer
     monkeypatch.setattr(asking, "_MEMO", {})
-    monkeypatch.setattr(asking, "ask_vllm", lambda *a, **k: pytest.fail("vLLM was imported"))
+    monkeypatch.setattr(asking, "ask_engine", lambda *a, **k: pytest.fail("vLLM was imported"))
     version = asking.code_verified(vllm_py)
     assert version is not None
     def config(folder: Path) -> dict:
@@ -392,10 +392,11 @@ def test_verified_vllm_code_answers_without_importing_vllm(tmp_path, monkeypatch
     r = invoke("inspect", TRAINED / "eagle3", "--target", target, "--vllm-python", vllm_py, "--no-measure")
     assert r.exit_code == 0 and f"vLLM {version}'s code, verified by hash" in r.stdout
     # other code (a fingerprint not listed), or EAGLECTL_ASK_VLLM=1: vLLM is asked
-    monkeypatch.setattr(asking, "VERIFIED_CODE", {version: ("0" * 64,)})
+    verified = asking.ENGINES["vllm"].verified
+    monkeypatch.setitem(verified, version, ("0" * 64,))
     assert asking.code_verified(vllm_py) is None
-    installed = asking.code_fingerprint(asking.vllm_location(vllm_py)[0])
-    monkeypatch.setattr(asking, "VERIFIED_CODE", {version: (installed,)})
+    installed = asking.code_fingerprint(asking.vllm_location(vllm_py)[0], asking.ENGINES["vllm"].files(version))
+    monkeypatch.setitem(verified, version, (installed,))
     assert asking.code_verified(vllm_py) == version
     monkeypatch.setenv("EAGLECTL_ASK_VLLM", "1")
     assert asking.code_verified(vllm_py) is None
@@ -410,7 +411,7 @@ def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
 
     site = tmp_path / "site"
     fake = site / "vllm"
-    for name in asking.DECIDING_FILES:
+    for name in asking.ENGINES["vllm"].files("0.32.0"):
         (fake / name).parent.mkdir(parents=True, exist_ok=True)
         (fake / name).write_text(f"# {name}\n")
     (fake / "__init__.py").write_text("")
@@ -423,22 +424,22 @@ def test_a_vllm_whose_deciding_code_differs_is_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(asking, "_MEMO", {})
     asked: list[int] = []
 
-    def ask(requests, _python):  # noqa: ANN001, ANN202 - stands in for the worker run
+    def ask(_engine, requests, _python):  # noqa: ANN001, ANN202 - stands in for the worker run
         asked.append(len(requests))
         raise MissingDependencyError("the fake vLLM cannot be imported")
 
-    monkeypatch.setattr(asking, "ask_vllm", ask)
+    monkeypatch.setattr(asking, "ask_engine", ask)
     req = Request(str(TRAINED / "eagle3"), json.loads((TRAINED / "eagle3" / "config.json").read_text()), 8)
-    for cached in (asking.vllm_location, asking.vllm_version, asking.code_fingerprint):
+    for cached in (asking.location, asking.code_fingerprint):
         getattr(cached, "cache_clear", lambda: None)()
-    monkeypatch.setattr(asking, "VERIFIED_CODE", {"0.32.0": (asking.code_fingerprint(fake),)})
+    monkeypatch.setitem(asking.ENGINES["vllm"].verified, "0.32.0", (asking.code_fingerprint(fake),))
     got = read_batch([req], vllm_python=str(python))[0]
     assert asked == [] and got.basis == asking.verified_basis("0.32.0") and _ids(got.get("v1")) == (2, 4, 5)
     with (fake / "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py").open("a") as f:
         f.write("# a change in the selection code\n")
     asking.code_fingerprint.cache_clear()
     got = read_batch([req], vllm_python=str(python))[0]
-    assert asked == [1] and not got.asked and "vLLM was not asked" in (got.note or "")
+    assert asked == [1] and not got.asked and "vLLM 0.32.0 was not asked" in (got.note or "")
     asking.code_fingerprint.cache_clear()
 
 

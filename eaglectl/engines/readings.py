@@ -5,10 +5,11 @@ captures (and the config key they came from, or the model default), the flags it
 how many aux states `fc` is built for. `Readings` holds every reading of one drafter on one target depth.
 
 `layers_read` is the one answer to "which boundaries does engine E (release R, runner X) capture from this config"
-where the engine was not asked: vLLM's runners from the tables of their selection code (facts.RUNNERS), any other
-engine from the convention it reads ids with (facts.ENGINE_AUX_CONVENTIONS). Every rule, probe candidate and figure
-asks it, or the readings asked of the engine itself (asking.py), never a table of its own. Readings from tables are
-labelled `assumed`; a CI test checks the tables give exactly what vLLM gives.
+where the engine was not asked: vLLM's runners from the tables of their selection code (facts.RUNNERS, each with the
+releases that have it), SGLang from the tables of its reading and its target classes (sglang.py), any other engine
+from the convention it reads ids with (facts.ENGINE_AUX_CONVENTIONS). Every rule, probe candidate and figure asks
+it, or the readings asked of the engine itself (asking.py), never a table of its own. Readings from tables are
+labelled `assumed`; CI tests check the tables give exactly what each engine's own code gives.
 
 No torch import here: `inspect` stays light.
 """
@@ -22,12 +23,33 @@ from ..formats.speculators import SPECULATORS_READERS
 from ..io.jsonio import MISSING, ConfigView, config_get
 from ..limits import LIMITS
 from ..spec import default_aux_ids
-from .facts import DRAFT_CLASSES, RUNNERS, RunnerTable, engine_convention, engine_ids
-from .target_support import TargetSupport, engines_own
+from . import sglang
+from .facts import (
+    DRAFT_CLASSES,
+    VLLM_TABLE_RELEASES,
+    RunnerTable,
+    engine_convention,
+    engine_ids,
+    minor,
+    release_of,
+    runners_at,
+    version_key,
+)
+from .target_support import TargetSupport, engines_own, release_key
 
-TABLE_VERSION = "0.32/0.33"  # the vLLM releases facts.py's runner tables were read from
+TABLE_VERSION = "0.32/0.33"  # the vLLM releases the reference release's runner tables hold for
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
 FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc")
+
+
+def table_version(release: str | None) -> str:
+    """The releases eaglectl's vLLM tables answer for, as a reading names them: the reference's (0.32/0.33), or
+    0.34 and later, which have Model Runner V2 only."""
+    return TABLE_VERSION if release is None or (release_key(release) or (0,)) < (0, 34) else "0.34"
+
+
+def assumed(release: str | None) -> str:
+    return f"assumed (eaglectl's table of vLLM {table_version(release)})"
 
 
 @dataclass(frozen=True)
@@ -46,7 +68,8 @@ class EngineReading:
     error: str | None = None  # vLLM refuses the config, or the runner's code raised: no reading
     build: str | None = None  # how the config was built
     model_class: str | None = None
-    model_error: str | None = None  # vLLM could not build the draft model class: flags and num_aux unknown
+    model_error: str | None = None  # the engine builds no EAGLE-3 draft model from it: flags and num_aux unknown
+    skipped: tuple[str, ...] = ()  # tensors the engine's draft class drops without a word
 
     @property
     def asked(self) -> bool:
@@ -63,21 +86,34 @@ class EngineReading:
         return str(list(self.boundary_ids))
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None}
+        return {**asdict(self), "boundary_ids": list(self.boundary_ids) if self.boundary_ids is not None else None,
+                "skipped": list(self.skipped)}
 
 
 @dataclass
 class Readings:
-    """Every runner's reading of one drafter on one target depth."""
+    """Every engine's reading of one drafter on one target depth: vLLM's runners (those its release has), and the
+    other engines' (SGLang)."""
 
     drafter: str
     target_layers: int | None
-    runners: list[EngineReading] = field(default_factory=list)
+    runners: list[EngineReading] = field(default_factory=list)  # vLLM's, one per runner of its release
     note: str | None = None  # why vLLM was not asked, when it was not
     target: TargetSupport | None = None  # does vLLM capture EAGLE-3 aux states from the target (None: no target)
+    others: list[EngineReading] = field(default_factory=list)  # one per other engine (SGLang)
+    notes: dict[str, str] = field(default_factory=dict)  # another engine -> why it was not asked
 
     def get(self, runner: str) -> EngineReading | None:
         return next((r for r in self.runners if r.runner == runner), None)
+
+    def engine(self, name: str) -> EngineReading | None:
+        """The reading of another engine than vLLM (None: not read)."""
+        return next((r for r in self.others if r.engine == name), None)
+
+    @property
+    def release(self) -> str | None:
+        """The vLLM release the runners' readings are for."""
+        return self.runners[0].version if self.runners else None
 
     @property
     def asked(self) -> bool:
@@ -103,15 +139,16 @@ class Readings:
         return not (len(ids) == 3 and ids == default_aux_ids(ids[-1] + 3, "boundary"))
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in self.runners]
+        return [r.to_json() for r in (*self.runners, *self.others)]
 
 
 # ------------------------------------------------------------------------------------------ the tables
 
-def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
-    """The drafter's config as vLLM builds it: a speculators-format config becomes its transformer_layer_config
-    updated as vLLM's speculators reader updates it for its `speculators_model_type` (SPECULATORS_READERS); an
-    HF-style config stays as it is (EAGLEConfig copies it). Raises ValueError where vLLM's reader refuses."""
+def vllm_view(config: dict[str, Any], release: str | None = None) -> dict[str, Any]:
+    """The drafter's config as vLLM (`release`: the reference when None) builds it: a speculators-format config
+    becomes its transformer_layer_config updated as vLLM's speculators reader updates it for its
+    `speculators_model_type` (SPECULATORS_READERS); an HF-style config stays as it is (EAGLEConfig copies it).
+    Raises ValueError where vLLM's reader refuses."""
     kind = config.get("speculators_model_type")
     if kind is None:
         return dict(config)
@@ -119,6 +156,9 @@ def vllm_view(config: dict[str, Any]) -> dict[str, Any]:
     if reader is None:
         raise ValueError(f"speculators_model_type '{kind}' is not one vLLM builds an EAGLE-3 drafter from "
                          f"({', '.join(SPECULATORS_READERS)})")
+    if reader.until is not None and release is not None and (release_key(release) or (0,)) >= \
+            version_key(reader.until) + (0,):
+        raise ValueError(reader.refusal)
     base = config.get("transformer_layer_config")
     view = dict(base) if isinstance(base, dict) else {}
     for key, default in reader.copied.items():
@@ -168,16 +208,22 @@ def captured(chosen: tuple[int, ...] | None, target_layers: int | None) -> tuple
 
 
 def layers_read(engine: str, config: dict[str, Any] | None, target_layers: int | None, *, runner: str | None = None,
-                declared: tuple[int, ...] | None = None, view: ConfigView | None = None) -> EngineReading:
+                release: str | None = None, declared: tuple[int, ...] | None = None, view: ConfigView | None = None,
+                target_arch: str | None = None, canonical: list[str] | None = None) -> EngineReading:
     """Which target boundaries `engine` captures for a drafter with this config.json where the engine itself was not
-    asked: the one answer of eaglectl's tables. vLLM: runner `runner` (v1 when not named) by the table of its
-    selection code. Any other engine: the ids it reads (facts.AUX_KEYS, else `declared`, the ids as the drafter's
-    dialect reads them) numbered by its convention (facts.ENGINE_AUX_CONVENTIONS). `view`: the config's typed view
-    where the caller holds one (its problems are recorded there)."""
+    asked: the one answer of eaglectl's tables. vLLM (`release`, the reference when None): runner `runner` (its
+    first runner when not named) by the table of its selection code. SGLang: its reading of eagle_config's ids by
+    the target's class (`target_arch`; a Llama-family target when unknown) and its draft class (`canonical`: the
+    drafter's tensor names, for the weights it drops). Any other engine: the ids it reads (facts.AUX_KEYS, else
+    `declared`, the ids as the drafter's dialect reads them) numbered by its convention. `view`: the config's typed
+    view where the caller holds one (its problems are recorded there)."""
     if engine == "vllm":
-        got = table_readings(config, target_layers).get(runner or "v1")
-        assert got is not None
-        return got
+        got = table_readings(config, target_layers, release=release)
+        one = got.get(runner) if runner is not None else (got.runners[0] if got.runners else None)
+        assert one is not None, f"vLLM {release} has no runner {runner}"
+        return one
+    if engine == "sglang":
+        return sglang_reading(config or {}, target_layers, target_arch, canonical)
     convention = engine_convention(engine)
     ids, source = engine_ids(engine, view if view is not None else ConfigView(config, "config.json"), declared)
     basis = f"assumed (eaglectl's table of {engine}, since {convention.since})"
@@ -187,6 +233,33 @@ def layers_read(engine: str, config: dict[str, Any] | None, target_layers: int |
     bounds = tuple(sorted(set(convention.boundaries(ids))))
     shift = 1 if convention.rule == "output" or (convention.rule == "output-if-first-is-1" and ids[:1] == (1,)) else 0
     return EngineReading(engine, None, convention.since, bounds, source, shift, None, None, basis)
+
+
+def sglang_reading(config: dict[str, Any], target_layers: int | None, target_arch: str | None = None,
+                   canonical: list[str] | None = None) -> EngineReading:
+    """SGLang's reading from eaglectl's table of its code (engines/sglang.py): the boundaries its target class
+    captures from eagle_config's ids, the draft class it builds and what that class applies."""
+    build = "eaglectl's reading of the config" + ("" if target_arch else "; the target's class unknown: a "
+                                                  "Llama-family target (adds 1 to every id) assumed")
+    klass, why = sglang.draft_class(config)
+    capture = sglang.capture_of(target_arch or "LlamaForCausalLM")
+    if capture is None:
+        return EngineReading("sglang", None, sglang.RELEASE, None, None, 0, None, None, sglang.BASIS, build=build,
+                             error=f"the target class {target_arch} captures no EAGLE-3 states in SGLang (no "
+                                   "set_eagle3_layers_to_capture: model_runner_components/attention_backend_setup.py "
+                                   "raises at start-up)")
+    if klass is None:  # refused: at launch (speculators), or no class of that name
+        return EngineReading("sglang", None, sglang.RELEASE, None, None, 0, None, None, sglang.BASIS, build=build,
+                             error=why)
+    ids = sglang.ids_read(config)
+    bounds = capture.boundaries(ids, target_layers)
+    drafts = why is None
+    skipped = tuple(sglang.skipped(canonical or [])) if drafts else ()
+    return EngineReading("sglang", None, sglang.RELEASE, tuple(sorted(set(bounds))) if bounds is not None else None,
+                         sglang.IDS_KEY if ids is not None else "model default", capture.shift(ids, target_layers),
+                         sglang.flags(config) if drafts else None,
+                         sglang.num_aux(config, klass) if drafts else None, sglang.BASIS, build=build,
+                         model_class=klass, model_error=why, skipped=skipped)
 
 
 def draft_module(view: dict[str, Any]) -> str | None:
@@ -234,45 +307,46 @@ def _count(ids: Any) -> int | None:
     return len(ids) if isinstance(ids, (list, tuple, str, dict)) else None
 
 
-def table_readings(config: dict[str, Any] | None, target_layers: int | None, drafter: str = "") -> Readings:
-    """The runners' readings from eaglectl's tables of vLLM's code (labelled assumed)."""
+def table_readings(config: dict[str, Any] | None, target_layers: int | None, drafter: str = "",
+                   release: str | None = None) -> Readings:
+    """The readings of vLLM's runners (those `release` has; the reference release's when None) from eaglectl's
+    tables of their code (labelled assumed)."""
     out = Readings(drafter, target_layers)
     if config is None:
         out.note = "no config.json"
         return out
+    version, basis, tables = table_version(release), assumed(release), runners_at(release)
     try:
-        view = vllm_view(config)
+        view = vllm_view(config, release)
     except ValueError as e:
-        for t in RUNNERS:
-            out.runners.append(EngineReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
+        for t in tables:
+            out.runners.append(EngineReading("vllm", t.runner, version, None, None, 0, None, None, basis,
                                              error=f"ValueError: {e}", build="eaglectl's reading of the config"))
         return out
     flags, n, module = model_reads(view)
-    for t in RUNNERS:
+    for t in tables:
         try:
             chosen, source, shift = select(view, t)
         except ValueError as e:  # beyond eaglectl's bounds (limits.py): config-field-invalid says so
-            out.runners.append(EngineReading("vllm", t.runner, TABLE_VERSION, None, None, 0, None, None, ASSUMED,
+            out.runners.append(EngineReading("vllm", t.runner, version, None, None, 0, None, None, basis,
                                              error=str(e), build="eaglectl's reading of the config"))
             continue
         ids = captured(chosen, target_layers)
-        out.runners.append(EngineReading("vllm", t.runner, TABLE_VERSION, ids, source, shift, flags, n, ASSUMED,
+        out.runners.append(EngineReading("vllm", t.runner, version, ids, source, shift, flags, n, basis,
                                          build="eaglectl's reading of the config", model_class=module))
     return out
-
-
-TABLE_RELEASES = ("0.32", "0.33")
 
 
 def scope_note(r: Readings, engine_version: str | None, *, with_note: bool = True) -> str | None:
     """Why vLLM was not asked, and how far the readings hold for --engine-version."""
     parts = [r.note] if r.note and with_note else []
-    if engine_version:
+    release = release_of(engine_version, "vllm")
+    if release:
         asked = r.runners[0].version if r.asked and r.runners else None
-        if engine_version not in TABLE_RELEASES:
-            parts.append(f"--engine-version {engine_version}: read from vLLM {asked or TABLE_VERSION}; whether "
-                         f"{engine_version} selects the same layers is unconfirmed")
-        elif asked and not asked.startswith(engine_version + "."):
-            parts.append(f"--engine-version {engine_version}: asked vLLM {asked}; the runners' selection code is "
-                         f"the same in {TABLE_VERSION}")
+        if minor(release) not in VLLM_TABLE_RELEASES:
+            parts.append(f"--engine-version {release}: read from vLLM {asked or table_version(release)}; whether "
+                         f"{release} selects the same layers is unconfirmed")
+        elif asked and minor(asked) != minor(release):
+            parts.append(f"--engine-version {release}: asked vLLM {asked}, whose runners' selection code is the "
+                         f"one eaglectl's table of {table_version(release)} holds")
     return "; ".join(parts) or None

@@ -27,11 +27,11 @@ def engines_own(basis: str) -> bool:
     return basis.startswith("asked") or "verified by hash" in basis
 
 
-def said(basis: str, version: str, assumed: str = "assumed: eaglectl's table") -> str:
-    """How an answer about vLLM is known, in a few words."""
+def said(basis: str, version: str, assumed: str = "assumed: eaglectl's table", engine: str = "vLLM") -> str:
+    """How an answer about an engine is known, in a few words."""
     if basis.startswith("asked"):
-        return f"asked of vLLM {version}"
-    return f"vLLM {version}'s code, verified by hash" if engines_own(basis) else assumed
+        return f"asked of {engine} {version}"
+    return f"{engine} {version}'s code, verified by hash" if engines_own(basis) else assumed
 
 
 def release_key(version: str | None) -> tuple[int, ...] | None:

@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
+from ..engines.target_support import release_key
 from ..formats.families import MASK_TOKEN_KEYS
 from ..rules import catalogue as rule
 from ..rules.base import Context, Finding, Rule, check
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ..engines.readings import Readings
 
 Emitted = list[tuple[Rule, str, str | None]]  # (rule, message, locator)
+PEAGLE_REMOVED = "0.34"  # vLLM 0.34.0 removed P-EAGLE (speculators/algos.py update_peagle, the registry, llama_eagle3.py)
 
 
 def target_depth(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> tuple[int | None, str]:
@@ -175,6 +177,15 @@ def peagle(ctx: Context) -> None:
     declared = f"the config declares P-EAGLE ({said[0]})" if said else None
     spec = ctx.spec
     target_hidden = spec.target_hidden_size or spec.hidden_size
-    for r, message, loc in (*runner(fc), *mask_token(fc, ctx.target),
+    release = ctx.engine_version or (ctx.readings.release if ctx.readings is not None and ctx.readings.asked
+                                     else None)
+    gone = release is not None and (release_key(release) or (0,)) >= release_key(PEAGLE_REMOVED)  # type: ignore[operator]
+    if gone:
+        ctx.emit(rule.PEAGLE_UNSUPPORTED, f"vLLM {release} has no P-EAGLE: " + (
+            "its speculators reader raises \"P-EAGLE (parallel drafting EAGLE-3) is not supported.\"" if
+            ctx.config.str("speculators_model_type") == "peagle" else
+            "it loads these files as a sequential EAGLE-3 drafter, skipping mask_hidden (llama_eagle3.py), and "
+            "refuses parallel_drafting with method eagle3 (config/speculative.py)"), ctx.where)
+    for r, message, loc in (*(() if gone else runner(fc)), *mask_token(fc, ctx.target),
                             *mask_hidden(fc, spec.num_aux_hidden_states, target_hidden, declared)):
         ctx.emit(r, message, ctx.at(loc) if loc is not None and fc.tensor(loc) is None else loc)

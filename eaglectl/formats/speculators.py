@@ -24,6 +24,8 @@ class SpeculatorsReader:
     copied: dict[str, Any]
     archs: dict[str, str]  # transformer_layer_config's model_type (default llama) -> the architecture it sets
     renamed: dict[str, str] = field(default_factory=dict)
+    until: str | None = None  # the first vLLM release whose reader refuses this type (X.Y), with `refusal`
+    refusal: str = ""
 
 
 SPECULATORS_READERS: dict[str, SpeculatorsReader] = {
@@ -36,7 +38,9 @@ SPECULATORS_READERS: dict[str, SpeculatorsReader] = {
     "peagle": SpeculatorsReader(
         {"draft_vocab_size": None, "norm_before_residual": False, "norm_before_fc": False},
         {"qwen3": "PeagleQwen3ForCausalLM", "llama": "PeagleLlamaForCausalLM"},
-        {"mask_token_id": "pard_token"}),
+        {"mask_token_id": "pard_token"}, until="0.34",
+        # vLLM 0.34.0 transformers_utils/configs/speculators/algos.py update_peagle (and speculators/base.py)
+        refusal="P-EAGLE (parallel drafting EAGLE-3) is not supported."),
 }
 
 

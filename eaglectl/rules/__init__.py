@@ -37,6 +37,7 @@ from . import catalogue  # noqa: E402, F401, I001
 from . import files, layout, vocab, aux, norms, mla, tables, target, measured, card  # noqa: E402, F401, I001
 from . import window  # noqa: E402, F401  (sliding-window attention, as each engine applies it)
 from . import engine, runners  # noqa: E402, F401
+from . import sglang  # noqa: E402, F401  (SGLang's reading, scoped to sglang)
 from . import hazards, quant  # noqa: E402, F401  (hazards from the field; quantised drafters)
 # the families' checks (P-EAGLE's) register from eaglectl.families, which every command imports
 from . import publish  # noqa: E402, F401  (check / upload only: what publishing the folder does)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import formats
 from ..checkpoint.drafter import AUX_ID_PATHS
-from ..engines.readings import table_readings
+from ..engines.readings import Readings, table_readings
 from ..limits import limit
 from ..spec import default_aux_ids
 from . import catalogue as rule
@@ -72,9 +72,15 @@ def aux(ctx: Context) -> None:
                  ctx.at("num_aux_hidden_states"))
     decided = ctx.measured is not None and ctx.measured.boundary_ids is not None  # measured: rules/measured.py
     if ids is not None and spec.aux_convention == "output" and not ctx.dialect.aux_convention_note and not decided:
-        ctx.emit(rule.AUX_IDS_OUTPUT_CONVENTION,
-                 f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; "
-                 f"vLLM would capture {list(ids)}", ctx.where)
+        # the runners that read the stored ids as they are (one layer early); none: rules/runners.py says what
+        # they read instead
+        literal = [r.runner.upper() for r in _readings(ctx).runners if not r.error and r.shift == 0
+                   and r.boundary_ids == tuple(sorted(set(ids)))]
+        if literal:
+            ctx.emit(rule.AUX_IDS_OUTPUT_CONVENTION,
+                     f"stored {list(ids)} mean vLLM ids {list(spec.aux_layer_ids_vllm or ())}; vLLM's "
+                     f"{' and '.join(literal)} runner{'s' if len(literal) > 1 else ''} would capture {list(ids)}",
+                     ctx.where)
     if ctx.measured is not None and not decided and not ctx.measured.at_chance:
         ctx.emit(rule.AUX_CONVENTION_UNVERIFIABLE, f"measured but undecided: {ctx.measured.aux.reason}", ctx.where)
     elif ctx.dialect.aux_convention_note and ids is not None and spec.sources["aux_convention"].startswith(
@@ -93,11 +99,13 @@ def aux(ctx: Context) -> None:
         ctx.emit(rule.AUX_COUNT_NOT_3, f"{count} aux states", ctx.where)
 
 
-def _built(ctx: Context) -> tuple[dict[str, int], str]:
-    """How many aux states each vLLM runner builds fc for, and on what basis: the readings the command computed,
-    else vLLM's table read on the config (engines/readings.table_readings)."""
-    readings = ctx.readings
-    if readings is None:
+def _readings(ctx: Context) -> Readings:
+    """The readings the command computed, else vLLM's tables read on the config (engines/readings.table_readings)."""
+    return ctx.readings if ctx.readings is not None else table_readings(ctx.ckpt.config, None,
+                                                                         release=ctx.engine_version)
 
-        readings = table_readings(ctx.ckpt.config, None)
+
+def _built(ctx: Context) -> tuple[dict[str, int], str]:
+    """How many aux states each vLLM runner builds fc for, and on what basis."""
+    readings = _readings(ctx)
     return {r.runner: r.num_aux for r in readings.runners if r.num_aux is not None and not r.error}, readings.basis

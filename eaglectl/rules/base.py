@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import formats
 from ..checkpoint.drafter import CanonicalView, DrafterCheckpoint
 from ..checkpoint.target import TargetCheckpoint, is_hub_id
+from ..engines.facts import RELEASED_ENGINES, engines_of
 from ..errors import UsageError
 from ..formats import Dialect
 from ..io.checkpoint import Checkpoint
@@ -56,7 +57,8 @@ CATALOGUE_VALUES = {"source": "SOURCE", "target": "TARGET", "pickle": "",
                     "to_runners": "eaglectl convert SOURCE DEST --to speculators --target TARGET",
                     "to_count": "eaglectl convert SOURCE DEST --to DIALECT",
                     "to_named": "eaglectl convert SOURCE DEST --to speculators --base-model ORG/NAME",
-                    "to_mla": "eaglectl convert SOURCE DEST --to modelopt"}
+                    "to_mla": "eaglectl convert SOURCE DEST --to modelopt",
+                    "to_both": "eaglectl convert SOURCE DEST --for vllm,sglang --target TARGET"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class Rule:
     # a finding means `vllm serve` as printed would capture other target layers than the drafter reads: inspect
     # withholds the serve line and prints the fix instead
     wrong_layers: bool = False
+    # a finding means the rule's engine does not serve the drafter as its files are (it refuses them, loads them
+    # as another model, or applies another architecture): no serve line for that engine
+    unservable: bool = False
 
     def hint(self, values: dict[str, str] | None = None) -> str | None:
         return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
@@ -109,7 +114,9 @@ def hint_values(drafter: DrafterCheckpoint, target: TargetCheckpoint | None = No
             "to_count": convert + named + pickle,
             # speculators naming its verifier by Hub id; modelopt writing vLLM's registered MLA class name
             "to_named": f"eaglectl convert {source} DEST --to speculators --base-model ORG/NAME{pickle}",
-            "to_mla": f"eaglectl convert {source} DEST --to modelopt{pickle}"}
+            "to_mla": f"eaglectl convert {source} DEST --to modelopt{pickle}",
+            # one file vLLM and SGLang both read right: SGLang numbers the ids by the target's class
+            "to_both": f"eaglectl convert {source} DEST --for vllm,sglang --target {tgt}{pickle}"}
 
 
 def target_args(drafter: DrafterCheckpoint, target: TargetCheckpoint | None, to: str | None) -> str:
@@ -164,14 +171,15 @@ class Finding:
                 "hint": self.hint, "locator": self.locator}
 
 
-ENGINES = ("vllm", "sglang")  # what inspect --for scopes a report to
+ENGINES = RELEASED_ENGINES  # what inspect --for scopes a report to
 
 
 def scope(findings: list[Finding], for_engine: str) -> list[Finding]:
-    """Findings for `for_engine`: a rule about the other engine --for can name is advice for that engine (info),
-    re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
+    """Findings for the engines `for_engine` names: a rule about another engine --for can name is advice for that
+    engine (info), re-sorted. Rules about engines --for does not name (tokenspeed) keep their severity."""
+    engines = engines_of(for_engine)
     for f in findings:
-        f.other_engine = for_engine if f.rule.engine in ENGINES and f.rule.engine != for_engine else None
+        f.other_engine = for_engine if f.rule.engine in ENGINES and f.rule.engine not in engines else None
     # an error no conversion repairs comes first: convert refuses the source until it is fixed, so the fixes
     # that convert are not the next step
     findings.sort(key=lambda f: (SEVERITY_ORDER[f.severity], f.severity != "error" or f.rule.repaired_by_convert))

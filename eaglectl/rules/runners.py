@@ -25,7 +25,13 @@ def runners(ctx: Context) -> None:
     r = ctx.readings
     if r is None or not r.runners:
         return
+    undecided = [x for x in (*r.runners, *r.others) if (x.error or "").startswith("undecided")]
+    for x in {x.engine: x for x in undecided}.values():
+        ctx.emit(rule.ENGINE_READING_UNDECIDED, x.error or "", ctx.where)
     v1, v2 = r.get("v1"), r.get("v2")
+    if v1 is None and v2 is not None and not v2.error:
+        _only_runner(ctx, v2)
+        return
     if v1 is None or v2 is None or v1.error or v2.error:
         return
     basis = said(v1.basis, v1.version, "assumed: eaglectl's table of vLLM")
@@ -90,3 +96,19 @@ def _named_elsewhere(ctx: Context, flag: str) -> bool:
     if flag == "fc_norm":
         return flag_alias(ctx.spec, flag) is not None
     return flag == "norm_before_fc" and ctx.spec.arch == "mla"
+
+
+def _only_runner(ctx: Context, v2) -> None:  # type: ignore[no-untyped-def]
+    """A release with Model Runner V2 alone (vLLM 0.34 and later): its reading against the ids the config declares,
+    where they differ (no V1 reads them instead)."""
+    declared = ctx.spec.aux_layer_ids_vllm
+    if declared is None:
+        return
+    want = tuple(sorted(set(declared)))
+    if v2.boundary_ids == want:
+        return
+    ids = list(v2.boundary_ids) if v2.boundary_ids is not None else "the target's default (2, L//2, L-3)"
+    basis = said(v2.basis, v2.version, f"assumed: eaglectl's table of vLLM {v2.version}")
+    ctx.emit(rule.AUX_IDS_NOT_READ, f"vLLM {v2.version} has Model Runner V2 alone; it captures {ids} "
+             f"({_where(v2)}); the config declares {list(want)} ({ctx.spec.sources.get('aux_layer_ids', 'config')}); "
+             f"{basis}", ctx.where)

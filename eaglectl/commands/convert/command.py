@@ -13,6 +13,7 @@ re-opened, detected and inspected, and only then renamed to DEST.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from ... import formats
 from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.plan import DIGEST_PLACEHOLDER, UNNAMED, ConversionPlan
 from ...checkpoint.target import TargetCheckpoint, open_target
+from ...engines import sglang
+from ...engines.facts import engines_of
 from ...engines.serving import pick, serve_command
 from ...errors import BehaviourChangedError, ConversionError, UsageError, filesystem_error
 from ...families.checkpoint import FamilyCheckpoint, open_any
@@ -113,23 +116,25 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
 
         named = UNNAMED if base_model is None and for_engine is not None else base_model  # --for: never refused for it
 
+        engines = engines_of(for_engine) if for_engine is not None else ("vllm",)
+
         def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
             ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
                                                        dialect)
             return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
                                    source_aux_convention=convention, max_shard_size=req.max_shard_size,
-                                   measured=measured, base_model=named, embed_from_target=req.embed_from_target
-                                   ), ids, convention, more
+                                   measured=measured, base_model=named, embed_from_target=req.embed_from_target,
+                                   engines=engines), ids, convention, more
 
         serve = None
         if for_engine is not None:
-            to, (plan, ids, convention, more), serve = pick(src, for_engine, plan_for)
+            to, (plan, ids, convention, more), serve = pick(src, engines, plan_for)
         else:
             assert to is not None
             plan, ids, convention, more = plan_for(to)
         plan.notes[:0] = notes + more
         if serve is not None:
-            serve["command"] = serve_command(src, dest, checkpoint, base_model, plan.config)
+            serve_lines(serve, src, dest, checkpoint, base_model, plan.config, engines)
         if req.dry_run:
             return ConversionResult(plan, False, [], serve=serve)
         check = None
@@ -225,6 +230,17 @@ def behaviour_check(src: DrafterCheckpoint, m: Measurement, target: Target, ids:
         return lines
 
     return check
+
+
+def serve_lines(serve: dict[str, Any], src: DrafterCheckpoint, dest: str, target: TargetCheckpoint | None,
+                base_model: str | None, config: dict[str, Any], engines: tuple[str, ...]) -> None:
+    """The line that serves DEST for each engine the conversion is for (`command`: vLLM's, when it is one)."""
+    if "vllm" in engines:
+        serve["command"] = serve_command(src, dest, target, base_model, config)
+    if "sglang" in engines:
+        served = os.path.abspath(target.source) if target is not None and target.ckpt.hub_ref is None else (
+            base_model or (target.hub_id if target is not None else None) or "<target-model>")
+        serve["sglang_command"] = sglang.serve_line(served, os.path.abspath(dest), src.spec.sliding_window)
 
 
 # what a request may ask that only an EAGLE-3 conversion does

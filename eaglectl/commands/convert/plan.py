@@ -15,7 +15,8 @@ from ... import __version__, formats
 from ...checkpoint.drafter import DrafterCheckpoint
 from ...checkpoint.plan import ConversionPlan, TensorAction, config_diff, provenance, shard, verifier
 from ...checkpoint.target import TargetCheckpoint, is_hub_id
-from ...engines.readings import table_readings
+from ...engines import sglang
+from ...engines.readings import sglang_reading, table_readings
 from ...errors import ConversionError
 from ...families.checkpoint import FamilyCheckpoint, of_checkpoint
 from ...formats import Dialect
@@ -78,11 +79,14 @@ def plan_conversion(
     measured: Measurement | None = None,
     base_model: str | None = None,
     embed_from_target: bool = False,
+    engines: tuple[str, ...] = ("vllm",),
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
     `upgrade` lets the upgrade reuse the same machinery: it declares flags and new tensors whose bytes the
-    caller supplies.
+    caller supplies. `engines`: the engines that must read the output right (convert --for vllm,sglang): where
+    SGLang is one, eagle_config's ids are written in the numbering of the target's class, and SGLang's reading of
+    the planned config must be the drafter's (ConversionError naming the conflict otherwise).
     """
     dialect = writable_dialect(to)
     for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
@@ -112,8 +116,10 @@ def plan_conversion(
     decided = ("measured" if measured is not None and measured.boundary_ids is not None else "given") if (
         aux_layer_ids is not None or source_aux_convention is not None) and aux_ids is not None else None
     config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model,
-                                                decided)
+                                                decided, engines)
     intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=upgrade is None)
+    if "sglang" in engines:
+        _read_right_by_sglang(config, intended, target, fail)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
                                      if src.ckpt.layout == "sharded" else None)  # the source's largest file
@@ -122,7 +128,7 @@ def plan_conversion(
         tensors=actions, dropped=dropped, config=config, config_changes=config_diff(src.ckpt.config or {}, config),
         shards=shard(actions, shard_limit), metadata=metadata,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
-        warnings=warnings,
+        warnings=warnings, engines=engines,
     )
 
 
@@ -259,7 +265,8 @@ def _with_extra_tensors(actions: list[TensorAction], dialect: Dialect,
 
 def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
                  float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None,
-                 decided: str | None = None) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
+                 decided: str | None = None, engines: tuple[str, ...] = ("vllm",)
+                 ) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
     """(the destination config with its quantisation and provenance records, the dialect's warnings, the
     quantisation side file or None)."""
     w = dialect.writer
@@ -267,6 +274,8 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     fields: dict[str, tuple[str, list[int]]] = {}
     warnings = [message for when, message in w.warnings if all(getattr(spec, k) == v for k, v in when.items())]
     config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, fields, warnings)
+    if "sglang" in engines and aux_ids is not None and _EC_IDS in fields:
+        _sglang_numbering(config, fields, aux_ids, target, fail, warnings)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
@@ -278,6 +287,50 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
         record["aux_numbering"] = decided  # not assumed: the numbering rules (kimi-aux-ids-ambiguous) are settled
     config["eaglectl_provenance"] = provenance(src.ckpt, src.dialect.name, "convert", dialect.name, **record)
     return config, warnings, quant_file
+
+
+def _sglang_numbering(config: dict[str, Any], fields: dict[str, tuple[str, list[int]]], boundary: tuple[int, ...],
+                      target: TargetCheckpoint | None, fail: Fail, warnings: list[str]) -> None:
+    """eagle_config's ids rewritten so that SGLang's target class captures `boundary` (engines/sglang.Capture): SGLang
+    reads no other key, and numbers these by the target's class (most add 1, DeepSeek-V2/V3 only when the first
+    id is 1)."""
+    arch = (target.architectures or (None,))[0] if target is not None else None
+    capture = sglang.capture_of(arch or "LlamaForCausalLM")
+    if capture is None:
+        fail(f"SGLang captures no EAGLE-3 states from the target's class {arch} (no set_eagle3_layers_to_capture)")
+    ids = capture.ids_for(boundary, target.num_layers if target is not None else None)
+    if ids is None:
+        fail(f"SGLang's {arch or 'Llama-family'} target class ({capture.rule}: {capture.where}) captures "
+             f"boundaries {list(boundary)} from no list of ids: no file serves these layers on SGLang and vLLM alike")
+    if arch is None:
+        warnings.append("SGLang numbers eagle_config's ids by the target's class: without --target they are written "
+                        "for a Llama-family target (which adds 1 to each); pass --target for another class")
+    numbering = "boundary" if ids == boundary else "output"  # every SGLang class reads one of the two
+    if fields[_EC_IDS][1] != list(ids):
+        warnings.append(f"{_EC_IDS} holds SGLang's numbering for the target's class ({numbering}: {list(ids)}), not "
+                        f"the {fields[_EC_IDS][0]} numbering the dialect's own tools read ({fields[_EC_IDS][1]})")
+    fields[_EC_IDS] = (numbering, list(ids))
+    config_set(config, _EC_IDS, list(ids))
+
+
+def _read_right_by_sglang(config: dict[str, Any], intended: dict[str, Any], target: TargetCheckpoint | None,
+                          fail: Fail) -> None:
+    """Before a byte is written: SGLang's reading of the planned config (eaglectl's table of its code) is the
+    drafter's: a class it drafts with, the intended boundaries, the intended flags."""
+    arch = (target.architectures or (None,))[0] if target is not None else None
+    r = sglang_reading(config, target.num_layers if target is not None else None, arch)
+    if r.error or r.model_error:
+        fail(f"SGLang {r.version} would not draft with it: {r.error or r.model_error}")
+    want = intended["boundary_ids"]
+    if want is not None and r.boundary_ids is not None and list(r.boundary_ids) != list(want):
+        fail(f"SGLang {r.version} would capture boundaries {list(r.boundary_ids)} ({r.source}), not the drafter's "
+             f"{want}")
+    wrong = [f for f in FLAGS if r.flags is not None and bool(r.flags.get(f)) != bool(intended["flags"].get(f))]
+    if wrong:
+        fail(f"SGLang {r.version}'s draft class applies "
+             + ", ".join(f"{f}={str(bool(r.flags.get(f))).lower()}" for f in wrong)  # type: ignore[union-attr]
+             + " where the drafter has " + ", ".join(f"{f}={str(bool(intended['flags'][f])).lower()}" for f in wrong)
+             + " (SGLang never applies norm_before_residual)")
 
 
 def _intended(spec: DrafterSpec, boundary: tuple[int, ...] | None, target: TargetCheckpoint | None,

@@ -22,7 +22,8 @@ from ...checkpoint.plan import ConversionPlan, TensorAction, reopen
 from ...checkpoint.publish import public_value
 from ...checkpoint.target import TargetCheckpoint
 from ...engines.asking import readings_for
-from ...engines.readings import FLAG_NAMES, layers_read
+from ...engines.facts import ENGINE_TITLES
+from ...engines.readings import FLAG_NAMES, Readings, layers_read
 from ...errors import ConversionError
 from ...io import cast as casting
 from ...io.checkpoint import Checkpoint
@@ -264,13 +265,41 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
                     f"{where}: vLLM's {r.runner} runner applies {applies}, but the drafter has {means} "
                     f"({intended['basis']}); nothing was written", path=plan.dest, runner=r.runner,
                     dialect=plan.dest_dialect, hint="pick another --to (or --for vllm)")
-    if len(readings.runners) < 2 and not skipped:
+    other = _read_right_by_others(readings, plan, want, where)
+    if len(readings.runners) < 2 and not skipped and not other:
         return []
     read = readings.runners[0].ids_text() if want is None else str(list(want))
     line = (f"vLLM's runners read the written config as the drafter means it ({intended['basis']}): "
             f"{' = '.join(r.runner for r in readings.runners if not r.error)} capture {read}, same flags; "
             f"{readings.basis}")
-    return [line] + skipped
+    return [line] + skipped + other
+
+
+def _read_right_by_others(readings: Readings, plan: ConversionPlan, want: tuple[int, ...] | None,
+                          where: str) -> list[str]:
+    """After writing, for each other engine the conversion is for (SGLang): its reading of the WRITTEN files (asked
+    of its code where an interpreter is given, else eaglectl's table of it) drafts with them on the drafter's
+    layers and flags (ConversionError naming the conflict otherwise: nothing is left at DEST)."""
+    assert plan.intended is not None
+    lines = []
+    for engine in (e for e in plan.engines if e != "vllm"):
+        r = readings.engine(engine)
+        if r is None:
+            continue
+        flags = plan.intended["flags"]
+        wrong = [f for f in FLAG_NAMES if r.flags is not None and bool(r.flags.get(f)) != bool(flags.get(f))]
+        problem = (r.error or r.model_error or
+                   (f"captures boundaries {r.ids_text()}, not the drafter's {list(want)}"
+                    if want is not None and r.boundary_ids != want else None) or
+                   (f"applies {', '.join(f'{f}={str(bool(r.flags.get(f))).lower()}' for f in wrong)}"  # type: ignore[union-attr]
+                    if wrong else None))
+        if problem:
+            raise ConversionError(f"{where}: {ENGINE_TITLES.get(engine, engine)} {r.version} reads the written files "
+                                  f"otherwise: {problem} ({r.basis}); nothing was written", path=plan.dest, dialect=plan.dest_dialect,
+                                  engine=engine)
+        lines.append(f"{ENGINE_TITLES.get(engine, engine)} {r.version} drafts with the written files "
+                     f"({r.model_class}) on boundaries {r.ids_text()}, same flags; {r.basis}")
+    return lines
 
 
 def distinct_readings(out: DrafterCheckpoint, to: str, target: Target, L: int) -> list[tuple[str, tuple[int, ...]]]:
