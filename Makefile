@@ -24,13 +24,17 @@ export EAGLECTL_VLLM_PYTHON := $(abspath $(VLLM_VENV))/bin/python
 export EAGLECTL_SPECULATORS_PYTHON := $(abspath $(SPECULATORS_VENV))/bin/python
 export EAGLECTL_SPECFORGE_PYTHON := $(abspath $(SPECFORGE_VENV))/bin/python
 export EAGLECTL_MODELOPT_PYTHON := $(abspath $(MODELOPT_VENV))/bin/python
+export EAGLECTL_TEST_VLLM034_PYTHON := $(abspath $(VLLM_READER_VENV))/bin/python
+export EAGLECTL_SGLANG_PYTHON := $(abspath $(SGLANG_VENV))/bin/python
 # llama.cpp's own GGUF loader for tests/test_gguf.py: llama-cpp-python's CPU build from this wheel cache, when the
 # folder exists (building it from the sdist takes ~25 minutes); without it those tests skip and say why
 LLAMA_CPP_WHEELS ?= ../shared/wheels
 LLAMA_CPP_PACKAGE ?= llama-cpp-python==0.3.36
 CLIENT_STAMPS := $(SPECULATORS_VENV)/.installed-stamp $(SPECFORGE_VENV)/.installed-stamp $(MODELOPT_VENV)/.installed-stamp
+# the engines users deploy beside the one that serves smoke, whose own reading code the engine tests ask
+ENGINE_STAMPS := $(VLLM_READER_VENV)/.installed-stamp $(SGLANG_VENV)/.installed-stamp
 
-.PHONY: demo test quick docs fixtures train bench clients
+.PHONY: demo test quick docs fixtures train bench clients engines
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -123,6 +127,8 @@ $(SGLANG_VENV)/.installed-stamp:
 
 clients: $(CLIENT_STAMPS)
 
+engines: $(ENGINE_STAMPS)
+
 demo: $(STAMP) $(VLLM_STAMP)
 	@echo "== 1. inspect the EAGLE-3 fixture drafter against its target"
 	$(EAGLECTL) inspect $(TRAINED)/eagle3 --target $(TRAINED)/target
@@ -135,8 +141,8 @@ demo: $(STAMP) $(VLLM_STAMP)
 	$(EAGLECTL) smoke $(TRAINED)/eagle3.1 --target $(TRAINED)/target \
 		--baseline none,ngram,draft_model:$(TRAINED)/vanilla-draft,$(TRAINED)/eagle3,$(DEMO)/eagle3-upgraded
 
-test: $(STAMP) $(VLLM_STAMP) $(CLIENT_STAMPS)
-	EAGLECTL_REQUIRE_VLLM=1 EAGLECTL_REQUIRE_CLIENTS=1 $(PY) -m pytest -n 2
+test: $(STAMP) $(VLLM_STAMP) $(CLIENT_STAMPS) $(ENGINE_STAMPS)
+	EAGLECTL_REQUIRE_VLLM=1 EAGLECTL_REQUIRE_CLIENTS=1 EAGLECTL_REQUIRE_ENGINES=1 $(PY) -m pytest -n 2
 
 quick: $(STAMP)
 	$(PY) -m pytest -n 2 -m "not slow"

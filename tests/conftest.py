@@ -25,6 +25,9 @@ TARGET = FIXTURES / "target-llama"
 # explicitly (vllm_python= / --vllm-python).
 if "EAGLECTL_VLLM_PYTHON" in os.environ:
     os.environ.setdefault("EAGLECTL_TEST_VLLM_PYTHON", os.environ.pop("EAGLECTL_VLLM_PYTHON"))
+# the same for SGLang: the engine tests name it (--sglang-python), the others read eaglectl's table of it
+if "EAGLECTL_SGLANG_PYTHON" in os.environ:
+    os.environ.setdefault("EAGLECTL_TEST_SGLANG_PYTHON", os.environ.pop("EAGLECTL_SGLANG_PYTHON"))
 
 # vLLM's engine core runs inside our vLLM worker (vLLM's own VLLM_ENABLE_V1_MULTIPROCESSING=0; on CPU vLLM then
 # keeps its uni-process executor too): the same counts and token ids as the two extra processes of the default,
@@ -69,6 +72,29 @@ def vllm_py() -> str:
     if python is None:
         pytest.skip("no vLLM interpreter (set EAGLECTL_VLLM_PYTHON)")
     return python
+
+
+def _engine(variable: str, what: str) -> str:
+    """A reading-only engine interpreter CI builds (Makefile): the test skips without one (fails under
+    EAGLECTL_REQUIRE_ENGINES)."""
+    python = os.environ.get(variable)
+    if python and os.path.exists(python):
+        return python
+    if os.environ.get("EAGLECTL_REQUIRE_ENGINES"):
+        pytest.fail(f"EAGLECTL_REQUIRE_ENGINES is set but {variable} names no {what} interpreter")
+    pytest.skip(f"no {what} interpreter (set {variable}; `make test` builds it)")
+
+
+@pytest.fixture
+def vllm034_py() -> str:
+    """vLLM 0.34.0's interpreter (reading only: the GPU package's config and runner code, on CPU)."""
+    return _engine("EAGLECTL_TEST_VLLM034_PYTHON", "vLLM 0.34.0")
+
+
+@pytest.fixture
+def sglang_py() -> str:
+    """SGLang 0.5.23's interpreter (reading only)."""
+    return _engine("EAGLECTL_TEST_SGLANG_PYTHON", "SGLang 0.5.23")
 
 
 @pytest.fixture

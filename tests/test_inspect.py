@@ -38,9 +38,9 @@ RUNNER_SPLIT = ("specforge-3", "specforge-3.1", "torchspec-3.1", "modelopt-3", "
 
 # the findings each dialect fixture carries by design (pins the info rules too)
 EXPECTED_FINDINGS = {
-    "eagle-3": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
+    "eagle-3": {"aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
                 "method-from-path", "rope-theta-missing"},  # the folder name contains "eagle-"
-    "eagle-3-bin": {"architectures-plain", "aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
+    "eagle-3-bin": {"aux-ids-implicit", "embed-tokens-shared", "flags-implicit",
                     "method-from-path", "pickle-file", "rope-theta-missing"},
     "modelopt-3": {"aux-convention-unverifiable", "embed-tokens-shared", "aux-ids-runner-split"},
     "modelopt-mla": {"aux-convention-unverifiable", "embed-tokens-shared", "aux-ids-runner-split"},

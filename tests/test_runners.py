@@ -247,10 +247,17 @@ def test_the_cache_is_keyed_by_config_target_interpreter_version_and_worker(tmp_
     assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 9, "/usr/bin/python3", "0.32.0")
     assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/other/python", "0.32.0")
     assert a != asking.cache_key(str(TRAINED / "eagle3"), str(TRAINED / "target"), 8, "/usr/bin/python3", "0.33.0")
-    asking._to_cache(a, {"runners": {}, "x": 1})
+    answer = {"build": None, "error": None, "runners": {}, "model": None, "version": "0.32.0"}
+    asking._to_cache(a, answer)
     asking._MEMO.clear()
-    assert asking._from_cache(a) == {"runners": {}, "x": 1}
+    assert asking._from_cache(a) == answer
     assert [p.name for p in (tmp_path / "c").iterdir()] == [f"{a}.json"]  # no temporary file left
+    # an entry that is not an answer (edited, cut short, another release's shape) is asked again, never used
+    for bad in ('{"runners": {}, "x": 1}', '{"build": null, "error": null, "runners": {"v1": 5}, "model": null}',
+                '{"build": null', "[]"):
+        (tmp_path / "c" / f"{a}.json").write_text(bad)
+        asking._MEMO.clear()
+        assert asking._from_cache(a) is None
 
 
 # ------------------------------------------------------------------------------------- real vLLM (slow)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from .conftest import FIXTURES
-from .helpers import inspect_checkpoint
+from .helpers import edited, inspect_checkpoint
 
 TRAINED = FIXTURES / "trained"
 SOURCE = TRAINED / "eagle3"
@@ -142,18 +142,24 @@ def test_the_card_withholds_it_too(tmp_path):
 
 # ------------------------------------------------------------------------------- fixes, engines, provenance
 
-def test_inspect_for_scopes_engine_advice(invoke):
+def test_inspect_for_scopes_engine_advice(invoke, tmp_path):
     eagle = FIXTURES / "drafters" / "eagle-3"
-    ids = {f["rule_id"]: f for f in json.loads(invoke("inspect", eagle, "--json").stdout)["findings"]}
-    assert ids["architectures-plain"]["severity"] == "info"
-    other = json.loads(invoke("inspect", eagle, "--json").stdout)["other_engine_findings"]
-    assert {"rule_id": "architectures-plain", "engine": "sglang", "rule_severity": "warning"} in other
+    doc = json.loads(invoke("inspect", eagle, "--json").stdout)
+    assert "sglang-not-a-draft" not in {f["rule_id"] for f in doc["findings"]}  # a report for vLLM alone
+    assert [r["engine"] for r in doc["engine_readings"]] == ["vllm", "vllm"]
+    tied = edited(eagle, tmp_path, name="tied", config={"tie_word_embeddings": True})
+    other = json.loads(invoke("inspect", tied, "--json").stdout)["other_engine_findings"]
+    assert {"rule_id": "tie-word-embeddings", "engine": "sglang", "rule_severity": "warning"} in other
     r = invoke("inspect", eagle, "--for", "sglang", "--json")
     doc = json.loads(r.stdout)
     ids = {f["rule_id"]: f for f in doc["findings"]}
-    assert doc["for"] == "sglang" and ids["architectures-plain"]["severity"] == "warning"
+    # SGLang loads a SafeAILab LlamaForCausalLM head as the whole Llama model: no drafter, no launch line
+    assert doc["for"] == "sglang" and ids["sglang-not-a-draft"]["severity"] == "error" and r.exit_code == 1
+    assert "loads as the model LlamaForCausalLM" in ids["sglang-not-a-draft"]["message"]
     assert ids["method-from-path"]["severity"] == "info" and doc["serve_command"] is None
-    assert doc["recommendation"]["command"].endswith("--to specforge --target TARGET")
+    assert doc["sglang_serve_command"] is None
+    assert [r["engine"] for r in doc["engine_readings"]] == ["vllm", "vllm", "sglang"]
+    assert doc["recommendation"]["command"].endswith("--for sglang --target TARGET")
     assert invoke("inspect", eagle, "--for", "trt").exit_code == 2
 
 

@@ -140,6 +140,8 @@ Examples:
 @click.option("--calibration-text", type=params.TextFile(),
               help="UTF-8 text for calibration and fidelity (default: bundled).")
 @click.option("--to", "to", type=params.DialectChoice(writable=True), help="Output dialect (default: the source's).")
+@params.for_option("Instead of --to: the dialect these engines serve the upgraded drafter from best (vllm, sglang, "
+                   "or vllm,sglang: one file every engine listed reads right).", None)
 @params.from_option
 @click.option("--fidelity/--no-fidelity", default=UpgradeRequest.fidelity, show_default=True,
               help="Measure the result against the source through the reference drafter.")

@@ -130,7 +130,8 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     if not d.eagle3_layout:  # DFlash, DSpark: their own layout
         return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)  # type: ignore[arg-type]
     rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
-                         engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python)
+                         engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python,
+                         sglang_python=req.sglang_python, for_engine=req.for_engine)
     inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
                           f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
                           (f", against {target}" if target else f", against the capture {states}" if states else ""),
@@ -291,7 +292,7 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     and eaglectl writes and lints EAGLE-3 model cards only."""
 
     t0 = time.perf_counter()
-    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict)
+    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict, for_engine=req.for_engine)
     servable = not rep.summary["error"]
     reading = d.family.reading
     assert reading is not None

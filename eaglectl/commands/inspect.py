@@ -195,8 +195,10 @@ class InspectReport(Result):
             "target": self.target.summary() if self.target else None,
             "measured": self.measured.to_json() if self.measured is not None else None,
             "measured_note": self.measured_note,
-            "engine_readings": self.readings.to_json() if self.readings is not None else [],
+            "engine_readings": self.readings.to_json(self.engines) if self.readings is not None else [],
             "engine_readings_note": scope_note(self.readings, self.engine_version) if self.readings else None,
+            "engine_readings_notes": {e: n for e, n in self.readings.notes.items() if e in self.engines}
+            if self.readings else {},
             "target_support": self.readings.target.to_json() if self.readings and self.readings.target else None,
             "for": self.for_engine,
             "other_engine_findings": [{"rule_id": f.rule_id, "engine": f.rule.engine,
@@ -228,7 +230,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
     an interpreter is at hand (engines/asking.readings_for)."""
 
     readings = readings_for(d, t, vllm_python=vllm_python, sglang_python=sglang_python,
-                            engine_version=engine_version, progress=progress)
+                            engine_version=engine_version, engines=engines_of(for_engine), progress=progress)
     measured, note = None, None
     checkpoint = t.checkpoint if t is not None else None
     if t is not None and measure:
@@ -242,6 +244,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
             measured, note = try_measure(d, t, progress=progress)
     ctx = Context(d, checkpoint, scan, measured, readings=readings)
     ctx.engine_version = release_of(engine_version, "vllm")
+    ctx.for_engines = engines_of(for_engine)
     ctx.progress = progress
     findings = run_checks(ctx)
     _count_fix(d, checkpoint, findings)
@@ -252,7 +255,7 @@ def inspect_opened(d: DrafterCheckpoint, t: Target | None, *, strict: bool = Fal
 
 
 # the placeholders that name a conversion (rules/base.py hint_values)
-CONVERTS = ("convert", "convert_t", "to_vllm", "to_runners", "to_count", "to_named", "to_mla")
+CONVERTS = ("convert", "convert_t", "to_vllm", "to_runners", "to_count", "to_named", "to_mla", "to_both")
 
 
 def _one_convert(report: InspectReport) -> None:

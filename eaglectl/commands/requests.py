@@ -131,6 +131,7 @@ class UpgradeRequest:
     max_tokens: int = 64
     calibration_text: str | None = None
     to: str | None = None
+    for_engine: str | None = None  # instead of `to`: the dialect these engines serve the output from best
     from_dialect: str | None = None
     fidelity: bool = True
     fidelity_tokens: int = 64

@@ -344,11 +344,13 @@ class Request:
 
 
 def read_batch(requests: list[Request], *, vllm_python: str | None = None, sglang_python: str | None = None,
-               ask: bool = True, progress: Progress = passthrough, engine_version: str | None = None
-               ) -> list[Readings]:
+               ask: bool = True, progress: Progress = passthrough, engine_version: str | None = None,
+               engines: tuple[str, ...] = ("vllm",)) -> list[Readings]:
     """Every request's readings: each engine asked in one worker run where it is at hand (cached ones are not asked
     again), else its tables; `engine_version` (--engine-version) names the releases read (the tables', where the
-    engine at hand is another release). A worker imports its engine (seconds): `progress` says so while it runs."""
+    engine at hand is another release). vLLM is always read; another engine's tables always answer, its own code
+    only where it is one of `engines` (the engines a report is for) or an interpreter was named for it. A worker
+    imports its engine (seconds): `progress` says so while it runs."""
     release = release_of(engine_version, "vllm")
     out = [table_readings(r.config, r.target_layers, r.drafter_dir, release=release) for r in requests]
     for r, req in zip(out, requests, strict=True):
@@ -356,7 +358,8 @@ def read_batch(requests: list[Request], *, vllm_python: str | None = None, sglan
         r.others = [sglang_reading(req.config or {}, req.target_layers, _architecture(req.target_config),
                                    req.tensors)]
     for engine, python in (("vllm", vllm_python), ("sglang", sglang_python)):
-        _read(engine, requests, out, python if ask else None, ask, release_of(engine_version, engine), progress)
+        if engine == "vllm" or engine in engines or python:
+            _read(engine, requests, out, python if ask else None, ask, release_of(engine_version, engine), progress)
     return out
 
 
@@ -481,8 +484,8 @@ class OpenedTarget(Protocol):
 
 def readings_for(drafter: DrafterCheckpoint, target: OpenedTarget | None = None, *, vllm_python: str | None = None,
                  sglang_python: str | None = None, engine_version: str | None = None,
-                 progress: Progress = passthrough) -> Readings:
-    """The readings of an opened drafter on an opened target (or none)."""
+                 engines: tuple[str, ...] = ("vllm",), progress: Progress = passthrough) -> Readings:
+    """The readings of an opened drafter on an opened target (or none), for the engines a report is for."""
     L = target.num_layers if target is not None else None
     checkpoint: TargetCheckpoint | None = getattr(target, "checkpoint", target)  # type: ignore[assignment]
     target_dir = config_folder(checkpoint.ckpt.config_name) if checkpoint is not None else None
@@ -491,7 +494,7 @@ def readings_for(drafter: DrafterCheckpoint, target: OpenedTarget | None = None,
     got = read_batch([Request(folder or drafter.source, drafter.ckpt.config, L, target_dir, target_config,
                               sorted(drafter.view.stored))],
                      vllm_python=vllm_python, sglang_python=sglang_python, ask=folder is not None, progress=progress,
-                     engine_version=engine_version)[0]
+                     engine_version=engine_version, engines=engines)[0]
     got.drafter = drafter.source
     return got
 

@@ -138,8 +138,10 @@ class Readings:
         ids = known.boundary_ids
         return not (len(ids) == 3 and ids == default_aux_ids(ids[-1] + 3, "boundary"))
 
-    def to_json(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in (*self.runners, *self.others)]
+    def to_json(self, engines: tuple[str, ...] = ("vllm",)) -> list[dict[str, Any]]:
+        """vLLM's runners' readings, then those of the other engines named (a report for vLLM alone lists its
+        runners only)."""
+        return [r.to_json() for r in (*self.runners, *(x for x in self.others if x.engine in engines))]
 
 
 # ------------------------------------------------------------------------------------------ the tables
@@ -254,10 +256,10 @@ def sglang_reading(config: dict[str, Any], target_layers: int | None, target_arc
     ids = sglang.ids_read(config)
     bounds = capture.boundaries(ids, target_layers)
     drafts = why is None
-    skipped = tuple(sglang.skipped(canonical or [])) if drafts else ()
+    skipped = tuple(sglang.skipped(canonical or [], klass)) if drafts else ()
     return EngineReading("sglang", None, sglang.RELEASE, tuple(sorted(set(bounds))) if bounds is not None else None,
                          sglang.IDS_KEY if ids is not None else "model default", capture.shift(ids, target_layers),
-                         sglang.flags(config) if drafts else None,
+                         sglang.flags(config, klass) if drafts else None,
                          sglang.num_aux(config, klass) if drafts else None, sglang.BASIS, build=build,
                          model_class=klass, model_error=why, skipped=skipped)
 

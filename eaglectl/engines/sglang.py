@@ -165,10 +165,10 @@ def draft_class(config: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, f"refused at load: '{arch}' is no SGLang class (model_loader/utils.py: \"Cannot find model module\")"
 
 
-def flags(config: dict[str, Any]) -> dict[str, bool]:
-    """The norm flags the Llama draft class applies (llama_eagle3.py L169-207)."""
+def flags(config: dict[str, Any], klass: str) -> dict[str, bool]:
+    """The norm flags the draft class applies (llama_eagle3.py L169-207; kimi_k25_eagle3.py has no norm_before_fc)."""
     eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-    nbfc = eagle.get("norm_before_fc", config.get("norm_before_fc", False))
+    nbfc = eagle.get("norm_before_fc", config.get("norm_before_fc", False)) and not _deepseek(klass)
     return {"fc_norm": bool(config.get("fc_norm") or config.get("use_aux_norm")),
             "norm_output": bool(config.get("norm_output", False)), "norm_before_fc": bool(nbfc),
             "norm_before_residual": False}  # never read: the layer always normalises after the residual
@@ -177,7 +177,7 @@ def flags(config: dict[str, Any]) -> dict[str, bool]:
 def num_aux(config: dict[str, Any], klass: str) -> int | None:
     """How many aux states fc is built for, as the draft class counts them."""
     nested = ids_read(config)
-    if klass.endswith("Eagle3DeepseekV2ForCausalLM"):
+    if _deepseek(klass):
         top = config.get("eagle_aux_hidden_state_layer_ids")
         return len(nested) if nested else len(top) if isinstance(top, list) and top else 3
     n = config.get("num_aux_hidden_states")
@@ -186,9 +186,15 @@ def num_aux(config: dict[str, Any], klass: str) -> int | None:
     return len(nested) if nested else 3
 
 
-def skipped(canonical: list[str]) -> list[str]:
+def _deepseek(klass: str) -> bool:
+    return klass.endswith("Eagle3DeepseekV2ForCausalLM")
+
+
+def skipped(canonical: list[str], klass: str) -> list[str]:
     """The drafter's tensors the Llama draft class has no parameter for: SGLang drops them without a word
-    (llama_eagle3.py L363-378)."""
+    (llama_eagle3.py L363-378). The DeepSeek class names what it drops in a warning (kimi_k25_eagle3.py L494-496)."""
+    if _deepseek(klass):
+        return []
     return [n for n in canonical if n not in _KEPT and not n.startswith(("fc_norm.", "layers.0.", "layers."))]
 
 

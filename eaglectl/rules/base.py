@@ -199,6 +199,7 @@ class Context:
     measured: Measurement | None = None  # when --target could be run
     readings: Readings | None = None  # each vLLM runner's reading (None: not computed; runner rules skip)
     engine_version: str | None = None  # inspect --engine-version: the vLLM release the findings are for
+    for_engines: tuple[str, ...] = ("vllm",)  # inspect --for: the engines the report is for
     progress: Progress = passthrough
     findings: list[Finding] = field(default_factory=list)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict)

@@ -59,10 +59,13 @@ def measured(ctx: Context) -> None:
 
 
 def _reading(ctx: Context, engine: str, L: int) -> EngineReading | None:
-    """What `engine` reads of this config on the target: vLLM's runners as inspect read them (asked, else their
-    tables), or None where they read different layers (aux-ids-runner-split names which is right); any other engine
-    by eaglectl's table of it."""
+    """What `engine` reads of this config on the target: the readings inspect computed (vLLM's runners, SGLang's:
+    asked, else their tables), or None where vLLM's runners read different layers (aux-ids-runner-split names which
+    is right); else eaglectl's table of the engine (readings.layers_read)."""
     if engine == "vllm" and ctx.readings is not None:
         read = {r.boundary_ids: r for r in ctx.readings.runners if not r.error and r.boundary_ids is not None}
         return next(iter(read.values())) if len(read) == 1 else None
-    return layers_read(engine, ctx.ckpt.config, L, declared=ctx.spec.aux_layer_ids, view=ctx.config)
+    if ctx.readings is not None and ctx.readings.engine(engine) is not None:
+        return ctx.readings.engine(engine)
+    arch = ctx.target.architectures[0] if ctx.target is not None and ctx.target.architectures else None
+    return layers_read(engine, ctx.ckpt.config, L, declared=ctx.spec.aux_layer_ids, view=ctx.config, target_arch=arch)

@@ -27,7 +27,8 @@ def runners(ctx: Context) -> None:
         return
     undecided = [x for x in (*r.runners, *r.others) if (x.error or "").startswith("undecided")]
     for x in {x.engine: x for x in undecided}.values():
-        ctx.emit(rule.ENGINE_READING_UNDECIDED, x.error or "", ctx.where)
+        ctx.emit(rule.ENGINE_READING_UNDECIDED if x.engine == "vllm" else rule.SGLANG_READING_UNDECIDED, x.error or "",
+                 ctx.where)
     v1, v2 = r.get("v1"), r.get("v2")
     if v1 is None and v2 is not None and not v2.error:
         _only_runner(ctx, v2)

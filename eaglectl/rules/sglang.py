@@ -1,7 +1,7 @@
 """SGLang's reading of the drafter (`Context.readings.engine("sglang")`: asked of SGLang's own code where an
 interpreter is given, else eaglectl's table of SGLang 0.5.23, engines/sglang.py) against what the drafter is: a class
-it drafts with, the layers it captures, the flags it applies, the tensors it drops. Scoped to sglang: advice (info)
-unless the report is for it (`--for sglang`, `--for vllm,sglang`)."""
+it drafts with, the layers it captures, the flags it applies, the tensors it drops. Run for a report that is for
+SGLang (`--for sglang`, `--for vllm,sglang`), or on files in SGLang's own layouts (advice, info, for vLLM alone)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from .base import Context, check
 @check
 def sglang_reading(ctx: Context) -> None:
     r = ctx.readings.engine("sglang") if ctx.readings is not None else None
-    if r is None:
-        return
+    if r is None or ("sglang" not in ctx.for_engines and ctx.dialect.consumer != "sglang"):
+        return  # a report for vLLM alone says nothing of SGLang, unless the files are SGLang's own layout
     how = said(r.basis, r.version, f"assumed: eaglectl's table of SGLang {sglang.RELEASE}", engine="SGLang")
+    if (r.error or "").startswith("undecided"):
+        return  # rules/runners.py says so (sglang-reading-undecided)
     if r.error or r.model_error:
         ctx.emit(rule.SGLANG_NOT_A_DRAFT, f"SGLang {r.version}: {r.error or r.model_error} ({how})",
                  ctx.at("architectures"))

@@ -37,7 +37,7 @@ from ...progress import Progress, passthrough
 from ...result import Result
 from ..requests import ConvertRequest
 from .gguf import execute_gguf
-from .plan import plan_conversion, writable_dialect
+from .plan import for_engines, plan_conversion, writable_dialect
 from .write import (
     SourceDigest,
     check_checkpoint,
@@ -121,10 +121,11 @@ def run(req: ConvertRequest, progress: Progress = passthrough) -> ConversionResu
         def plan_for(dialect: str) -> tuple[ConversionPlan, tuple[int, ...] | None, str | None, list[str]]:
             ids, convention, more = follow_measurement(src, measured, req.source_aux_convention, req.aux_layer_ids,
                                                        dialect)
-            return plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
-                                   source_aux_convention=convention, max_shard_size=req.max_shard_size,
-                                   measured=measured, base_model=named, embed_from_target=req.embed_from_target,
-                                   engines=engines), ids, convention, more
+            return for_engines(plan_conversion(src, dest, dialect, dtype=dtype, target=checkpoint, aux_layer_ids=ids,
+                                               source_aux_convention=convention, max_shard_size=req.max_shard_size,
+                                               measured=measured, base_model=named,
+                                               embed_from_target=req.embed_from_target), src, checkpoint,
+                               engines), ids, convention, more
 
         serve = None
         if for_engine is not None:

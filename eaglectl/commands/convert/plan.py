@@ -79,14 +79,11 @@ def plan_conversion(
     measured: Measurement | None = None,
     base_model: str | None = None,
     embed_from_target: bool = False,
-    engines: tuple[str, ...] = ("vllm",),
 ) -> ConversionPlan:
     """Everything a conversion will do, decided before a byte is written.
 
     `upgrade` lets the upgrade reuse the same machinery: it declares flags and new tensors whose bytes the
-    caller supplies. `engines`: the engines that must read the output right (convert --for vllm,sglang): where
-    SGLang is one, eagle_config's ids are written in the numbering of the target's class, and SGLang's reading of
-    the planned config must be the drafter's (ConversionError naming the conflict otherwise).
+    caller supplies. `for_engines` makes the plan one that other engines than vLLM read right too.
     """
     dialect = writable_dialect(to)
     for f in run_checks(Context(src, target, measured=measured)):  # an error convert does not repair stops it
@@ -116,10 +113,8 @@ def plan_conversion(
     decided = ("measured" if measured is not None and measured.boundary_ids is not None else "given") if (
         aux_layer_ids is not None or source_aux_convention is not None) and aux_ids is not None else None
     config, warnings, quant_file = _plan_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model,
-                                                decided, engines)
+                                                decided)
     intended = _intended(spec, aux_ids, target, measured, aux_layer_ids, measured_flags=upgrade is None)
-    if "sglang" in engines:
-        _read_right_by_sglang(config, intended, target, fail)
     metadata = {"format": "pt", "eaglectl": json.dumps(config["eaglectl_provenance"], sort_keys=True)}
     shard_limit = max_shard_size or (max(sum(t.nbytes for t in f.header.tensors.values()) for f in src.ckpt.files)
                                      if src.ckpt.layout == "sharded" else None)  # the source's largest file
@@ -128,8 +123,34 @@ def plan_conversion(
         tensors=actions, dropped=dropped, config=config, config_changes=config_diff(src.ckpt.config or {}, config),
         shards=shard(actions, shard_limit), metadata=metadata,
         side_files={QUANT_FILE: quant_file} if quant_file is not None else {}, intended=intended,
-        warnings=warnings, engines=engines,
+        warnings=warnings,
     )
+
+
+def for_engines(plan: ConversionPlan, src: DrafterCheckpoint, target: TargetCheckpoint | None,
+                engines: tuple[str, ...]) -> ConversionPlan:
+    """The plan made one that every engine listed reads right (convert --for vllm,sglang): where SGLang is one,
+    eagle_config's ids rewritten in the numbering of the target's class, and SGLang's reading of the planned config
+    checked to be the drafter's (ConversionError naming the conflict otherwise: nothing is written)."""
+    plan.engines = engines
+    if "sglang" not in engines:
+        return plan
+
+    def fail(message: str) -> NoReturn:
+        raise ConversionError(f"{src.root} -> {plan.dest_dialect} for {' and '.join(engines)}: {message}",
+                              dialect=plan.dest_dialect, path=src.root)
+
+    record = plan.config["eaglectl_provenance"]
+    fields = record.get("aux_id_fields") or {}
+    if _EC_IDS in fields and plan.intended is not None and plan.intended["boundary_ids"] is not None:
+        written = {_EC_IDS: (fields[_EC_IDS], config_get(plan.config, _EC_IDS))}
+        _sglang_numbering(plan.config, written, tuple(plan.intended["boundary_ids"]), target, fail, plan.warnings)
+        record["aux_id_fields"] = {**fields, _EC_IDS: written[_EC_IDS][0]}
+        plan.metadata["eaglectl"] = json.dumps(record, sort_keys=True)
+        plan.config_changes = config_diff(src.ckpt.config or {}, plan.config)
+    assert plan.intended is not None
+    _read_right_by_sglang(plan.config, plan.intended, target, fail)
+    return plan
 
 
 def count_carriers(src: DrafterCheckpoint, count: int, target: TargetCheckpoint | None = None) -> list[str]:
@@ -265,8 +286,7 @@ def _with_extra_tensors(actions: list[TensorAction], dialect: Dialect,
 
 def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, aux_ids: tuple[int, ...] | None,
                  float_dtype: str, target: TargetCheckpoint | None, fail: Fail, base_model: str | None,
-                 decided: str | None = None, engines: tuple[str, ...] = ("vllm",)
-                 ) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
+                 decided: str | None = None) -> tuple[dict[str, Any], list[str], dict[str, Any] | None]:
     """(the destination config with its quantisation and provenance records, the dialect's warnings, the
     quantisation side file or None)."""
     w = dialect.writer
@@ -274,8 +294,6 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     fields: dict[str, tuple[str, list[int]]] = {}
     warnings = [message for when, message in w.warnings if all(getattr(spec, k) == v for k, v in when.items())]
     config = _dest_config(src, spec, dialect, aux_ids, float_dtype, target, fail, base_model, fields, warnings)
-    if "sglang" in engines and aux_ids is not None and _EC_IDS in fields:
-        _sglang_numbering(config, fields, aux_ids, target, fail, warnings)
     quant_config, quant_file = converted_configs(src, dialect)
     if quant_config is not None:
         config["quantization_config"] = quant_config  # entries renamed to this dialect's tensor names
@@ -289,7 +307,7 @@ def _plan_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
     return config, warnings, quant_file
 
 
-def _sglang_numbering(config: dict[str, Any], fields: dict[str, tuple[str, list[int]]], boundary: tuple[int, ...],
+def _sglang_numbering(config: dict[str, Any], fields: dict[str, tuple[str, Any]], boundary: tuple[int, ...],
                       target: TargetCheckpoint | None, fail: Fail, warnings: list[str]) -> None:
     """eagle_config's ids rewritten so that SGLang's target class captures `boundary` (engines/sglang.Capture): SGLang
     reads no other key, and numbers these by the target's class (most add 1, DeepSeek-V2/V3 only when the first

@@ -229,7 +229,7 @@ def check_readings(out: DrafterCheckpoint, plan: ConversionPlan, target: TargetC
     intended = plan.intended
     if intended is None:
         return []
-    readings = readings_for(out, target)
+    readings = readings_for(out, target, engines=plan.engines)
     want = tuple(intended["boundary_ids"]) if intended["boundary_ids"] is not None else None
     where = f"{plan.dest} (staged)"
     skipped = []

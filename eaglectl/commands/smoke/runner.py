@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...engines.asking import readings_for
+from ...engines.facts import RUNNERS
 from ...engines.readings import table_readings
-from ...errors import EaglectlError, SmokeFailedError
+from ...errors import EaglectlError, SmokeFailedError, UsageError
 from ...measure.reading import engine_reading
 from ...progress import Progress, passthrough
 
@@ -161,12 +162,22 @@ class RunnerRun:
 
 def choose(option: str | None, readings: Readings) -> list[str]:
     """The runners to measure: `--runner`, else both when their readings differ, else V1 (what the reference
-    loop reproduces, and what vLLM runs on CPU; on a GPU the worker reports the runner vLLM chose)."""
+    loop reproduces, and what vLLM runs on CPU; on a GPU the worker reports the runner vLLM chose); a release
+    with one runner (vLLM 0.34 and later: V2) has that one. A runner the release lacks is refused with the reason."""
     if option is not None and option not in RUNNER_CHOICES:
         raise ValueError(f"--runner {option}: one of {', '.join(RUNNER_CHOICES)}")
-    if option == "both" or (option is None and readings.split):
+    has = [r.runner for r in readings.runners] or ["v1", "v2"]
+    wanted = ["v1", "v2"] if option == "both" else [option] if option is not None else []
+    missing = [w for w in wanted if w not in has]
+    if missing:
+        gone = next((t.gone for t in RUNNERS if t.runner == missing[0] and t.gone), "")
+        raise UsageError(f"--runner {option}: vLLM {readings.release} has no {missing[0].upper()} runner"
+                         + (f" ({gone})" if gone else ""), hint="--runner v2, or a vLLM release that has it")
+    if wanted:
+        return wanted
+    if readings.split:
         return ["v1", "v2"]
-    return [option or "v1"]
+    return [has[0]]
 
 
 def plan(option: str | None, readings: Readings) -> list[RunnerRun]:

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...checkpoint.drafter import DrafterCheckpoint, open_drafter
+from ...engines.facts import engines_of
+from ...engines.serving import pick
 from ...errors import ConversionError, UsageError
 from ...io import cast as casting
 from ...io.atomic import check_destination, local_inputs
@@ -45,7 +47,7 @@ from ...measure.target import Target
 from ...progress import Progress, passthrough
 from ...result import Result
 from ..convert.command import ConversionPlan, ConversionResult, execute, plan_conversion, writable_dialect
-from ..convert.plan import Additions
+from ..convert.plan import Additions, for_engines
 from ..requests import UpgradeRequest
 from .fidelity import (
     Setup,
@@ -129,6 +131,9 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     inputs = local_inputs(src, tgt, prompts)  # the drafter, the target, its capture (--states), the prompts
     if not req.dry_run:  # before anything is measured: an output over an input is the first thing refused
         check_destination(dest, force=req.force, sources=inputs)
+    engines = engines_of(req.for_engine) if req.for_engine else ("vllm",)
+    if req.for_engine:
+        to = _dialect_for(req, src, tgt, engines)
     to, steps = upgrade_steps(src, tgt, init, req.fc_norm, req.norm_output, to, target, prompts, again)
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
@@ -140,7 +145,8 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
               fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report)
     choice = choose_init(s, init, req.fit_fc) if "add-fc-norm" in steps else Choice()
-    plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement)
+    plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement,
+                                           engines)
     acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if report else None
     if acceptance is not None and report is not None and target is not None:
         acceptance["reproduce"] = report.smoke_command(str(dest), target, req.runner)
@@ -163,6 +169,20 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
 
 
 # ------------------------------------------------------------------------------------ what to do, or why not
+
+def _dialect_for(req: UpgradeRequest, src: DrafterCheckpoint, tgt: Target | None, engines: tuple[str, ...]) -> str:
+    """`--for`: the dialect the engines serve the upgraded drafter from best (engines/serving.pick), planned with the
+    flags the upgrade sets (its fc_norm weights come later: the choice reads the layout, not the values)."""
+    if req.to:
+        raise UsageError("give --to DIALECT or --for ENGINE, not both", hint=f"eaglectl upgrade {req.source} "
+                         f"{req.dest} --for {req.for_engine}")
+    spec = replace(src.spec, fc_norm=src.spec.fc_norm or req.fc_norm, norm_output=src.spec.norm_output or
+                   req.norm_output)
+    checkpoint = tgt.checkpoint if tgt is not None else None
+    return pick(src, engines, lambda d: for_engines(plan_conversion(
+        src, "(planned)", d, target=checkpoint, upgrade=Additions(spec, {}), base_model=req.base_model), src,
+        checkpoint, engines))[0]
+
 
 def upgrade_steps(src: DrafterCheckpoint, tgt: Target | None, init: str, fc_norm: bool, norm_output: bool,
                   to: str | None, target: str | None, prompts: str | None, again: str) -> tuple[str, list[str]]:
@@ -236,7 +256,7 @@ def _layers(src: DrafterCheckpoint, tgt: Target | None, steps: list[str]
 
 
 def plan_upgrade(s: Setup, dest: str, to: str, new_spec: DrafterSpec, choice: Choice, fit_fc: bool,
-                 base_model: str | None, measurement: Measurement | None
+                 base_model: str | None, measurement: Measurement | None, engines: tuple[str, ...] = ("vllm",)
                  ) -> tuple[ConversionPlan, dict[str, bytes], dict[str, np.ndarray]]:
     """The conversion plan with the new flags and tensors, the stored bytes of those tensors, and their values
     as stored (shaped)."""
@@ -257,6 +277,7 @@ def plan_upgrade(s: Setup, dest: str, to: str, new_spec: DrafterSpec, choice: Ch
                            upgrade=Additions(new_spec, extra), base_model=base_model, measured=measurement,
                            aux_layer_ids=tuple(s.ids) if decided and s.ids is not None
                            and s.src.spec.aux_layer_ids is not None else None)
+    plan = for_engines(plan, s.src, s.tgt.checkpoint if s.tgt else None, engines)
     written = {k: casting.decode(v, s.dtype).reshape(extra[k][1]) for k, v in supplied.items()}
     return plan, supplied, written
 
