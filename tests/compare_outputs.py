@@ -142,4 +142,5 @@ def compare(rev: str) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(record() if sys.argv[1:] == ["--record"] else compare(sys.argv[1] if len(sys.argv) > 1 else "HEAD"))
+    rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
+    raise SystemExit(record() if sys.argv[1:] == ["--record"] else compare(rev))

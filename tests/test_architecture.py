@@ -313,4 +313,5 @@ def test_a_planted_stale_reference_is_found(tmp_path):
     planted.write_text('"""Read by engines/runners.py as conversion_plan.py wrote it; see eaglectl.checkpoint.family '
                        'and engines.dflash (not rules/runners.py, measure/reading.py, vllm_smoke.py)."""\n')
     found = [line.split(" ", 1)[1] for line in stale_references([planted], tmp_path)]
-    assert sorted(found) == ["conversion_plan.py", "eaglectl.checkpoint.family", "engines.dflash", "engines/runners.py"], found
+    assert sorted(found) == ["conversion_plan.py", "eaglectl.checkpoint.family", "engines.dflash",
+                             "engines/runners.py"], found

@@ -77,7 +77,8 @@ def test_sglang_builds_no_drafter_from_these_and_withholds_its_line(invoke, fixt
 
 def test_ids_sglang_does_not_read_or_reads_past_the_target(invoke, tmp_path):
     top = edited(DRAFTERS / "modelopt-3", tmp_path, name="top", config=lambda c: (
-        c.update(eagle_aux_hidden_state_layer_ids=[1, 4, 7]), c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")))
+        c.update(eagle_aux_hidden_state_layer_ids=[1, 4, 7]),
+        c["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")))
     found = _rules(_doc(invoke, top, "--target", TARGET, "--for", "sglang", "--no-measure"))
     assert "[2, 4, 5] (model default)" in found["sglang-aux-ids"]["message"]  # top-level ids: vLLM's only
     deep = edited(DRAFTERS / "specforge-3", tmp_path, name="deep",
@@ -214,12 +215,13 @@ def test_no_list_of_ids_serves_both_engines_and_nothing_is_written(invoke, tmp_p
 
 # ------------------------------------------------------------------------------------------ undecided, never OK
 
-def _fake_engine(tmp_path: Path, version: str) -> Path:
-    """An interpreter whose vLLM package is a version eaglectl's tables do not know, and whose worker cannot run."""
+def _fake_engine(tmp_path: Path, version: str, engine: str = "vllm") -> Path:
+    """An interpreter whose engine package is a release eaglectl's tables may not know, and whose worker cannot
+    run (the package raises on import)."""
     site = tmp_path / "site"
-    (site / "vllm").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("raise ImportError('this vLLM cannot be imported')\n")
-    (site / "vllm" / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    (site / engine).mkdir(parents=True)
+    (site / engine / "__init__.py").write_text(f"raise ImportError('this {engine} cannot be imported')\n")
+    (site / engine / "version.py").write_text(f"__version__ = '{version}'\n")
     python = tmp_path / "python"
     python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
@@ -243,4 +245,18 @@ def test_an_engine_that_cannot_be_asked_is_undecided_never_another_releases_tabl
     asking.location.cache_clear()
     got = read_batch([Request(str(DRAFTERS / "specforge-3"), cfg, 8)], vllm_python=str(known))[0]
     assert [r.runner for r in got.runners] == ["v2"] and "vLLM 0.34.0 was not asked" in (got.note or "")
+    asking.location.cache_clear()
+
+
+def test_an_sglang_that_cannot_be_asked_is_undecided_and_gets_no_launch_line(invoke, tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLECTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(asking, "_MEMO", {})
+    asking.location.cache_clear()
+    python = _fake_engine(tmp_path, "0.6.0", "sglang")
+    doc = _doc(invoke, DRAFTERS / "specforge-3.1", "--target", TARGET, "--for", "sglang", "--sglang-python", python)
+    found = _rules(doc)["sglang-reading-undecided"]
+    assert found["severity"] == "warning" and "0.6.0" in found["message"]
+    assert doc.get("sglang_serve_command") is None and "sglang-not-a-draft" not in _rules(doc)
+    r = [x for x in doc["engine_readings"] if x["engine"] == "sglang"][0]
+    assert r["boundary_ids"] is None and r["error"].startswith("undecided")
     asking.location.cache_clear()

@@ -16,7 +16,7 @@ import pytest
 from eaglectl.engines import asking
 from eaglectl.engines.asking import Request, read_batch
 from eaglectl.engines.facts import TARGET_CAPTURE
-from eaglectl.engines.target_support import release_key
+from eaglectl.engines.facts import release_key
 
 from .conftest import FIXTURES
 

@@ -476,7 +476,7 @@ def test_one_reading_worker_answers_a_whole_manifest(tmp_path, monkeypatch, invo
     assert [i["exit_code"] for i in json.loads(r.stdout)["items"]] == [0, 0, 0]
     answers = [json.loads(f.read_text()) for f in (tmp_path / "cache").glob("*.json")]
     assert len(answers) == 3  # each written config asked of vLLM, not answered by the verified tables
-    assert {a["vllm_version"] for a in answers} == {asking.vllm_version(vllm_py)}
+    assert {a["version"] for a in answers} == {asking.vllm_version(vllm_py)}
     assert counters.COUNTS["engine_worker"] == 1
     # a config changed in place between two questions of one worker: read as it is now
     folder = edited(TRAINED / "eagle3", tmp_path, name="edited")

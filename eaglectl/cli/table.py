@@ -470,4 +470,5 @@ def drift_cmd(**options: Any) -> None:
     report.finish("drift", drift.run(build(DriftRequest, options), report.progress))
 
 
-COMMANDS = (inspect_cmd, convert_cmd, upgrade_cmd, verify_cmd, diff_cmd, smoke_cmd, check_cmd, upload_cmd, capture_cmd, drift_cmd)
+COMMANDS = (inspect_cmd, convert_cmd, upgrade_cmd, verify_cmd, diff_cmd, smoke_cmd, check_cmd, upload_cmd, capture_cmd,
+            drift_cmd)

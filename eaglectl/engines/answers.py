@@ -143,7 +143,8 @@ def vllm_runners(result: dict[str, Any], version: str, target_layers: int | None
         if r.get("source") == "model default" and target_layers is None:
             ids = None  # read on a stand-in depth: the real target's default is unknown
         out.append(EngineReading("vllm", runner, version, ids, r.get("source"), int(r.get("shift") or 0), flags,
-                                 model.get("num_aux") if flags is not None else None, basis, error=clean(r.get("error")),
+                                 model.get("num_aux") if flags is not None else None, basis,
+                                 error=clean(r.get("error")),
                                  build=build, model_class=model.get("class"), model_error=clean(model.get("error"))))
     return out
 

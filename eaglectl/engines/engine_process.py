@@ -6,7 +6,8 @@ request JSON and writes a result JSON; its log is kept. A `WorkerSession` keeps 
 requests, one JSON line each way (the runner readings: one vLLM import per process, however many drafters a
 command or a manifest asks about). The worker runs in its own session, and however
 the run ends (done, crashed, timed out, interrupted) no process it started survives it
-(`process_group.stop_group`). `smoke`, `capture` and the readings asked of an engine (`asking.py`) all launch through here.
+(`process_group.stop_group`). `smoke`, `capture` and the readings asked of an engine (`asking.py`) all launch
+through here.
 """
 
 from __future__ import annotations

@@ -404,9 +404,24 @@ def release_of(engine_version: str | None, engine: str = "vllm") -> str | None:
         return None
 
 
+def release_key(version: str | None) -> tuple[int, ...] | None:
+    """A release's numbers, three at least ("0.32.0+cpu" -> (0, 32, 0), "0.8" -> (0, 8, 0)); None when it names
+    none."""
+    m = re.match(r"\d+(?:\.\d+)*", version or "")
+    if not m:
+        return None
+    key = tuple(int(x) for x in m.group().split("."))
+    return key + (0,) * (3 - len(key))
+
+
 def version_key(release: str | None) -> tuple[int, ...]:
-    """Orders releases; an unconfirmed one (None) after every known release."""
-    return (1 << 30,) if release is None else tuple(int(x) for x in release.split("."))
+    """Orders releases; an unconfirmed one (None) after every known release, one that names no number first."""
+    return (1 << 30,) if release is None else release_key(release) or (0, 0, 0)
+
+
+def from_release(release: str | None, first: str) -> bool:
+    """`release` is `first` or later (an unknown release (None) is not)."""
+    return release is not None and version_key(release) >= version_key(first)
 
 
 def needed_features(engine: str, spec: DrafterSpec, style: ConfigStyle,

@@ -30,12 +30,12 @@ from .facts import (
     RunnerTable,
     engine_convention,
     engine_ids,
+    from_release,
     minor,
     release_of,
     runners_at,
-    version_key,
 )
-from .target_support import TargetSupport, engines_own, release_key
+from .target_support import TargetSupport, engines_own
 
 TABLE_VERSION = "0.32/0.33"  # the vLLM releases the reference release's runner tables hold for
 ASSUMED = f"assumed (eaglectl's table of vLLM {TABLE_VERSION})"
@@ -45,7 +45,7 @@ FLAG_NAMES = ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc"
 def table_version(release: str | None) -> str:
     """The releases eaglectl's vLLM tables answer for, as a reading names them: the reference's (0.32/0.33), or
     0.34 and later, which have Model Runner V2 only."""
-    return TABLE_VERSION if release is None or (release_key(release) or (0,)) < (0, 34) else "0.34"
+    return "0.34" if from_release(release, "0.34") else TABLE_VERSION
 
 
 def assumed(release: str | None) -> str:
@@ -158,8 +158,7 @@ def vllm_view(config: dict[str, Any], release: str | None = None) -> dict[str, A
     if reader is None:
         raise ValueError(f"speculators_model_type '{kind}' is not one vLLM builds an EAGLE-3 drafter from "
                          f"({', '.join(SPECULATORS_READERS)})")
-    if reader.until is not None and release is not None and (release_key(release) or (0,)) >= \
-            version_key(reader.until) + (0,):
+    if reader.until is not None and from_release(release, reader.until):
         raise ValueError(reader.refusal)
     base = config.get("transformer_layer_config")
     view = dict(base) if isinstance(base, dict) else {}

@@ -16,7 +16,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .facts import REFERENCE, TARGET_TABLE_RELEASES, TargetCapture, target_capture
+from .facts import REFERENCE, TARGET_TABLE_RELEASES, TargetCapture, release_key, target_capture
 
 TARGET_ASSUMED = f"assumed (eaglectl's table of vLLM {TARGET_TABLE_RELEASES}, read in their wheels)"
 KINDS = {"attention": "attention", "hybrid": "hybrid attention/recurrent", "recurrent": "recurrent (no attention)"}
@@ -33,15 +33,6 @@ def said(basis: str, version: str, assumed: str = "assumed: eaglectl's table", e
         return f"asked of {engine} {version}"
     return f"{engine} {version}'s code, verified by hash" if engines_own(basis) else assumed
 
-
-def release_key(version: str | None) -> tuple[int, ...] | None:
-    """A release's numbers, three at least ("0.32.0+cpu" -> (0, 32, 0), "0.8" -> (0, 8, 0)); None when it names
-    none."""
-    m = re.match(r"\d+(?:\.\d+)*", version or "")
-    if not m:
-        return None
-    key = tuple(int(x) for x in m.group().split("."))
-    return key + (0,) * (3 - len(key))
 
 
 def captures_in(row: TargetCapture, release: str) -> bool | None:

@@ -20,8 +20,9 @@ import math
 from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
-from ..engines.target_support import release_key
+from ..engines.facts import from_release
 from ..formats.families import MASK_TOKEN_KEYS
+from ..formats.speculators import SPECULATORS_READERS
 from ..rules import catalogue as rule
 from ..rules.base import Context, Finding, Rule, check
 from .checkpoint import HEAD, FamilyCheckpoint, of_checkpoint
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ..engines.readings import Readings
 
 Emitted = list[tuple[Rule, str, str | None]]  # (rule, message, locator)
-PEAGLE_REMOVED = "0.34"  # vLLM 0.34.0 removed P-EAGLE (speculators/algos.py update_peagle, the registry, llama_eagle3.py)
+PEAGLE_READER = SPECULATORS_READERS["peagle"]  # its `until`: the vLLM release that removed P-EAGLE
 
 
 def target_depth(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> tuple[int | None, str]:
@@ -179,10 +180,10 @@ def peagle(ctx: Context) -> None:
     target_hidden = spec.target_hidden_size or spec.hidden_size
     release = ctx.engine_version or (ctx.readings.release if ctx.readings is not None and ctx.readings.asked
                                      else None)
-    gone = release is not None and (release_key(release) or (0,)) >= release_key(PEAGLE_REMOVED)  # type: ignore[operator]
+    gone = from_release(release, PEAGLE_READER.until or "")
     if gone:
         ctx.emit(rule.PEAGLE_UNSUPPORTED, f"vLLM {release} has no P-EAGLE: " + (
-            "its speculators reader raises \"P-EAGLE (parallel drafting EAGLE-3) is not supported.\"" if
+            f"its speculators reader raises \"{PEAGLE_READER.refusal}\"" if
             ctx.config.str("speculators_model_type") == "peagle" else
             "it loads these files as a sequential EAGLE-3 drafter, skipping mask_hidden (llama_eagle3.py), and "
             "refuses parallel_drafting with method eagle3 (config/speculative.py)"), ctx.where)

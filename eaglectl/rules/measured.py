@@ -37,7 +37,8 @@ def measured(ctx: Context) -> None:
                          f"{m.aux.winner.acceptance_length:.2f} under the reference loop")
             how = said(r.basis, r.version, f"assumed: eaglectl's table of {engine}" +
                        (f" {r.version}" if engine == "vllm" else f", since {r.version}"))
-            message = f"{engine} reads boundaries {list(reads)} ({how}); the drafter was trained on {list(trained)}{stake}"
+            message = (f"{engine} reads boundaries {list(reads)} ({how}); the drafter was trained on {list(trained)}"
+                       f"{stake}")
             if engine == ctx.dialect.consumer:
                 ctx.emit(rule.AUX_READING_MISMATCH, message, ctx.where)
             else:

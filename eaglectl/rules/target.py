@@ -8,7 +8,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..engines.facts import TARGET_TABLE_RELEASES, target_capture
-from ..engines.target_support import TARGET_ASSUMED, TargetSupport, captures_in, release_key
+from ..engines.facts import release_key
+from ..engines.target_support import TARGET_ASSUMED, TargetSupport, captures_in
 from ..engines.target_support import said as how_known
 from ..io.hub import parse_hub_id
 from ..io.safetensors import TensorInfo, decodable

@@ -286,17 +286,16 @@ def _read_right_by_others(readings: Readings, plan: ConversionPlan, want: tuple[
         r = readings.engine(engine)
         if r is None:
             continue
-        flags = plan.intended["flags"]
-        wrong = [f for f in FLAG_NAMES if r.flags is not None and bool(r.flags.get(f)) != bool(flags.get(f))]
+        flags, got = plan.intended["flags"], r.flags or {}
+        wrong = [f for f in FLAG_NAMES if r.flags is not None and bool(got.get(f)) != bool(flags.get(f))]
         problem = (r.error or r.model_error or
                    (f"captures boundaries {r.ids_text()}, not the drafter's {list(want)}"
                     if want is not None and r.boundary_ids != want else None) or
-                   (f"applies {', '.join(f'{f}={str(bool(r.flags.get(f))).lower()}' for f in wrong)}"  # type: ignore[union-attr]
-                    if wrong else None))
+                   (f"applies {', '.join(f'{f}={str(bool(got.get(f))).lower()}' for f in wrong)}" if wrong else None))
         if problem:
             raise ConversionError(f"{where}: {ENGINE_TITLES.get(engine, engine)} {r.version} reads the written files "
-                                  f"otherwise: {problem} ({r.basis}); nothing was written", path=plan.dest, dialect=plan.dest_dialect,
-                                  engine=engine)
+                                  f"otherwise: {problem} ({r.basis}); nothing was written", path=plan.dest,
+                                  dialect=plan.dest_dialect, engine=engine)
         lines.append(f"{ENGINE_TITLES.get(engine, engine)} {r.version} drafts with the written files "
                      f"({r.model_class}) on boundaries {r.ids_text()}, same flags; {r.basis}")
     return lines

@@ -173,8 +173,9 @@ class SmokeReport(Result):
         return {
             "engine": self.engine,
             "drafter": self.drafter, "target": self.target, "num_speculative_tokens": self.k, "dtype": self.dtype,
-            "max_tokens": self.max_tokens, "prompts": {"set": self.prompts.name, "description": self.prompts.description,
-                                                        "count": len(self.prompts.prompts)},
+            "max_tokens": self.max_tokens,
+            "prompts": {"set": self.prompts.name, "description": self.prompts.description,
+                        "count": len(self.prompts.prompts)},
             **{key: main.get(key) for key in ("mean_acceptance_length", "accepted_draft_length",
                                               "draft_acceptance_rate", "per_position_acceptance", "num_drafts",
                                               "num_draft_tokens", "num_accepted_tokens",
