@@ -245,6 +245,7 @@ def engines_page() -> str:
         out.append(f"| {_cell(f.feature)} | {f.engine} | {_cell(f.since)} | {f.release or '*unconfirmed*'} | "
                    f"{before} | {_cell(applies)} | {_cell(f.note)} | {_cell(f.cite)} |\n")
     out.append(_preflight_section())
+    out.append(_sglang_section())
     out.append("\n## clients\n\nThe client libraries that read eaglectl's outputs besides the engines, each installed "
                "in its own interpreter and run by `tests/test_clients.py` with its own loader and its own forward pass "
                "([ci.md](ci.md#client-libraries)). The forward column is the largest |logits difference| against "
@@ -255,6 +256,45 @@ def engines_page() -> str:
     for c in CLIENTS:
         out.append(f"| {_cell(c.client)} | `{c.dialect}` | {_cell(c.outputs)} | {_cell(c.loads)} | "
                    f"{_cell(c.forward)} | {_cell('; '.join(c.differences)) or '-'} |\n")
+    return "".join(out)
+
+
+def _sglang_section() -> str:
+    from eaglectl.engines import sglang
+
+    out = [f"\n## sglang\n\nWhat SGLang {sglang.RELEASE} reads of an EAGLE-3 drafter, read in its wheel "
+           "(`eaglectl/engines/sglang.py`). eaglectl asks SGLang's own code where an interpreter with SGLang is "
+           "at hand (`--sglang-python`, `$EAGLECTL_SGLANG_PYTHON`; `workers/sglang_reading.py`: the server's "
+           "arguments resolved for the target, the target class's own `set_eagle3_layers_to_capture` run on a "
+           "stand-in of the right depth, the draft class the loader resolves built on the meta device); "
+           "elsewhere it uses these tables and says `assumed`, and an SGLang release the tables do not hold that "
+           "cannot be asked is undecided (`sglang-reading-undecided`). CI asks SGLang for every fixture and holds "
+           "the tables to its answers (`tests/test_engines_asked.py`).\n\n"
+           f"- **Ids:** from `{sglang.IDS_KEY}` only. vLLM's top-level key is never read: a file with ids only "
+           "there is drafted on the target's default layers (rule `sglang-aux-ids`).\n"
+           "- **Draft class:** the loader resolves `architectures`. Only "
+           + ", ".join(f"`{a}`" for a in sglang.DRAFT_CLASSES) + " are EAGLE-3 drafters; another registered "
+           "class loads as that model (a SafeAILab `LlamaForCausalLM` head as a whole Llama), an unknown one is "
+           "refused, and a speculators config (no `model_type`) is refused at launch (`sglang-not-a-draft`).\n"
+           "- **Flags:** `fc_norm` (or the legacy `use_aux_norm`), `norm_output`, `norm_before_fc` "
+           "(`eagle_config` first; the DeepSeek class has none); `norm_before_residual` is never read: the layer "
+           "always normalises after the residual (`sglang-flags-differ`).\n"
+           "- **Weights:** a tensor the Llama draft class has no parameter for is dropped without a word "
+           "(`sglang-skips-weights`).\n"
+           f"- **Window:** only the server flag `{sglang.WINDOW_FLAG}`, on every draft layer: the launch line "
+           "eaglectl prints adds it for a sliding drafter.\n\n"
+           "How each target class turns the ids into the boundaries it captures (`set_eagle3_layers_to_capture`; "
+           "with no ids, the default `[2, L//2, L-3]`):\n\n"
+           "| rule | what it captures | past the last layer | read in | target classes |\n|---|---|---|---|---|\n"]
+    said = {"plus-one": "id + 1 for every id", "plus-one-if-first-is-1": "id + 1 only when the first id is 1, "
+            "else the ids as boundaries", "as-is-if-max-is-L": "the ids as boundaries when the largest is L, else "
+            "id + 1", "plus-one-default-too": "id + 1, the default too"}
+    for c in sglang.CAPTURE:
+        out.append(f"| `{c.rule}` | {said[c.rule]} | {_cell(c.past_last)} | {_cell(c.where)} | "
+                   f"{', '.join(c.archs)} |\n")
+    out.append("\n| draft class | module | fc's aux count |\n|---|---|---|\n")
+    for arch, (module, count) in sglang.DRAFT_CLASSES.items():
+        out.append(f"| `{arch}` | `{module}` | {_cell(count)} |\n")
     return "".join(out)
 
 
