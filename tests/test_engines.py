@@ -241,6 +241,9 @@ def test_an_engine_that_cannot_be_asked_is_undecided_never_another_releases_tabl
     found = _rules(doc)["engine-reading-undecided"]
     assert found["severity"] == "warning" and "0.35.0" in found["message"] and doc["serve_command"] is None
     assert not list((tmp_path / "cache").glob("*.json"))  # a failure is never cached
+    gate = invoke("check", DRAFTERS / "specforge-3", "--vllm-python", python, "--json")
+    stages = {s["name"]: s["status"] for s in json.loads(gate.stdout)["stages"]}
+    assert gate.exit_code == 10 and stages["inspect"] == "undecided", gate.stdout  # eaglectl's limit: never PASS
     known = _fake_engine(tmp_path / "k", "0.34.0")  # a release the tables know: its tables, said so
     asking.location.cache_clear()
     got = read_batch([Request(str(DRAFTERS / "specforge-3"), cfg, 8)], vllm_python=str(known))[0]
@@ -259,4 +262,7 @@ def test_an_sglang_that_cannot_be_asked_is_undecided_and_gets_no_launch_line(inv
     assert doc.get("sglang_serve_command") is None and "sglang-not-a-draft" not in _rules(doc)
     r = [x for x in doc["engine_readings"] if x["engine"] == "sglang"][0]
     assert r["boundary_ids"] is None and r["error"].startswith("undecided")
+    gate = invoke("check", DRAFTERS / "specforge-3.1", "--target", TARGET, "--for", "sglang", "--sglang-python",
+                  python, "--json")
+    assert gate.exit_code == 10 and json.loads(gate.stdout)["verdict"] == "UNDECIDED", gate.stdout
     asking.location.cache_clear()

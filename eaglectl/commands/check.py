@@ -44,6 +44,7 @@ from .smoke import command as smoke
 if TYPE_CHECKING:
     from ..checkpoint.drafter import DrafterCheckpoint
     from ..families.checkpoint import FamilyCheckpoint
+    from ..families.inspect import FamilyReport
     from ..measure.probe import Measurement
     from ..measure.target import Target
     from .inspect import InspectReport
@@ -132,7 +133,7 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
                          engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python,
                          sglang_python=req.sglang_python, for_engine=req.for_engine)
-    inspect_stage = Stage("inspect", "fail" if rep.exit_code else "pass",
+    inspect_stage = Stage("inspect", _inspect_status(rep),
                           f"dialect {rep.summary_line()}" + (" (strict)" if strict else "") +
                           (f", against {target}" if target else f", against the capture {states}" if states else ""),
                           time.perf_counter() - t0,
@@ -218,6 +219,14 @@ def _environment(smoke_wanted: bool, smoke: SmokeRequest) -> MissingDependencyEr
     return None
 
 
+def _inspect_status(rep: InspectReport | FamilyReport) -> str:
+    """fail on inspect's failure; undecided where eaglectl could not tell what an engine the gate is for reads
+    (a rule marked `undecided`); else pass."""
+    if rep.exit_code:
+        return "fail"
+    return "undecided" if any(f.rule.undecided and f.other_engine is None for f in rep.findings) else "pass"
+
+
 def undecided(name: str, e: EaglectlError, requested: bool = False) -> Stage:
     """A stage eaglectl could not run: this machine lacks a piece, or its reference drafter lacks a feature."""
     why = "cannot run here" if isinstance(e, MissingDependencyError) else "beyond eaglectl's reference drafter"
@@ -296,7 +305,7 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     servable = not rep.summary["error"]
     reading = d.family.reading
     assert reading is not None
-    out = CheckReport(req.source, [Stage("inspect", "fail" if rep.exit_code else "pass", rep.summary_line()
+    out = CheckReport(req.source, [Stage("inspect", _inspect_status(rep), rep.summary_line()
                                          + (" (strict)" if req.strict else "")
                                          + (f", against {req.target}" if req.target else ""),
                                          time.perf_counter() - t0, {"family": d.family.id, "summary": rep.summary},

@@ -77,6 +77,9 @@ class Rule:
     # a finding means the rule's engine does not serve the drafter as its files are (it refuses them, loads them
     # as another model, or applies another architecture): no serve line for that engine
     unservable: bool = False
+    # eaglectl could not decide what the engine reads (its limit, not the drafter's): a gate for that engine is
+    # undecided, never a pass
+    undecided: bool = False
 
     def hint(self, values: dict[str, str] | None = None) -> str | None:
         return None if self.fix is None else self.fix.format(**(values or CATALOGUE_VALUES))
