@@ -28,7 +28,7 @@ from .fuzzing import (
     scale_cases,
     write_dump,
 )
-from .helpers import drift_run, unreadable
+from .helpers import drift_run, edited, run_json, unreadable
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -395,3 +395,56 @@ def test_fuzzing_captures_at_scale(small_capture, tmp_path):
     """Another seed, more cases (EAGLECTL_FUZZ_CASES sets how many)."""
     n = scale_cases(2000)
     clean(fuzz_captures(tmp_path, small_capture, cases=n, seed=1, full_share=0.15), "captures (slow)", n)
+
+
+# ------------------------------------------------------------- issue 44: hostile input, fourth round
+
+SPECULATORS = ROOT / "fixtures" / "drafters" / "speculators-3.1"
+
+
+def test_a_list_model_type_in_a_speculators_config_is_a_refusal_not_a_crash(tmp_path, invoke):
+    """vLLM's reader table looked a list up in a dict (TypeError: unhashable type, exit 70)."""
+    src = edited(SPECULATORS, tmp_path, config=lambda c: c["transformer_layer_config"].update(model_type=["llama"]))
+    r, doc = run_json(invoke, "inspect", src, code=1)
+    errors = {f["rule_id"]: f for f in doc["findings"] if f["severity"] == "error"}
+    assert errors["config-field-invalid"]["locator"].endswith("config.json:transformer_layer_config.model_type")
+    assert [x["error"] for x in doc["engine_readings"]] == [
+        "ValueError: Unsupported model_type ['llama'] for eagle3 speculator"] * 2, doc["engine_readings"]
+
+
+def test_a_problem_recorded_while_reporting_is_reported_once(tmp_path, invoke):
+    """Reporting one invalid field read the config again (the hint's placeholders) and recorded another: the
+    dictionary changed size during iteration (exit 70)."""
+    def edit(c):
+        c["speculators_config"]["verifier"]["name_or_path"] = ["x"]
+        c["transformer_layer_config"]["head_dim"] = "\ud800"
+
+    src = edited(SPECULATORS, tmp_path, config=edit)
+    r, doc = run_json(invoke, "inspect", src, code=1)
+    invalid = sorted(f["locator"].rsplit(":", 1)[1] for f in doc["findings"] if f["rule_id"] == "config-field-invalid")
+    assert invalid == ["speculators_config.verifier.name_or_path", "transformer_layer_config.head_dim"], invalid
+
+
+@pytest.mark.parametrize("depth", [-1, 0, 10**12, "8", 8.5])
+def test_a_target_depth_that_is_no_layer_count_is_refused_by_name(tmp_path, invoke, depth):
+    """check --target crashed in the aux-id default (None // 2, exit 70)."""
+    target = edited(TARGET, tmp_path, config={"num_hidden_layers": depth})
+    for args in (("check", DRAFTER, "--target", target, "--no-card"), ("inspect", DRAFTER, "--target", target)):
+        r = invoke(*args)
+        assert r.exit_code == 4, r.output
+        assert first_line(r.stderr) == (f"error[corrupt-checkpoint]: {target}/config.json: config 'num_hidden_layers' "
+                                        f"should be an integer in [1, 4096], got {json.dumps(depth)}")
+
+
+def test_a_target_model_type_transformers_cannot_build_is_eaglectls_error(tmp_path, invoke):
+    target = edited(TARGET, tmp_path, name="listed", config={"model_type": ["llama"]})
+    r = invoke("check", DRAFTER, "--target", target, "--no-card")
+    assert r.exit_code == 4 and "config 'model_type' should be a string" in first_line(r.stderr), r.output
+    target = edited(TARGET, tmp_path, name="unknown", config={"model_type": "nope"})
+    r, doc = run_json(invoke, "check", DRAFTER, "--target", target, "--no-card", code=1)
+    parity = next(s for s in doc["stages"] if s["name"] == "parity")
+    assert parity["status"] == "fail" and parity["detail"] == (
+        f"[unknown-format] {target}/config.json: model_type 'nope' is not a model transformers knows, so the target "
+        "cannot be run"), parity
+    r, doc = run_json(invoke, "inspect", DRAFTER, "--target", target, code=0)
+    assert "model_type 'nope' is not a model transformers knows" in doc["measured_note"], doc["measured_note"]

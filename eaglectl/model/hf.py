@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import counters as loads
-from ..errors import IncompatibleDrafterError, MissingDependencyError, ReferenceLimitError
+from ..errors import (
+    IncompatibleDrafterError,
+    MissingDependencyError,
+    ReferenceLimitError,
+    UnknownFormatError,
+    first_line,
+)
 from ..io.hub import local_snapshot
 from .native import KVCache, Llama, load_native
 from .tokens import plain_tokenizer
@@ -66,10 +72,29 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
     hf_logging.disable_progress_bar()  # our stderr carries one-line messages only
     hf_logging.set_verbosity_error()
     path = _local_folder(source)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
+    model = _from_pretrained(AutoModelForCausalLM, source, path, dtype, checkpoint).to(device).eval()
     tokenizer = _auto_tokenizer(Path(path))
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return HFModel(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+
+
+def _from_pretrained(auto: Any, source: str, path: str, dtype: torch.dtype,
+                     checkpoint: TargetCheckpoint | None) -> PreTrainedModel:
+    """transformers' model of the target; its refusal of the config (a model_type it has no class for, sizes it
+    cannot build) is eaglectl's error naming the target, as open_target refuses a target that is no model."""
+    from transformers import CONFIG_MAPPING
+
+    kind = checkpoint.config.str("model_type") if checkpoint is not None else None
+    if kind is not None and kind not in CONFIG_MAPPING:
+        raise UnknownFormatError(f"{checkpoint.config.where}: model_type '{kind[:80]}' is not a model transformers "
+                                 "knows, so the target cannot be run", path=source, key="model_type",
+                                 hint="check the target's config.json, or update transformers")
+    try:
+        return auto.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    except (ValueError, TypeError, KeyError, RuntimeError, ZeroDivisionError) as e:  # its checks of the config
+        raise UnknownFormatError(f"{source}: transformers cannot build the target from its config.json "
+                                 f"({first_line(e, 200)})", path=source,
+                                 hint="check the target's config.json against its weights") from None
 
 
 def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
