@@ -120,13 +120,15 @@ def validate(target: TargetCheckpoint) -> None:
     """Refuse a target config whose fields eaglectl reads (or hands to transformers) are of the wrong type or out
     of bounds, naming the first such key: a depth of "8", 0 or 10**12 would otherwise size the aux ids or the run
     (limits.py bounds it)."""
-    _ = target.num_layers, target.hidden_size, target.vocab_size, target.rope_theta, target.architectures
+    _ = target.num_layers, target.hidden_size, target.vocab_size, target.rope_theta
     target.config.str("model_type")  # transformers looks it up in its table: a list is unhashable there
-    bad = next(iter(target.config.problems.items()), None)
+    top = ConfigView(target.ckpt.config, target.config.where)
+    top.str_list("architectures")
+    bad = next(iter({**target.config.problems, **top.problems}.items()), None)
     if bad is not None:
         key, message = bad
         raise CorruptCheckpointError(f"{target.config.where}: {message}", path=target.source, key=key,
-                                     hint="fix the target's config.json (the model's own, as transformers wrote it)")
+                                     hint="fix the value in the target's config.json")
 
 
 def looks_like_drafter(ckpt: Checkpoint) -> str | None:

@@ -10,6 +10,7 @@ forward hooks on the decoder layers rather than from `output_hidden_states` (doc
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,13 +19,14 @@ import torch
 
 from .. import counters as loads
 from ..errors import (
+    CorruptCheckpointError,
     IncompatibleDrafterError,
     MissingDependencyError,
     ReferenceLimitError,
     UnknownFormatError,
-    first_line,
 )
 from ..io.hub import local_snapshot
+from ..io.jsonio import ConfigView
 from .native import KVCache, Llama, load_native
 from .tokens import plain_tokenizer
 
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
     from ..checkpoint.target import TargetCheckpoint
 
+
+_LAYER = re.compile(r"(?:^|\.)layers\.([0-9]{1,6})\.")  # a decoder layer's tensors, ASCII digits only
 
 @dataclass
 class HFModel:
@@ -84,17 +88,29 @@ def _from_pretrained(auto: Any, source: str, path: str, dtype: torch.dtype,
     cannot build) is eaglectl's error naming the target, as open_target refuses a target that is no model."""
     from transformers import CONFIG_MAPPING
 
-    kind = checkpoint.config.str("model_type") if checkpoint is not None else None
-    if kind is not None and kind not in CONFIG_MAPPING:
-        raise UnknownFormatError(f"{checkpoint.config.where}: model_type '{kind[:80]}' is not a model transformers "
-                                 "knows, so the target cannot be run", path=source, key="model_type",
-                                 hint="check the target's config.json, or update transformers")
+    if checkpoint is not None:
+        where = checkpoint.config.where
+        kind = ConfigView(checkpoint.ckpt.config, where).str("model_type")  # the top level's: what transformers reads
+        if kind is not None and kind not in CONFIG_MAPPING:
+            raise UnknownFormatError(f"{where}: model_type '{kind[:80]}' is not a model transformers knows, so the "
+                                     "target cannot be run", path=source, key="model_type",
+                                     hint="check the target's config.json, or update transformers")
+        held = [int(m.group(1)) for n in checkpoint.ckpt.tensor_file if (m := _LAYER.search(n))]
+        depth = checkpoint.num_layers
+        if held and depth is not None and depth > max(held) + 1:  # transformers would fill the rest at random
+            raise CorruptCheckpointError(f"{where}: num_hidden_layers {depth}, but the weights hold layers up to "
+                                         f"{max(held)}: transformers would run the missing layers at random values",
+                                         path=source, key="num_hidden_layers",
+                                         hint="fix the target's config.json to describe its weights")
+    from huggingface_hub.errors import StrictDataclassError  # transformers' typed config fields raise it
+
     try:
         return auto.from_pretrained(path, dtype=dtype, trust_remote_code=False)
-    except (ValueError, TypeError, KeyError, RuntimeError, ZeroDivisionError) as e:  # its checks of the config
-        raise UnknownFormatError(f"{source}: transformers cannot build the target from its config.json "
-                                 f"({first_line(e, 200)})", path=source,
-                                 hint="check the target's config.json against its weights") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, ZeroDivisionError,
+            StrictDataclassError) as e:  # a hostile config trips transformers anywhere while it builds
+        why = " ".join(str(e).split())[:200] or type(e).__name__  # its checks of the config, on one line
+        raise UnknownFormatError(f"{source}: transformers cannot build the target from its config.json ({why})",
+                                 path=source, hint="check the target's config.json against its weights") from None
 
 
 def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
