@@ -291,7 +291,8 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     and eaglectl writes and lints EAGLE-3 model cards only."""
 
     t0 = time.perf_counter()
-    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict)
+    # its values read too: no parity stage runs these weights, so NaN / Inf would pass the gate unseen
+    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict, scan=True, progress=progress)
     servable = not rep.summary["error"]
     reading = d.family.reading
     assert reading is not None
