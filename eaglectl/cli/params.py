@@ -103,7 +103,7 @@ class IntList(click.ParamType):
         if isinstance(value, tuple):
             return value
         items = [x.strip() for x in str(value).split(",")]
-        if not items or any(not x for x in items):
+        if not items or any(not x or not re.fullmatch(r"-?[0-9]+[kK]?", x) for x in items):  # int() reads "٣" too
             self.fail(f"{value!r}: comma-separated integers with no empty item, e.g. {self.example}", param, ctx)
         try:
             out = tuple(int(x[:-1]) * 1024 if self.k_suffix and x[-1:] in "kK" else int(x) for x in items)
@@ -225,7 +225,7 @@ class ReleaseVersion(click.ParamType):
 
     def convert(self, value: Any, param: Param, ctx: Ctx) -> str:
 
-        if not re.fullmatch(r"\d{1,4}(\.\d{1,4}){1,2}", str(value)):
+        if not re.fullmatch(r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}", str(value)):  # ASCII: "٠.٨" is \d, and int() reads 0.8
             self.fail(f"{value!r} is not a release number like 0.22 or 0.22.1", param, ctx)
         return str(value)
 
