@@ -57,6 +57,7 @@ HOSTILE_CONFIG = [
                                                                    "[1, 256]"),
     (DFLASH, "num_hidden_layers", 2, "missing-tensor", "'layers.N.mlp.down_proj.weight' is absent (layers 1)"),
     (DFLASH, "num_hidden_layers", "8", "config-field-invalid", "got \"8\""),
+    (DFLASH, "num_hidden_layers", None, "config-field-missing", "no 'num_hidden_layers': vLLM would build"),
     (DFLASH, "hidden_size", 0, "config-field-invalid", "'hidden_size' should be an integer"),
     (DFLASH, "hidden_size", 64, "tensor-shape", "'fc.weight' is [128, 384]; the config makes vLLM's parameter "
                                                 "[64, 192]"),

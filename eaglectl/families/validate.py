@@ -237,6 +237,8 @@ def weights(fc: FamilyCheckpoint, view: dict[str, Any], sizes: dict[str, Any], n
         held.add(name)
         m = _LAYER.match(name)
         want = need.get(name, optional.get(name))
+        if m is not None and sizes["num_hidden_layers"] is None:
+            continue  # the depth is unknown (config-field-invalid or -missing says why): no layer to hold it against
         if m is not None and int(m.group(1)) >= N:
             out.append((rule.FAMILY_TENSOR, f"'{stored}': layer {int(m.group(1))} of a {N}-layer drafter "
                         "(num_hidden_layers): vLLM has no such layer and refuses the drafter", stored))
@@ -277,11 +279,17 @@ def _one(stored: str, name: str, shape: tuple[int, ...], dtype: str, want: tuple
     return []
 
 
+# sizes transformers' Qwen3Config would fill in with its own defaults (32 layers, 4096 wide, ...) when absent
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
 def validate(fc: FamilyCheckpoint) -> Emitted:
     """Every check above on a DFlash / DSpark drafter read in its own layout, header-only."""
     cv = config_view(fc)
     out: Emitted = [(rule.CONFIG_FIELD_INVALID, message, path) for path, message in cv.problems.items()]
     view = family_view(fc.config)
+    out += [(rule.CONFIG_FIELD_MISSING, f"no '{key}': vLLM would build the drafter at transformers' default size for "
+             "it, not the one its weights were trained at", key) for key in REQUIRED if view.get(key) is None]
     sizes = _sizes(view)
     found, n_ids = layer_ids(fc, view)
     return out + found + cross_fields(fc, view, sizes) + weights(fc, view, sizes, n_ids)
