@@ -118,14 +118,14 @@ def layer_ids(fc: FamilyCheckpoint, view: dict[str, Any]) -> tuple[Emitted, int 
     """The ids vLLM sizes fc by and captures (Model Runner V2's lookup, which _get_dflash_fc_input_size calls):
     absent or empty, repeated, unsorted or before boundary 0 is refused; (findings, how many fc reads)."""
     try:
-        chosen, source, _ = select(view, RUNNERS[-1])
+        chosen, source, _ = select(view, next(t for t in RUNNERS if t.runner == "v2"))
     except ValueError:  # more ids than limits.py allows: config-field-invalid says so
         return [], None
     key = fc.field("layer_ids")[1] or source
     if chosen is None:
         return [(rule.FAMILY_LAYER_IDS, "no target layer ids vLLM can read (absent, empty or not integers): it "
                  "sizes fc for num_hidden_layers states and captures its default layers instead", key)], None
-    shown = f"config '{key}' {[i for i in chosen]} (as boundaries)"
+    shown = f"config '{key}' read as boundaries {list(chosen)}"
     if any(b < 0 for b in chosen):
         return [(rule.FAMILY_LAYER_IDS, f"{shown}: a boundary before 0 is never captured, so fc gets fewer states",
                  key)], len(chosen)
