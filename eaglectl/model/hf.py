@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 _LAYER = re.compile(r"(?:^|\.)layers\.([0-9]{1,6})\.")  # a decoder layer's tensors, ASCII digits only
 
+
 @dataclass
 class HFModel:
     model: PreTrainedModel | Llama
