@@ -218,3 +218,13 @@ def test_fuzzing_family_configs_and_weights(tmp_path):
 def test_fuzzing_target_configs(tmp_path):
     """Mutated target configs under inspect --target, a run of the target, and check --no-card --target."""
     clean(fuzz_targets(tmp_path, cases=100, seed=0), "targets", 100, 0, 4, 5)
+
+
+def test_a_d2t_vllm_has_no_parameter_for_is_refused_against_the_target(invoke, tmp_path):
+    """A full-vocabulary draft builds no draft_id_to_target_id (qwen3_dflash.py), so a shipped d2t cannot load."""
+    src = edited(DFLASH, tmp_path, tensors={"d2t": torch.zeros(320, dtype=torch.int64)})
+    run_json(invoke, "inspect", src, code=0)  # the target's vocabulary decides it
+    _, doc = run_json(invoke, "inspect", src, "--target", TARGET, code=1)
+    assert _errors(doc) == {"family-head-d2t": ["d2t ships, but with draft vocab 320 and target vocab 320 vLLM builds "
+                                                "no d2t parameter to load it into: its weight loader raises (no "
+                                                "parameter 'draft_id_to_target_id')"]}

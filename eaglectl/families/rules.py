@@ -132,6 +132,9 @@ def head_d2t(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
         return [(rule.FAMILY_HEAD_D2T, f"no lm_head ships, so vLLM computes the draft's logits with the target's head, "
                  f"yet d2t remaps the first {dv} of them as a reduced vocabulary (vllm-ascend #11374: acceptance "
                  "25 % to 1.7 % once a reduced head was replaced by the target's)", "d2t")]
+    if d2t and not builds and tv is not None:  # the model registers draft_id_to_target_id only when it builds one
+        return [(rule.FAMILY_HEAD_D2T, f"d2t ships, but with draft vocab {dv} and target vocab {tv} vLLM builds no d2t "
+                 "parameter to load it into: its weight loader raises (no parameter 'draft_id_to_target_id')", "d2t")]
     if head is None and not d2t and builds and tv is not None:
         return [(rule.FAMILY_PADDED_VOCAB, f"draft vocab {dv}, target vocab {tv}: vLLM builds a d2t (the identity) "
                  "beside the target's head", None)]
