@@ -73,8 +73,7 @@ class AmbiguousFormatError(EaglectlError, exit_code=6, reference="ambiguous-form
 
 
 class ConversionError(EaglectlError, exit_code=7, reference="conversion-failed"):
-    """A tensor or config field cannot be mapped faithfully, or an output (DEST, --out, --profile, --sarif, --plot, a
-    model card) would be, hold, lie inside or hard-link an input of the same command; nothing was written."""
+    """A tensor or config field cannot be mapped faithfully; nothing was written."""
 
 
 class ParityMismatchError(EaglectlError, exit_code=8, reference="parity-mismatch"):
@@ -151,6 +150,11 @@ class ManifestError(EaglectlError, exit_code=21, reference="manifest"):
 class ServerReplyError(EaglectlError, exit_code=22, reference="server-reply"):
     """A running server (smoke --server, capture --engine server) refused, timed out, redirected to another host,
     replied non-JSON, oversized, malformed or 5xx, or its /metrics counters went backwards."""
+
+
+class OutputOverlapError(EaglectlError, exit_code=23, reference="output-overlaps-input"):
+    """An output (DEST, --out, --profile, --sarif, --plot, a model card) would be, hold, lie inside or hard-link an
+    input of the same command; nothing was written, no input touched."""
 
 
 def first_line(e: BaseException, most: int | None = None) -> str:

@@ -30,6 +30,7 @@ LIMITS: dict[str, Limit] = {
     "drafter_layers": Limit(256, "num_hidden_layers of a drafter"),
     "target_layers": Limit(4096, "num_hidden_layers of a target"),
     "aux_ids": Limit(64, "entries in an aux-layer-id list"),
+    "draft_block": Limit(1024, "block_size of a DFlash / DSpark drafter (its drafts per pass, plus one)"),
     "config_int": Limit(2**40, "any other integer config field (sizes, vocab, positions)"),
     "config_string_chars": Limit(4096, "characters in a config string field"),
     "quant_scale_bytes": Limit(1 << 20, "bytes of one quantisation scale inspect reads without --scan (--scan: all)"),

@@ -1609,3 +1609,188 @@ def fuzz_gguf(work: Path, *, cases: int, seed: int = 0, llama_sample: int = 0, c
             elif outcome == "model":
                 rep.model_refusals.append(f"{label}: {detail}")
     return rep
+
+
+# ================================================================================ fourth round (issue 44)
+# Drafter families (DFlash, DSpark, P-EAGLE: their configs and weights) and target configs, through inspect (with
+# --scan or --target), check --no-card and convert --dry-run. Every case ends in a result or an EaglectlError.
+
+FAMILY_SEEDS = [DRAFTERS.parent / "families" / n for n in ("dflash", "dspark", "peagle")] + [
+    TRAINED / "dflash", TRAINED / "peagle"]
+# the keys vLLM's DFlash / DSpark code and the EAGLE-3 rules read, where a mutation at the config's root lands
+FAMILY_KEYS = ["num_hidden_layers", "hidden_size", "vocab_size", "block_size", "layer_types", "sliding_window",
+               "num_target_layers", "markov_rank", "dflash_config", "target_layer_ids", "mask_token_id",
+               "draft_vocab_size", "target_hidden_size", "num_key_value_heads", "head_dim", "quantization_config",
+               "aux_hidden_state_layer_ids", "speculators_model_type", "architectures", "parallel_drafting"]
+TARGET_CONFIG_KEYS = ["num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "rms_norm_eps", "rope_parameters", "rope_theta", "model_type",
+               "architectures", "tie_word_embeddings", "text_config", "max_position_embeddings", "dtype"]
+
+
+def mutate_keys(obj: dict[str, Any], rng: random.Random, n: int, keys: list[str]) -> dict[str, Any]:
+    """`n` mutations of a config: half set one of KEYS (at the root, or inside dflash_config /
+    transformer_layer_config when the config has one) to a hostile value, half anywhere (mutate_tree)."""
+    obj = json.loads(json.dumps(obj))
+    for _ in range(n):
+        if rng.random() < 0.5:
+            obj = mutate_tree(obj, rng, 1)
+            continue
+        nests = [obj] + [obj[k] for k in ("dflash_config", "transformer_layer_config") if isinstance(obj.get(k), dict)]
+        node = rng.choice(nests)
+        key = rng.choice(keys)
+        if rng.random() < 0.15:
+            node.pop(key, None)
+        else:
+            node[key] = hostile_value(rng)
+    return obj
+
+
+def mutate_weights(path: Path, rng: random.Random) -> str:
+    """One edit of a safetensors file's tensors, written back whole: drop one, add a stray layer, change a shape or a
+    dtype in the header (the data then disagrees: refused as corrupt), or fill one with NaN."""
+    header, data = split_safetensors(path)
+    names = [n for n in header if n != "__metadata__"]
+    name = rng.choice(names)
+    op = rng.randrange(5)
+    if op == 0 and len(names) > 1:
+        del header[name]
+        return f"dropped {name}"
+    if op == 1:
+        info = dict(header[name])
+        header[f"layers.{rng.choice([1, 5, 99, 10**6])}.mlp.up_proj.weight"] = info
+        rebuild_header(path, json.dumps(header).encode(), data)
+        return f"stray layer beside {name}"
+    if op == 2:
+        header[name]["shape"] = [rng.choice([0, 1, 3, 2**20])] + list(header[name]["shape"])[1:]
+    elif op == 3:
+        header[name]["dtype"] = rng.choice(["I64", "I32", "BOOL", "F8_E4M3", "U8", "F64"])
+    else:
+        begin, end = header[name]["data_offsets"]
+        raw = bytearray(data)
+        raw[begin:end] = b"\xff" * (end - begin)  # NaN in every float dtype
+        data = bytes(raw)
+        rebuild_header(path, json.dumps(header).encode(), data)
+        return f"NaN in {name}"
+    rebuild_header(path, json.dumps(header).encode(), data)
+    return f"header of {name} ({'shape' if op == 2 else 'dtype'})"
+
+
+def render_any(result: Any) -> None:
+    """The JSON form and the human view of any command's result, strictly encoded."""
+    import io
+
+    from rich.console import Console
+
+    from eaglectl.cli import console
+    from eaglectl.cli.views import RENDERERS
+
+    json.dumps(result.to_json(), default=str).encode("utf-8")
+    saved = console.stdout
+    console.stdout = Console(file=io.StringIO(), width=80, highlight=False, soft_wrap=True)
+    try:
+        RENDERERS[type(result).__name__](result)
+        console.stdout.file.getvalue().encode("utf-8")  # type: ignore[attr-defined]
+    finally:
+        console.stdout = saved
+
+
+def _and_render(result: Any, draw: bool) -> Any:
+    if draw:  # every fourth case: both output forms too
+        render_any(result)
+    return result
+
+
+def check_no_card(source: str, target: str | None = None, measure: bool = True) -> Any:
+    from eaglectl.commands import check
+    from eaglectl.commands.requests import CheckRequest
+
+    return check.run(CheckRequest(source, target=target, card=False, measure=measure), passthrough)
+
+
+def run_target(target: str) -> Any:
+    """The target loaded and run over 8 tokens of the measurement text at boundaries 0 and 2 (what every measuring
+    command does first), its states returned."""
+    from eaglectl.measure.target import Target
+
+    t = Target.open(target)
+    assert t is not None
+    return t.text_states((0, 2), 8)
+
+
+def fuzz_families(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
+    """`cases` mutated family drafters (config tree, config bytes or weights), each through one of inspect (with
+    --scan or --target at random), check --no-card and, for DFlash in its own layout, convert --dry-run."""
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    rss0, t0 = _rss_mb(), time.perf_counter()
+    case = work / "case"
+    for i in range(cases):
+        base = rng.choice(FAMILY_SEEDS)
+        shutil.copytree(base, _clear(case))
+        label = f"#{i} {base.parent.name}/{base.name}"
+        which = rng.random()
+        if which < 0.6:
+            cfg = json.loads((case / "config.json").read_text())
+            (case / "config.json").write_text(json.dumps(mutate_keys(cfg, rng, rng.randrange(1, 4), FAMILY_KEYS)))
+            label += " config"
+        elif which < 0.7:
+            (case / "config.json").write_bytes(mutate_bytes((case / "config.json").read_bytes(), rng))
+            label += " config bytes"
+        else:
+            label += " " + mutate_weights(case / "model.safetensors", rng)
+        command = rng.random()
+        if command < 0.5:
+            target = str(TRAINED_TARGET) if rng.random() < 0.3 else None
+            scan = rng.random() < 0.3
+            label += " inspect" + (" --target" if target else "") + (" --scan" if scan else "")
+            fn = lambda t=target, s=scan: inspect_checkpoint(str(case), target=t, scan=s, measure=False)  # noqa: E731
+        elif command < 0.75 or "dflash" not in base.name:
+            label += " check --no-card"
+            fn = lambda: check_no_card(str(case))  # noqa: E731
+        else:
+            label += " convert --dry-run"
+            fn = lambda: convert_run(str(case), str(work / "out"), "dflash-speculators",  # noqa: E731
+                                     base_model="a/b", dry_run=True)
+        run_case(rep, label, lambda fn=fn, draw=i % 4 == 0: _and_render(fn(), draw), rendered=False)
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep
+
+
+def fuzz_targets(work: Path, *, cases: int, seed: int = 0) -> FuzzReport:
+    """`cases` mutated target configs (the trained target: weights and tokenizer beside them), each through inspect
+    --target (unmeasured; measured in one case of ten), a run of the target over a few tokens (load and forward),
+    or check --no-card --target (its parity stage runs the target). A measured case costs seconds: they are few."""
+    rng = random.Random(seed)
+    rep = FuzzReport()
+    target = work / "target"
+    shutil.copytree(TRAINED_TARGET, target)
+    good = json.loads((target / "config.json").read_text())
+    run_target(str(target))  # imports and first-run costs, before the clock starts
+    rss0, t0 = _rss_mb(), time.perf_counter()
+    for i in range(cases):
+        label = f"#{i} target config"
+        if rng.random() < 0.85:
+            mutated = mutate_keys(good, rng, rng.randrange(1, 3), TARGET_CONFIG_KEYS)
+            (target / "config.json").write_text(json.dumps(mutated))
+        else:
+            (target / "config.json").write_bytes(mutate_bytes(json.dumps(good).encode(), rng))
+            label += " bytes"
+        drafter = str(rng.choice([TRAINED / "eagle3", TRAINED / "dflash", TRAINED / "peagle"]))
+        op = rng.random()
+        if op < 0.45:
+            label += f" inspect {Path(drafter).name} --target"
+            fn = lambda d=drafter: inspect_checkpoint(d, target=str(target), measure=False)  # noqa: E731
+        elif op < 0.7:
+            label += " run"
+            fn = lambda: run_target(str(target))  # noqa: E731
+        elif op < 0.9:
+            label += f" check {Path(drafter).name} --no-card --target"
+            fn = lambda d=drafter: check_no_card(d, str(target), measure=False)  # noqa: E731
+        else:
+            label += f" inspect {Path(drafter).name} --target (measured)"
+            fn = lambda d=drafter: inspect_checkpoint(d, target=str(target))  # noqa: E731
+        run_case(rep, label, fn, rendered=False)
+    rep.seconds = time.perf_counter() - t0
+    rep.rss_growth_mb = _rss_mb() - rss0
+    return rep

@@ -385,9 +385,9 @@ def test_a_write_that_lands_wrong_is_caught_by_the_re_read(monkeypatch, tmp_path
 def test_destination_inside_the_source_is_refused(invoke, tmp_path):
     src = edited(DRAFTERS / "speculators-3", tmp_path, name="src")
     r = invoke("convert", src, src / "out", "--to", "modelopt", "--force")
-    assert r.exit_code == 7 and "overlaps the source" in r.stderr
+    assert r.exit_code == 23 and "overlaps the source" in r.stderr
     r = invoke("convert", src, src, "--to", "modelopt", "--force")
-    assert r.exit_code == 7 and (src / "model.safetensors").exists()
+    assert r.exit_code == 23 and (src / "model.safetensors").exists()
 
 
 def test_cli_choices_and_human_output(invoke, tmp_path):

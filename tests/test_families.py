@@ -195,8 +195,9 @@ def test_a_missing_mask_token_is_an_error(invoke, tmp_path, name):
 
 
 def test_the_mask_token_must_exist_in_the_target(invoke, tmp_path):
-    def far(cfg):
+    def far(cfg):  # within the drafter's own vocabulary, beyond the target's
         cfg["dflash_config"]["mask_token_id"] = 200
+        cfg["vocab_size"] = 256
 
     bad = edited(FAM / "dflash", tmp_path, config=far)
     msgs = [f["message"] for f in _rules(_doc(invoke, bad, "--target", TARGET))["family-mask-token"]]

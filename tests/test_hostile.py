@@ -28,7 +28,7 @@ from .fuzzing import (
     scale_cases,
     write_dump,
 )
-from .helpers import drift_run, unreadable
+from .helpers import drift_run, edited, run_json, unreadable
 
 TRAINED = ROOT / "fixtures" / "trained"
 TARGET = TRAINED / "target"
@@ -395,3 +395,175 @@ def test_fuzzing_captures_at_scale(small_capture, tmp_path):
     """Another seed, more cases (EAGLECTL_FUZZ_CASES sets how many)."""
     n = scale_cases(2000)
     clean(fuzz_captures(tmp_path, small_capture, cases=n, seed=1, full_share=0.15), "captures (slow)", n)
+
+
+# ------------------------------------------------------------- issue 44: hostile input, fourth round
+
+SPECULATORS = ROOT / "fixtures" / "drafters" / "speculators-3.1"
+
+
+def test_a_list_model_type_in_a_speculators_config_is_a_refusal_not_a_crash(tmp_path, invoke):
+    """vLLM's reader table looked a list up in a dict (TypeError: unhashable type, exit 70)."""
+    src = edited(SPECULATORS, tmp_path, config=lambda c: c["transformer_layer_config"].update(model_type=["llama"]))
+    r, doc = run_json(invoke, "inspect", src, code=1)
+    errors = {f["rule_id"]: f for f in doc["findings"] if f["severity"] == "error"}
+    assert errors["config-field-invalid"]["locator"].endswith("config.json:transformer_layer_config.model_type")
+    assert [x["error"] for x in doc["engine_readings"]] == [
+        "ValueError: Unsupported model_type ['llama'] for eagle3 speculator"] * 2, doc["engine_readings"]
+
+
+def test_a_problem_recorded_while_reporting_is_reported_once(tmp_path, invoke):
+    """Reporting one invalid field read the config again (the hint's placeholders) and recorded another: the
+    dictionary changed size during iteration (exit 70)."""
+    def edit(c):
+        c["speculators_config"]["verifier"]["name_or_path"] = ["x"]
+        c["transformer_layer_config"]["head_dim"] = "\ud800"
+
+    src = edited(SPECULATORS, tmp_path, config=edit)
+    r, doc = run_json(invoke, "inspect", src, code=1)
+    invalid = sorted(f["locator"].rsplit(":", 1)[1] for f in doc["findings"] if f["rule_id"] == "config-field-invalid")
+    assert invalid == ["speculators_config.verifier.name_or_path", "transformer_layer_config.head_dim"], invalid
+
+
+@pytest.mark.parametrize("depth", [-1, 0, 10**12, "8", 8.5])
+def test_a_target_depth_that_is_no_layer_count_is_refused_by_name(tmp_path, invoke, depth):
+    """check --target crashed in the aux-id default (None // 2, exit 70)."""
+    target = edited(TARGET, tmp_path, config={"num_hidden_layers": depth})
+    for args in (("check", DRAFTER, "--target", target, "--no-card"), ("inspect", DRAFTER, "--target", target)):
+        r = invoke(*args)
+        assert r.exit_code == 4, r.output
+        assert first_line(r.stderr) == (f"error[corrupt-checkpoint]: {target}/config.json: config 'num_hidden_layers' "
+                                        f"should be an integer in [1, 4096], got {json.dumps(depth)}")
+
+
+def test_a_target_model_type_transformers_cannot_build_is_eaglectls_error(tmp_path, invoke):
+    target = edited(TARGET, tmp_path, name="listed", config={"model_type": ["llama"]})
+    r = invoke("check", DRAFTER, "--target", target, "--no-card")
+    assert r.exit_code == 4 and "config 'model_type' should be a string" in first_line(r.stderr), r.output
+    target = edited(TARGET, tmp_path, name="unknown", config={"model_type": "nope"})
+    r, doc = run_json(invoke, "check", DRAFTER, "--target", target, "--no-card", code=1)
+    parity = next(s for s in doc["stages"] if s["name"] == "parity")
+    assert parity["status"] == "fail" and parity["detail"] == (
+        f"[unknown-format] {target}/config.json: model_type 'nope' is not a model transformers knows, so the target "
+        "cannot be run"), parity
+    r, doc = run_json(invoke, "inspect", DRAFTER, "--target", target, code=0)
+    assert "model_type 'nope' is not a model transformers knows" in doc["measured_note"], doc["measured_note"]
+
+
+def test_check_no_card_refuses_the_profile_upload_refuses(invoke, tmp_path):
+    """check --no-card never read speculation_profile.json, which upload sends and refuses when broken."""
+    for content in ("{not json", json.dumps({"schema_version": "1.0", "measured": "yes"})):
+        d = edited(DRAFTER, tmp_path, name="d", files={"speculation_profile.json": content})
+        r, doc = run_json(invoke, "check", d, "--no-card", code=1)
+        card = next(s for s in doc["stages"] if s["name"] == "card")
+        assert card["status"] == "fail" and card["detail"].startswith("--no-card; [profile-invalid] "), card
+        r = invoke("upload", d, "org/name", "--no-card", "--dry-run")
+        assert r.exit_code == 1 and "not uploaded: the gate failed" in r.output, r.output
+        import shutil
+
+        shutil.rmtree(d)
+
+
+def test_a_hard_link_to_a_file_outside_the_folder_is_never_uploaded(invoke, tmp_path):
+    d = edited(DRAFTER, tmp_path, name="d")
+    outside = tmp_path / "secrets.json"
+    outside.write_text('{"token": "x"}')
+    os.link(outside, d / "notes.json")
+    r = invoke("upload", d, "org/name", "--no-card", "--dry-run")  # as a link out of the folder: the gate fails
+    assert r.exit_code == 1 and "0 file(s) to org/name" in r.output, r.output
+    said = " ".join(r.output.split())  # the view wraps lines
+    assert f"not uploaded: {d}/notes.json: a hard link: the file has 2 names and 1 of them" in said
+    r, doc = run_json(invoke, "check", d, "--no-card", code=1)
+    assert next(s for s in doc["stages"] if s["name"] == "publish")["status"] == "fail"
+    os.unlink(outside)  # both names inside the folder: one file sent twice, as before
+    os.link(d / "notes.json", d / "notes-2.json")
+    r = invoke("upload", d, "org/name", "--no-card", "--dry-run")
+    assert r.exit_code == 0 and "notes-2.json" in r.output, r.output
+
+
+@pytest.mark.parametrize("version", ["٠.٨", "0.٨", "０.８"])
+def test_a_release_number_takes_ascii_digits_only(invoke, version):
+    """'٠.٨' (Arabic-Indic digits) read as 0.8: Python's \\d and int() take any Unicode digit."""
+    r = invoke("inspect", DRAFTER, "--engine-version", version)
+    assert r.exit_code == 2 and "is not a release number like 0.22 or 0.22.1" in r.stderr, r.output
+
+
+@pytest.mark.parametrize("args", [("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--num-prompts", "1",
+                                   "--max-tokens", "4", "--profile", "{d}/config.json"),
+                                  ("check", DRAFTER, "--target", TARGET, "--no-card", "--sarif", "{t}/config.json"),
+                                  ("capture", TARGET, "--out", "{t}/cap", "--layers", "2,4,5")])
+def test_an_output_on_an_input_is_output_overlaps_input_not_a_conversion(invoke, args):
+    argv = [str(a).format(d=DRAFTER, t=TARGET) for a in args]
+    r = invoke(*argv, "--json")
+    assert r.exit_code == 23, r.output
+    error = json.loads(r.stdout)["error"]
+    assert error["reference"] == "output-overlaps-input" and "overlaps the source/input" in error["message"], error
+
+
+def test_a_full_disk_under_capture_is_a_filesystem_error(invoke, tmp_path, monkeypatch):
+    """capture --out on a full disk printed a raw traceback (exit 1); convert and upgrade said exit 15."""
+    import errno
+
+    from eaglectl.commands import capture
+    from eaglectl.io import safetensors
+
+    def full(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(safetensors, "_write_all", full)
+    out = tmp_path / "cap"
+    r = invoke("capture", TARGET, "--out", out, "--layers", "2,4,5", "--num-prompts", "1", "--length", "8")
+    assert r.exit_code == 15, r.output
+    assert "cannot write the capture in it (No space left on device)" in first_line(r.stderr)
+    assert "hint: the disk is full" in r.stderr and not out.exists()
+    assert capture.write_safetensors is safetensors.write_safetensors
+
+
+# --------------------------------------------------------- a source that shrinks while it is read (exit 16)
+
+
+
+@pytest.mark.parametrize("reader", ["sha256_range", "same_bytes", "copy_range", "LocalFile.read"])
+def test_a_range_that_shrank_is_source_changed_not_sigbus(tmp_path, reader):
+    """Read through mmap, a shrunk source killed convert with SIGBUS (rc 135, no message) in 8 of 15 tries."""
+    from eaglectl.errors import SourceChangedError
+    from eaglectl.io import safetensors as st
+
+    size = 1 << 20
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(size))
+    opened = st.LocalFile(path)
+    r = st.ByteRange(path, 0, size)
+    with path.open("r+b") as f:  # shrinks after it was opened and its ranges taken
+        f.truncate(1000)
+    with pytest.raises(SourceChangedError, match=r"ends before byte \d+: the (file|source) changed \(shrank\)"):
+        if reader == "sha256_range":
+            st.sha256_range(r)
+        elif reader == "same_bytes":
+            st.same_bytes(r, r)
+        elif reader == "copy_range":
+            fd = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT)
+            try:
+                st.copy_range(r, fd, 0)
+            finally:
+                os.close(fd)
+        else:
+            opened.read(0, size)
+
+
+def test_a_source_truncated_while_convert_copies_it_is_exit_16(invoke, tmp_path, monkeypatch):
+    from eaglectl.commands.convert import command
+
+    src = edited(ROOT / "fixtures" / "drafters" / "speculators-3.1", tmp_path, name="src")
+    real = command.write_safetensors
+
+    def truncate_then_write(*args, **kwargs):
+        with (src / "model.safetensors").open("r+b") as f:
+            f.truncate(4096)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(command, "write_safetensors", truncate_then_write)
+    out = tmp_path / "out"
+    r = invoke("convert", src, out, "--to", "modelopt")
+    assert r.exit_code == 16 and first_line(r.stderr).startswith("error[source-changed]: "), r.output
+    assert "changed (shrank) while it was" in first_line(r.stderr) and not out.exists()

@@ -130,5 +130,5 @@ def test_a_refused_destination_costs_no_measurement(invoke, tmp_path):
         loads.reset()
         started = time.perf_counter()
         r = invoke(*[str(a) for a in cmd], "--target", str(TARGET), "--force")
-        assert r.exit_code == 7 and "overlaps the source" in r.stderr, r.stderr
+        assert r.exit_code == 23 and "overlaps the source" in r.stderr, r.stderr
         assert loads.COUNTS["target_model"] == 0 and time.perf_counter() - started < 5

@@ -43,7 +43,7 @@ def test_source_through_a_symlink_is_not_replaced_by_force(invoke, tmp_path, com
     link.symlink_to(src)
     args = ["--to", "modelopt"] if command == "convert" else []
     r = invoke(command, link, src, *args, "--force")
-    assert r.exit_code == 7 and "overlaps the source" in r.stderr
+    assert r.exit_code == 23 and "overlaps the source" in r.stderr
     assert digest(src) == before
 
 
@@ -52,7 +52,7 @@ def test_dest_under_a_symlinked_parent_into_the_source_is_refused(invoke, tmp_pa
     before = digest(src)
     (tmp_path / "parent").symlink_to(src)
     r = invoke("convert", src, tmp_path / "parent" / "out", "--to", "modelopt")
-    assert r.exit_code == 7 and "overlaps" in r.stderr
+    assert r.exit_code == 23 and "overlaps" in r.stderr
     assert digest(src) == before and not (src / "out").exists()
 
 
@@ -306,12 +306,16 @@ def test_ill_typed_or_huge_config_values_are_findings_not_crashes(invoke, tmp_pa
     assert r.exit_code == 1 and "config-field-invalid" in {f["rule_id"] for f in doc["findings"]}
 
 
-@pytest.mark.parametrize("target_cfg", [{"num_hidden_layers": "8"}, {"text_config": [1]}, {"vocab_size": None},
-                                        {"hidden_size": 10**40, "num_hidden_layers": 2**40}])
-def test_odd_target_configs(invoke, tmp_path, target_cfg):
+@pytest.mark.parametrize("target_cfg,code", [({"num_hidden_layers": "8"}, 4), ({"text_config": [1]}, 4),
+                                             ({"vocab_size": None}, 0),
+                                             ({"num_hidden_layers": 2**40, "hidden_size": 10**40}, 4)])
+def test_odd_target_configs(invoke, tmp_path, target_cfg, code):
+    """A field of the wrong type or out of bounds is refused where the target is opened, naming it (issue 44)."""
     t = edited(TARGET, tmp_path, name="t", config=target_cfg)
     r = invoke("inspect", DRAFTERS / "speculators-3", "--target", t)
-    assert r.exit_code in (0, 1) and "internal error" not in r.stderr
+    assert r.exit_code == code and "internal error" not in r.stderr, r.output
+    if code == 4:
+        assert r.stderr.startswith(f"error[corrupt-checkpoint]: {t}/config.json: config '{next(iter(target_cfg))}'")
 
 
 def test_index_metadata_that_is_not_an_object(invoke, tmp_path):

@@ -179,7 +179,7 @@ def shard(actions: list[TensorAction], limit: int | None) -> list[list[str]]:
 
 
 def parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*", text, re.IGNORECASE)  # ASCII digits only
     if not m:
         raise ValueError(f"not a size: {text!r} (e.g. 5GB, 500MB, 2GiB)")
     unit = (m.group(2) or "B").upper()

@@ -84,8 +84,8 @@ def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
 
     Nothing outside the folder is ever read or sent: a link is followed only to a regular file inside the folder
     (sent under the link's name; the file read is the one it resolves to now). A link whose real path leaves the
-    folder, a link to a folder (inside or out) or to nothing, and a FIFO, socket or device are refused with a
-    UsageError naming them, before any file is read."""
+    folder, a link to a folder (inside or out) or to nothing, a hard link whose file has a name outside the folder,
+    and a FIFO, socket or device are refused with a UsageError naming them, before any file is read."""
 
     root = Path(folder)
     real_root = os.path.realpath(root)
@@ -95,6 +95,7 @@ def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
                           "remove it; upload sends the folder's own files only")
 
     out = []
+    linked: dict[tuple[int, int], list[str]] = {}  # (device, inode) of a file with more than one name -> its names
     for e in walk(root, fail, prune=lambda name, is_dir: name.startswith(".") or (is_dir and name == "__pycache__")):
         path, mode = e.path, e.lstat.st_mode
         if stat.S_ISLNK(mode):
@@ -112,6 +113,14 @@ def upload_files(folder: str | os.PathLike[str]) -> list[tuple[str, Path]]:
         if not stat.S_ISREG(mode):
             raise fail(str(e.path), f"not a regular file ({kind(mode)}); upload sends regular files only")
         out.append((e.rel, path))
+        if path == e.path and e.lstat.st_nlink > 1:
+            linked.setdefault((e.lstat.st_dev, e.lstat.st_ino), []).append(str(e.path))
+    for names in linked.values():  # a hard link is a second name of one file: each of its names must be here
+        links = os.lstat(names[0]).st_nlink
+        if links > len(names):
+            raise fail(names[0], f"a hard link: the file has {links} names and {len(names)} of them in the folder, "
+                       "so it is also a file outside it (or in a folder upload skips); upload never sends a file "
+                       "from outside the folder")
     return out
 
 

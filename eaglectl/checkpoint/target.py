@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import counters as loads
-from ..errors import CheckpointNotFoundError, UnknownFormatError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, UnknownFormatError
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.hub import parse_hub_id
 from ..io.jsonio import ConfigView
@@ -111,7 +111,24 @@ def open_target(source: str) -> TargetCheckpoint:
                                  path=source, hint="give the target model as --target and this drafter as SOURCE")
     top = ckpt.config_view
     text = top.sub("text_config") if top.dict("text_config") is not None else top
-    return TargetCheckpoint(source, ckpt, text)
+    out = TargetCheckpoint(source, ckpt, text)
+    validate(out)
+    return out
+
+
+def validate(target: TargetCheckpoint) -> None:
+    """Refuse a target config whose fields eaglectl reads (or hands to transformers) are of the wrong type or out
+    of bounds, naming the first such key: a depth of "8", 0 or 10**12 would otherwise size the aux ids or the run
+    (limits.py bounds it)."""
+    _ = target.num_layers, target.hidden_size, target.vocab_size, target.rope_theta
+    target.config.str("model_type")  # transformers looks it up in its table: a list is unhashable there
+    top = ConfigView(target.ckpt.config, target.config.where)
+    top.str_list("architectures")
+    bad = next(iter({**target.config.problems, **top.problems}.items()), None)
+    if bad is not None:
+        key, message = bad
+        raise CorruptCheckpointError(f"{target.config.where}: {message}", path=target.source, key=key,
+                                     hint="fix the value in the target's config.json")
 
 
 def looks_like_drafter(ckpt: Checkpoint) -> str | None:

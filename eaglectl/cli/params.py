@@ -9,6 +9,7 @@ import importlib
 import json as _json
 import math
 import os
+import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -103,7 +104,7 @@ class IntList(click.ParamType):
         if isinstance(value, tuple):
             return value
         items = [x.strip() for x in str(value).split(",")]
-        if not items or any(not x for x in items):
+        if not items or any(not x or not re.fullmatch(r"-?[0-9]+[kK]?", x) for x in items):  # int() reads "٣" too
             self.fail(f"{value!r}: comma-separated integers with no empty item, e.g. {self.example}", param, ctx)
         try:
             out = tuple(int(x[:-1]) * 1024 if self.k_suffix and x[-1:] in "kK" else int(x) for x in items)

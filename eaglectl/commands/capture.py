@@ -31,7 +31,7 @@ from ..checkpoint.drafter import open_drafter
 from ..checkpoint.target import TargetCheckpoint, open_target
 from ..engines.engine_process import WORKERS, WorkerRun, engine_path, find_vllm_python
 from ..engines.http import Deadline, check_url, post_json, server_model
-from ..errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError
+from ..errors import CaptureFailedError, CorruptCheckpointError, ServerReplyError, UsageError, filesystem_error
 from ..io import cast as casting
 from ..io.atomic import local_inputs, staged_output
 from ..io.dtypes import CONFIG_NAMES
@@ -143,9 +143,20 @@ def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
                 "prompts": {"source": prompts, "description": how, "count": len(token_lists)},
                 "tokens": sum(len(p) for p in token_lists),
                 "files": [f"{i:05d}.safetensors" for i in range(len(token_lists))]}
-        (stage / CAPTURE_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+        try:
+            (stage / CAPTURE_JSON).write_text(json.dumps(meta, indent=1) + "\n")
+        except OSError as e:
+            raise filesystem_error(e, "write the capture in", stage) from None
     return CaptureResult(str(out), engine, ids, len(token_lists), meta["tokens"], time.perf_counter() - started, meta,
                          log)
+
+
+def _write_dump(path: Path, entries: list[TensorEntry]) -> None:
+    """One request's dump; a refused write (a full disk, a quota) is one FilesystemError line, as convert's."""
+    try:
+        write_safetensors(path, entries, {"format": "pt"})
+    except OSError as e:
+        raise filesystem_error(e, "write the capture in", path.parent) from None
 
 
 def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, progress: Progress
@@ -166,10 +177,10 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
         tokens = torch.tensor(p, dtype=torch.int64).numpy().tobytes()
         argmax = logits[0].argmax(-1).to(torch.int64).numpy().tobytes()
         data = casting.encode(hidden, st_dtype)
-        write_safetensors(stage / f"{i:05d}.safetensors", [
+        _write_dump(stage / f"{i:05d}.safetensors", [
             TensorEntry("hidden_states", st_dtype, hidden.shape, lambda data=data: (data,)),
             TensorEntry("target_argmax", "I64", (len(p),), lambda argmax=argmax: (argmax,)),
-            TensorEntry("token_ids", "I64", (len(p),), lambda tokens=tokens: (tokens,))], {"format": "pt"})
+            TensorEntry("token_ids", "I64", (len(p),), lambda tokens=tokens: (tokens,))])
     import transformers
 
     versions = {"transformers": transformers.__version__, "torch": torch.__version__, "python": sys.version.split()[0]}
@@ -263,11 +274,11 @@ def _server(url: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]
             raise CaptureFailedError(f"{path}: the server captures hidden_states {list(info.shape)}, not {len(p)} "
                                      f"tokens x {len(ids)} layers {list(ids)}; start it with the --print-recipe "
                                      "flags for these --layers")
-        write_safetensors(stage / f"{i:05d}.safetensors", [
+        _write_dump(stage / f"{i:05d}.safetensors", [
             TensorEntry("hidden_states", info.dtype, info.shape,
                         copy=ByteRange(dump, header.data_start + info.begin, info.nbytes)),
             entry_from_bytes("target_argmax", "I64", (len(p),), argmax.tobytes()),
-            entry_from_bytes("token_ids", "I64", tokens.shape, tokens.tobytes())], {"format": "pt"})
+            entry_from_bytes("token_ids", "I64", tokens.shape, tokens.tobytes())])
         dump.unlink(missing_ok=True)
         lock = Path(str(dump) + ".lock")
         if _regular(lock):

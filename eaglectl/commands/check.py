@@ -301,7 +301,9 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
     and eaglectl writes and lints EAGLE-3 model cards only."""
 
     t0 = time.perf_counter()
-    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict, for_engine=req.for_engine)
+    # its values read too: no parity stage runs these weights, so NaN / Inf would pass the gate unseen
+    rep = inspect_family(d, t.checkpoint if t is not None else None, strict=req.strict, scan=True, progress=progress,
+                       for_engine=req.for_engine)
     servable = not rep.summary["error"]
     reading = d.family.reading
     assert reading is not None
@@ -328,15 +330,18 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
 def _card(out: CheckReport, rep: InspectReport, card: bool | None, smoke_doc: dict[str, Any] | None,
           explicit_base: str | None) -> Stage:
 
+    folder = Path(rep.drafter.root)
+    # speculation_profile.json is validated whether or not a card is linted: upload sends it, and refuses it broken
+    profile, profile_findings = lint_profile(folder, rep.drafter) if folder.is_dir() else (None, [])
+    out.findings.extend(profile_findings)  # its figures go on the card
     if card is False:
-        return Stage("card", "skipped", "--no-card")
+        bad = [f for f in profile_findings if f.severity == "error"]
+        return Stage("card", "fail", f"--no-card; [{bad[0].rule_id}] {bad[0].message}") if bad else Stage(
+            "card", "skipped", "--no-card")
     if rep.drafter.ckpt.hub_ref is not None and card:
         return Stage("card", "fail", "requested but cannot run: cards are written into local folders, not Hub repos",
                      requested=True)
-    folder = Path(rep.drafter.root)
     base = base_model(rep, explicit_base)
-    profile, profile_findings = lint_profile(folder, rep.drafter) if folder.is_dir() else (None, [])
-    out.findings.extend(profile_findings)  # speculation_profile.json: validated; its figures go on the card
     try:
         existing = load_card(folder) if folder.is_dir() else None
         if card and explicit_base:

@@ -215,7 +215,7 @@ def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport 
     d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
     if not d.eagle3_layout:  # a family read in its own layout (DFlash, DSpark): families/inspect.py
         return inspect_family(d, open_target(req.target) if req.target else None,  # type: ignore[arg-type]
-                              strict=req.strict, for_engine=req.for_engine)
+                              strict=req.strict, for_engine=req.for_engine, scan=req.scan, progress=progress)
     return inspect_opened(d, Target.open(req.target, req.states, progress=progress), progress=progress,
                           strict=req.strict, scan=req.scan, measure=req.measure, engine_version=req.engine_version,
                           vllm_python=req.vllm_python, sglang_python=req.sglang_python, for_engine=req.for_engine)

@@ -407,7 +407,7 @@ def release_of(engine_version: str | None, engine: str = "vllm") -> str | None:
 def release_key(version: str | None) -> tuple[int, ...] | None:
     """A release's numbers, three at least ("0.32.0+cpu" -> (0, 32, 0), "0.8" -> (0, 8, 0)); None when it names
     none."""
-    m = re.match(r"\d+(?:\.\d+)*", version or "")
+    m = re.match(r"[0-9]+(?:\.[0-9]+)*", version or "")  # ASCII: "٠.٨" is \d, and int() reads it
     if not m:
         return None
     key = tuple(int(x) for x in m.group().split("."))

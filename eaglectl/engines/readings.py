@@ -167,7 +167,7 @@ def vllm_view(config: dict[str, Any], release: str | None = None) -> dict[str, A
     if config.get("target_hidden_size") is not None:
         view["target_hidden_size"] = config["target_hidden_size"]
     model_type = view.get("model_type", "llama")
-    if model_type not in reader.archs:
+    if not isinstance(model_type, str) or model_type not in reader.archs:  # a list: no class vLLM builds
         raise ValueError(f"Unsupported model_type {model_type} for {kind} speculator")
     view["architectures"] = [reader.archs[model_type]]
     for key, built in reader.renamed.items():

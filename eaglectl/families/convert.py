@@ -26,7 +26,7 @@ from ..io.dtypes import CONFIG_NAMES, FLOAT_DTYPES, TO_CONFIG
 from ..io.safetensors import Written
 from .checkpoint import FamilyCheckpoint, of_checkpoint
 from .inspect import inspect_family
-from .reading import differences, family_view, layer_attention, reading
+from .reading import differences, drafter_config, family_view, layer_attention, reading
 
 # the only DFlash class whose layouts eaglectl maps (DFlash2's convolution and selector, XPress: not mapped)
 CONVERTED_ARCHITECTURE = "DFlashDraftModel"
@@ -64,7 +64,7 @@ def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn])
         view = {k: v for k, v in config.items() if k not in _TORCHSPEC_KEYS}
         if config.get("markov_rank") or config.get("enable_confidence_head"):
             fail("a Markov or confidence head (DSpark's): no DFlash layout carries it")
-        dc = dict(config.get("dflash_config") or {})
+        dc = dict(drafter_config(config))
         ids = config.get("target_layer_ids") or dc.get("target_layer_ids")
         mask = config.get("mask_token_id", dc.get("mask_token_id"))
         if not isinstance(ids, list) or mask is None:
@@ -81,7 +81,7 @@ def meaning(src: FamilyCheckpoint, lay: Layout, fail: Callable[[str], NoReturn])
         fail(f"architecture {archs}: eaglectl maps the layouts of {CONVERTED_ARCHITECTURE} only (DFlash2's "
              "convolution and selector head, XPress: not mapped)")
     fc = src.shape("fc.weight") or src.shape(lay.from_canonical("fc.weight"))
-    ids = (view.get("dflash_config") or {}).get("target_layer_ids")
+    ids = drafter_config(view).get("target_layer_ids")
     hidden = view.get("target_hidden_size") or view.get("hidden_size")
     if fc is not None and isinstance(ids, list) and isinstance(hidden, int) and fc[1] != len(ids) * hidden:
         fail(f"fc.weight takes {fc[1]} inputs, but {len(ids)} target layers of {hidden} give {len(ids) * hidden}: "
@@ -140,7 +140,7 @@ def plan_family(src: FamilyCheckpoint, dest: str | os.PathLike[str], to: str, *,
 def _config(src: FamilyCheckpoint, view: dict[str, Any], lay: Layout, target: TargetCheckpoint | None,
             base_model: str | None, fail: Callable[[str], NoReturn]) -> dict[str, Any]:
     """The destination's config.json for the meaning `view`."""
-    dc = dict(view.get("dflash_config") or {})
+    dc = dict(drafter_config(view))
     block = src.config.get("block_size", dc.get("block_size"))
     if lay.config_style == "hf":
         out = {k: v for k, v in view.items() if k != "eagle_aux_hidden_state_layer_ids"}
@@ -195,7 +195,7 @@ def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: T
         raise ConversionError(f"{where}: the written files read as {found.id if found else 'no DFlash layout'}, "
                               f"not {plan.dest_dialect}")
     assert fam is not None
-    report = inspect_family(fam, target)
+    report = inspect_family(fam, target, scan=True)  # every value read: a cast may overflow to Inf
     errors = [f for f in report.findings if f.severity == "error"]
     if errors:
         raise ConversionError(f"{where}: inspect finds [{errors[0].rule_id}] {errors[0].message}")
@@ -207,7 +207,7 @@ def recheck(stage: Path, plan: ConversionPlan, written: list[Written], target: T
         raise ConversionError(f"{where}: vLLM reads {what} as {now!r} from the written config, the source as "
                               f"{was!r}; nothing was written", path=plan.dest)
     captured = before.get("layers vLLM's v1 runner captures")
-    return [f"detected as {found.id} ({fam.family.name})", "inspect finds no errors",
+    return [f"detected as {found.id} ({fam.family.name})", "inspect --scan finds no errors (no NaN/Inf)",
             f"vLLM reads the written config as the source's ({len(before)} values: both runners capture boundaries "
             f"{captured}, mask token {before['mask_token_id']}, each layer's attention); eaglectl's reading of vLLM "
             "0.32's DFlash code"]

@@ -15,11 +15,13 @@ from ..checkpoint.target import TargetCheckpoint
 from ..engines.readings import Readings
 from ..engines.serving import serve_line
 from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..progress import Progress, passthrough
 from ..result import Result
 from ..rules import Finding, scope, summarise
 from .checkpoint import FamilyCheckpoint
 from .reading import family_readings
 from .rules import family_findings, target_depth
+from .validate import scan as scan_values
 
 
 @dataclass
@@ -80,13 +82,14 @@ class FamilyReport(Result):
 
 
 def inspect_family(d: FamilyCheckpoint, target: TargetCheckpoint | None, *, strict: bool = False,
-                   for_engine: str = "vllm") -> FamilyReport:
+                   for_engine: str = "vllm", scan: bool = False, progress: Progress = passthrough) -> FamilyReport:
     """Read a DFlash / DSpark drafter and check its traps against the target's config, when one is given (opened
-    by the caller: smoke's pre-flight passes the target it has open)."""
+    by the caller: smoke's pre-flight passes the target it has open); `scan`: read every tensor for NaN / Inf."""
     reading = d.family.reading
     assert reading is not None
     depth, _ = target_depth(d, target)
     readings = family_readings(d.config, reading.runners, depth, d.ckpt.root)
     where = d.ckpt.config_name or f"{d.ckpt.root}/config.json"
-    findings = scope(family_findings(d, target, readings, where), for_engine)
+    scanned = scan_values(d, progress) if scan else []
+    findings = scope(family_findings(d, target, readings, where, scanned), for_engine)
     return FamilyReport(d, target, readings, findings, strict)

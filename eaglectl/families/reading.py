@@ -16,6 +16,7 @@ from ..engines.facts import RUNNERS
 from ..engines.readings import ASSUMED, TABLE_VERSION, EngineReading, Readings, captured, select
 from ..formats.families import MASK_TOKEN_KEYS
 from ..io.jsonio import MISSING, config_get
+from ..limits import limit
 
 SLIDING = "sliding_attention"
 DEFAULT_ROPE_THETA = 1000000  # qwen3_dflash.py: set_default_rope_theta(config, default_theta=1000000)
@@ -27,6 +28,12 @@ DECODER_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention
                 "logit_scale")
 # dflash_config keys vLLM reads, with the value it assumes when absent
 DFLASH_KEYS = {"sample_from_anchor": False, "use_aux_hidden_state": True, "attention_value_scale": None}
+
+
+def drafter_config(view: dict[str, Any]) -> dict[str, Any]:
+    """`dflash_config` as vLLM's model reads it (anything but an object reads as none: config-field-invalid says so)."""
+    dc = view.get("dflash_config")
+    return dc if isinstance(dc, dict) else {}
 
 
 def family_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +49,7 @@ def family_view(config: dict[str, Any]) -> dict[str, Any]:
     view["eagle_aux_hidden_state_layer_ids"] = aux
     try:
         own = [int(i) - 1 for i in aux] if isinstance(aux, list) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         own = None
     if kind == "dspark":
         view["target_layer_ids"] = own
@@ -83,10 +90,12 @@ def family_readings(config: dict[str, Any] | None, runners_serving: dict[str, st
 def layer_attention(view: dict[str, Any]) -> list[list[Any]] | str:
     """[sliding window or None, causal] per draft layer (qwen3_dflash.py _resolve_layer_attention and
     _dflash_layer_causal), or why vLLM refuses the config."""
-    dc = view.get("dflash_config") or {}
+    dc = drafter_config(view)
     types = view.get("layer_types")
     n = view.get("num_hidden_layers")
-    if not isinstance(n, int) or (types is not None and (not isinstance(types, list) or len(types) < n)):
+    # bounded before the loop below: a hostile 10**12 layers made convert allocate gigabytes
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= limit("drafter_layers") or (
+            types is not None and (not isinstance(types, list) or len(types) < n)):
         return "num_hidden_layers / layer_types unreadable"
     use_swa = bool(dc.get("use_swa", False))
     any_sliding = types is not None and SLIDING in types
@@ -118,7 +127,7 @@ def mask_token(view: dict[str, Any]) -> Any:
 def reading(config: dict[str, Any]) -> dict[str, Any]:
     """{what vLLM reads: the value it reads} for a DFlash config in the hf or the speculators layout."""
     view = family_view(config)
-    dc = view.get("dflash_config") or {}
+    dc = drafter_config(view)
     out: dict[str, Any] = {k: view.get(k) for k in DECODER_KEYS}
     out["rope_theta"] = view.get("rope_theta", DEFAULT_ROPE_THETA)
     out["draft_vocab_size"] = view.get("draft_vocab_size") or view.get("vocab_size")

@@ -23,9 +23,11 @@ from ..checkpoint.drafter import probe_of
 from ..engines.facts import from_release
 from ..formats.families import MASK_TOKEN_KEYS
 from ..formats.speculators import SPECULATORS_READERS
+from ..io.dtypes import FLOAT_DTYPES
 from ..rules import catalogue as rule
 from ..rules.base import Context, Finding, Rule, check
 from .checkpoint import HEAD, FamilyCheckpoint, of_checkpoint
+from .validate import validate
 
 if TYPE_CHECKING:
     from ..checkpoint.target import TargetCheckpoint
@@ -90,12 +92,13 @@ def mask_token(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted
     if value is None:
         return [(rule.FAMILY_MASK_TOKEN, f"no mask token id at any key vLLM reads ({', '.join(MASK_TOKEN_KEYS)}): "
                  "vLLM refuses to start parallel drafting", None)]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        return [(rule.FAMILY_MASK_TOKEN, f"config '{key}' is {value!r}, not a token id", key)]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:  # vLLM holds ids as int64
+        return [(rule.FAMILY_MASK_TOKEN, f"config '{key}' is {str(value)[:60]}, not a token id (an integer in "
+                 "[0, 2^63))", key)]
     out: Emitted = []
     vocab = fc.int_field("vocab_size")
-    if fc.tensor("embed_tokens.weight") is not None and vocab is not None and value >= vocab:
-        out.append((rule.FAMILY_MASK_TOKEN, f"config '{key}' {value} is outside the drafter's embedding "
+    if vocab is not None and value >= vocab:  # the draft embeds it: its own table, or the target's of that size
+        out.append((rule.FAMILY_MASK_TOKEN, f"config '{key}' {value} is outside the drafter's vocabulary "
                     f"(vocab_size {vocab})", key))
     if target is not None:
         tv = target.vocab_size
@@ -132,10 +135,33 @@ def head_d2t(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
         return [(rule.FAMILY_HEAD_D2T, f"no lm_head ships, so vLLM computes the draft's logits with the target's head, "
                  f"yet d2t remaps the first {dv} of them as a reduced vocabulary (vllm-ascend #11374: acceptance "
                  "25 % to 1.7 % once a reduced head was replaced by the target's)", "d2t")]
+    if d2t and not builds and tv is not None:  # the model registers draft_id_to_target_id only when it builds one
+        return [(rule.FAMILY_HEAD_D2T, f"d2t ships, but with draft vocab {dv} and target vocab {tv} vLLM builds no d2t "
+                 "parameter to load it into: its weight loader raises (no parameter 'draft_id_to_target_id')", "d2t")]
     if head is None and not d2t and builds and tv is not None:
         return [(rule.FAMILY_PADDED_VOCAB, f"draft vocab {dv}, target vocab {tv}: vLLM builds a d2t (the identity) "
                  "beside the target's head", None)]
     return []
+
+
+def target_sizes(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
+    """The drafter's vocabulary and the width of the target states its fc reads, against the target's (EAGLE-3's
+    target rules): vLLM shares the target's embedding and captures its hidden states as they are."""
+    if target is None:
+        return []
+    out: Emitted = []
+    (v, vkey), tv = fc.field("vocab_size"), target.vocab_size
+    v = v if isinstance(v, int) and not isinstance(v, bool) else None
+    # DSpark: a larger input vocabulary is allowed with its own embed_tokens (qwen3_dspark.py load_weights)
+    expanded = fc.family.id == "dspark" and (v is None or tv is None or v < tv or fc.tensor("embed_tokens.weight"))
+    if v is not None and tv is not None and v != tv and not expanded:
+        out.append((rule.TARGET_VOCAB_MISMATCH, f"drafter vocab_size {v}, target vocab_size {tv}", vkey))
+    width = fc.int_field("target_hidden_size") or fc.int_field("hidden_size")
+    if width is not None and target.hidden_size is not None and width != target.hidden_size:
+        key = fc.field("target_hidden_size")[1] or fc.field("hidden_size")[1]
+        out.append((rule.TARGET_HIDDEN_MISMATCH, f"fc reads target states {width} wide ('{key}'), the target's "
+                    f"hidden_size is {target.hidden_size}", key))
+    return out
 
 
 def mask_hidden(fc: FamilyCheckpoint, n_aux: int | None, target_hidden: int | None, declared: str | None) -> Emitted:
@@ -143,6 +169,10 @@ def mask_hidden(fc: FamilyCheckpoint, n_aux: int | None, target_hidden: int | No
     if shape is None:
         return [(rule.PEAGLE_MASK_HIDDEN, f"{declared}, but no mask_hidden ships: vLLM raises 'mask_hidden not found "
                  "in weights'", None)] if declared else []
+    dtype = fc.ckpt.tensors[fc.tensor("mask_hidden")].dtype  # type: ignore[index]
+    if dtype not in FLOAT_DTYPES:  # vLLM's copy_ into its float buffer casts silently (llama_eagle3.py load_weights)
+        return [(rule.PEAGLE_MASK_HIDDEN, f"mask_hidden is {dtype}: a learned placeholder of floating-point values "
+                 "stored as integers; vLLM casts it into its float buffer without a word", "mask_hidden")]
     fc_in = fc.shape("fc.weight")
     expected = fc_in[1] if fc_in is not None and len(fc_in) == 2 else (
         n_aux * target_hidden if n_aux and target_hidden else None)
@@ -158,11 +188,12 @@ def mask_hidden(fc: FamilyCheckpoint, n_aux: int | None, target_hidden: int | No
 
 
 def family_findings(fc: FamilyCheckpoint, target: TargetCheckpoint | None, readings: Readings,
-                    where: str) -> list[Finding]:
-    """Every family rule for a DFlash / DSpark drafter read in its own layout, header-only."""
+                    where: str, scanned: Emitted | None = None) -> list[Finding]:
+    """Every family rule for a DFlash / DSpark drafter read in its own layout, header-only (`scanned`: what --scan
+    found in the tensors' values)."""
     depth, depth_from = target_depth(fc, target)
-    emitted = [*loadable(fc), *layers(fc, readings, depth, depth_from), *runner(fc), *mask_token(fc, target),
-               *head_d2t(fc, target)]
+    emitted = [*validate(fc), *loadable(fc), *layers(fc, readings, depth, depth_from), *runner(fc),
+               *mask_token(fc, target), *head_d2t(fc, target), *target_sizes(fc, target), *(scanned or [])]
     return [Finding(r, message, f"{where}:{loc}" if loc is not None and fc.tensor(loc) is None else loc)
             for r, message, loc in emitted]
 

@@ -38,7 +38,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..errors import ConversionError, FilesystemError, OutputBusyError, OutputExistsError, UsageError, filesystem_error
+from ..errors import (
+    FilesystemError,
+    OutputBusyError,
+    OutputExistsError,
+    OutputOverlapError,
+    UsageError,
+    filesystem_error,
+)
 from ..limits import limit
 
 # What --force may replace: the files of a checkpoint folder (and eaglectl's own capture dumps).
@@ -145,11 +152,11 @@ def refuse_overlap(final: Path, sources: Iterable[str | os.PathLike[str]], what:
             continue
     for real in reals:
         if final == real or real.is_relative_to(final) or final.is_relative_to(real):
-            raise ConversionError(f"{final}: {what} overlaps the source/input {real}; inputs are never modified",
+            raise OutputOverlapError(f"{final}: {what} overlaps the source/input {real}; inputs are never modified",
                                      path=str(final), hint="choose an output outside every input")
     twin = _hard_link_twin(final, reals)
     if twin is not None:
-        raise ConversionError(f"{final}: {what} is a hard link of the input file {twin}; inputs are never modified",
+        raise OutputOverlapError(f"{final}: {what} is a hard link of the input file {twin}; inputs are never modified",
                                  path=str(final), hint="choose an output outside every input")
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import CorruptCheckpointError, MissingDependencyError, UnknownFormatError, filesystem_error
 from ..limits import limit
 from .checkpoint import Checkpoint, WeightFile
-from .safetensors import Header, TensorInfo, file_identity
+from .safetensors import Header, TensorInfo, file_identity, read_exact
 
 ARCH = "eagle3"
 # metadata key -> synthesised config key (llama.cpp gguf-py constants.py Keys.LLM / Keys.Attention / Keys.Rope)
@@ -124,9 +124,16 @@ class GGUFFile:
         return cfg
 
     def stored(self, name: str) -> np.ndarray:
-        """The tensor's stored values, shaped as torch shapes it (BF16 as uint16 bit patterns)."""
+        """The tensor's stored values, shaped as torch shapes it (BF16 as uint16 bit patterns): read with pread, not
+        through the mapping, which kills the process (SIGBUS) when the file shrinks while it is read."""
         t = self.tensors[name]
-        return np.frombuffer(self.data, dtype=_NUMPY[t.dtype], count=t.numel, offset=t.begin).reshape(t.shape)
+        buf = bytearray(t.nbytes)
+        try:
+            with open(self.path, "rb") as f:
+                read_exact(f.fileno(), buf, t.nbytes, t.begin, self.path).release()
+        except OSError as e:
+            raise filesystem_error(e, "read", self.path) from None
+        return np.frombuffer(buf, dtype=_NUMPY[t.dtype], count=t.numel).reshape(t.shape)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor as the HF layout holds it: q/k un-permuted, d2t relative (bit patterns kept)."""

@@ -34,7 +34,7 @@ import numpy as np
 from ..errors import CorruptCheckpointError, IncompatibleDrafterError, ReferenceLimitError
 from ..limits import limit
 from .dtypes import FLOAT_DTYPES
-from .jsonio import loads
+from .jsonio import ConfigView, loads
 
 QUANT_FILE = "hf_quant_config.json"
 # Scale tensors a quantised export stores next to a weight (`X.weight` -> `X.weight_scale`, ...).
@@ -89,6 +89,19 @@ def _entries(value: Any, key: str, problems: list[str]) -> tuple[str, ...] | Non
     if len(value) > most:
         problems.append(f"'{key}' holds {len(value)} entries, more than the limit of {most}")
     return tuple(value[:most])
+
+
+def config_problem(view: ConfigView) -> tuple[str, str] | None:
+    """(key, why) when vLLM cannot read the config's quantization_config: it must be an object whose quant_method
+    and quant_algo are strings (vLLM lower- and upper-cases them); a list, a string or an int quant_algo stops
+    vLLM before the weights. Recorded on `view`; None when it can, or there is none."""
+    if view.has("quantization_config") and view.dict("quantization_config") is not None:
+        q = view.sub("quantization_config")
+        q.str("quant_method")
+        q.str("quant_algo")
+        if q.dict("quantization") is not None:  # legacy ModelOpt nesting
+            q.sub("quantization").str("quant_algo")
+    return next((item for item in view.problems.items() if item[0].startswith("quantization_config")), None)
 
 
 def read_config(data: Any, where: str) -> QuantConfig | None:

@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import math
-import mmap
 import os
 import struct
 import zlib
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import TRUNCATED_HINT, CorruptCheckpointError, filesystem_error
+from ..errors import TRUNCATED_HINT, CorruptCheckpointError, SourceChangedError, filesystem_error
 from ..limits import limit
 from .atomic import start_writeback
 from .bounded import pread_all
@@ -65,9 +64,14 @@ class LocalFile:
         except OSError as e:
             raise filesystem_error(e, "read", self.path) from None
         try:
-            return pread_all(fd, length, offset)
+            data = pread_all(fd, length, offset)
         finally:
             os.close(fd)
+        if len(data) < length and offset + length <= self.size:  # there when the file was opened: it shrank
+            raise SourceChangedError(f"{self.path}: ends before byte {offset + length}: the file changed (shrank) "
+                                     "while it was read", path=self.name,
+                                     hint="run again once the file is no longer being written")
+        return data
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -425,9 +429,10 @@ def copy_range(src: ByteRange, fd: int, offset: int, written_to: Callable[[int],
                 buf = os.pread(sfd, min(want, 1 << 24), src.offset + done)
                 _write_all(fd, buf, offset + done)
                 n = len(buf)
-            if n == 0:
-                raise CorruptCheckpointError(f"{src.path}: ends before byte {src.offset + src.length} (truncated while "
-                                             "copying)", file=str(src.path))
+            if n == 0:  # its size was checked against the header when it was opened: it shrank since
+                raise SourceChangedError(f"{src.path}: ends before byte {src.offset + src.length}: the source changed "
+                                         "(shrank) while it was copied; nothing was written", path=str(src.path),
+                                         hint="run again once the source is no longer being written")
             done += n
             if written_to is not None:
                 written_to(offset + done)
@@ -436,26 +441,44 @@ def copy_range(src: ByteRange, fd: int, offset: int, written_to: Callable[[int],
 
 
 def same_bytes(a: ByteRange, b: ByteRange, window: int = 1 << 25) -> bool:
-    """Whether two local byte ranges hold the same bytes: memory-mapped 32 MB windows compared by libc's memcmp
-    (vectorised, no copy through user space, the GIL released; unmapping each window keeps resident memory flat)."""
+    """Whether two local byte ranges hold the same bytes: 32 MB windows read into two reused buffers and compared
+    by libc's memcmp (vectorised, the GIL released while it reads and compares). Read with pread, never mapped: a
+    file that shrinks under a mapping kills the process with SIGBUS; a short read here is SourceChangedError."""
 
     if a.length != b.length:
         return False
     memcmp = _memcmp()
+    bx, by = bytearray(min(window, a.length)), bytearray(min(window, a.length))
     with a.path.open("rb") as fa, b.path.open("rb") as fb:
         for start in range(0, a.length, window):
             n = min(window, a.length - start)
-            x, mx = _mapped(fa.fileno(), a.offset + start, n)
-            y, my = _mapped(fb.fileno(), b.offset + start, n)
-            try:
-                equal = memcmp(x.ctypes.data, y.ctypes.data, n) == 0 if memcmp else np.array_equal(x, y)
-            finally:
-                del x, y
-                mx.close()
-                my.close()
+            x, y = read_exact(fa.fileno(), bx, n, a.offset + start, a.path), read_exact(
+                fb.fileno(), by, n, b.offset + start, b.path)
+            equal = memcmp(_address(bx), _address(by), n) == 0 if memcmp else x == y
+            x.release()
+            y.release()
             if not equal:
                 return False
     return True
+
+
+def read_exact(fd: int, buf: bytearray, n: int, offset: int, path: Path) -> memoryview:
+    """`n` bytes of `fd` at `offset` into `buf` (a view of them returned); a file that ends first changed while it
+    was read (its size was checked against every range when it was opened)."""
+    view, done = memoryview(buf)[:n], 0
+    while done < n:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            view.release()
+            raise SourceChangedError(f"{path}: ends before byte {offset + n}: the file changed (shrank) while it was "
+                                     "read; nothing was written", path=str(path),
+                                     hint="run again once the file is no longer being written")
+        done += got
+    return view
+
+
+def _address(buf: bytearray) -> int:
+    return ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
 
 
 @functools.cache
@@ -468,14 +491,6 @@ def _memcmp() -> Any:
         return None
     fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     return fn
-
-
-def _mapped(fd: int, offset: int, length: int) -> tuple[Any, Any]:
-    """`length` bytes at `offset` of `fd` as a uint8 array over a private mapping (page-aligned start)."""
-
-    base = offset - offset % mmap.ALLOCATIONGRANULARITY
-    m = mmap.mmap(fd, length + offset - base, access=mmap.ACCESS_READ, offset=base)
-    return np.frombuffer(m, np.uint8, length, offset - base), m
 
 
 def crc32_range(r: ByteRange, chunk: int = 1 << 23) -> int:
@@ -496,17 +511,16 @@ def crc32_range(r: ByteRange, chunk: int = 1 << 23) -> int:
 
 
 def sha256_range(r: ByteRange, window: int = 1 << 25) -> str:
-    """sha256 of a local byte range, hashed straight from memory-mapped 32 MB windows (hashlib releases
-    the GIL, so this runs on another core while the main thread copies; unmapping keeps memory flat)."""
+    """sha256 of a local byte range, hashed from 32 MB windows read into one reused buffer (hashlib and the read
+    release the GIL, so this runs on another core while the main thread copies; memory stays flat). Never mapped:
+    a source that shrinks while it is hashed is SourceChangedError, not SIGBUS."""
     h = hashlib.sha256()
+    buf = bytearray(min(window, r.length))
     with r.path.open("rb") as f:
         for start in range(0, r.length, window):
-            x, m = _mapped(f.fileno(), r.offset + start, min(window, r.length - start))
-            try:
-                h.update(x)
-            finally:
-                del x
-                m.close()
+            view = read_exact(f.fileno(), buf, min(window, r.length - start), r.offset + start, r.path)
+            h.update(view)
+            view.release()
     return h.hexdigest()
 
 

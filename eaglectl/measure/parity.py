@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import IncompatibleDrafterError, InvalidStatesError, ParityMismatchError
+from ..errors import CorruptCheckpointError, IncompatibleDrafterError, InvalidStatesError, ParityMismatchError
 from ..io.dtypes import TO_CONFIG
 from ..io.states import States, compact_embedding
 from ..model.loader import CHAIN_UNUSED, DTYPES, LoadedDrafter
@@ -91,6 +91,10 @@ def real_inputs(target: Target, loaded: LoadedDrafter, tokens: int, steps: int,
     """Real aux states at the drafter's layers (`boundaries`, default: as the files say): the target's run over
     the measurement text (once per command, `Target.text_states`), else its capture (`--states`)."""
 
+    if not boundaries and loaded.spec.aux_layer_ids is None and target.num_layers is None:
+        raise CorruptCheckpointError(f"{target.source}: the target's config gives no valid 'num_hidden_layers', so "
+                                     "the default aux layers the drafter reads cannot be placed",
+                                     key="num_hidden_layers", hint="give the target's config.json num_hidden_layers")
     ids = boundaries or loaded.spec.capture_ids(target.num_layers)  # type: ignore[arg-type]
     if len(ids) != loaded.args.num_aux:
         raise IncompatibleDrafterError(f"{len(ids)} aux ids {list(ids)} but fc takes {loaded.args.num_aux} states",

@@ -10,6 +10,7 @@ forward hooks on the decoder layers rather than from `output_hidden_states` (doc
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +18,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import counters as loads
-from ..errors import IncompatibleDrafterError, MissingDependencyError, ReferenceLimitError
+from ..errors import (
+    CorruptCheckpointError,
+    IncompatibleDrafterError,
+    MissingDependencyError,
+    ReferenceLimitError,
+    UnknownFormatError,
+)
 from ..io.hub import local_snapshot
+from ..io.jsonio import ConfigView
 from .native import KVCache, Llama, load_native
 from .tokens import plain_tokenizer
 
@@ -26,6 +34,9 @@ if TYPE_CHECKING:
     from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
     from ..checkpoint.target import TargetCheckpoint
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.([0-9]{1,6})\.")  # a decoder layer's tensors, ASCII digits only
 
 
 @dataclass
@@ -66,10 +77,41 @@ def load_model(source: str, *, device: str = "cpu", dtype: torch.dtype = torch.f
     hf_logging.disable_progress_bar()  # our stderr carries one-line messages only
     hf_logging.set_verbosity_error()
     path = _local_folder(source)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=False).to(device).eval()
+    model = _from_pretrained(AutoModelForCausalLM, source, path, dtype, checkpoint).to(device).eval()
     tokenizer = _auto_tokenizer(Path(path))
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return HFModel(model, tokenizer, source, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size)
+
+
+def _from_pretrained(auto: Any, source: str, path: str, dtype: torch.dtype,
+                     checkpoint: TargetCheckpoint | None) -> PreTrainedModel:
+    """transformers' model of the target; its refusal of the config (a model_type it has no class for, sizes it
+    cannot build) is eaglectl's error naming the target, as open_target refuses a target that is no model."""
+    from transformers import CONFIG_MAPPING
+
+    if checkpoint is not None:
+        where = checkpoint.config.where
+        kind = ConfigView(checkpoint.ckpt.config, where).str("model_type")  # the top level's: what transformers reads
+        if kind is not None and kind not in CONFIG_MAPPING:
+            raise UnknownFormatError(f"{where}: model_type '{kind[:80]}' is not a model transformers knows, so the "
+                                     "target cannot be run", path=source, key="model_type",
+                                     hint="check the target's config.json, or update transformers")
+        held = [int(m.group(1)) for n in checkpoint.ckpt.tensor_file if (m := _LAYER.search(n))]
+        depth = checkpoint.num_layers
+        if held and depth is not None and depth > max(held) + 1:  # transformers would fill the rest at random
+            raise CorruptCheckpointError(f"{where}: num_hidden_layers {depth}, but the weights hold layers up to "
+                                         f"{max(held)}: transformers would run the missing layers at random values",
+                                         path=source, key="num_hidden_layers",
+                                         hint="fix the target's config.json to describe its weights")
+    from huggingface_hub.errors import StrictDataclassError  # transformers' typed config fields raise it
+
+    try:
+        return auto.from_pretrained(path, dtype=dtype, trust_remote_code=False)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError, RuntimeError, ZeroDivisionError,
+            StrictDataclassError) as e:  # a hostile config trips transformers anywhere while it builds
+        why = " ".join(str(e).split())[:200] or type(e).__name__  # its checks of the config, on one line
+        raise UnknownFormatError(f"{source}: transformers cannot build the target from its config.json ({why})",
+                                 path=source, hint="check the target's config.json against its weights") from None
 
 
 def _auto_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:

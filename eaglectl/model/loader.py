@@ -12,7 +12,9 @@ import torch
 from .. import counters as loads
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import IncompatibleDrafterError, ReferenceLimitError
-from ..io.quant import dequantize, layout_of, scale_of
+from ..io.dtypes import FLOAT_DTYPES
+from ..io.jsonio import ConfigView
+from ..io.quant import config_problem, dequantize, layout_of, scale_of
 from ..spec import DrafterSpec, layer_index
 from .blocks import MLADims
 from .mla import mla_rope, rope_kind
@@ -151,6 +153,15 @@ def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | No
         return kept
 
     loads.count("drafter_fp32")
+    bad = config_problem(ConfigView(d.ckpt.config, d.config.where))
+    if bad is not None:  # vLLM stops at it before the weights: no run of them would mean anything
+        raise IncompatibleDrafterError(f"{d.source}: {bad[1]}", key=bad[0],
+                                       hint="fix quantization_config in config.json (inspect names it)")
+    unrun = [c for c in sorted(CHAIN_UNUSED) if c in d.view and d.view.info(c).dtype not in FLOAT_DTYPES]
+    if unrun:  # compared by value (verify, check's parity): integers are no learned placeholder
+        raise IncompatibleDrafterError(f"{d.source}: '{d.view.stored[unrun[0]]}' is {d.view.info(unrun[0]).dtype}, "
+                                       "not floating-point values (inspect: peagle-mask-hidden)", tensor=unrun[0],
+                                       hint="export mask_hidden with the drafter's floating-point dtype")
     args = args_from_spec(d.spec, d.source)
     quant = layout_of(d)  # a quantised export: weights are dequantised, scales are not parameters
     tensors: dict[str, torch.Tensor] = {}

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import CorruptCheckpointError
+from ..limits import limit
+
 if TYPE_CHECKING:
     from ..checkpoint.target import TargetCheckpoint
 
@@ -38,6 +41,8 @@ def why_not_native(config: dict[str, Any], dtype: torch.dtype) -> str | None:
         if config.get(key) not in allowed:
             return f"{key} is {config.get(key)!r}"
     rope = config.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        return "rope_parameters is not an object"
     if rope.get("rope_type") not in ROPE_TYPES or rope.get("partial_rotary_factor", 1.0) != 1.0:
         return f"rope_parameters {rope}"
     if config.get("rope_theta", rope.get("rope_theta")) is None:
@@ -165,11 +170,51 @@ class Llama:
         return torch.cat(out, dim=1)
 
 
+def _sizes(target: TargetCheckpoint) -> dict[str, Any]:
+    """The sizes the native Llama builds from the target's config, each a valid value, else the key refused."""
+    cv = target.config
+    sizes = {"num_hidden_layers": cv.int("num_hidden_layers", lo=1, hi=limit("target_layers")),
+             "hidden_size": cv.int("hidden_size", lo=1), "num_attention_heads": cv.int("num_attention_heads", lo=1),
+             "num_key_value_heads": cv.int("num_key_value_heads", lo=1), "head_dim": cv.int("head_dim", lo=1),
+             "intermediate_size": cv.int("intermediate_size", lo=1), "vocab_size": cv.int("vocab_size", lo=1)}
+    cv.float("rms_norm_eps", lo=0.0)
+    cv.float("rope_theta", lo=1e-9)
+    cv.float("rope_parameters.rope_theta", lo=1e-9)
+    H, nh = sizes["hidden_size"], sizes["num_attention_heads"]
+    sizes["num_key_value_heads"] = sizes["num_key_value_heads"] or nh
+    sizes["head_dim"] = sizes["head_dim"] or (H // nh if H and nh else None)
+    missing = next((k for k, v in sizes.items() if v is None), None)
+    bad = next(iter(cv.problems.items()), None)
+    if bad is not None or missing is not None:
+        key = bad[0] if bad is not None else missing
+        raise CorruptCheckpointError(f"{cv.where}: " + (bad[1] if bad is not None else f"no valid '{missing}'")
+                                     + " (the target cannot be run)", path=target.source, key=key,
+                                     hint="fix the target's config.json to describe its weights")
+    if nh % sizes["num_key_value_heads"]:
+        raise CorruptCheckpointError(f"{cv.where}: num_attention_heads {nh} is not a multiple of "
+                                     f"num_key_value_heads {sizes['num_key_value_heads']}", path=target.source,
+                                     key="num_key_value_heads", hint="fix the target's config.json")
+    return sizes
+
+
+def _shape(name: str, s: dict[str, Any]) -> tuple[int, ...]:
+    """The shape transformers' Llama gives the parameter `name` at sizes `s`."""
+    H, I, V = s["hidden_size"], s["intermediate_size"], s["vocab_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    for suffix, shape in (("embed_tokens.weight", (V, H)), ("lm_head.weight", (V, H)), ("q_proj.weight", (q, H)),
+                          ("k_proj.weight", (kv, H)), ("v_proj.weight", (kv, H)), ("o_proj.weight", (H, q)),
+                          ("gate_proj.weight", (I, H)), ("up_proj.weight", (I, H)), ("down_proj.weight", (H, I))):
+        if name.endswith(suffix):
+            return shape
+    return (H,)  # the norms
+
+
 def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> Llama | None:
     """The model when eaglectl runs this local target itself, else None."""
     config = target.config.data
     if why_not_native(config, dtype) is not None or target.ckpt.hub_ref is not None:
         return None
+    sizes = _sizes(target)  # the config's sizes valid before any of them sizes a loop or a tensor
     names = {n: n for n in Llama.tensor_names(config)}
     if config.get("tie_word_embeddings"):
         if "lm_head.weight" in target.ckpt.tensor_file:
@@ -177,5 +222,13 @@ def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> Llama | None:
         names["lm_head.weight"] = "model.embed_tokens.weight"
     if set(names.values()) != set(target.ckpt.tensor_file):
         return None  # another layout than transformers' Llama: transformers reads it
+    for name, stored in names.items():  # transformers refuses a checkpoint whose weights disagree with its config
+        shape = tuple(target.ckpt.tensors[stored].shape)
+        want = _shape(name, sizes)
+        if shape != want:
+            raise CorruptCheckpointError(f"{target.config.where}: {stored} is {list(shape)}, but the config's sizes "
+                                         f"make it {list(want)} ({', '.join(f'{k} {v}' for k, v in sizes.items())})",
+                                         path=target.source, tensor=stored,
+                                         hint="fix the target's config.json to describe its weights")
     weights = {n: torch.from_numpy(target.ckpt.read(stored)).to(torch.float32) for n, stored in names.items()}
     return Llama(config, weights)

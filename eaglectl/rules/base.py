@@ -248,8 +248,13 @@ def run_checks(ctx: Context) -> list[Finding]:
     """Every check, then the config fields any check found invalid; sorted by severity."""
     for fn in CHECKS:
         fn(ctx)
-    for path, message in ctx.config.problems.items():  # last: any check may have read an invalid field
-        ctx.emit(RULES["config-field-invalid"], message, ctx.at(path))
+    # last: any check may have read an invalid field; emitting one reads the config again (hint_values), which may
+    # record another, so each round reports what the last one added until none is new
+    reported: set[str] = set()
+    while new := [(p, m) for p, m in list(ctx.config.problems.items()) if p not in reported]:
+        for path, message in new:
+            reported.add(path)
+            ctx.emit(RULES["config-field-invalid"], message, ctx.at(path))
     ctx.findings.sort(key=lambda f: SEVERITY_ORDER[f.severity])
     return ctx.findings
 

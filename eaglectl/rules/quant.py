@@ -7,6 +7,7 @@ from ..io.quant import (
     SCHEMES,
     QuantLayout,
     Scale,
+    config_problem,
     decode,
     dialect_names,
     excluded,
@@ -61,6 +62,7 @@ def recognised(ctx: Context, canon: str) -> bool:
 
 @check
 def quantization(ctx: Context) -> None:
+    config_problem(ctx.config)  # a quantization_config vLLM cannot read: config-field-invalid (run_checks reports it)
     q = quant_layout(ctx)
     if q is None:
         return
