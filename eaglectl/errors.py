@@ -9,6 +9,7 @@ raises only these types; messages are one line and name the file, tensor or key.
 from __future__ import annotations
 
 import errno
+import shlex
 from typing import Any, ClassVar
 
 EXIT_OK = 0
@@ -107,10 +108,16 @@ class ReferenceLimitError(IncompatibleDrafterError):
     layout): a limit of eaglectl, not a fault of the drafter. `check` calls such a stage undecided (exit 10)."""
 
     SERVED = ("a limit of eaglectl's reference drafter: vLLM serves it, so measure it with "
-              "`eaglectl smoke --engine vllm`")
+              "eaglectl smoke {source} --target {target} --engine vllm")
 
     def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
-        super().__init__(message, hint=hint or self.SERVED, **context)
+        super().__init__(message, hint=hint or self.SERVED.format(source="SOURCE", target="TARGET"), **context)
+
+    def measure_with(self, source: str, target: str | None) -> None:
+        """The default hint, with the drafter and target of the run that raised it (a command that runs as printed)."""
+        if self.hint == self.SERVED.format(source="SOURCE", target="TARGET"):
+            self.hint = self.SERVED.format(source=shlex.quote(source),
+                                           target=shlex.quote(target) if target else "TARGET")
 
 
 class OutputBusyError(EaglectlError, exit_code=14, reference="output-busy"):

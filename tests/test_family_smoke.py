@@ -23,7 +23,9 @@ K = 3
 
 
 def _smoke(invoke, drafter, *args):
-    r = invoke("smoke", drafter, "--target", TARGET, "--num-prompts", 4, "--concurrency", 1, "-k", K, *args)
+    # the synthetic family fixtures are sized for the small target (the pre-flight refuses another target's sizes)
+    target = FIXTURES / "target-llama" if drafter.parent == FIXTURES / "families" else TARGET
+    r = invoke("smoke", drafter, "--target", target, "--num-prompts", 4, "--concurrency", 1, "-k", K, *args)
     return r
 
 
@@ -44,6 +46,7 @@ def test_reference_loop_says_undecided_for_every_family(invoke, drafter):
     r = _smoke(invoke, drafter, "--engine", "reference")
     assert r.exit_code == ReferenceLimitError.exit_code, r.stderr
     assert "undecided, smoke cannot measure it here: eaglectl's reference loop drafts EAGLE-3's chain" in r.stderr
+    assert f"eaglectl smoke {drafter} --target " in r.stderr and "SOURCE" not in r.stderr  # it runs as printed
 
 
 @pytest.mark.vllm
@@ -209,5 +212,5 @@ def test_check_smoke_measures_a_dflash_drafter_under_vllm(invoke, vllm_py):
     assert sm["num_draft_tokens"] == K * sm["num_drafts"] == K * sum(r["num_drafts"] for r in sm["requests"])
     if not vllm_has_gpu(vllm_py):
         r, doc, stages = _gate(invoke, FIXTURES / "families" / "dspark", "--smoke", "--vllm-python", vllm_py,
-                               "--target", TARGET)
+                               "--target", FIXTURES / "target-llama")  # the target it is sized for
         assert stages["smoke"]["status"] == "undecided" and "this vLLM is a CPU build" in stages["smoke"]["detail"]

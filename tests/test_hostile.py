@@ -485,7 +485,7 @@ def test_a_hard_link_to_a_file_outside_the_folder_is_never_uploaded(invoke, tmp_
 def test_a_release_number_takes_ascii_digits_only(invoke, version):
     """'٠.٨' (Arabic-Indic digits) read as 0.8: Python's \\d and int() take any Unicode digit."""
     r = invoke("inspect", DRAFTER, "--engine-version", version)
-    assert r.exit_code == 2 and "is not a release number like 0.22 or 0.22.1" in r.stderr, r.output
+    assert r.exit_code == 2 and "is not a release number like 0.34" in r.stderr, r.output
 
 
 @pytest.mark.parametrize("args", [("smoke", DRAFTER, "--target", TARGET, "--engine", "reference", "--num-prompts", "1",

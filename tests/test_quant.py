@@ -380,17 +380,18 @@ def test_scan_reads_fp8_in_a_pickle(invoke, tmp_path):
 
 
 def test_a_weight_cut_short_after_opening_is_corrupt_not_a_crash(tmp_path):
-    """raw_bytes' callers reshape what it reads: a file shortened under an open drafter is a named corrupt file."""
+    """raw_bytes' callers reshape what it reads: a file shortened under an open drafter is named as changed while
+    it was read (exit 16), not a crash."""
     import os
 
-    from eaglectl.errors import CorruptCheckpointError
+    from eaglectl.errors import SourceChangedError
     from eaglectl.io.quant import dequantize
 
     d = open_drafter(str(edited(FP8, tmp_path, name="cut")))
     stored = d.view.stored["fc.weight"]
     wf = d.ckpt.tensor_file[stored]
     os.truncate(tmp_path / "cut" / "model.safetensors", wf.header.data_start + wf.header.tensors[stored].begin + 1)
-    with pytest.raises(CorruptCheckpointError, match="data truncated"):
+    with pytest.raises(SourceChangedError, match="shrank"):
         dequantize(d, "fc.weight", layout_of(d))
 
 

@@ -10,6 +10,7 @@ import json as _json
 import math
 import os
 import re
+import shlex
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from click.shell_completion import CompletionItem
 from .. import formats
 from ..checkpoint.target import is_hub_id
 from ..commands.requests import SmokeRequest
-from ..engines.facts import RELEASED_ENGINES, engines_of, parse_releases
+from ..engines.facts import ENGINE_TITLES, RELEASED_ENGINES, engines_of, parse_releases
 from ..errors import EaglectlError, UsageError
 from ..formats.families import writable_layouts
 from ..io.bounded import read_regular
@@ -62,13 +63,28 @@ class DialectChoice(click.Choice):
             command = ctx.info_name if ctx is not None else None
             e = click.BadParameter(f"{value!r} is an engine, not a dialect (dialects: {', '.join(self.choices)})",
                                    ctx, param)
+            engine = value.lower()
             e.eaglectl_hint = (  # type: ignore[attr-defined]
-                "eaglectl convert SOURCE DEST --for vllm (the dialect vLLM serves best)"
-                if command == "convert" and name == "--to" and value.lower() == "vllm" else
+                f"{_as_given(ctx, 'convert')} --for {engine} (the dialect {ENGINE_TITLES[engine]} serves best)"
+                if command == "convert" and name == "--to" and engine in RELEASED_ENGINES else
                 f"{name} names the layout of the files; vLLM serves speculators, modelopt and eagle, "
                 "sglang serves specforge")
             raise e
         return super().convert(value, param, ctx)
+
+
+def _as_given(ctx: Ctx | None, command: str) -> str:
+    """`eaglectl COMMAND SOURCE DEST` with the paths the user typed right after the command (click parses the
+    arguments after the options, so the command line is read: cli/app.py keeps it in ctx.meta); placeholders for
+    what is not there."""
+    words = list(ctx.meta.get("eaglectl.argv", [])) if ctx is not None else []
+    lead = []
+    for w in words[words.index(command) + 1:] if command in words else []:
+        if w.startswith("-"):
+            break
+        lead.append(w)
+    given = [*lead[:2], *("SOURCE", "DEST")[len(lead[:2]):]]
+    return f"eaglectl {command} " + " ".join(shlex.quote(w) if w not in ("SOURCE", "DEST") else w for w in given)
 
 
 class Number(click.ParamType):

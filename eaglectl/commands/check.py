@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -130,7 +129,7 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
     missing = _environment(wants_smoke and target is not None, smoke)  # before the slow stages, not after them
     if not d.eagle3_layout:  # DFlash, DSpark: their own layout
         return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)  # type: ignore[arg-type]
-    rep = inspect_opened(d, tgt, strict=strict, measure=req.measure and missing is None,
+    rep = inspect_opened(d, tgt, strict=strict, measure=req.measure,
                          engine_version=req.engine_version, progress=progress, vllm_python=req.vllm_python,
                          sglang_python=req.sglang_python, for_engine=req.for_engine)
     inspect_stage = Stage("inspect", _inspect_status(rep),
@@ -140,13 +139,11 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
                           {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": rep.summary},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
-    if missing is None or not rep.servable:  # a drafter inspect fails fails the gate, here or anywhere
-        out.stages.append(_timed(lambda: _parity(rep)))
+    out.stages.append(_timed(lambda: _parity(rep)))  # the CPU runs it: a failure here fails the gate anywhere
+    if missing is None or not rep.servable:
         smoke_stage = _timed(lambda: _smoke(rep.drafter, rep.opened_target, rep.servable, rep.measured, wants_smoke,
                                             smoke, progress))
-    else:  # the gate is undecided whatever parity says: rerun it where the smoke stage can run
-        out.stages.append(Stage("parity", "skipped", "not run: the requested smoke stage cannot run here, so the "
-                                "gate is undecided (the target was not measured either)"))
+    else:  # only the smoke stage is undecided: rerun the gate where it can run
         smoke_stage = undecided("smoke", missing, requested=True)
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
@@ -249,6 +246,8 @@ def _parity(rep: InspectReport) -> Stage:
             inputs = synthetic_inputs(loaded.args, loaded.spec.aux_layer_ids_vllm, 32, 3, 0)
         par = compare(loaded, loaded, inputs, "precision", ("bfloat16", "cpu"), ("float32", "cpu"), 3, 32, 0)
     except (MissingDependencyError, ReferenceLimitError) as e:
+        if isinstance(e, ReferenceLimitError):
+            e.measure_with(rep.drafter.ckpt.source, rep.target.source if rep.target is not None else None)
         return undecided("parity", e)
     except EaglectlError as e:
         return Stage("parity", "fail", f"[{e.reference}] {e.message}")
@@ -259,10 +258,13 @@ def _parity(rep: InspectReport) -> Stage:
     bad = [f"'{c}' has {n} NaN/Inf values" for c, n in unused if n]
     not_run = (f"; not run by the reference (it drafts the chain): {', '.join(c for c, _ in unused)}, "
                + ("; ".join(bad) if bad else "finite")) if unused else ""
+    failed = par.breached()
+    measured = (f"failed {failed} ({par.regime} tolerance)" if failed else
+                f"KL mean <= {worst.kl_mean:.2e}, top-1 >= {min(m.top1_agreement for m in par.metrics):.3f}, "
+                f"state cos >= {min(m.state_cos_mean for m in par.metrics):.4f}")
     return Stage("parity", "pass" if par.passed and not bad else "fail",
                  f"strict load into the reference drafter; bf16 vs fp32 CPU over {par.steps} steps x {par.tokens} "
-                 f"anchors ({par.inputs.split(':')[0]}): KL mean <= {worst.kl_mean:.2e}, top-1 >= "
-                 f"{min(m.top1_agreement for m in par.metrics):.3f}{not_run}", data=par.to_json())
+                 f"anchors ({par.inputs.split(':')[0]}): {measured}{not_run}", data=par.to_json())
 
 
 def _smoke(d: DrafterCheckpoint | FamilyCheckpoint, t: Target | None, servable: bool, measured: Measurement | None,
@@ -313,9 +315,8 @@ def _family_gate(req: CheckRequest, d: FamilyCheckpoint, t: Target | None, smoke
                                          time.perf_counter() - t0, {"family": d.family.id, "summary": rep.summary},
                                          requested=True)],
                       list(rep.findings), root=d.ckpt.root)
-    limit = ReferenceLimitError(f"{d.source}: {d.family.name}: {reading.reference}",
-                                hint=f"eaglectl smoke {shlex.quote(d.source)} --target TARGET --engine vllm (vLLM "
-                                     "serves the method)")
+    limit = ReferenceLimitError(f"{d.source}: {d.family.name}: {reading.reference}")
+    limit.measure_with(d.source, req.target)  # vLLM serves the method
     out.stages.append(undecided("parity", limit)
                       if servable else Stage("parity", "skipped", "inspect found errors"))
     out.stages.append(undecided("smoke", missing, requested=True) if missing is not None else

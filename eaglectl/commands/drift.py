@@ -463,6 +463,8 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
     at a time (a first pass collects the embedding rows a drafter without its own table needs)."""
     import torch
 
+    from ..model.blocks import owned
+
     model = d.build(torch.float32, "cpu")
     ids = ids or d.spec.capture_ids(captured.num_layers)  # type: ignore[arg-type]  # the measured layers when given
     fetch = ids + ((0,) if not d.has_embed and 0 not in ids else ())
@@ -490,7 +492,7 @@ def _states_run(d: LoadedDrafter, captured: States, proto: Protocol, depth: int,
     def sequences() -> Iterator[Sequence]:
         for r in captured.requests(fetch, slice(0, count), vocab=d.args.vocab_size):
             T = len(r.token_ids)
-            aux = torch.from_numpy(np.ascontiguousarray(r.hidden[:, : len(ids)], dtype=np.float32).reshape(1, T, -1))
+            aux = owned(r.hidden[:, : len(ids)], np.float32).reshape(1, T, -1)
             anchors = anchor_positions(T - 1 - max_tokens, T - 2, proto.anchor_every)
             if anchors:
                 yield Sequence(r.token_ids.tolist(), aux, anchors)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..checkpoint.drafter import open_drafter
-from ..errors import MissingDependencyError, UsageError
+from ..errors import MissingDependencyError, ReferenceLimitError, UsageError
 from ..measure.parity import ParityReport, compare, real_inputs, same_shape, synthetic_inputs, upgrade_provenance
 from ..measure.probe import measured_layers
 from ..measure.target import Target
@@ -45,7 +45,11 @@ def run(req: VerifyRequest, progress: Progress = passthrough) -> ParityReport:
         raise MissingDependencyError("--device cuda: no CUDA device is available", hint="run on a GPU machine")
     cand_d = open_drafter(candidate, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle)
     ref_d = open_drafter(against, from_dialect=req.against_from, allow_pickle=req.allow_pickle) if against else cand_d
-    cand, ref = load_reference(cand_d), load_reference(ref_d)
+    try:
+        cand, ref = load_reference(cand_d), load_reference(ref_d)
+    except ReferenceLimitError as e:  # the hint measures this drafter on this target, as it runs when pasted
+        e.measure_with(candidate, target)
+        raise
     same_shape(cand, ref)
     t = Target.open(target, req.states, progress=progress, text=req.text)
     layers = None

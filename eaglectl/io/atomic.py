@@ -92,6 +92,19 @@ def check_destination(dest: str | os.PathLike[str], *, force: bool = False,
     final = resolve_dest(dest)
     refuse_overlap(final, sources)
     _existing(final, force, replaceable)
+    _writable(final)
+
+
+def _writable(final: Path) -> None:
+    """DEST's folder (or the nearest one that exists, where the missing ones will be made) takes a new entry: a
+    read-only or full place is refused before minutes of measuring, not after."""
+    where = final.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{final.name}.eaglectl-probe-", dir=where))
+    except OSError as e:
+        raise filesystem_error(e, "create the destination in", where) from None
 
 
 def write_file(path: str | os.PathLike[str], data: bytes, *, doing: str = "write") -> Path:

@@ -175,7 +175,8 @@ def step_metrics(step: int, ref: StepOutput, cand: StepOutput) -> StepMetrics:
     top2 = la.topk(2, dim=-1).values
     near = (top2[:, 0] - top2[:, 1]) < NEAR_TIE_NATS
     agree = a.argmax(-1) == b.argmax(-1)
-    cos = torch.nn.functional.cosine_similarity(za, zb, dim=-1)
+    # identical rows agree whatever their norm (cosine_similarity says 0 for two zero vectors)
+    cos = torch.where((za == zb).all(-1), 1.0, torch.nn.functional.cosine_similarity(za, zb, dim=-1))
     return StepMetrics(
         step=step,
         logits_max_abs=float((a - b).abs().max()),
@@ -206,6 +207,29 @@ def judge(m: StepMetrics, ref: StepOutput, cand: StepOutput, regime: str) -> boo
     tol = TOLERANCES["low-precision"]
     return (m.kl_mean <= tol["kl_mean_max"] and m.top1_agreement >= tol["top1_agreement_min"]
             and m.state_cos_mean >= tol["state_cos_mean_min"])
+
+
+def breaches(m: StepMetrics, regime: str | None) -> list[str]:
+    """What failed at this step, each as the measured value against its limit ("state_cos_mean 0.000 < 0.999")."""
+    if m.passed is not False or regime is None:
+        return []
+    if regime == "exact":
+        return [f"{name} {value:.2e} > 0" for name, value in (("logits_max_abs", m.logits_max_abs),
+                                                               ("state_max_abs", m.state_max_abs)) if not value == 0]
+    if regime == "fp32":
+        tol = TOLERANCES["fp32"]
+        return [f"logits max |diff| {m.logits_max_abs:.2e} (rel {m.logits_max_rel:.2e}), state max |diff| "
+                f"{m.state_max_abs:.2e} (rel {m.state_max_rel:.2e}): beyond allclose(rtol={tol['rtol']:g}, "
+                f"atol={tol['atol']:g})"]
+    tol = TOLERANCES[regime]
+    out = []  # `not (x <= limit)`: a NaN is a breach too
+    if not m.kl_mean <= tol["kl_mean_max"]:
+        out.append(f"KL mean {m.kl_mean:.2e} > {tol['kl_mean_max']:.0e}")
+    if not m.top1_agreement >= tol["top1_agreement_min"]:
+        out.append(f"top-1 {m.top1_agreement:.3f} < {tol['top1_agreement_min']}")
+    if "state_cos_mean_min" in tol and not m.state_cos_mean >= tol["state_cos_mean_min"]:
+        out.append(f"state_cos_mean {m.state_cos_mean:.3f} < {tol['state_cos_mean_min']}")
+    return out
 
 
 # ----------------------------------------------------------------------------------- warm start
@@ -389,7 +413,12 @@ class ParityReport(Result):
             return ParityMismatchError(f"{self.candidate['source']}: {self.unrun_differences[0]} (the reference does "
                                        "not run it: P-EAGLE's parallel slots)", reported=True)
         return ParityMismatchError(f"{self.candidate['source']}: step(s) {', '.join(failed)} exceed the {self.regime} "
-                                   "tolerance", reported=True)
+                                   f"tolerance ({self.breached()})", reported=True)
+
+    def breached(self) -> str:
+        """Each failed step's measured values against their limits, in one phrase."""
+        return "; ".join(f"step {m.step}: {', '.join(b)}" for m in self.metrics
+                         if (b := breaches(m, self.regime)))
 
     def payload(self) -> dict[str, Any]:
         return {

@@ -33,6 +33,7 @@ import torch
 from ..checkpoint.drafter import DrafterCheckpoint
 from ..errors import EaglectlError, IncompatibleDrafterError, InvalidStatesError
 from ..io.states import States, compact_embedding
+from ..model.blocks import owned
 from ..model.loader import LoadedDrafter, load_reference
 from ..model.replay import Continuation, LoopCounts, replay
 from ..progress import Progress, passthrough
@@ -257,7 +258,7 @@ def states_session(states: States, boundaries: set[int], tokens: int, steps: int
         T = min(len(labels) - steps, tokens - got)
         if T < 1:
             continue
-        hidden = torch.from_numpy(np.ascontiguousarray(req.hidden, dtype=np.float32))
+        hidden = owned(req.hidden, np.float32)
         tok = torch.from_numpy(req.token_ids[: T + steps].copy())[None]
         if table is not None:
             rows = (tok, table)

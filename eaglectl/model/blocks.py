@@ -6,8 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+
+
+def owned(a: np.ndarray, dtype: Any = None) -> torch.Tensor:
+    """A tensor of an array (as `dtype`, contiguous), copied only where the array is read-only (bytes read from a
+    file, a memory map): torch warns on, and must never write through, a read-only buffer."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 @dataclass(frozen=True)

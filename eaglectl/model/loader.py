@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from .. import counters as loads
@@ -16,7 +15,7 @@ from ..io.dtypes import FLOAT_DTYPES
 from ..io.jsonio import ConfigView
 from ..io.quant import config_problem, dequantize, layout_of, scale_of
 from ..spec import DrafterSpec, layer_index
-from .blocks import MLADims
+from .blocks import MLADims, owned
 from .mla import mla_rope, rope_kind
 from .reference import ROPE_KINDS, Drafter, DrafterArgs
 
@@ -176,8 +175,8 @@ def load_reference(d: DrafterCheckpoint, shared: Mapping[str, torch.Tensor] | No
         if quant is not None and canon in quant.quantized:
             value = dequantize(d, canon, quant)
         else:
-            value = np.ascontiguousarray(d.view.read(canon))
-        t = torch.from_numpy(value if value.flags.writeable else value.copy())
+            value = d.view.read(canon)
+        t = owned(value)
         tensors[canon] = t.long() if canon == "d2t" else t if canon == "t2d" else t.float()
     stored = {c: d.view.info(c).dtype for c in d.view.names()}
     d.memo["fp32"] = loaded = LoadedDrafter(d.source, d.dialect.name, d.spec, args, tensors, stored,

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..errors import CorruptCheckpointError
 from ..limits import limit
+from .blocks import owned
 
 if TYPE_CHECKING:
     from ..checkpoint.target import TargetCheckpoint
@@ -230,5 +231,5 @@ def load_native(target: TargetCheckpoint, dtype: torch.dtype) -> Llama | None:
                                          f"make it {list(want)} ({', '.join(f'{k} {v}' for k, v in sizes.items())})",
                                          path=target.source, tensor=stored,
                                          hint="fix the target's config.json to describe its weights")
-    weights = {n: torch.from_numpy(target.ckpt.read(stored)).to(torch.float32) for n, stored in names.items()}
+    weights = {n: owned(target.ckpt.read(stored), "float32") for n, stored in names.items()}
     return Llama(config, weights)

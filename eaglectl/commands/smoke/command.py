@@ -90,7 +90,7 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     return measure(d, t, replace(req, baselines=tuple(baselines)), progress=progress)
 
 
-def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: str | None) -> None:
+def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: str | None, target: str) -> None:
     """Refuse, as undecided, a family this engine cannot measure: the limit is eaglectl's or the engine's, never
     the drafter's (ReferenceLimitError and MissingDependencyError are `check`'s undecided)."""
     reading = fc.family.reading
@@ -101,7 +101,9 @@ def _measurable(fc: FamilyCheckpoint, engine: str, python: str | None, runner: s
         said = (f"{fc.source}: {fc.family.name} (method {reading.method}): undecided, smoke cannot measure it here: "
                 f"{why}")
         if engine == "reference":
-            raise ReferenceLimitError(said)
+            e = ReferenceLimitError(said)
+            e.measure_with(fc.source, target)
+            raise e
         raise MissingDependencyError(said, hint="a vLLM build whose runner serves the method "
                                      "(docs/families.md#smoke-what-vllms-cpu-build-serves)")
     if runner is not None and not reading.eagle3_layout:
@@ -124,7 +126,7 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
     python = find_vllm_python(vllm_python) if engine == "vllm" else None
     fc = family_of(d)  # None: plain EAGLE-3
     if fc is not None:
-        _measurable(fc, engine, python, runner)
+        _measurable(fc, engine, python, runner, req.target)
     own = not d.eagle3_layout  # DFlash / DSpark: no EAGLE-3 reading, no runner readings
     # a context-length axis widens the window to its longest bucket (what the engine must hold)
     max_model_len = max([req.max_model_len] + [n + max_tokens + k + 2 for n in context_lengths])

@@ -160,7 +160,8 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     result = UpgradeResult(source, dest, bool(steps), steps, choice.init, choice.fitted[2],
                            ConversionResult(plan, False, []), None,
                            _notes(steps, init, choice, acceptance, ids, again + (f" --to {to}" if req.to else "") + (
-                               f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "")),
+                               f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "") + (
+                               "" if req.dry_run else " --force")),  # a note is read after DEST is written
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
                            _next_command(dest, target, report, req.runner))
@@ -386,9 +387,9 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
     if init == "auto" and chosen == "ones" and not candidates:  # nothing measured: say how to measure
         notes.append("fc_norm init 'ones' (unit weights), chosen without measuring: a runnable target ranks every "
                      "init by acceptance, `fit` too (on the fixtures `fit` keeps 98.0% of the acceptance length where "
-                     f"`ones` keeps 83.9%): {again} --target TARGET; or capture the target's states once where it "
-                     f"runs: eaglectl capture TARGET --out DIR; then rank the closed-form inits here: {again} "
-                     "--states DIR")
+                     f"`ones` keeps 83.9%): {again} --target TARGET (a runnable target), or capture the target's "
+                     "states once where it runs (eaglectl capture TARGET --out DIR) and rank the closed-form inits "
+                     f"here ({again} --states DIR)")
     if acceptance is not None and ids is not None:
         for who, key in (("the source", "source_boundary_ids"), ("the output", "dest_boundary_ids")):
             if list(acceptance[key]) != list(ids):

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ...model.blocks import owned
+
 if TYPE_CHECKING:
     from ...io.states import Request
     from ...model.loader import LoadedDrafter
@@ -98,8 +100,8 @@ def from_requests(requests: Iterable[Request], steps: int, limit: int, length: i
             T = min(length, n - start)
             if T < 2 or got >= limit:
                 break
-            tok = torch.from_numpy(np.ascontiguousarray(req.token_ids[start: start + T + steps], dtype=np.int64))
-            lab = torch.from_numpy(np.ascontiguousarray(labels[start: start + T + steps], dtype=np.int64))
+            tok = owned(req.token_ids[start: start + T + steps], np.int64)
+            lab = owned(labels[start: start + T + steps], np.int64)
             y = torch.stack([lab[j + 1: j + 1 + T] for j in range(steps)])
             out.append(Sequence(torch.from_numpy(hidden[start: start + T].copy()), tok, y))
             got += T

@@ -219,6 +219,8 @@ def _capture_table(tgt: Target) -> torch.Tensor:
     weights when its files hold them, else the rows of the tokens seen, read off boundary 0."""
     import torch
 
+    from ...model.blocks import owned
+
     assert tgt.states is not None
     if tgt.checkpoint.ckpt.tensor_file:
         name = tgt.checkpoint.table_name("embed_tokens")
@@ -234,7 +236,7 @@ def _capture_table(tgt: Target) -> torch.Tensor:
             rows.setdefault(int(t), h)
     table = torch.zeros(max(rows) + 1, len(next(iter(rows.values()))))
     for t, h in rows.items():
-        table[t] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+        table[t] = owned(h, np.float32)
     return table
 
 
