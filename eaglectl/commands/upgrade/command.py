@@ -388,8 +388,8 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
         notes.append("fc_norm init 'ones' (unit weights), chosen without measuring: a runnable target ranks every "
                      "init by acceptance, `fit` too (on the fixtures `fit` keeps 98.0% of the acceptance length where "
                      f"`ones` keeps 83.9%): {again} --target TARGET (a runnable target), or capture the target's "
-                     "states once where it runs (eaglectl capture TARGET --out DIR) and rank the closed-form inits "
-                     f"here ({again} --states DIR)")
+                     "states once where it runs with eaglectl capture TARGET --out DIR, then rank the closed-form "
+                     f"inits here with {again} --states DIR")
     if acceptance is not None and ids is not None:
         for who, key in (("the source", "source_boundary_ids"), ("the output", "dest_boundary_ids")):
             if list(acceptance[key]) != list(ids):
