@@ -200,3 +200,5 @@ def filesystem_error(e: OSError, doing: str, path: object | None = None) -> File
 
 # every error type but UsageError (exit 2 is also Click's), in declaration order
 ERROR_TYPES: tuple[type[EaglectlError], ...] = tuple(c for c in EaglectlError.__subclasses__() if c is not UsageError)
+# the specific failures' codes, as --help and the README say them (3-N)
+SPECIFIC_EXIT_CODES = f"3-{max(c.exit_code for c in ERROR_TYPES if c.exit_code < 70)}"

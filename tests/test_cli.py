@@ -114,6 +114,13 @@ def test_changelog_names_every_exit_code_and_dialect():
         assert f"`{name}`" in log
 
 
+def test_the_readme_and_help_name_the_exit_codes_errors_declares(invoke):
+    """The range of specific failures is computed from errors.py; the README says the same."""
+    assert errors.SPECIFIC_EXIT_CODES == f"3-{max(c.exit_code for c in errors.ERROR_TYPES if c.exit_code < 70)}"
+    assert f"{errors.SPECIFIC_EXIT_CODES} specific failures" in (ROOT / "README.md").read_text()
+    assert f"{errors.SPECIFIC_EXIT_CODES} specific failures" in " ".join(invoke("--help").stdout.split())
+
+
 def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Set up and run", 1)[1].split("```bash", 1)[1].split("```", 1)[0]

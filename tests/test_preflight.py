@@ -58,8 +58,9 @@ def test_without_vllm_an_unsupported_target_fails_with_the_tables_answer_labelle
     assert r.exit_code == doc["exit_code"] == 1
     [f] = _preflight(doc)
     assert f["rule_id"] == "target-eagle3-unsupported" and f["severity"] == "error" and f["locator"] == str(granite)
-    assert f["message"].startswith("vLLM 0.32 (assumed: eaglectl's table): GraniteMoeForCausalLM (its class, "
-                                   "model_executor/models/granitemoe.py) does not implement SupportsEagle3")
+    assert f["message"].startswith("in vLLM 0.32 (assumed: eaglectl's table of vLLM 0.8.5–0.34.0, not asked), "
+                                   "GraniteMoeForCausalLM (its class, model_executor/models/granitemoe.py) does not "
+                                   "implement SupportsEagle3")
     assert "'Model does not support EAGLE3 interface'" in f["message"] and "from vLLM 0.33.0 it does" in f["message"]
     s = doc["target_support"]
     assert s["basis"].startswith("assumed") and s["supports_eagle3"] is False and s["since"] == "0.33.0"
@@ -96,7 +97,8 @@ def test_engine_version_reads_the_release_that_added_the_capture(invoke, tmp_pat
     r, doc = _inspect(invoke, hybrid, "--engine-version", "0.23")
     [f] = _preflight(doc)
     assert r.exit_code == 1 and f["rule_id"] == "target-eagle3-unsupported"
-    assert f["message"].startswith("vLLM 0.23 (assumed: eaglectl's table): Qwen3NextForCausalLM (its class, "
+    assert f["message"].startswith("in vLLM 0.23 (assumed: eaglectl's table of vLLM 0.8.5–0.34.0, not asked), "
+                                   "Qwen3NextForCausalLM (its class, "
                                    "model_executor/models/qwen3_next.py; hybrid attention/recurrent)")
     assert "from vLLM 0.24.0 it does" in f["message"]
     r, doc = _inspect(invoke, hybrid, "--engine-version", "0.24")
@@ -141,8 +143,8 @@ def test_vllm_is_asked_in_the_drafters_worker_run(invoke, tmp_path, monkeypatch,
     assert r.exit_code == 1
     [f] = _preflight(doc)
     assert f["rule_id"] == "target-eagle3-unsupported"
-    assert f["message"].startswith(f"vLLM {version} (asked): GraniteMoeForCausalLM (its class, "
-                                   "model_executor/models/granitemoe.py) does not implement SupportsEagle3")
+    assert f["message"].startswith(f"in vLLM {version} (asked of vLLM {version}), GraniteMoeForCausalLM (its "
+                                   "class, model_executor/models/granitemoe.py) does not implement SupportsEagle3")
     assert "from vLLM 0.33.0 it does" in f["message"]
     s = doc["target_support"]
     assert s["basis"] == f"asked vLLM {version} (its own code)" and s["num_layers"] == 8 and s["kind"] == "attention"

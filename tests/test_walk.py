@@ -144,3 +144,16 @@ def test_no_warning_on_stderr_is_another_librarys(kind, float32_target, tmp_path
                            cwd=ROOT)
         assert r.returncode in (0, 1), (args, r.stderr[-2000:])
         assert not FOREIGN_WARNING.search(r.stderr), (args, r.stderr[-2000:])
+
+
+def test_the_words_say_what_the_engine_does(invoke, tmp_path):
+    """use_sliding_window alone says vLLM reads a window only from layer_types; the 4-aux hint names SGLang's
+    release; a weaker detection reads as weaker."""
+    src = edited(DRAFTERS / "specforge-3.1", tmp_path, name="w", config={"use_sliding_window": True,
+                                                                          "sliding_window": 64})
+    doc = json.loads(invoke("inspect", src, "--json").stdout)
+    (f,) = [f for f in doc["findings"] if f["rule_id"] == "sliding-window-ignored"]
+    assert "vLLM applies a window only through layer_types" in f["message"] and ": off" not in f["message"]
+    from eaglectl.rules import RULES
+
+    assert "SGLang 0.5.23" in (RULES["aux-count-not-3"].hint() or "")

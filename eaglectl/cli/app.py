@@ -16,7 +16,14 @@ import click
 from click.shell_completion import get_completion_class
 
 from .. import __version__, threads
-from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, EaglectlError, filesystem_error
+from ..errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    SPECIFIC_EXIT_CODES,
+    EaglectlError,
+    filesystem_error,
+)
 from ..rules import explain
 from . import params as params
 from . import report, table
@@ -101,7 +108,7 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     """Inspect, convert, upgrade, verify and smoke-test EAGLE-3 / EAGLE-3.1 drafters.
 
     Exit codes: 0 ok, 1 findings at error level (warnings too with --strict), 2 usage,
-    3-22 specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
+    {specific} specific failures (docs/errors.md), 70 internal error, 130 Ctrl-C, 143 SIGTERM.
     """
     if quiet and verbose:
         raise click.UsageError("give -q/--quiet or -v/--verbose, not both")
@@ -109,6 +116,9 @@ def cli(debug: bool, quiet: bool, verbose: bool) -> None:
     threads.configure()  # torch's threads: OMP_NUM_THREADS, else the cores this process may use
     report.pulse.hold()  # off a terminal, a line on stderr at least every HEARTBEAT_S until the command ends
     click.get_current_context().call_on_close(report.pulse.release)
+
+
+cli.help = (cli.help or "").format(specific=SPECIFIC_EXIT_CODES)  # the codes errors.py declares
 
 
 # -------------------------------------------------------------------------------- the commands, in help order

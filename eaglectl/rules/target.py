@@ -78,15 +78,14 @@ def target_capture_support(ctx: Context) -> None:
         return  # a hybrid target vLLM supports: nothing concrete differs in what it captures (docs/engines.md)
     kind = {"hybrid": "; hybrid attention/recurrent", "recurrent": "; recurrent, no attention"}.get(s.kind or "", "")
     cls = f"{s.model_class or s.architecture} (its class" + (f", {s.module}" if s.module else "") + f"{kind})"
-    said = f"vLLM {s.version} (asked)" if s.basis.startswith("asked") else \
-        f"vLLM {s.version} ({how_known(s.basis, s.version)})"
+    how = how_known(s.basis, s.version, f"assumed: eaglectl's table of vLLM {TARGET_TABLE_RELEASES}, not asked")
     if s.later:
-        later = f"; from vLLM {s.later} it does (eaglectl's table)"
+        later = f"; from vLLM {s.later} it does (eaglectl's table): serve that release"
     elif s.since is None and target_capture(s.architecture) is not None:
-        later = f"; none of vLLM {TARGET_TABLE_RELEASES} does (eaglectl's table)"
+        later = f"; no vLLM release of {TARGET_TABLE_RELEASES} captures from it (eaglectl's table): another target"
     else:
         later = ""
-    ctx.emit(rule.TARGET_EAGLE3_UNSUPPORTED, f"{said}: {cls} does not implement "
+    ctx.emit(rule.TARGET_EAGLE3_UNSUPPORTED, f"in vLLM {s.version} ({how}), {cls} does not implement "
              f"SupportsEagle3: `vllm serve` fails with 'Model does not support EAGLE3 interface'{later}",
              ctx.target.source)
 

@@ -36,9 +36,10 @@ def sliding_window(ctx: Context) -> None:
         ctx.emit(rule.SLIDING_WINDOW_SGLANG, f"window {spec.sliding_window} on layer(s) {slide}", where)
         return
     # max_window_layers only means something beside use_sliding_window (Qwen configs carry it either way)
-    asked = ["use_sliding_window"] if layer.bool("use_sliding_window") is True else []
+    asked = ["use_sliding_window: true (vLLM applies a window only through layer_types)"] \
+        if layer.bool("use_sliding_window") is True else []
     if "sliding_attention" in types:
-        asked.append("layer_types" + (" on an MLA drafter" if spec.arch == "mla" else " without sliding_window"))
+        asked.append("layer_types" + (" on an MLA drafter" if spec.arch == "mla" else " without sliding_window") +
+                     f" ({spec.sources.get('sliding_window', 'no window')})")
     if asked:
-        ctx.emit(rule.SLIDING_WINDOW_IGNORED, f"{', '.join(asked)}: {spec.sources.get('sliding_window', 'off')}",
-                 ctx.at(asked[0].split()[0]))
+        ctx.emit(rule.SLIDING_WINDOW_IGNORED, "; ".join(asked), ctx.at(asked[0].split(":")[0].split()[0]))

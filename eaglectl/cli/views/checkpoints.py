@@ -46,7 +46,8 @@ def render_inspect(report: InspectReport) -> None:
     mine = next((x.score for x in d.detections if x.dialect == d.dialect.name), 0) or 0
     for x in d.detections:
         if x.dialect != d.dialect.name and x.score is not None:
-            out.print(f"  [dim]also fits {x.dialect} (score {x.score:g} vs {mine:g})[/]")
+            out.print(f"  [dim]also fits {x.dialect}, less well (its score {x.score:g}, {d.dialect.name}'s "
+                      f"{mine:g})[/]")
     fam = report.family
     if fam is not None:  # a family in the EAGLE-3 layout (P-EAGLE): its own rules run too
         say("family   ", f"{fam.family.name}: " + "; ".join(fam.evidence))
