@@ -194,7 +194,7 @@ def test_quiet_and_verbose_work_after_the_subcommand_too(invoke):
 def test_an_engine_given_as_a_dialect_points_at_for_in_eaglectls_error_style(invoke, tmp_path):
     r = invoke("convert", DRAFTERS / "speculators-3", tmp_path / "o", "--to", "vllm")
     assert r.exit_code == 2 and r.stderr.startswith("error[usage]: ") and "Error:" not in r.stderr
-    assert "hint: eaglectl convert SOURCE DEST --for vllm" in r.stderr
+    assert f"hint: eaglectl convert {DRAFTERS / 'speculators-3'} {tmp_path / 'o'} --for vllm" in r.stderr
     doc = json.loads(invoke("convert", DRAFTERS / "speculators-3", tmp_path / "o", "--to", "vllm", "--json").stdout)
     assert "--for vllm" in doc["error"]["hint"]
     r = invoke("upgrade", DRAFTERS / "speculators-3", tmp_path / "o", "--to", "sglang")
@@ -221,7 +221,7 @@ def test_the_four_messages(invoke, tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "mkdtemp", read_only)
     r = invoke("convert", DRAFTERS / "speculators-3", tmp_path / "o", "--to", "modelopt")
-    assert r.exit_code == 15 and "cannot create a staging folder in it (Read-only file system)" in r.stderr
+    assert r.exit_code == 15 and "cannot create the destination in it (Read-only file system)" in r.stderr
     assert " in (" not in r.stderr
     monkeypatch.undo()
     r = invoke("smoke", TRAINED / "eagle3", "--target", TRAINED / "target", "--vllm-python", tmp_path / "nope")

@@ -335,8 +335,8 @@ def test_a_safeailab_upgrade_is_no_worse_on_strict_and_says_how_to_measure(invok
     assert after.get("aux-ids-implicit") == "info" and "aux-ids-missing" not in after, after
     added = {k for k, v in after.items() if v == "warning"} - {k for k, v in before.items() if v == "warning"}
     assert added <= {"needs-fine-tuning"}, added
-    assert "eaglectl capture TARGET --out DIR;" in r.stdout
-    assert f"eaglectl upgrade {src} {out} --to speculators --base-model org/name --states DIR" in r.stdout
+    assert "eaglectl capture TARGET --out DIR," in r.stdout
+    assert f"eaglectl upgrade {src} {out} --to speculators --base-model org/name --force --states DIR" in r.stdout
     q = invoke("-q", "upgrade", TRAINED / "eagle3", tmp_path / "q", "--to", "speculators", "--base-model", "org/n",
                "--target", TRAINED / "target", "--init", "ones", "--no-fidelity")
     assert q.exit_code == 0 and "acceptance length" in q.stdout and "kept" in q.stdout, q.stdout

@@ -74,6 +74,13 @@ def say(prefix: str, text: str = "", *, items: list[str] | None = None, indent: 
     hang = lead if indent is None else indent
     hang = hang if hang <= width // 2 else 4
     shown = [printable(x) for x in items] if items is not None else None
+    head = (shown[0] if shown else None) if shown is not None else next(iter(printable(text).split()), None)
+    if head is not None and prefix.strip() and cell_len(head) > width - lead:
+        # the first path or word fits no line after the prefix: the prefix alone, then the rest below it, as far
+        # left as the longest first piece needs
+        out.print(prefix.rstrip())
+        hang = lead = min(hang, max(0, width - cell_len(head)))
+        prefix = " " * lead
     lines = (wrap_items(shown, width - hang, first=width - lead, sep=sep) if shown is not None else
              wrap_words(printable(text), width - hang, first=width - lead))
 
