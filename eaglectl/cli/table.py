@@ -242,7 +242,8 @@ Examples:
               show_default=True,
               help="Draft tokens per step (k).")
 @click.option("--prompts", default=SmokeRequest.prompts, show_default=True,
-              help="builtin:short, builtin:long, builtin:calibration, a JSONL file ({'prompt': text}, {'messages': "
+              help="builtin:short (code), builtin:long, builtin:calibration, builtin:chat, builtin:prose, "
+                   "builtin:math (upgrade's report prompts of each kind), a JSONL file ({'prompt': text}, {'messages': "
                    "[...]} or {'prompt_token_ids'}), or a local SPEED-Bench folder (parquet; reported per category).")
 @click.option("--num-prompts", type=click.IntRange(1, 10000), default=SmokeRequest.num_prompts, show_default=True,
               help="How many prompts to run.")
@@ -381,8 +382,8 @@ Examples:
                    "(what the probe compares), plus 0 and L.")
 @click.option("--drafter", metavar="DRAFTER", help="The drafter whose layers --layers auto captures.")
 @click.option("--prompts", default=CaptureRequest.prompts, show_default=True,
-              help="builtin:calibration, builtin:short, builtin:long, or a JSONL file ({'prompt'}, {'messages'} "
-                   "or {'prompt_token_ids'}).")
+              help="builtin:calibration, builtin:short, builtin:long, builtin:chat, builtin:prose, builtin:math, or "
+                   "a JSONL file ({'prompt'}, {'messages'} or {'prompt_token_ids'}).")
 @click.option("--num-prompts", type=click.IntRange(1, 1_000_000), default=CaptureRequest.num_prompts, show_default=True,
               help="Requests to capture.")
 @click.option("--length", type=click.IntRange(8, 1 << 20), default=CaptureRequest.length, show_default=True,
@@ -434,7 +435,8 @@ Examples:
               show_default=True,
               help="k of the acceptance loop (the same loop as smoke --engine reference).")
 @click.option("--prompts", default=DriftRequest.prompts, show_default=True,
-              help="builtin:short, builtin:long, builtin:calibration, or a JSONL file (as smoke).")
+              help="builtin:short, builtin:long, builtin:calibration, builtin:chat, builtin:prose, builtin:math, or a "
+                   "JSONL file (as smoke).")
 @click.option("--num-prompts", type=click.IntRange(1, 10000), default=DriftRequest.num_prompts, show_default=True,
               help="Prompts per "
               "condition (with --states: captured requests).")

@@ -38,6 +38,7 @@ from ..io.bounded import open_regular, walk
 from ..io.jsonio import loads
 from ..limits import limit
 from ..model.tokens import PlainTokenizer
+from . import kinds
 
 DATA = Path(__file__).parents[1] / "data"
 HELDOUT = DATA / "heldout-code.txt"
@@ -53,7 +54,7 @@ class PromptSet:
     labels: list[dict[str, Any]] = field(default_factory=list)  # per prompt: SPEED-Bench category, bucket
 
 
-BUILTIN_PROMPTS = ("short", "long", "calibration")
+BUILTIN_PROMPTS = ("short", "long", "calibration", *kinds.SEEDED)
 TEMPLATES = ("training", "changed", "none")  # drift --templates: the chat template as trained, changed, none
 
 
@@ -108,6 +109,12 @@ def _builtin(spec: str, tokenizer: Any, count: int, room: int, seed: int, length
         for i, p in enumerate(ps.prompts):
             check_ids(f"{spec} (window {i})", p, vocab)
         return ps
+    if kind in kinds.SEEDED:  # the report prompts of a kind of text: what upgrade reports that kind on
+        got = kinds.seed_prompts(tokenizer, kind, "report", count, min(room, 64))
+        if length:
+            got = at_length(got, length)
+        return PromptSet(spec, [check_ids(f"{spec} (prompt {i})", ids, vocab) for i, ids in enumerate(got)],
+                         f"{len(got)} {kind} prompts (eaglectl's seed prompts, the report role of measure/kinds.py)")
     n = count if kind == "short" or length else max(1, count // 4)
     length = length or (64 if kind == "short" else max(64, room))
     prompts = [check_ids(f"{spec} (prompt {i})", ids, vocab)

@@ -272,12 +272,16 @@ def render_upgrade(result: UpgradeResult) -> None:
             f"{f['seconds']:.1f} s", indent=2)
     if result.init_candidates:
         by_loop = "acceptance_kept" in result.init_candidates[0]
+        kinds = list(result.init_candidates[0].get("by_kind") or {}) if by_loop else []
         where = result.acceptance["ranked_on"]["description"] if result.acceptance else "held-out prompts"
-        say("fc_norm inits, ranked by ", (f"the reference loop's acceptance kept on {where}" if by_loop
+        say("fc_norm inits, ranked by ", (f"the reference loop's acceptance kept on the kind of text where it keeps "
+                                          f"least, on {where}" if kinds else
+                                          f"the reference loop's acceptance kept on {where}" if by_loop
                                           else "FC-output error on held-out requests of the capture") + ":", indent=2)
-        out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error"], [
-            (c["init"], f"{100 * c['acceptance_kept']:.1f}%" if by_loop
-             else f"{c['heldout_fc_output_relative_error']:.4f}")
+        out.print(table(None, ["init", "acceptance kept" if by_loop else "held-out FC error", *kinds], [
+            (c["init"], (f"{100 * c['acceptance_kept']:.1f}%" + (f" ({c['worst_kind']})" if kinds else ""))
+             if by_loop else f"{c['heldout_fc_output_relative_error']:.4f}",
+             *(f"{100 * c['by_kind'][k]['acceptance_kept']:.1f}%" for k in kinds))
             for c in result.init_candidates]))
     if result.fidelity is not None:
         say("fidelity to the source ", f"({result.fidelity.inputs}):", indent=2)
@@ -311,6 +315,15 @@ def _upgrade_ending(result: UpgradeResult) -> None:
         if acc.get("reproduce"):
             say("  ", "the inits were ranked on other prompts; vLLM measures this figure with:", indent=4)
             click.echo(f"    {acc['reproduce']}")  # unwrapped: a command to copy
+        kinds = (acc.get("by_kind") or {}).get("kinds") or {}
+        if kinds:
+            worst = acc["by_kind"]["worst_kind"]
+            say("  by kind of text ", "(the target's continuations of bundled prompts, never ranked or fitted on; "
+                "95% bootstrap interval of kept): " + ", ".join(
+                    f"{k} {v['before']:.3f} -> {v['after']:.3f} ({100 * v['kept']:.1f}%, "
+                    f"{100 * v['interval']['kept'][0]:.1f}-{100 * v['interval']['kept'][1]:.1f}%)"
+                    for k, v in kinds.items()) + f"; least kept: {worst}. These are the bundled kinds"
+                + ("" if acc["prompts"]["given"] else "; on your own prompts: --prompts FILE"), indent=4)
     elif result.changed:
         say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer)", indent=2)
     if result.changed:

@@ -138,12 +138,12 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
     runnable = tgt is not None and tgt.runnable
-    work, report = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps
-                    else (None, None))
+    work, report, by_kind = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps
+                             else (None, None, None))
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
-              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report)
+              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report, by_kind)
     choice = choose_init(s, init, req.fit_fc) if "add-fc-norm" in steps else Choice()
     plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement,
                                            engines)

@@ -23,6 +23,7 @@ from ...checkpoint.drafter import DrafterCheckpoint
 from ...engines.readings import layers_read
 from ...errors import BehaviourChangedError
 from ...io import cast as casting
+from ...measure import kinds as text_kinds
 from ...measure.target import Target
 from ...measure.workload import heldout_prompts, heldout_spans, load_prompts, needs_chat, tokenizer_of
 from ...progress import Progress, passthrough
@@ -31,6 +32,7 @@ from .calibration import Fit
 if TYPE_CHECKING:
     import torch
 
+    from ...model.loader import LoadedDrafter
     from ...model.replay import LoopCounts
 
 RANK_SEED = 3  # of the bundled held-out windows the inits are ranked on
@@ -54,6 +56,7 @@ class Workload:
     max_tokens: int
     num_prompts: int
     k: int = STEPS
+    kinds: tuple[str, ...] = ()  # the kind of text of each prompt (measure/kinds.py); empty: one, the user's
 
     def identity(self) -> dict[str, Any]:
         digest = hashlib.sha256(json.dumps(self.prompts, separators=(",", ":")).encode()).hexdigest()
@@ -69,21 +72,42 @@ class Workload:
             f" {flag} {q(str(value))}" for flag, value, default in given if value != default)
 
 
-def workloads_for(tgt: Target, prompts: str | None, num_prompts: int, max_tokens: int) -> tuple[Workload, Workload]:
-    """(ranking, report). The acceptance is reported on the user's `--prompts`, else on smoke's default prompts
-    (smoke's loader and defaults: `smoke` sees the same tokens); the inits are ranked on windows of the bundled
-    held-out code that smoke's default prompts do not overlap, so the figure reported was never chosen on."""
+def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
+                  max_tokens: int) -> tuple[Workload, Workload, Workload]:
+    """(ranking, report, report by kind). The acceptance is reported on the user's `--prompts`, else on smoke's
+    default prompts (smoke's loader and defaults: `smoke` sees the same tokens), and on each kind of bundled text
+    (measure/kinds.py: chat, prose, math, code); the inits are ranked on other prompts of every kind (the code
+    windows apart from smoke's default prompts), so no figure reported was chosen on."""
 
     spec = prompts if prompts is not None else SMOKE_PROMPTS
     got = load_prompts(spec, tokenizer_of(tgt.source, chat=needs_chat(spec)), count=num_prompts,
                        max_tokens=max_tokens, max_model_len=SMOKE_MAX_MODEL_LEN, k=STEPS, seed=SMOKE_SEED)
     said = "" if prompts is not None else ": smoke's default prompts, never ranked on"
     report = Workload(got.prompts, spec, got.description + said, prompts is not None, max_tokens, num_prompts)
-    ps = heldout_prompts(tgt.model().tokenizer, num_prompts, PROMPT_TOKENS, seed=RANK_SEED,
-                         avoid=smoke_spans(num_prompts))
-    ranking = Workload(ps, "bundled", f"{len(ps)} windows of {PROMPT_TOKENS} tokens of the bundled held-out code "
-                       f"(seed {RANK_SEED}), apart from smoke's default prompts", False, max_tokens, num_prompts)
-    return ranking, report
+    tokenizer = tgt.model().tokenizer
+    per = per_kind(num_prompts)
+    ranking = _of_kinds(tokenizer, "ranking", per, max_tokens, num_prompts, code=heldout_prompts(
+        tokenizer, per, PROMPT_TOKENS, seed=RANK_SEED, avoid=smoke_spans(num_prompts)))
+    by_kind = _of_kinds(tokenizer, "report", per, max_tokens, num_prompts, code=heldout_prompts(
+        tokenizer, per, PROMPT_TOKENS, seed=SMOKE_SEED))  # code: the first of smoke's default prompts
+    return ranking, report, by_kind
+
+
+def per_kind(num_prompts: int) -> int:
+    """Prompts of each kind a role reads: half the report's count, within what every kind has for a role."""
+    return max(2, min(num_prompts // 2, *(text_kinds.available(k, "ranking") for k in text_kinds.SEEDED)))
+
+
+def _of_kinds(tokenizer: Any, role: str, per: int, max_tokens: int, num_prompts: int,
+              code: list[list[int]]) -> Workload:
+    prompts, labels = [], []
+    for kind in text_kinds.KINDS:
+        got = code if kind == "code" else text_kinds.seed_prompts(tokenizer, kind, role, per, PROMPT_TOKENS)
+        prompts += got
+        labels += [kind] * len(got)
+    seed = RANK_SEED if role == "ranking" else SMOKE_SEED
+    return Workload(prompts, "bundled", f"{len(prompts)} prompts, {per} of each kind: {text_kinds.DESCRIPTION} "
+                    f"(the {role} prompts; code: seed {seed})", False, max_tokens, num_prompts, kinds=tuple(labels))
 
 
 def smoke_spans(num_prompts: int) -> list[tuple[int, int]]:
@@ -116,6 +140,7 @@ class Setup:
     ids: tuple[int, ...] | None = None  # the boundaries the drafter was measured to read (None: not measured)
     work: Workload | None = None  # the prompts the inits are ranked on (None: no runnable target)
     report: Workload | None = None  # the prompts the acceptance is reported on, never ranked on
+    kinds_report: Workload | None = None  # the acceptance on each kind of text, never ranked on
 
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:
@@ -156,20 +181,34 @@ def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str
         right = torch.cat([correct(c, d) for c, d in zip(conts, drafted, strict=True)], dim=1)
         return 1 + float(right.long().cumprod(0).sum(0).float().mean())
 
+    groups = text_kinds.grouped(work.kinds, range(len(conts))) if work.kinds else {"all": list(range(len(conts)))}
+
+    def by_kind(drafted: list[torch.Tensor]) -> dict[str, float]:
+        return {k: counts_of([conts[i] for i in idx], [drafted[i] for i in idx]).mean_acceptance_length
+                for k, idx in groups.items()}
+
     source = chains(loaded.build(torch.float32, "cpu"), conts, aux_ids=ids, embed=table)
-    source_chain, source_al = chain(source), counts_of(conts, source).mean_acceptance_length
+    source_chain, source_al, source_kinds = chain(source), counts_of(conts, source).mean_acceptance_length, \
+        by_kind(source)
     out = []
     for init, (gammas, new_fc, _) in s.progress(list(fits.items()), label="upgrade: fc_norm inits measured"):
         drafter = loaded.build(torch.float32, "cpu", replace=stored(gammas, new_fc, s.dtype), **s.flags)
         cand = chains(drafter, conts, aux_ids=ids, embed=table)
         agreement = [float(torch.cat([(c[j] == r[j]).float() for c, r in zip(cand, source, strict=True)]).mean())
                      for j in range(work.k)]
-        al = counts_of(conts, cand).mean_acceptance_length
+        al, kinds_al = counts_of(conts, cand).mean_acceptance_length, by_kind(cand)
+        kept = {k: kinds_al[k] / source_kinds[k] for k in kinds_al}
+        worst = min(kept, key=lambda k: kept[k])  # the init is judged where it keeps least
         out.append({"init": init, "agreement_with_source": [round(a, 4) for a in agreement],
                     "estimated_acceptance_kept": round(chain(cand) / source_chain, 4),
                     "acceptance_length": round(al, 4), "source_acceptance_length": round(source_al, 4),
-                    "acceptance_kept": round(al / source_al, 4)})
-    # best first: acceptance kept, then the chain estimate; `fit` must beat a closed-form init, not tie it
+                    "acceptance_kept": round(kept[worst], 4), "pooled_acceptance_kept": round(al / source_al, 4),
+                    "worst_kind": worst if work.kinds else None,
+                    "by_kind": {k: {"acceptance_length": round(kinds_al[k], 4),
+                                    "source_acceptance_length": round(source_kinds[k], 4),
+                                    "acceptance_kept": round(kept[k], 4)} for k in kept} if work.kinds else {}})
+    # best first: acceptance kept on its worst kind, then the chain estimate; `fit` must beat a closed-form init,
+    # not tie it
     return sorted([*ranked, *out], key=lambda r: (-r["acceptance_kept"], -r["estimated_acceptance_kept"],
                                                   r["init"] == "fit"))
 
@@ -216,7 +255,31 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
         "how": "the reference loop's greedy fp32 counts on the target's greedy continuations (replayed), which "
                "equal vLLM's (docs/smoke.md#engine-parity)",
         "interval": None if work.given else bootstrap(before, after),
+        "by_kind": _by_kind(s, loaded, src_b, dst_b, fitted) if s.kinds_report is not None else None,
     }
+
+
+def _by_kind(s: Setup, loaded: LoadedDrafter, src_b: tuple[int, ...], dst_b: tuple[int, ...],
+             fitted: Fit) -> dict[str, Any]:
+    """The acceptance before and after on each kind of bundled text (prompts never ranked or fitted on), each with
+    its bootstrap interval, and the kind where the output keeps least."""
+    from ...measure.probe import replay_counts
+
+    tgt, work = s.tgt, s.kinds_report
+    assert tgt is not None and work is not None
+    before = replay_counts(loaded, tgt, work.prompts, boundaries=src_b, k=work.k, max_tokens=work.max_tokens)
+    after = replay_counts(loaded, tgt, work.prompts, boundaries=dst_b, k=work.k, max_tokens=work.max_tokens,
+                          replace=stored(fitted[0], fitted[1], s.dtype), **s.flags)
+    kinds = {}
+    for kind, pairs in text_kinds.grouped(work.kinds, list(zip(before.per_request, after.per_request,
+                                                                 strict=True))).items():
+        b, a = (np.array([[r.num_drafts, r.num_accepted_tokens] for r in side], dtype=np.float64)
+                for side in zip(*pairs, strict=True))
+        al_b, al_a = 1 + b[:, 1].sum() / max(b[:, 0].sum(), 1), 1 + a[:, 1].sum() / max(a[:, 0].sum(), 1)
+        kinds[kind] = {"before": round(float(al_b), 4), "after": round(float(al_a), 4),
+                       "kept": round(float(al_a / al_b), 4), "prompts": len(pairs), "interval": _interval(b, a),
+                       "smoke_prompts": f"builtin:{'short' if kind == 'code' else kind}"}
+    return {"kinds": kinds, "worst_kind": min(kinds, key=lambda k: kinds[k]["kept"]), "prompts": work.identity()}
 
 
 def counts_json(c: LoopCounts) -> dict[str, Any]:
@@ -229,9 +292,14 @@ def bootstrap(before: LoopCounts, after: LoopCounts) -> dict[str, Any]:
     """Percentile 95 % intervals of AL before, after and kept, resampling prompts with replacement (paired:
     one draw of prompts serves all three). AL of a draw = 1 + accepted / drafts over its prompts, as vLLM
     pools a batch."""
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
     b = np.array([[r.num_drafts, r.num_accepted_tokens] for r in before.per_request], dtype=np.float64)
     a = np.array([[r.num_drafts, r.num_accepted_tokens] for r in after.per_request], dtype=np.float64)
+    return _interval(b, a)
+
+
+def _interval(b: np.ndarray, a: np.ndarray) -> dict[str, Any]:
+    """`bootstrap` of per-request [drafts, accepted] rows before (`b`) and after (`a`)."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     pick = rng.integers(0, len(b), size=(BOOTSTRAP_RESAMPLES, len(b)))
     al_b = 1 + b[pick, 1].sum(1) / np.maximum(b[pick, 0].sum(1), 1)
     al_a = 1 + a[pick, 1].sum(1) / np.maximum(a[pick, 0].sum(1), 1)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import ConversionError
 from ...io.states import States
+from ...measure import kinds as text_kinds
 from ...measure.target import Target
 from ...measure.workload import heldout_prompts
 from ..requests import UpgradeRequest
@@ -121,8 +122,9 @@ def calibrate(s: Setup, inits: tuple[str, ...], n: int, Ht: int) -> tuple[dict[s
         conts = tgt.continuations(_calibration_prompts(s), max_tokens=RANK_TOKENS, k=STEPS, boundaries=ids)
         moments = accumulate(W, n, Ht, eps, (c.aux(ids)[: c.prompt_length + c.max_tokens].double().numpy()
                                              for c in s.progress(conts, label="calibration: continuations")))
-        note = {"target": tgt.source, "text_source": f"the target's greedy continuations of {len(conts)} held-out "
-                f"code windows (seed {CAL_SEED}; {RANK_TOKENS} prompt + {RANK_TOKENS} generated tokens each)"}
+        note = {"target": tgt.source, "text_source": f"the target's greedy continuations of {len(conts)} prompts "
+                f"of every kind ({text_kinds.DESCRIPTION}; code seed {CAL_SEED}; the calibration prompts, never "
+                f"ranked or reported on; up to {RANK_TOKENS} prompt + {RANK_TOKENS} generated tokens each)"}
     else:
         text = tgt.text_states(ids, CALIBRATION_TOKENS)
         req = next(text.requests(ids))
@@ -159,12 +161,16 @@ def _split_requests(captured: States, ids: tuple[int, ...], rank: bool
 
 
 def _calibration_prompts(s: Setup) -> list[list[int]]:
-    """The windows calibration and `fit` read: apart from those the inits are ranked and the acceptance is
-    reported on."""
+    """The prompts calibration and `fit` read, of every kind of text (measure/kinds.py): the calibration role of
+    the seed prompts, and code windows apart from those the inits are ranked and the acceptance is reported on."""
 
     assert s.tgt is not None
-    return heldout_prompts(s.tgt.model().tokenizer, CAL_PROMPTS, RANK_TOKENS, seed=CAL_SEED,
-                           avoid=reserved_spans(s.work.num_prompts if s.work is not None else RANK_PROMPTS))
+    tokenizer, per = s.tgt.model().tokenizer, CAL_PROMPTS // len(text_kinds.KINDS)
+    out = heldout_prompts(tokenizer, per, RANK_TOKENS, seed=CAL_SEED,
+                          avoid=reserved_spans(s.work.num_prompts if s.work is not None else RANK_PROMPTS))
+    for kind in text_kinds.SEEDED:
+        out += text_kinds.seed_prompts(tokenizer, kind, "calibration", per, RANK_TOKENS)
+    return out
 
 
 def _declare(s: Setup, with_fit: bool = False) -> None:
@@ -176,7 +182,8 @@ def _declare(s: Setup, with_fit: bool = False) -> None:
     wanted = set(s.ids) | set(boundaries(s, s.src.ckpt.config or {}))
     tgt.need(wanted)
     extra = _calibration_prompts(s) if from_continuations(tgt) or with_fit else []
-    tgt.continuations(work.prompts + report.prompts + extra, max_tokens=max(work.max_tokens, RANK_TOKENS),
+    kinds = s.kinds_report.prompts if s.kinds_report is not None else []
+    tgt.continuations(work.prompts + report.prompts + kinds + extra, max_tokens=max(work.max_tokens, RANK_TOKENS),
                       k=work.k, boundaries=wanted)
 
 
@@ -194,8 +201,8 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
         calp = _calibration_prompts(s)
         conts = tgt.continuations(calp, max_tokens=RANK_TOKENS, k=STEPS, boundaries=session_ids)
         seqs = fitting.from_continuations(conts, session_ids)
-        data = (f"the target's greedy continuations of {len(calp)} held-out code windows (seed {CAL_SEED}; never "
-                "ranked on)")
+        data = (f"the target's greedy continuations of {len(calp)} prompts of every kind (the calibration prompts: "
+                "never ranked on)")
         table = None if loaded.has_embed else tgt.model().embedding().float()
     else:
         assert tgt.states is not None
