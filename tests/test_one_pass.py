@@ -101,10 +101,11 @@ def test_each_command_loads_the_target_once(invoke, tmp_path):
     counts, doc, _ = _loads(invoke, "upgrade", TRAINED / "eagle3", tmp_path / "u", "--to", "speculators",
                             "--target", TARGET)
     assert doc["init_candidates"] and doc["fidelity"] is not None and doc["acceptance_length_after"]
-    # 16 ranking prompts, the 16 reported on (smoke's default prompts) and the 32 that calibration and `fit`
-    # read, decoded together
+    # 32 ranking prompts (8 of each kind of text), the 16 reported on (smoke's default prompts), the 32 of the
+    # by-kind report (its 8 code windows are smoke's first 8) and the 32 that calibration and `fit` read, decoded
+    # together: 104 distinct prompts
     assert counts == {"drafter": 2, "drafter_fp32": 2, "target_config": 1, "target_model": 1, "target_text": 1,
-                      "target_continuations": 1, "target_prompts_decoded": 64}
+                      "target_continuations": 1, "target_prompts_decoded": 104}
 
     counts, doc, _ = _loads(invoke, "check", TRAINED / "eagle3", "--target", TARGET, "--no-card")
     assert [s["status"] for s in doc["stages"]][:2] == ["pass", "pass"]
