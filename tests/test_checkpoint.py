@@ -188,3 +188,32 @@ def test_killed_run_leaves_nothing_the_next_run_trips_over(tmp_path):
         assert not dest.exists()
     remove_stale_staging(dest)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pickle_is_loaded_from_a_private_snapshot_that_cannot_shrink(tmp_path, monkeypatch):
+    """torch.load maps the file it reads; eaglectl maps a copy it owns (unlinked once loaded). A source that is
+    shorter than when it was opened is exit 16, and no copy is left behind."""
+    import os
+    import tempfile
+
+    from eaglectl.errors import SourceChangedError
+    from eaglectl.io import checkpoint
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    src = next((DRAFTERS / "eagle-3-bin").glob("*.bin"))
+    copy = checkpoint._snapshot(src)
+    assert copy.read_bytes() == src.read_bytes() and copy.parent == tmp_path
+    copy.unlink()
+    real = os.fstat
+
+    def as_opened(fd):  # the size the file had when it was opened, before it shrank
+        st = real(fd)
+        return os.stat_result((*st[:6], st.st_size + 4096, *st[7:10]))
+
+    monkeypatch.setattr(checkpoint.os, "fstat", as_opened)
+    with pytest.raises(SourceChangedError, match="shrank"):
+        checkpoint._snapshot(src)
+    monkeypatch.setattr(checkpoint.os, "fstat", real)
+    assert not list(tmp_path.glob("eaglectl-pickle-*"))
+    d = checkpoint.open_checkpoint(str(DRAFTERS / "eagle-3-bin"), allow_pickle=True)
+    assert d.layout == "pickle" and not list(tmp_path.glob("eaglectl-pickle-*"))  # loaded, the copy's name gone

@@ -438,3 +438,18 @@ def test_fuzzing_gguf_at_scale(tmp_path):
 
     n = scale_cases(3000)
     _fuzz_clean(fuzz_gguf(tmp_path, cases=n, seed=1, llama_sample=60), "gguf (slow)", n)
+
+
+def test_a_gguf_that_shrinks_while_its_header_is_read_is_a_changed_source(written):
+    """The header is read with pread, not a memory map: a file shorter than when it was opened is exit 16, never a
+    SIGBUS."""
+    import os
+
+    from eaglectl.errors import SourceChangedError
+    from eaglectl.io import gguf
+
+    path = written["eagle3"][0]
+    with open(path, "rb") as f:
+        grown = gguf._Pread(path, f.fileno(), os.fstat(f.fileno()).st_size + 4096)  # as opened, before it shrank
+        with pytest.raises(SourceChangedError, match="shrank"):
+            gguf._parse(path, grown)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from .safetensors import (
     count_nonfinite,
     file_identity,
     nonfinite_in,
+    read_exact,
     read_header,
     read_rows,
     read_tensor,
@@ -377,21 +379,48 @@ def _open_weight_file(rel: str, source: ByteSource, path: Path | None, allow_pic
     return WeightFile(rel, source, read_header(source))
 
 
+def _snapshot(path: Path) -> Path:
+    """A private copy of a pickle file in the temporary folder ($TMPDIR), copied with reads that end where the file
+    ended when it was opened: torch.load maps the file it reads, and a mapped file that shrinks kills the process
+    (SIGBUS); the copy, unlinked once loaded, cannot shrink. A file that shrinks while it is copied is a changed
+    source (exit 16)."""
+    fd, tmp = tempfile.mkstemp(prefix="eaglectl-pickle-", suffix=".bin")
+    try:
+        with open(path, "rb") as src, os.fdopen(fd, "wb") as dst:
+            size = os.fstat(src.fileno()).st_size
+            done, buf = 0, bytearray(min(1 << 24, max(1, size)))
+            while done < size:
+                n = min(len(buf), size - done)
+                dst.write(read_exact(src.fileno(), buf, n, done, path))
+                done += n
+    except OSError as e:
+        os.unlink(tmp)
+        raise filesystem_error(e, "copy (a private snapshot to load) of", path) from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return Path(tmp)
+
+
 def _open_pickle(rel: str, path: Path) -> WeightFile:
     import torch
 
+    copy = _snapshot(path)
     try:
         with warnings.catch_warnings():  # torch warns about legacy and raw pickles: the refusal is our one line
             warnings.simplefilter("ignore")
             try:
-                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+                state = torch.load(copy, map_location="cpu", weights_only=True, mmap=True)
             except RuntimeError as e:  # legacy (non-zip) torch.save files cannot be memory-mapped
                 if "mmap" not in str(e):
                     raise
-                state = torch.load(path, map_location="cpu", weights_only=True)
+                state = torch.load(copy, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch.load of an untrusted file can raise anything
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.replace(str(copy), str(path))
         raise CorruptCheckpointError(f"{path}: cannot load weights-only ({first})", file=str(path)) from None
+    finally:
+        os.unlink(copy)  # the mapping keeps the copy's pages; its name goes now
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -476,7 +505,8 @@ def _assemble(source: str, root: str, entry: str | None, opener: Callable[[str],
     total = (metadata or {}).get("total_size")
     actual = sum(t.nbytes for f in files for t in f.header.tensors.values())
     if total is not None and total != actual:
-        problems.append((f"{entry}:metadata.total_size", f"metadata.total_size is {total}, tensors hold {actual} bytes"))
+        problems.append((f"{entry}:metadata.total_size",
+                         f"metadata.total_size is {total}, tensors hold {actual} bytes"))
     layout = "pickle" if any(f.pickled is not None for f in files) else "sharded"
     return Checkpoint(source, root, layout, files, tensor_file, None, None, index, problems)
 

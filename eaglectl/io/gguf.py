@@ -16,7 +16,6 @@ Source of truth: llama.cpp commit 0c1e57098bba43ac29e6e3b677cdceebdd22334f (docs
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from collections.abc import Iterable
@@ -107,7 +106,6 @@ class GGUFFile:
     """One parsed GGUF header: metadata values, tensor infos, and lazy access to each tensor's stored bytes."""
 
     path: Path
-    data: Any  # the file, memory-mapped (pages are read only when a tensor's values are)
     metadata: dict[str, Any]
     tensors: dict[str, TensorInfo]  # torch-order shapes, eaglectl dtype names, absolute file offsets
 
@@ -151,12 +149,41 @@ class GGUFFile:
         return np.ascontiguousarray(data)
 
 
+class _Pread:
+    """A file's bytes read with pread in 1 MiB chunks (the header's fields are read in order): a file that
+    shrinks while it is read is a changed source (exit 16), where a memory map would kill the process (SIGBUS)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path, fd: int, size: int) -> None:
+        self.path, self.fd, self.size = path, fd, size
+        self._at, self._chunk = -1, b""
+
+    def __len__(self) -> int:
+        return self.size
+
+    def read(self, offset: int, n: int) -> bytes:
+        out = bytearray()
+        while n > 0:
+            index = offset // self.CHUNK
+            if index != self._at:
+                want = min(self.CHUNK, self.size - index * self.CHUNK)
+                buf = bytearray(want)
+                read_exact(self.fd, buf, want, index * self.CHUNK, self.path).release()
+                self._at, self._chunk = index, bytes(buf)
+            piece = self._chunk[offset - index * self.CHUNK:][:n]
+            out += piece
+            offset, n = offset + len(piece), n - len(piece)
+        return bytes(out)
+
+
 class _Header:
-    """A cursor over the mapped file that reads GGUF's little-endian fields; reading past the end is a corrupt
+    """A cursor over the file's bytes that reads GGUF's little-endian fields; reading past the end is a corrupt
     file (llama.cpp: "failed to read ...")."""
 
     def __init__(self, path: Path, data: Any) -> None:
-        self.path, self.data, self.pos, self.size = path, data, 0, len(data)
+        self.path, self.pos, self.size = path, 0, len(data)
+        self.read: Any = data.read if isinstance(data, _Pread) else (lambda offset, n: bytes(data[offset:offset + n]))
 
     def fail(self, reason: str, tensor: str | None = None) -> CorruptCheckpointError:
         where = f"tensor '{tensor}'" if tensor is not None else "not a readable GGUF file"
@@ -170,13 +197,14 @@ class _Header:
         return self.pos - n
 
     def unpack(self, fmt: str, what: str) -> int:
-        return struct.unpack_from(fmt, self.data, self.take(struct.calcsize(fmt), what))[0]
+        n = struct.calcsize(fmt)
+        return struct.unpack(fmt, self.read(self.take(n, what), n))[0]
 
     def string(self, what: str, bound: int) -> bytes:
         n = self.unpack("<Q", what)
         if n > bound:
             raise self.fail(f"{what} at byte {self.pos - 8} is {n} bytes long, over the limit of {bound}")
-        return bytes(self.data[self.take(n, what):self.pos])
+        return self.read(self.take(n, what), n)
 
     def value(self, key: str, kind: int, count: int | None) -> Any:
         """One KV value (`count` items when an array): Python values, FLOAT32 as its shortest decimal."""
@@ -187,8 +215,8 @@ class _Header:
         else:
             dtype = np.dtype(_VALUES[kind])
             n = 1 if count is None else count
-            raw = np.frombuffer(self.data, dtype=dtype, count=n, offset=self.take(n * dtype.itemsize,
-                                                                                  f"key '{key}'"))
+            raw = np.frombuffer(self.read(self.take(n * dtype.itemsize, f"key '{key}'"), n * dtype.itemsize),
+                                dtype=dtype, count=n)
             if kind == _BOOL:
                 values = [bool(v) for v in raw]
             elif kind == _FLOAT32:  # the shortest decimal that is this float32 (1e-05, not 9.99e-06)
@@ -209,7 +237,7 @@ def _parse(path: Path, data: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]
     """The metadata and the tensor infos (absolute offsets), checked as llama.cpp's gguf_init_from_file_impl and
     llama_model_loader check them, in their order, with eaglectl's bounds on counts and lengths."""
     h = _Header(path, data)
-    if h.size < 4 or bytes(data[:4]) != b"GGUF":
+    if h.size < 4 or h.read(0, 4) != b"GGUF":
         raise h.fail("no GGUF magic")
     h.pos = 4
     version = h.unpack("<I", "the version")
@@ -320,12 +348,11 @@ def _placed(h: _Header, infos: list[_Info], alignment: int) -> dict[str, TensorI
 def read_gguf(path: Path) -> GGUFFile:
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data: Any = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            data = _Pread(path, f.fileno(), os.fstat(f.fileno()).st_size)
+            metadata, tensors = _parse(path, data)
     except OSError as e:
         raise filesystem_error(e, "read", path) from None
-    metadata, tensors = _parse(path, data)
-    return GGUFFile(path, data, metadata, tensors)
+    return GGUFFile(path, metadata, tensors)
 
 
 class HFLayout:
