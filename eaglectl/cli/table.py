@@ -130,11 +130,11 @@ Examples:
 @params.target_option("Target model (calibration, fidelity inputs, verifier name).")
 @params.base_model_option
 @params.states_option
-@click.option("--prompts", metavar="FILE|DIR", help="Rank the inits and report the acceptance lengths before and "
-              "after on these prompts (smoke's loaders: builtin:NAME, JSONL, SPEED-Bench folder); needs --target. "
-              "The figure is what vLLM prints on them (greedy, fp32).")
+@click.option("--prompts", metavar="FILE|DIR", help="Report the acceptance lengths before and after on these prompts "
+              "(smoke's loaders: builtin:NAME, JSONL, SPEED-Bench folder; the inits are ranked on the bundled kinds "
+              "of text); needs --target. The figure is what vLLM prints on them (greedy, fp32).")
 @click.option("--num-prompts", type=click.IntRange(1, 10000), default=UpgradeRequest.num_prompts, show_default=True,
-              help="Prompts ranked on (as smoke's --num-prompts).")
+              help="Prompts reported on (as smoke's --num-prompts); the ranking reads half as many of each kind.")
 @click.option("--max-tokens", type=click.IntRange(1, 32768), default=UpgradeRequest.max_tokens, show_default=True,
               help="New tokens per prompt (as smoke's --max-tokens).")
 @click.option("--calibration-text", type=params.TextFile(),

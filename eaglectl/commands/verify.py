@@ -1,16 +1,5 @@
-"""`eaglectl verify`: numerical parity of drafters through the reference drafter (measure/parity.py).
-
-Modes
-- conversion: CANDIDATE and `--against` REFERENCE (any dialects) on the same inputs, both at the
-  chosen dtype/device. Identical tensors must give bit-identical outputs; changed tensors are held
-  to the tolerance of their precision.
-- precision: CANDIDATE at `--dtype` on `--device` against the fp32 CPU reference of itself.
-- fidelity: like conversion, but a measurement without pass/fail (upgrade reports it).
-
-Every step is teacher-forced: both sides draft from every anchor of the same token sequence, so
-one argmax flip does not cascade (docs/math.md#tolerances). Inputs are real aux states of `--target` on text,
-or seeded synthetic states with per-layer scales and a large-norm sink token at position 0.
-"""
+"""`eaglectl verify`: numerical parity of the drafters the user names, through the reference drafter (the modes,
+inputs, metrics and regimes are measure/parity.py's)."""
 
 from __future__ import annotations
 

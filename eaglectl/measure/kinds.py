@@ -40,15 +40,19 @@ def _seeds() -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def _serving(kind: str, role: str) -> tuple[str, ...]:
+    """The seed prompts of `kind` that serve `role` (the i-th serves ROLES[i % 3])."""
+    return _seeds()[kind][ROLES.index(role)::len(ROLES)]
+
+
 def available(kind: str, role: str) -> int:
     """How many seed prompts of `kind` serve `role`."""
-    return len(_seeds()[kind][ROLES.index(role)::len(ROLES)])
+    return len(_serving(kind, role))
 
 
 def seed_prompts(tokenizer: Any, kind: str, role: str, count: int, length: int) -> list[list[int]]:
     """Up to `count` seed prompts of a seeded kind for one role, as token ids (at most `length` each)."""
-    seeds = _seeds()[kind][ROLES.index(role)::len(ROLES)][:count]
-    return [tokenizer(s, add_special_tokens=False).input_ids[:length] for s in seeds]
+    return [tokenizer(s, add_special_tokens=False).input_ids[:length] for s in _serving(kind, role)[:count]]
 
 
 def grouped(labels: Sequence[str], items: Sequence[T]) -> dict[str, list[T]]:

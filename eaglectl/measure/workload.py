@@ -54,6 +54,7 @@ class PromptSet:
     labels: list[dict[str, Any]] = field(default_factory=list)  # per prompt: SPEED-Bench category, bucket
 
 
+PROMPT_TOKENS = 64  # tokens of each bundled prompt (builtin:short's windows, the kinds' seed prompts)
 BUILTIN_PROMPTS = ("short", "long", "calibration", *kinds.SEEDED)
 TEMPLATES = ("training", "changed", "none")  # drift --templates: the chat template as trained, changed, none
 
@@ -110,13 +111,13 @@ def _builtin(spec: str, tokenizer: Any, count: int, room: int, seed: int, length
             check_ids(f"{spec} (window {i})", p, vocab)
         return ps
     if kind in kinds.SEEDED:  # the report prompts of a kind of text: what upgrade reports that kind on
-        got = kinds.seed_prompts(tokenizer, kind, "report", count, min(room, 64))
+        got = kinds.seed_prompts(tokenizer, kind, "report", count, min(room, PROMPT_TOKENS))
         if length:
             got = at_length(got, length)
         return PromptSet(spec, [check_ids(f"{spec} (prompt {i})", ids, vocab) for i, ids in enumerate(got)],
                          f"{len(got)} {kind} prompts (eaglectl's seed prompts, the report role of measure/kinds.py)")
     n = count if kind == "short" or length else max(1, count // 4)
-    length = length or (64 if kind == "short" else max(64, room))
+    length = length or (PROMPT_TOKENS if kind == "short" else max(PROMPT_TOKENS, room))
     prompts = [check_ids(f"{spec} (prompt {i})", ids, vocab)
                for i, ids in enumerate(heldout_prompts(tokenizer, n, length, seed))]
     return PromptSet(spec, prompts, f"{n} held-out code windows of {length} tokens (seed {seed})")

@@ -25,7 +25,14 @@ from ...errors import BehaviourChangedError
 from ...io import cast as casting
 from ...measure import kinds as text_kinds
 from ...measure.target import Target
-from ...measure.workload import heldout_prompts, heldout_spans, load_prompts, needs_chat, tokenizer_of
+from ...measure.workload import (
+    PROMPT_TOKENS,
+    heldout_prompts,
+    heldout_spans,
+    load_prompts,
+    needs_chat,
+    tokenizer_of,
+)
 from ...progress import Progress, passthrough
 from .calibration import Fit
 
@@ -41,7 +48,6 @@ BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 # smoke's defaults (commands/requests.SmokeRequest; a test holds them equal): the acceptance is reported on its
 # default prompts, so that `eaglectl smoke DEST --target T` reproduces the figure count for count
 SMOKE_PROMPTS, SMOKE_MAX_MODEL_LEN, SMOKE_SEED, SMOKE_NUM_PROMPTS, SMOKE_MAX_TOKENS = "builtin:short", 1024, 0, 16, 64
-PROMPT_TOKENS = 64  # tokens of each bundled window (builtin:short's length)
 
 
 @dataclass
