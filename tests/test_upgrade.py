@@ -143,17 +143,23 @@ def _prompt_file(tmp_path, count=6, length=48, seed=41):
 
 
 def test_with_prompts_the_reported_al_is_the_loop_on_those_prompts(invoke, tmp_path):
-    """`--prompts P`: the inits are ranked on P and the AL before / after is the reference loop's on P with each
-    checkpoint read as vLLM reads its files, which is what `smoke --prompts P` (the printed next command)
-    measures on the source and on DEST, count for count."""
-    prompts = _prompt_file(tmp_path)
+    """`--prompts P`: the AL before / after is the reference loop's on the first part of P with each checkpoint
+    read as vLLM reads its files, which is what `smoke --prompts P --num-prompts N` (the printed next command)
+    measures on the source and on DEST, count for count; the inits are ranked on the next part of P and
+    calibrated on the rest, never on what is reported."""
+    prompts = _prompt_file(tmp_path, count=18)
     dest = tmp_path / "up"
     r = invoke("upgrade", TRAINED / "eagle3", dest, "--to", "speculators", "--target", TRAINED_TARGET, "--init",
-               "refit", "--prompts", prompts, "--num-prompts", "6", "--max-tokens", "40", "--no-fidelity", "--json")
+               "auto", "--prompts", prompts, "--num-prompts", "6", "--max-tokens", "40", "--no-fidelity", "--json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     acc = doc["acceptance"]
     assert acc["prompts"]["given"] and acc["prompts"]["count"] == 6 and acc["prompts"]["digest"].startswith("sha256:")
+    lines = prompts.read_text().splitlines()
+    assert acc["prompts"]["digest"] == _digest(lines[:6]) and acc["ranked_on"]["digest"] == _digest(lines[6:12])
+    assert acc["ranked_on"]["given"] and {c["worst_kind"] for c in doc["init_candidates"]} == {None}
+    assert "and 6 of your prompts" in doc["statistics"]["text_source"]  # calibration: the rest of P
+    assert "and 6 of your prompts" in doc["fit"]["data"]
     assert acc["interval"] is None  # the user's own prompts: the figure itself, not an estimate of it
     assert doc["acceptance_length_before"] == acc["before"] and doc["acceptance_length_after"] == acc["after"]
     assert acc["source_boundary_ids"] == acc["dest_boundary_ids"] == [2, 4, 5]
@@ -178,6 +184,27 @@ def test_with_prompts_the_reported_al_is_the_loop_on_those_prompts(invoke, tmp_p
     assert prov["acceptance"]["prompts"]["digest"] == acc["prompts"]["digest"]
 
 
+def _digest(lines):
+    import hashlib
+
+    ids = [json.loads(line)["prompt_token_ids"] for line in lines]
+    return "sha256:" + hashlib.sha256(json.dumps(ids, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_too_few_prompts_of_yours_are_reported_on_and_the_ranking_says_where_it_ran(invoke, tmp_path):
+    """Two prompts cannot be split three ways: both are reported on, the inits are ranked on the bundled kinds,
+    and the report says so."""
+    prompts = _prompt_file(tmp_path, count=2)
+    r = invoke("upgrade", TRAINED / "eagle3", tmp_path / "up", "--to", "speculators", "--target", TRAINED_TARGET,
+               "--init", "calibrated", "--prompts", prompts, "--max-tokens", "24", "--no-fidelity", "--dry-run",
+               "--json")
+    assert r.exit_code == 0, r.stderr
+    acc = json.loads(r.stdout)["acceptance"]
+    assert acc["prompts"]["count"] == 2 and "too few to hold any out" in acc["prompts"]["description"]
+    assert not acc["ranked_on"]["given"] and acc["ranked_on"]["source"] == "bundled"
+    assert json.loads(r.stdout)["next_command"].endswith(f"--prompts {prompts} --max-tokens 24")  # both of them
+
+
 def test_default_upgrade_ends_with_al_interval_warm_start_and_a_next_command_that_runs(invoke, tmp_path):
     """Without --prompts: the bundled prompts are named, with a bootstrap interval; the output ends with
     AL before -> after, 'warm start' and the next command; `fit` is a measured candidate; the card that
@@ -193,6 +220,9 @@ def test_default_upgrade_ends_with_al_interval_warm_start_and_a_next_command_tha
     reproduce = f"eaglectl smoke {dest} --target {TRAINED_TARGET}"  # the command that measures it, whole
     assert reproduce in [t.strip() for t in tail]
     assert tail[-2] == "next:" and tail[-1].strip() == f"eaglectl check {dest} --target {TRAINED_TARGET}"
+    # the figure is for the bundled text: the same upgrade, on the user's own prompts, as it runs when pasted
+    assert (f"eaglectl upgrade {TRAINED / 'eagle3'} {dest} --no-norm-output --target {TRAINED_TARGET} --prompts "
+            "YOUR.jsonl --to speculators --no-fidelity --force") in [t.strip() for t in tail]
     prov = json.loads((dest / "config.json").read_text())["eaglectl_provenance"]
     acc = prov["acceptance"]
     lo, hi = acc["interval"]["after"]
@@ -307,7 +337,7 @@ def test_upgrade_with_prompts_prints_exactly_what_vllm_measures_on_them(tmp_path
     vLLM's, count for count (greedy fp32; the reference loop's counts equal vLLM's)."""
     
     python = vllm_py
-    prompts = _prompt_file(tmp_path, count=8, length=64, seed=43)
+    prompts = _prompt_file(tmp_path, count=24, length=64, seed=43)  # 8 reported on, 8 ranked on, 8 calibrated on
     dest = tmp_path / "up"
     res = upgrade(str(TRAINED / "eagle3"), str(dest), target=str(TRAINED_TARGET), to="speculators",
                   prompts=str(prompts), num_prompts=8, max_tokens=48, fidelity=False).to_json()

@@ -130,11 +130,13 @@ Examples:
 @params.target_option("Target model (calibration, fidelity inputs, verifier name).")
 @params.base_model_option
 @params.states_option
-@click.option("--prompts", metavar="FILE|DIR", help="Report the acceptance lengths before and after on these prompts "
-              "(smoke's loaders: builtin:NAME, JSONL, SPEED-Bench folder; the inits are ranked on the bundled kinds "
-              "of text); needs --target. The figure is what vLLM prints on them (greedy, fp32).")
+@click.option("--prompts", metavar="FILE|DIR", help="Your prompts (smoke's loaders: builtin:NAME, JSONL, SPEED-Bench "
+              "folder), up to 3 x --num-prompts of them: the acceptance before and after is reported on the first "
+              "third (what vLLM prints on them: greedy, fp32), the inits are ranked on the next and calibrated and "
+              "fitted on the rest; needs --target.")
 @click.option("--num-prompts", type=click.IntRange(1, 10000), default=UpgradeRequest.num_prompts, show_default=True,
-              help="Prompts reported on (as smoke's --num-prompts); the ranking reads half as many of each kind.")
+              help="Prompts reported on (as smoke's --num-prompts); the inits are ranked on as many of yours, or on "
+              "half as many of each bundled kind of text.")
 @click.option("--max-tokens", type=click.IntRange(1, 32768), default=UpgradeRequest.max_tokens, show_default=True,
               help="New tokens per prompt (as smoke's --max-tokens).")
 @click.option("--calibration-text", type=params.TextFile(),

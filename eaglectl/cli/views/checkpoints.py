@@ -323,7 +323,10 @@ def _upgrade_ending(result: UpgradeResult) -> None:
                     f"{k} {v['before']:.3f} -> {v['after']:.3f} ({100 * v['kept']:.1f}%, "
                     f"{100 * v['interval']['kept'][0]:.1f}-{100 * v['interval']['kept'][1]:.1f}%)"
                     for k, v in kinds.items()) + f"; least kept: {worst}. These are the bundled kinds"
-                + ("" if acc["prompts"]["given"] else "; on your own prompts: --prompts FILE"), indent=4)
+                + ("" if acc["prompts"]["given"] else "; on your own prompts (ranked, fitted and reported on apart):"),
+                indent=4)
+        if acc.get("on_your_prompts"):
+            click.echo(f"    {acc['on_your_prompts']}")  # unwrapped: a command to copy
     elif result.changed:
         say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer)", indent=2)
     if result.changed:

@@ -19,20 +19,22 @@ says so in its config and safetensors metadata. `fc_norm` weights are initialise
 
 Statistics stream (calibration.py) from the real target (`--target`) on calibration text, or from a
 capture of it (`--states DIR`, any size); position 0 of each sequence (the sink token) is excluded.
-`auto` ranks the inits by the reference loop's acceptance on windows of the bundled held-out code when the
-target runs, else by the FC-output error on held-out requests of the capture, else takes `ones`.
+`auto` ranks the inits by the reference loop's acceptance when the target runs (on a part of the user's
+`--prompts`, else on the bundled kinds of text, kept by the kind where each keeps least), else by the FC-output
+error on held-out requests of the capture, else takes `ones`.
 
 The acceptance lengths before and after (`acceptance`) are the reference loop's on other prompts, never ranked
-or fitted on: the user's `--prompts`, else smoke's default prompts. The source and the written output are each
-read the way vLLM (V1 runner) reads their files: greedy counts that equal vLLM's exactly
-(docs/smoke.md#engine-parity), so they are what `acceptance.reproduce` (a `smoke` command) prints.
+or fitted on: the first part of the user's `--prompts` (fidelity.workloads_for), else smoke's default prompts.
+The source and the written output are each read the way vLLM (V1 runner) reads their files: greedy counts that
+equal vLLM's exactly (docs/smoke.md#engine-parity), so they are what `acceptance.reproduce` (a `smoke` command)
+prints.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -138,18 +140,23 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
     runnable = tgt is not None and tgt.runnable
-    work, report, by_kind = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens) if runnable and steps
-                             else (None, None, None))
+    work, report, by_kind, fitting = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens)
+                                      if runnable and steps else (None, None, None, []))
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
-              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report, by_kind)
+              fc if fc in ("F32", "BF16", "F16") else "BF16", req.runner, progress, ids, work, report, by_kind,
+              tuple(map(tuple, fitting)))
     choice = choose_init(s, init, req.fit_fc) if "add-fc-norm" in steps else Choice()
     plan, supplied, written = plan_upgrade(s, dest, to, new_spec, choice, req.fit_fc, req.base_model, measurement,
                                            engines)
     acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if report else None
+    rerun = again + (f" --to {to}" if req.to else "") + (
+        f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "")
     if acceptance is not None and report is not None and target is not None:
         acceptance["reproduce"] = report.smoke_command(str(dest), target, req.runner)
+        if not report.given:  # the figure is for the bundled text: how to have it on the user's own
+            acceptance["on_your_prompts"] = command_line(req, prompts="YOUR.jsonl", force=not req.dry_run)
     recorded = None
     if req.fidelity and steps and not req.dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
         fid = _fidelity(_planned(src, dest, new_spec, written, s.dtype), s, req.fidelity_tokens)
@@ -159,14 +166,31 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     _mark(plan, steps, choice, acceptance, written, recorded)
     result = UpgradeResult(source, dest, bool(steps), steps, choice.init, choice.fitted[2],
                            ConversionResult(plan, False, []), None,
-                           _notes(steps, init, choice, acceptance, ids, again + (f" --to {to}" if req.to else "") + (
-                               f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "") + (
+                           _notes(steps, init, choice, acceptance, ids, rerun + (
                                "" if req.dry_run else " --force")),  # a note is read after DEST is written
                            choice.candidates, layers, acceptance,
                            choice.fit_report.to_json() if choice.fit_report else None,
                            _next_command(dest, target, report, req.runner))
     return result if req.dry_run else _write(result, s, plan, supplied, req.force,
                                              req.fidelity_tokens if req.fidelity else None, inputs)
+
+
+FLAGS = {"for_engine": "--for", "from_dialect": "--from"}  # UpgradeRequest fields whose flag is not their name
+NOT_FLAGS = ("runner",)  # library-only fields
+
+
+def command_line(req: UpgradeRequest, **changes: Any) -> str:
+    """The `eaglectl upgrade` command of `req` with `changes`, as it runs when pasted: every option that differs
+    from its default, so that what is measured again is the same upgrade."""
+    req = replace(req, **changes)
+    words = ["eaglectl", "upgrade", req.source, str(req.dest)]
+    for f in fields(req):
+        value = getattr(req, f.name)
+        if f.name in ("source", "dest", *NOT_FLAGS) or value == f.default:
+            continue
+        flag = FLAGS.get(f.name, "--" + f.name.replace("_", "-"))
+        words += [flag if value else f"--no-{flag[2:]}"] if isinstance(value, bool) else [flag, str(value)]
+    return shlex.join(words)
 
 
 # ------------------------------------------------------------------------------------ what to do, or why not

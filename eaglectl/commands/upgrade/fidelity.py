@@ -79,24 +79,52 @@ class Workload:
 
 
 def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
-                  max_tokens: int) -> tuple[Workload, Workload, Workload]:
-    """(ranking, report, report by kind). The acceptance is reported on the user's `--prompts`, else on smoke's
-    default prompts (smoke's loader and defaults: `smoke` sees the same tokens), and on each kind of bundled text
-    (measure/kinds.py: chat, prose, math, code); the inits are ranked on other prompts of every kind (the code
-    windows apart from smoke's default prompts), so no figure reported was chosen on."""
+                  max_tokens: int) -> tuple[Workload, Workload, Workload, list[list[int]]]:
+    """(ranking, report, report by kind, the user's prompts calibration and `fit` read).
+
+    With the user's `--prompts`, their own text comes first: the first third of up to 3 × `num_prompts` of them
+    (at most `num_prompts`) is reported on, loaded as `smoke --num-prompts` loads them; the inits are ranked on the
+    next part and calibrated and fitted on the rest (`split_given`), so no figure reported was ranked or fitted
+    on. Without them (or with fewer than three), the acceptance is reported on smoke's default prompts or theirs,
+    and the inits are ranked on the bundled kinds of text (measure/kinds.py: chat, prose, math, code; the code
+    windows apart from smoke's default prompts). Each kind of bundled text is reported on its own prompts too."""
 
     spec = prompts if prompts is not None else SMOKE_PROMPTS
-    got = load_prompts(spec, tokenizer_of(tgt.source, chat=needs_chat(spec)), count=num_prompts,
-                       max_tokens=max_tokens, max_model_len=SMOKE_MAX_MODEL_LEN, k=STEPS, seed=SMOKE_SEED)
-    said = "" if prompts is not None else ": smoke's default prompts, never ranked on"
-    report = Workload(got.prompts, spec, got.description + said, prompts is not None, max_tokens, num_prompts)
+    tok = tokenizer_of(tgt.source, chat=needs_chat(spec))
+
+    def loaded(count: int) -> Any:
+        return load_prompts(spec, tok, count=count, max_tokens=max_tokens, max_model_len=SMOKE_MAX_MODEL_LEN,
+                            k=STEPS, seed=SMOKE_SEED)
+
+    given = loaded(3 * num_prompts).prompts if prompts is not None else []
+    shown, ranked = split_given(len(given), num_prompts)
+    got = loaded(shown or num_prompts)
+    said = ("" if prompts is None else f": the first {shown} of yours, never ranked or fitted on" if ranked else
+            ": yours (too few to hold any out: the inits are ranked on the bundled kinds of text)")
+    report = Workload(got.prompts, spec, got.description + (said or ": smoke's default prompts, never ranked on"),
+                      prompts is not None, max_tokens, shown or num_prompts)
     tokenizer = tgt.model().tokenizer
     per = per_kind(num_prompts)
-    ranking = _of_kinds(tokenizer, "ranking", per, max_tokens, num_prompts, code=heldout_prompts(
-        tokenizer, per, PROMPT_TOKENS, seed=RANK_SEED, avoid=smoke_spans(num_prompts)))
     by_kind = _of_kinds(tokenizer, "report", per, max_tokens, num_prompts, code=heldout_prompts(
         tokenizer, per, PROMPT_TOKENS, seed=SMOKE_SEED))  # code: the first of smoke's default prompts
-    return ranking, report, by_kind
+    if ranked:  # the user's prompts apart from those reported on (smoke's loader may order a set differently)
+        reported = {tuple(p) for p in got.prompts}
+        rest = [p for p in given if tuple(p) not in reported]
+        ranking = Workload(rest[:ranked], spec, f"{len(rest[:ranked])} of your prompts ({spec}; after the {shown} "
+                           "reported on)", True, max_tokens, num_prompts)
+        return ranking, report, by_kind, rest[ranked:]
+    ranking = _of_kinds(tokenizer, "ranking", per, max_tokens, num_prompts, code=heldout_prompts(
+        tokenizer, per, PROMPT_TOKENS, seed=RANK_SEED, avoid=smoke_spans(num_prompts)))
+    return ranking, report, by_kind, []
+
+
+def split_given(count: int, num_prompts: int) -> tuple[int, int]:
+    """(reported on, ranked on) of `count` prompts of the user's: a third each (the report at most `num_prompts`),
+    the rest calibrated and fitted on; fewer than three: (0, 0), none held out."""
+    if count < 3:
+        return 0, 0
+    shown = min(num_prompts, -(-count // 3))
+    return shown, -(-(count - shown) // 2)
 
 
 def per_kind(num_prompts: int) -> int:
@@ -147,6 +175,7 @@ class Setup:
     work: Workload | None = None  # the prompts the inits are ranked on (None: no runnable target)
     report: Workload | None = None  # the prompts the acceptance is reported on, never ranked on
     kinds_report: Workload | None = None  # the acceptance on each kind of text, never ranked on
+    fitting: tuple[tuple[int, ...], ...] = ()  # the user's prompts calibration and `fit` read (never ranked on)
 
 
 def boundaries(s: Setup, config: dict[str, Any]) -> tuple[int, ...]:

@@ -122,9 +122,10 @@ def calibrate(s: Setup, inits: tuple[str, ...], n: int, Ht: int) -> tuple[dict[s
         conts = tgt.continuations(_calibration_prompts(s), max_tokens=RANK_TOKENS, k=STEPS, boundaries=ids)
         moments = accumulate(W, n, Ht, eps, (c.aux(ids)[: c.prompt_length + c.max_tokens].double().numpy()
                                              for c in s.progress(conts, label="calibration: continuations")))
-        note = {"target": tgt.source, "text_source": f"the target's greedy continuations of {len(conts)} prompts "
+        bundled = len(conts) - len(s.fitting)
+        note = {"target": tgt.source, "text_source": f"the target's greedy continuations of {bundled} prompts "
                 f"of every kind ({text_kinds.DESCRIPTION}; code seed {CAL_SEED}; the calibration prompts, never "
-                f"ranked or reported on; up to {RANK_TOKENS} prompt + {RANK_TOKENS} generated tokens each)"}
+                f"ranked or reported on){_of_yours(s)}; up to {RANK_TOKENS} generated tokens each"}
     else:
         text = tgt.text_states(ids, CALIBRATION_TOKENS)
         req = next(text.requests(ids))
@@ -170,7 +171,12 @@ def _calibration_prompts(s: Setup) -> list[list[int]]:
                           avoid=reserved_spans(s.work.num_prompts if s.work is not None else RANK_PROMPTS))
     for kind in text_kinds.SEEDED:
         out += text_kinds.seed_prompts(tokenizer, kind, "calibration", per, RANK_TOKENS)
-    return out
+    return out + [list(p) for p in s.fitting]
+
+
+def _of_yours(s: Setup) -> str:
+    """How many of the user's prompts calibration and `fit` read too, as said."""
+    return f" and {len(s.fitting)} of your prompts (never ranked or reported on)" if s.fitting else ""
 
 
 def _declare(s: Setup, with_fit: bool = False) -> None:
@@ -201,8 +207,8 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
         calp = _calibration_prompts(s)
         conts = tgt.continuations(calp, max_tokens=RANK_TOKENS, k=STEPS, boundaries=session_ids)
         seqs = fitting.from_continuations(conts, session_ids)
-        data = (f"the target's greedy continuations of {len(calp)} prompts of every kind (the calibration prompts: "
-                "never ranked on)")
+        data = (f"the target's greedy continuations of {len(calp) - len(s.fitting)} prompts of every kind (the "
+                f"calibration prompts: never ranked on){_of_yours(s)}")
         table = None if loaded.has_embed else tgt.model().embedding().float()
     else:
         assert tgt.states is not None
