@@ -235,9 +235,14 @@ Examples:
   eaglectl smoke ./drafter --target ./target --baseline none,ngram
   eaglectl smoke ./drafter --target org/model --num-speculative-tokens 5 --prompts builtin:long
   eaglectl smoke ./drafter --target ./target --engine reference --json
+  eaglectl smoke ./drafter --states ./conts --engine reference     # replayed from capture --max-tokens
 """)
 @click.argument("drafter")
-@params.target_option("Target model folder or Hub id (with a tokenizer).", required=True)
+@params.target_option("Target model folder or Hub id (with a tokenizer).")
+@click.option("--states", metavar="DIR", type=click.Path(exists=True, file_okay=False),
+              help="Instead of --target, with --engine reference: a capture of greedy continuations (eaglectl "
+                   "capture --max-tokens N); the loop replays its prompts, in order, as many tokens as it holds "
+                   "(or --max-tokens).")
 @click.option("--engine", type=click.Choice(["vllm", "reference"]), default=SmokeRequest.engine, show_default=True,
               help="Real vLLM (its own interpreter) or eaglectl's reference loop (same counts, no vLLM needed).")
 @click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=SmokeRequest.k,
@@ -299,7 +304,12 @@ def smoke_cmd(**options: Any) -> None:
     """
     from ..commands.smoke import command as smoke
 
-    report.finish("smoke", smoke.run(build(SmokeRequest, options), report.progress))
+    if not options["target"] and not options["states"]:
+        raise click.UsageError("Missing option '--target' (or --states DIR with --engine reference).")
+    if options["states"] and click.get_current_context().get_parameter_source("max_tokens") is \
+            click.core.ParameterSource.DEFAULT:
+        options["max_tokens"] = 0  # the capture's continuations, as long as they are
+    report.finish("smoke", smoke.run(build(SmokeRequest, options, target=options["target"] or ""), report.progress))
 
 
 @click.command("check", short_help="The pre-publish gate: inspect, parity, smoke, card.", epilog="""\b
@@ -370,6 +380,7 @@ Examples:
   eaglectl capture org/big-target --engine vllm --drafter ./head --tensor-parallel-size 8 --out ./states
   eaglectl capture org/big-target --drafter ./head --print-recipe --out ./states   # for your own vllm serve
   eaglectl upgrade ./head ./head-31 --states ./states                    # then use it
+  eaglectl capture ./target --prompts mine.jsonl --max-tokens 64 --out ./conts  # acceptance from a capture
 """)
 @click.argument("target")
 @click.option("--out", required=True, metavar="DIR", help="Folder to write (must not exist, unless --force).")
@@ -390,6 +401,12 @@ Examples:
               help="Requests to capture.")
 @click.option("--length", type=click.IntRange(8, 1 << 20), default=CaptureRequest.length, show_default=True,
               help="Tokens per request of the built-in prompt sets.")
+@click.option("--max-tokens", type=click.IntRange(0, 32768), default=CaptureRequest.max_tokens, show_default=True,
+              help="Also decode each prompt's greedy continuation of this many tokens (+k) and capture prompt and "
+                   "continuation in one prefill: acceptance then replays from the capture (upgrade, inspect, smoke "
+                   "--engine reference --states). --engine hf.")
+@click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=CaptureRequest.k,
+              show_default=True, help="Draft steps the continuations serve (with --max-tokens).")
 @params.dtype_option("float32", "Precision the target runs at (the states are stored at it).")
 @params.tensor_parallel_option("vLLM tensor parallelism of the target (--engine vllm, --print-recipe).")
 @click.option("--max-model-len", type=click.IntRange(16, 1 << 24), help="vLLM context window (default: fits the "

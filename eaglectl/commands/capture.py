@@ -121,6 +121,10 @@ def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
         req.timeout_s
     if engine == "server" and not req.server_url:
         raise UsageError("--engine server needs --server-url (a vllm serve started as --print-recipe says)")
+    if req.max_tokens and engine != "hf":
+        raise UsageError(f"--max-tokens with --engine {engine}: eaglectl decodes continuations with --engine hf "
+                         "only (vLLM's extract_hidden_states method captures prefills)",
+                         hint="capture with --engine hf, or without --max-tokens (states of the prompts alone)")
     t = open_target(target)
     ids = choose_layers(t, req.layers, req.drafter)
     token_lists, how = prompt_set(t, prompts, req.num_prompts, req.length, req.seed)
@@ -135,14 +139,18 @@ def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
                                                t.hidden_size, t.vocab_size, req.server_storage or storage_folder(out)
                                                ), None
         else:
-            (versions, timings), log = _hf(target, stage, ids, token_lists, dtype, progress), None
+            (versions, timings), log = _hf(target, stage, ids, token_lists, dtype, progress,
+                                           (req.max_tokens, req.k)), None
         stored = read_header(LocalFile(stage / "00000.safetensors")).tensors["hidden_states"].dtype
         meta = {"schema": SCHEMA, "tool_version": __version__, "layer_ids": list(ids), "convention": "boundary",
                 "target": target, "target_hub_id": t.hub_id, "target_config": t.config.data, "engine": engine,
                 "dtype": stored, "versions": versions, "timings_s": timings,
                 "prompts": {"source": prompts, "description": how, "count": len(token_lists)},
-                "tokens": sum(len(p) for p in token_lists),
+                "tokens": sum(len(p) + (req.max_tokens + req.k if req.max_tokens else 0) for p in token_lists),
                 "files": [f"{i:05d}.safetensors" for i in range(len(token_lists))]}
+        if req.max_tokens:  # each request: the prompt, then its greedy continuation (io/states.py)
+            meta["continuation"] = {"max_tokens": req.max_tokens, "k": req.k,
+                                    "prompt_lengths": [len(p) for p in token_lists]}
         try:
             (stage / CAPTURE_JSON).write_text(json.dumps(meta, indent=1) + "\n")
         except OSError as e:
@@ -159,16 +167,22 @@ def _write_dump(path: Path, entries: list[TensorEntry]) -> None:
         raise filesystem_error(e, "write the capture in", path.parent) from None
 
 
-def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, progress: Progress
-        ) -> tuple[dict[str, Any], dict[str, float]]:
+def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, progress: Progress,
+        continuation: tuple[int, int] = (0, 0)) -> tuple[dict[str, Any], dict[str, float]]:
+    """With `continuation` (max_tokens, k), each prompt is first continued by max_tokens + k greedy tokens (as the
+    reference loop's target decodes them, model/replay.py), and the states of prompt and continuation are
+    captured in one prefill."""
     import torch
 
     from ..model.hf import forward, load_model
     from ..model.loader import DTYPES
+    from ..model.replay import decode_greedily
 
     started = time.perf_counter()
     model = load_model(target, dtype=DTYPES[dtype])
     loaded = time.perf_counter()
+    if continuation[0]:
+        prompts = [seq.tolist() for seq in decode_greedily(model, prompts, sum(continuation), progress)]
     st_dtype = CONFIG_NAMES[dtype]
     for i, p in enumerate(progress(prompts, label="capturing (HF)", total=len(prompts))):
         with torch.no_grad():

@@ -197,6 +197,8 @@ class SmokeRequest:
     reference_layers: str = "runner"
     serving_options: Mapping[str, str] | None = None
     preflight: bool = True  # inspect every drafter first (check has inspected it already)
+    states: str | None = None  # --engine reference: a capture of greedy continuations stands in for the target
+    # (max_tokens 0: as many as the capture's continuations hold)
 
 
 # The smoke stage's options as `check` names them (smoke_<field>); unset ones take SmokeRequest's defaults.
@@ -255,6 +257,8 @@ class CaptureRequest:
     prompts: str = "builtin:calibration"
     num_prompts: int = 16
     length: int = 256
+    max_tokens: int = 0  # each prompt's greedy continuation captured too (0: the prompts alone)
+    k: int = 3  # draft steps the continuation serves: max_tokens + k tokens are decoded
     dtype: str = "float32"
     tensor_parallel_size: int = 1
     max_model_len: int | None = None

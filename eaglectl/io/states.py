@@ -62,6 +62,16 @@ class Request:
         return self.target_argmax if self.target_argmax is not None else self.token_ids[1:]
 
 
+@dataclass(frozen=True)
+class Continued:
+    """A capture of greedy continuations (`eaglectl capture --max-tokens`): request i is prompt i (its first
+    `prompt_lengths[i]` tokens), then the target's greedy continuation of `max_tokens` + `k` tokens."""
+
+    max_tokens: int
+    k: int
+    prompt_lengths: tuple[int, ...]
+
+
 @dataclass
 class States:
     root: Path
@@ -71,6 +81,7 @@ class States:
     num_layers: int  # the target's num_hidden_layers (checked)
     hidden_size: int  # the target's hidden_size: the width of every state (checked)
     vocab_size: int | None = None  # the target's vocab_size when capture.json records it (checked)
+    continuation: Continued | None = None  # each request continued greedily (checked here; lengths when read)
 
     @property
     def target_config(self) -> ConfigView:
@@ -236,7 +247,24 @@ def open_states(folder: str) -> States:
     files = _dumps(root)
     if not files:
         raise CheckpointNotFoundError(f"{folder}: no *.safetensors dumps", path=folder)
-    return States(root, meta, tuple(ids), files, L, H, V)
+    return States(root, meta, tuple(ids), files, L, H, V, _continued(view, where, len(files)))
+
+
+def _continued(view: ConfigView, where: str, count: int) -> Continued | None:
+    """capture.json's `continuation` (max_tokens, k, one prompt length per request file), checked."""
+    if not view.has("continuation"):
+        return None
+    c = view.sub("continuation")
+    n, k = c.int("max_tokens", lo=1, hi=limit("capture_tokens")), c.int("k", lo=1, hi=16)
+    lengths = c.int_list("prompt_lengths", max_len=limit("capture_requests"), hi=limit("capture_tokens"))
+    bad = next(iter(c.problems.values()), None)
+    if bad is not None or n is None or k is None or lengths is None:
+        raise InvalidStatesError(f"{where}: " + (bad or "continuation needs max_tokens, k and prompt_lengths"),
+                                 file=where)
+    if len(lengths) != count or min(lengths) < 1:
+        raise InvalidStatesError(f"{where}: continuation.prompt_lengths holds {len(lengths)} lengths for {count} "
+                                 "request files (one positive length each)", file=where)
+    return Continued(n, k, tuple(lengths))
 
 
 def _dumps(root: Path) -> list[Path]:

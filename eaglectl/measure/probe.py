@@ -305,7 +305,7 @@ def score(loaded: LoadedDrafter, c: Candidate, s: Session) -> None:
     c.correct, c.logp = torch.cat(correct, dim=1), torch.cat(logp, dim=1)
     c.agreement = [float(r.float().mean()) for r in c.correct]
     c.loglik = [float(r.mean()) for r in c.logp]
-    if s.continuations:
+    if s.continuations and (own or s.target_table is not None):  # no table to draft from: no loop
         counts = replay(drafter, s.continuations, aux_ids=c.boundary_ids, embed=None if own else s.target_table)
         c.acceptance_length = counts.mean_acceptance_length
 
@@ -336,10 +336,13 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     table = target.model().embedding().float() if target.states is None else None
     session = states_session(target.text_states(wanted, tokens + steps), wanted, tokens, steps, table,
                              vocab=loaded.args.vocab_size)
-    if target.states is None and loop_prompts:
-        prompts = probe_prompts(target.model().tokenizer, loop_prompts)
-        session.continuations = target.continuations(prompts, max_tokens=LOOP_TOKENS, k=steps, boundaries=wanted)
-        session.target_table = table
+    if target.replays and loop_prompts:  # the target runs, or its capture holds greedy continuations
+        prompts = (probe_prompts(target.model().tokenizer, loop_prompts) if target.states is None else
+                   target.captured_prompts()[:loop_prompts])
+        assert target.states is None or target.states.continuation is not None
+        tokens = LOOP_TOKENS if target.states is None else min(LOOP_TOKENS, target.states.continuation.max_tokens)
+        session.continuations = target.continuations(prompts, max_tokens=tokens, k=steps, boundaries=wanted)
+        session.target_table = table if target.states is None else _capture_table(target, loaded.has_embed)
     aux_fact = Fact("aux_convention", spec.aux_convention, aux, session.anchors)
     for c in progress(aux, label="measuring aux readings", total=len(aux)):
         score(loaded, c, session)
@@ -368,6 +371,16 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     labels = torch.cat([seg.truth(1)[0] for seg in session.segments])
     chance = float(torch.bincount(labels).max()) / len(labels)
     return Measurement(facts, chance, session.description, steps)
+
+
+def _capture_table(target: Target, optional: bool) -> torch.Tensor | None:
+    """The target's embedding table from a capture; None where it cannot give one and the drafter has its own."""
+    try:
+        return target.embedding_table()
+    except IncompatibleDrafterError:
+        if optional:
+            return None
+        raise
 
 
 def _target_head_rows(loaded: LoadedDrafter, target: Target) -> torch.Tensor | None:
@@ -421,7 +434,7 @@ def replay_counts(loaded: LoadedDrafter, target: Target, prompts: list[list[int]
     `prompts` (decoded once per command): its LoopCounts (drafts, accepted, per position), exactly as vLLM
     counts them."""
     drafter = loaded.build(torch.float32, "cpu", **overrides)
-    table = None if getattr(drafter, "embed_tokens", None) is not None else target.model().embedding().float()
+    table = None if getattr(drafter, "embed_tokens", None) is not None else target.embedding_table()
     conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=boundaries)
     return replay(drafter, conts, aux_ids=boundaries, embed=table)
 

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import counters as loads
-from ..errors import IncompatibleDrafterError
+from ..errors import IncompatibleDrafterError, InvalidStatesError
 from ..io.states import Request, States, open_states
 from ..measure.workload import measurement_text, text_token_ids
 from ..progress import Progress, passthrough
 
 if TYPE_CHECKING:
+    import torch
+
     from ..model.hf import HFModel
     from ..model.replay import Continuation
 
@@ -53,6 +55,11 @@ class MemoryStates(States):
 
     def embedding_source(self) -> str | None:
         return None if 0 in self.layer_ids else "the run captured no boundary 0"
+
+
+# positions of a captured continuation where the prefill's argmax may differ from the decoded token: near ties
+# in reduced precision (a decode and a prefill sum in other orders); beyond it, the tokens were not decoded greedily
+GREEDY_SLACK = 0.05
 
 
 @dataclass
@@ -102,6 +109,45 @@ class Target:
     def runnable(self) -> bool:
         """It can be run on text and prompts (weights and a tokenizer), or stands in as a capture? The former."""
         return self.why_not_runnable() is None
+
+    @property
+    def replays(self) -> bool:
+        """Acceptance can be replayed on it: it runs, or its capture holds greedy continuations."""
+        return self.runnable or (self.states is not None and self.states.continuation is not None)
+
+    def captured_prompts(self) -> list[list[int]]:
+        """The prompts a capture of greedy continuations continued, in request order."""
+        assert self.states is not None and self.states.continuation is not None
+        lengths = self.states.continuation.prompt_lengths
+        return [r.token_ids[:n].tolist() for r, n in zip(self.states.requests(self.states.layer_ids[:1]), lengths,
+                                                         strict=True)]
+
+    def embedding_table(self) -> torch.Tensor:
+        """The target's input embedding table (fp32): from its weights, else, with only a capture, the rows of the
+        tokens seen read off boundary 0 (unseen tokens: zero rows, never drafted from)."""
+        import torch
+
+        from ..model.blocks import owned
+
+        if self.states is None:
+            return self.model().embedding().float()
+        if self.checkpoint.ckpt.tensor_file:
+            name = self.checkpoint.table_name("embed_tokens")
+            if name is not None:
+                return torch.from_numpy(np.asarray(self.checkpoint.ckpt.read(name), dtype=np.float32).copy())
+        why = self.states.embedding_source()
+        if why is not None:
+            raise IncompatibleDrafterError(f"the drafter ships no embedding table and {why}",
+                                           hint="capture with boundary 0 (--layers auto does), or pass --target "
+                                                "with weights")
+        rows: dict[int, np.ndarray] = {}
+        for req in self.states.requests((0,)):
+            for t, h in zip(req.token_ids.tolist(), req.hidden[:, 0], strict=False):
+                rows.setdefault(int(t), h)
+        table = torch.zeros(max(rows) + 1, len(next(iter(rows.values()))))
+        for t, h in rows.items():
+            table[t] = owned(h, np.float32)
+        return table
 
     @property
     def has_states(self) -> bool:
@@ -167,10 +213,13 @@ class Target:
         once per prompt for the command, whatever the drafter or reading (model/replay.py)."""
         from ..model.replay import continue_greedily, with_states
 
+        if self.states is not None and self.states.continuation is not None:
+            return self._captured(prompts, max_tokens, k, set(boundaries) | self._boundaries)
         if self.states is not None or not self.runnable:
             raise IncompatibleDrafterError(f"{self.source}: acceptance needs a runnable target "
                                            f"({self.why_not_runnable()})",
-                                           hint="pass --target with weights and a tokenizer (not --states)")
+                                           hint="pass --target with weights and a tokenizer, or --states from "
+                                                "eaglectl capture --max-tokens N (greedy continuations)")
         wanted = set(boundaries) | self._boundaries
         held = self._continuations
 
@@ -188,4 +237,47 @@ class Target:
         if short:  # a boundary nobody declared: one more forward over the same tokens, no decoding
             loads.count("target_continuation_states")
             with_states(self.model(), short, tuple(sorted(wanted | set(short[0].states))))
+        return [held[tuple(p)].cut(max_tokens, k) for p in prompts]
+
+    def _captured(self, prompts: list[list[int]], max_tokens: int, k: int, wanted: set[int]) -> list[Continuation]:
+        """The capture's greedy continuations of `prompts` at the boundaries `wanted`, read once per command (again
+        only for a boundary not read before), cut to `max_tokens` + `k`."""
+        import torch
+
+        from ..model.replay import Continuation
+
+        states, held = self.states, self._continuations
+        assert states is not None and states.continuation is not None
+        c = states.continuation
+        if max_tokens > c.max_tokens or max_tokens + k > c.max_tokens + c.k:
+            raise IncompatibleDrafterError(
+                f"{states.root}: the capture continues each prompt by {c.max_tokens} + {c.k} tokens, fewer than the "
+                f"{max_tokens} + {k} asked", hint=f"capture again with --max-tokens {max_tokens} -k {k}")
+        ids = tuple(sorted(wanted | {b for h in held.values() for b in h.states}))
+        if not held or not set(ids) <= set(next(iter(held.values())).states):
+            loads.count("capture_continuations")
+            held.clear()
+            for req, P in zip(states.requests(ids), c.prompt_lengths, strict=True):
+                T = P + c.max_tokens + c.k
+                where = str(states.root / req.name)
+                if len(req.token_ids) != T:
+                    raise InvalidStatesError(f"{where}: {len(req.token_ids)} tokens, not the prompt's {P} and the "
+                                             f"continuation's {c.max_tokens} + {c.k} that capture.json records",
+                                             file=where, tensor="token_ids")
+                if req.target_argmax is not None:  # a continuation is the target's own greedy tokens
+                    off = req.target_argmax[P - 1: T - 1] != req.token_ids[P:T]
+                    if off.mean() > GREEDY_SLACK:
+                        raise InvalidStatesError(
+                            f"{where}: the continuation differs from the target's greedy next token at "
+                            f"{int(off.sum())} of {T - P} positions: not a greedy continuation", file=where,
+                            tensor="token_ids")
+                hidden = torch.from_numpy(np.asarray(req.hidden[: T - c.k], dtype=np.float32).copy())
+                held[tuple(req.token_ids[:P].tolist())] = Continuation(
+                    P, torch.from_numpy(req.token_ids.copy()), {b: hidden[:, j] for j, b in enumerate(ids)},
+                    c.max_tokens, c.k)
+        missing = [i for i, p in enumerate(prompts) if tuple(p) not in held]
+        if missing:
+            raise IncompatibleDrafterError(f"{states.root}: the capture holds no continuation of prompt "
+                                           f"{missing[0]} of the {len(prompts)} asked",
+                                           hint="capture those prompts with --max-tokens, or pass --target")
         return [held[tuple(p)].cut(max_tokens, k) for p in prompts]

@@ -105,20 +105,26 @@ def _groups(items: list[Any], key: Any) -> list[list[int]]:
 
 
 @torch.no_grad()
+def decode_greedily(target: HFModel, prompts: list[list[int]], new: int, progress: Progress = passthrough
+                    ) -> list[torch.Tensor]:
+    """Each prompt followed by `new` greedy tokens of the target's. Prompts of one length decode together (no
+    padding, so each row computes what it would alone, as vLLM batches requests)."""
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    groups = [g[i: i + BATCH] for g in _groups(prompts, len) for i in range(0, len(g), BATCH)]
+    for group in progress(groups, label="target: greedy continuations", total=len(groups)):
+        seqs = greedy(target, torch.tensor([prompts[i] for i in group]), new)
+        for row, i in enumerate(group):
+            out[i] = seqs[row].cpu()
+    return [x for x in out if x is not None]
+
+
+@torch.no_grad()
 def continue_greedily(target: HFModel, prompts: list[list[int]], *, max_tokens: int, k: int,
                       boundaries: tuple[int, ...], progress: Progress = passthrough) -> list[Continuation]:
     """The target's greedy continuation of each prompt (max_tokens + k tokens: the last chain can draft k past
-    the end) and its states at `boundaries` at every position a chain can read. Prompts of one length decode
-    together (no padding, so each row computes what it would alone, as vLLM batches requests)."""
-    new = max_tokens + k
-    out: list[Continuation | None] = [None] * len(prompts)
-    groups = [g[i: i + BATCH] for g in _groups(prompts, len) for i in range(0, len(g), BATCH)]
-    for group in progress(groups, label="target: greedy continuations", total=len(groups)):
-        ids = torch.tensor([prompts[i] for i in group])
-        seqs = greedy(target, ids, new)
-        for row, i in enumerate(group):
-            out[i] = Continuation(ids.shape[1], seqs[row].cpu(), {}, max_tokens, k)
-    made = [c for c in out if c is not None]
+    the end) and its states at `boundaries` at every position a chain can read."""
+    made = [Continuation(len(p), seq, {}, max_tokens, k)
+            for p, seq in zip(prompts, decode_greedily(target, prompts, max_tokens + k, progress), strict=True)]
     with_states(target, made, boundaries)
     return made
 

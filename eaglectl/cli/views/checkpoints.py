@@ -273,7 +273,8 @@ def render_upgrade(result: UpgradeResult) -> None:
     if result.init_candidates:
         by_loop = "acceptance_kept" in result.init_candidates[0]
         kinds = list(result.init_candidates[0].get("by_kind") or {}) if by_loop else []
-        where = result.acceptance["ranked_on"]["description"] if result.acceptance else "held-out prompts"
+        ranked_on = (result.acceptance or {}).get("ranked_on")
+        where = ranked_on["description"] if ranked_on else "held-out prompts"
         say("fc_norm inits, ranked by ", (f"the reference loop's acceptance kept on the kind of text where it keeps "
                                           f"least, on {where}" if kinds else
                                           f"the reference loop's acceptance kept on {where}" if by_loop
@@ -313,7 +314,9 @@ def _upgrade_ending(result: UpgradeResult) -> None:
             say("  ", "this is the figure vLLM prints on these prompts (greedy, fp32; the reference loop's counts "
                 "equal vLLM's)", indent=4)
         if acc.get("reproduce"):
-            say("  ", "the inits were ranked on other prompts; vLLM measures this figure with:", indent=4)
+            by = "the reference loop replays this figure from the capture" if " --states " in acc["reproduce"] \
+                else "vLLM measures this figure"
+            say("  ", f"the inits were ranked on other prompts; {by} with:", indent=4)
             click.echo(f"    {acc['reproduce']}")  # unwrapped: a command to copy
         kinds = (acc.get("by_kind") or {}).get("kinds") or {}
         if kinds:
@@ -328,7 +331,8 @@ def _upgrade_ending(result: UpgradeResult) -> None:
         if acc.get("on_your_prompts"):
             click.echo(f"    {acc['on_your_prompts']}")  # unwrapped: a command to copy
     elif result.changed:
-        say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer)", indent=2)
+        say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer, or --states "
+            "from eaglectl capture --max-tokens N: the target's greedy continuations)", indent=2)
     if result.changed:
 
         out.print(f"[yellow]{safe(WARM_START)}[/]")

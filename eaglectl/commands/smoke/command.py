@@ -73,8 +73,16 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     """Measure DRAFTER on TARGET under vLLM (or the reference loop); `preflight` inspects every drafter first."""
 
     d = open_any(req.drafter)
-    t = Target.open(req.target, progress=progress, dtype=req.dtype)
+    if req.states is not None and (req.engine != "reference" or req.target):
+        raise UsageError("--states replays a capture's continuations: with --engine reference, instead of --target",
+                         hint=f"eaglectl smoke {req.drafter} --states {req.states} --engine reference")
+    t = Target.open(req.target or None, req.states, progress=progress, dtype=req.dtype)
     assert t is not None
+    if req.states is not None and not t.replays:
+        raise UsageError(f"--states {req.states}: the capture holds no greedy continuations",
+                         hint="capture again with eaglectl capture TARGET --max-tokens N --engine hf --out DIR")
+    if t.states is not None and t.states.continuation is not None and not req.max_tokens:
+        req = replace(req, max_tokens=t.states.continuation.max_tokens)
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
                  for b in req.baselines]
     for opened in ([d] if req.preflight else []) + [b.opened for b in baselines if b.opened is not None]:
@@ -210,7 +218,14 @@ def _serving(engine: str, serving_options: dict[str, str] | None) -> dict[str, d
 
 def _prompt_sets(target: Target, prompts: str, count: int, max_tokens: int, max_model_len: int, k: int, seed: int,
                  context_lengths: tuple[int, ...]) -> tuple[PromptSet, list[dict[str, Any]]]:
-    """The prompts measured, tokenized with the target's tokenizer, and one more set per --context-lengths."""
+    """The prompts measured, tokenized with the target's tokenizer, and one more set per --context-lengths; from
+    a capture of continuations, the first `count` prompts it continued."""
+    if target.states is not None:
+        if context_lengths:
+            raise UsageError("--context-lengths: a capture holds its own prompts; pass --target")
+        got = target.captured_prompts()[:count]
+        return PromptSet(str(target.states.root), got, f"{len(got)} prompts the capture {target.states.root} "
+                         "continued greedily"), []
     tokenizer = tokenizer_of(target.source, chat=needs_chat(prompts))
     vocab = target.checkpoint.vocab_size  # every prompt's token ids must index the target's vocabulary
 
@@ -342,7 +357,7 @@ def _reference(configs: list[Baseline], target: Target, prompt_set: PromptSet,
         elif c.kind == "eagle3":
             loaded = load_reference(opened[c.name])
             model = loaded.build(dtype, "cpu")
-            embed = None if loaded.has_embed else target.model().embedding().to(dtype)
+            embed = None if loaded.has_embed else target.embedding_table().to(dtype)
 
             def loop(prompts: list[list[int]]) -> LoopCounts:
                 conts = target.continuations(prompts, max_tokens=max_tokens, k=k, boundaries=ids[c.name])

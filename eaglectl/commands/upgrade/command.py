@@ -139,9 +139,9 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     to, steps = upgrade_steps(src, tgt, init, req.fc_norm, req.norm_output, to, target, prompts, again)
     new_spec = replace(src.spec, fc_norm=src.spec.fc_norm or "add-fc-norm" in steps,
                        norm_output=src.spec.norm_output or "set-norm-output" in steps)
-    runnable = tgt is not None and tgt.runnable
+    replays = tgt is not None and tgt.replays  # the target runs, or a capture of its continuations replays
     work, report, by_kind, fitting = (workloads_for(tgt, prompts, req.num_prompts, req.max_tokens)
-                                      if runnable and steps else (None, None, None, []))
+                                      if replays and steps else (None, None, None, []))
     ids, layers, measurement = _layers(src, tgt, steps)
     fc = src.view.info("fc.weight").dtype if "fc.weight" in src.view else "BF16"  # the written tensors' dtype
     s = Setup(src, tgt, {"fc_norm": new_spec.fc_norm, "norm_output": new_spec.norm_output},
@@ -153,9 +153,9 @@ def run(req: UpgradeRequest, progress: Progress = passthrough) -> UpgradeResult:
     acceptance = before_after(s, choice.fitted, plan.config, written=not req.dry_run) if report else None
     rerun = again + (f" --to {to}" if req.to else "") + (
         f" --base-model {shlex.quote(req.base_model)}" if req.base_model else "")
-    if acceptance is not None and report is not None and target is not None:
-        acceptance["reproduce"] = report.smoke_command(str(dest), target, req.runner)
-        if not report.given:  # the figure is for the bundled text: how to have it on the user's own
+    if acceptance is not None and report is not None and (target is not None or report.states is not None):
+        acceptance["reproduce"] = report.smoke_command(str(dest), target or "", req.runner)
+        if not report.given and target is not None:  # the figure is for the bundled text: how to have it on the user's own
             acceptance["on_your_prompts"] = command_line(req, prompts="YOUR.jsonl", force=not req.dry_run)
     recorded = None
     if req.fidelity and steps and not req.dry_run:  # what verify DEST --against SOURCE holds the files to (the record)
@@ -398,7 +398,7 @@ def _notes(steps: list[str], init: str, choice: Choice, acceptance: dict[str, An
     notes = ["structurally upgraded to the EAGLE-3.1 layout: not function-preserving; fine-tune (training-time "
              "test) before serving it as a 3.1 drafter" if steps else
              "already has the requested 3.1 features: nothing to change (tensors copied unchanged)"]
-    where = acceptance["ranked_on"]["description"] if acceptance else "held-out prompts"
+    where = acceptance["ranked_on"]["description"] if acceptance and acceptance["ranked_on"] else "held-out prompts"
     candidates, chosen = choice.candidates, choice.init
     if candidates and init == "auto" and "acceptance_kept" in candidates[0]:
         notes.append(f"fc_norm init '{chosen}' measured best on {where} (the reference loop kept "

@@ -63,6 +63,7 @@ class Workload:
     num_prompts: int
     k: int = STEPS
     kinds: tuple[str, ...] = ()  # the kind of text of each prompt (measure/kinds.py); empty: one, the user's
+    states: str | None = None  # the capture of greedy continuations the prompts are replayed from
 
     def identity(self) -> dict[str, Any]:
         digest = hashlib.sha256(json.dumps(self.prompts, separators=(",", ":")).encode()).hexdigest()
@@ -74,7 +75,10 @@ class Workload:
         q = shlex.quote
         given = [("--prompts", self.source, SMOKE_PROMPTS), ("--num-prompts", self.num_prompts, SMOKE_NUM_PROMPTS),
                  ("--max-tokens", self.max_tokens, SMOKE_MAX_TOKENS), ("--runner", runner, "v1")]
-        return f"eaglectl smoke {q(drafter)} --target {q(target)}" + "".join(
+        if self.states is not None:  # the capture's prompts, replayed by the reference loop
+            given[0] = ("--engine", "reference", None)
+        where = f"--states {q(self.states)}" if self.states is not None else f"--target {q(target)}"
+        return f"eaglectl smoke {q(drafter)} {where}" + "".join(
             f" {flag} {q(str(value))}" for flag, value, default in given if value != default)
 
 
@@ -89,6 +93,8 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
     and the inits are ranked on the bundled kinds of text (measure/kinds.py: chat, prose, math, code; the code
     windows apart from smoke's default prompts). Each kind of bundled text is reported on its own prompts too."""
 
+    if tgt.states is not None:
+        return _of_capture(tgt, num_prompts)
     spec = prompts if prompts is not None else SMOKE_PROMPTS
     tok = tokenizer_of(tgt.source, chat=needs_chat(spec))
 
@@ -116,6 +122,28 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
     ranking = _of_kinds(tokenizer, "ranking", per, max_tokens, num_prompts, code=heldout_prompts(
         tokenizer, per, PROMPT_TOKENS, seed=RANK_SEED, avoid=smoke_spans(num_prompts)))
     return ranking, report, by_kind, []
+
+
+def _of_capture(tgt: Target, num_prompts: int) -> tuple[Workload, Workload, None, list[list[int]]]:
+    """From a capture of greedy continuations, the user's prompts are the capture's, split as `split_given` splits
+    them, in request order; calibration and `fit` read the requests after the two (`measured_requests`)."""
+    assert tgt.states is not None and tgt.states.continuation is not None
+    given, where, c = tgt.captured_prompts(), str(tgt.states.root), tgt.states.continuation
+    shown, ranked = split_given(len(given), num_prompts)
+    said = "never ranked or fitted on" if ranked else "too few to hold any out: ranked and calibrated on them too"
+    report = Workload(given[:shown or num_prompts], where, f"the first {len(given[:shown or num_prompts])} of the "
+                      f"{len(given)} prompts the capture continued ({said})", True, c.max_tokens,
+                      shown or num_prompts, states=where)
+    ranking = Workload(given[shown:shown + ranked], where, f"{ranked} prompts the capture continued (after the "
+                       f"{shown} reported on)", True, c.max_tokens, num_prompts, states=where) if ranked else None
+    return ranking, report, None, []  # type: ignore[return-value]
+
+
+def measured_requests(s: Setup) -> int:
+    """The requests of a capture the figures are measured on (the first ones): calibration and `fit` read the rest."""
+    if s.tgt is None or s.tgt.states is None or s.work is None or s.report is None:
+        return 0
+    return len(s.report.prompts) + len(s.work.prompts)
 
 
 def split_given(count: int, num_prompts: int) -> tuple[int, int]:
@@ -209,7 +237,7 @@ def rank_by_acceptance(s: Setup, fits: dict[str, Fit], ranked: Sequence[dict[str
     assert tgt is not None and work is not None and s.ids is not None
     loaded = load_reference(s.src)
     ids = tuple(sorted(set(s.ids)))
-    table = None if loaded.has_embed else tgt.model().embedding().float()
+    table = None if loaded.has_embed else tgt.embedding_table()
     conts = tgt.continuations(work.prompts, max_tokens=work.max_tokens, k=work.k, boundaries=ids)
 
     def chain(drafted: list[torch.Tensor]) -> float:  # leading correct steps per anchor, over every anchor
@@ -270,7 +298,7 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
     from ...model.loader import load_reference
 
     tgt, work = s.tgt, s.report
-    assert tgt is not None and work is not None and s.work is not None and tgt.num_layers is not None
+    assert tgt is not None and work is not None and tgt.num_layers is not None
     src_b = boundaries(s, s.src.ckpt.config or {})
     dst_b = boundaries(s, dest_config)
     tgt.need(set(src_b) | set(dst_b))
@@ -284,7 +312,7 @@ def before_after(s: Setup, fitted: Fit, dest_config: dict[str, Any], written: bo
         "reading": reading_name(s)[0], "reading_description": reading_name(s)[1],
         "source_boundary_ids": list(src_b), "dest_boundary_ids": list(dst_b),
         "measured_boundary_ids": list(s.ids) if s.ids is not None else None,
-        "prompts": work.identity(), "ranked_on": s.work.identity(),
+        "prompts": work.identity(), "ranked_on": s.work.identity() if s.work is not None else None,
         "counts_before": counts_json(before), "counts_after": counts_json(after),
         "predicted_for": "the written files" if written else "the files a run without --dry-run would write",
         "how": "the reference loop's greedy fp32 counts on the target's greedy continuations (replayed), which "

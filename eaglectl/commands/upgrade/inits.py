@@ -17,11 +17,9 @@ from ...measure.target import Target
 from ...measure.workload import heldout_prompts
 from ..requests import UpgradeRequest
 from .calibration import Fit, Moments, accumulate, fit, held_out_error
-from .fidelity import STEPS, Setup, boundaries, rank_by_acceptance, reserved_spans
+from .fidelity import STEPS, Setup, boundaries, measured_requests, rank_by_acceptance, reserved_spans
 
 if TYPE_CHECKING:
-    import torch
-
     from .fitting import FitReport
 
 CLOSED_FORM = ("ones", "harmonic", "calibrated", "refit")
@@ -56,7 +54,7 @@ def _inits(init: str, tgt: Target | None) -> tuple[str, ...]:
         return (*(CLOSED_FORM if tgt is not None and tgt.runnable else ("calibrated",)), "fit")
     if init != "auto":
         return (init,)
-    if tgt is not None and tgt.runnable:
+    if tgt is not None and tgt.replays:  # acceptance ranks them all: the target runs, or its continuations replay
         return INITS
     if tgt is not None and tgt.states is not None:
         return CLOSED_FORM
@@ -113,7 +111,8 @@ def calibrate(s: Setup, inits: tuple[str, ...], n: int, Ht: int) -> tuple[dict[s
     eps = s.src.spec.rms_norm_eps if s.src.spec.rms_norm_eps is not None else 1e-6
     held = None
     if tgt.states is not None:
-        cal_part, held_part, where = _split_requests(tgt.states, ids, rank=len(inits) > 1 and not tgt.runnable)
+        cal_part, held_part, where = _split_requests(tgt.states, ids, rank=len(inits) > 1 and s.work is None,
+                                                     skip=measured_requests(s))
         moments = accumulate(W, n, Ht, eps, s.progress(cal_part, label="calibration: requests"))
         held = accumulate(W, n, Ht, eps, held_part) if held_part is not None else None
         held = held if held is not None and held.tokens else None  # held-out requests of one token each
@@ -145,20 +144,22 @@ def from_continuations(tgt: Target) -> bool:
     return tgt.states is None and tgt.runnable and tgt.text is None
 
 
-def _split_requests(captured: States, ids: tuple[int, ...], rank: bool
+def _split_requests(captured: States, ids: tuple[int, ...], rank: bool, skip: int = 0
                     ) -> tuple[Iterator[np.ndarray], Iterator[np.ndarray] | None, str]:
-    """(calibration sequences, held-out sequences, description): the last quarter of the requests is held
-    out for ranking the inits when there is more than one request and a ranking is wanted."""
+    """(calibration sequences, held-out sequences, description) of the requests after the first `skip` (those
+    the acceptance is measured on): the last quarter is held out for ranking the inits when there is more than
+    one request and a ranking is wanted."""
     captured.require(ids)
     count = len(captured.files)
-    held = max(1, count // 4) if rank and count > 1 else 0
+    held = max(1, (count - skip) // 4) if rank and count - skip > 1 else 0
 
     def seqs(part: slice) -> Iterator[np.ndarray]:
         for req in captured.requests(ids, part):
             yield req.hidden.reshape(req.hidden.shape[0], -1)
 
-    how = f"{count - held} captured requests" + (f" ({held} more held out to rank the inits)" if held else "")
-    return seqs(slice(0, count - held)), seqs(slice(count - held, count)) if held else None, how
+    how = f"{count - skip - held} captured requests" + (f" ({held} more held out to rank the inits)" if held else "") \
+        + (f" (after the first {skip}, which the acceptance is ranked and reported on)" if skip else "")
+    return seqs(slice(skip, count - held)), seqs(slice(count - held, count)) if held else None, how
 
 
 def _calibration_prompts(s: Setup) -> list[list[int]]:
@@ -187,10 +188,10 @@ def _declare(s: Setup, with_fit: bool = False) -> None:
     assert tgt.num_layers is not None
     wanted = set(s.ids) | set(boundaries(s, s.src.ckpt.config or {}))
     tgt.need(wanted)
-    extra = _calibration_prompts(s) if from_continuations(tgt) or with_fit else []
+    extra = _calibration_prompts(s) if tgt.runnable and (from_continuations(tgt) or with_fit) else []
     kinds = s.kinds_report.prompts if s.kinds_report is not None else []
-    tgt.continuations(work.prompts + report.prompts + kinds + extra, max_tokens=max(work.max_tokens, RANK_TOKENS),
-                      k=work.k, boundaries=wanted)
+    longest = max(work.max_tokens, RANK_TOKENS) if extra else work.max_tokens  # calibration decodes RANK_TOKENS
+    tgt.continuations(work.prompts + report.prompts + kinds + extra, max_tokens=longest, k=work.k, boundaries=wanted)
 
 
 def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit, FitReport]:
@@ -212,9 +213,11 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
         table = None if loaded.has_embed else tgt.model().embedding().float()
     else:
         assert tgt.states is not None
-        seqs = fitting.from_requests(tgt.states.requests(session_ids), STEPS, FIT_CAPTURE_TOKENS)
-        data = f"{sum(int(q.labels.shape[1]) for q in seqs)} anchors of the capture {tgt.states.root}"
-        table = None if loaded.has_embed else _capture_table(tgt)
+        skip = measured_requests(s)  # never what the acceptance is ranked or reported on
+        seqs = fitting.from_requests(tgt.states.requests(session_ids, slice(skip, None)), STEPS, FIT_CAPTURE_TOKENS)
+        data = f"{sum(int(q.labels.shape[1]) for q in seqs)} anchors of the capture {tgt.states.root}" + (
+            f" (after its first {skip} requests)" if skip else "")
+        table = None if loaded.has_embed else tgt.embedding_table()
     if len(seqs) < 2:
         raise ConversionError("--init fit needs at least two sequences of target states (one held out)")
     gammas, new_fc, st = start
@@ -225,32 +228,6 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
     stats = dict(st or {})
     stats["fit"] = report.to_json()
     return (g, fc, stats), report
-
-
-def _capture_table(tgt: Target) -> torch.Tensor:
-    """The target's embedding table for a drafter that ships none, with only a capture: from the target's
-    weights when its files hold them, else the rows of the tokens seen, read off boundary 0."""
-    import torch
-
-    from ...model.blocks import owned
-
-    assert tgt.states is not None
-    if tgt.checkpoint.ckpt.tensor_file:
-        name = tgt.checkpoint.table_name("embed_tokens")
-        if name is not None:
-            return torch.from_numpy(np.asarray(tgt.checkpoint.ckpt.read(name), dtype=np.float32).copy())
-    why = tgt.states.embedding_source()
-    if why is not None:
-        raise ConversionError(f"--init fit: the drafter ships no embedding table and {why}",
-                              hint="capture with boundary 0 (--layers auto does), or pass --target with weights")
-    rows: dict[int, np.ndarray] = {}
-    for req in tgt.states.requests((0,)):
-        for t, h in zip(req.token_ids.tolist(), req.hidden[:, 0], strict=False):
-            rows.setdefault(int(t), h)
-    table = torch.zeros(max(rows) + 1, len(next(iter(rows.values()))))
-    for t, h in rows.items():
-        table[t] = owned(h, np.float32)
-    return table
 
 
 # ------------------------------------------------------------------------------------ the plan and the files
