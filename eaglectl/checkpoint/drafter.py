@@ -131,6 +131,13 @@ class DrafterCheckpoint:
     def root(self) -> str:
         return self.ckpt.root
 
+    def set_by_upgrade(self, flag: str) -> bool:
+        """eaglectl's own upgrade set this flag (its provenance says so): the warm start's arrangement, which it is
+        fine-tuned to next, not the one its weights were trained with."""
+        prov = self.config.raw("eaglectl_provenance")
+        steps = prov.get("upgrade_steps") if isinstance(prov, dict) and prov.get("operation") == "upgrade" else None
+        return isinstance(steps, list) and f"set-{flag.replace('_', '-')}" in steps
+
     @property
     def layer_config(self) -> ConfigView:
         """The decoder-layer part of the config (speculators nests it)."""

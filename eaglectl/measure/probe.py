@@ -9,8 +9,10 @@ over text (docs/math.md#reading-probe):
   each way (or, with no ids stored, the engines' default and its shifts);
 - `embedding`: the drafter's own `embed_tokens` against the target's (when it ships one);
 - `lm_head`: its own head against the target's rows at the mapped ids (when both exist);
-- a flag the dialect cannot settle (`Dialect.caveats`, e.g. SpecForge's `norm_output`): as stored
-  and flipped.
+- the flags no tensor settles (`TRAINED_FLAGS`: `norm_output`, `norm_before_residual`), for every drafter, and
+  any other the dialect cannot settle (`Dialect.caveats`): as stored and flipped. A config can declare a norm
+  arrangement its weights were not trained with (SpecForge between its PRs #568 and #879, a hand edit): only the
+  weights tell.
 
 Each candidate is scored, on the draft steps the fact can change (step 0 for layers, embedding and
 head; steps >= 1 for `norm_output`), by teacher-forced top-1 agreement with the target's greedy next
@@ -223,6 +225,11 @@ class Segment:
         return [self.labels[j + 1: j + 1 + T] for j in range(steps)]
 
 
+# The flags of the norm arrangement that no tensor settles (weights settle fc_norm and norm_before_fc: their norms
+# are stored or not): every drafter is scored under both values of each
+TRAINED_FLAGS = ("norm_output", "norm_before_residual")
+
+
 @dataclass
 class Session:
     """The target's states over the probe text, for every boundary any candidate reads (windows of the
@@ -357,11 +364,12 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
     if head is not None:
         alternatives.append(("lm_head", "own", Candidate("target", at.boundary_ids,
                                                          {"replace": {"lm_head.weight": head}})))
-    for caveat in d.dialect.caveats:
-        if all(getattr(spec, k) == v for k, v in caveat.when.items()):
-            stored = bool(getattr(spec, caveat.subject))
-            alternatives.append((caveat.subject, str(stored).lower(), Candidate(
-                str(not stored).lower(), at.boundary_ids, {caveat.subject: not stored})))
+    flipped = [*TRAINED_FLAGS, *(c.subject for c in d.dialect.caveats
+                                 if all(getattr(spec, k) == v for k, v in c.when.items()))]
+    for flag in dict.fromkeys(f for f in flipped if not d.set_by_upgrade(f)):  # an upgrade's: trained next
+        stored = bool(getattr(spec, flag))
+        alternatives.append((flag, str(stored).lower(), Candidate(str(not stored).lower(), at.boundary_ids,
+                                                                   {flag: not stored})))
     for name, as_stored, other in progress(alternatives, label="measuring other readings", total=len(alternatives)):
         score(loaded, other, session)
         same = Candidate(as_stored or "own", at.boundary_ids, agreement=at.agreement, loglik=at.loglik,

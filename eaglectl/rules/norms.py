@@ -77,16 +77,14 @@ def norms(ctx: Context) -> None:
     for caveat in ctx.dialect.caveats:
         if caveat.rule in said or any(not spec.sources.get(k, "").startswith("config:") for k in caveat.explicit):
             continue
-        if all(getattr(spec, k) == v for k, v in caveat.when.items()) and not _eaglectl_wrote(ctx, caveat.subject):
+        if all(getattr(spec, k) == v for k, v in caveat.when.items()) and not eaglectl_wrote(ctx, caveat.subject):
             said.add(caveat.rule)
             value = getattr(spec, caveat.subject)
             ctx.emit(RULES[caveat.rule], f"{caveat.subject} is {str(value).lower()} "
                      f"({spec.sources.get(caveat.subject)}); {caveat.message}", ctx.at(caveat.subject))
 
 
-def _eaglectl_wrote(ctx: Context, flag: str) -> bool:
-    """eaglectl's own upgrade set this flag (its provenance says so): its meaning is the one eaglectl writes
+def eaglectl_wrote(ctx: Context, flag: str) -> bool:
+    """eaglectl's own upgrade set this flag (checkpoint/drafter.py): its meaning is the one eaglectl writes
     (norm_output: post-norm feedback), not a question about who trained the drafter."""
-    prov = ctx.config.raw("eaglectl_provenance")
-    steps = prov.get("upgrade_steps") if isinstance(prov, dict) and prov.get("operation") == "upgrade" else None
-    return isinstance(steps, list) and f"set-{flag.replace('_', '-')}" in steps
+    return ctx.drafter.set_by_upgrade(flag)
