@@ -268,6 +268,20 @@ def test_config_diffs_are_key_level_with_moves(invoke, tmp_path):
     assert '+ speculators_config.verifier.name_or_path = "acme/t"' in human and "..." not in human
 
 
+def test_a_renamed_setting_and_a_remote_code_map_are_one_change_each():
+    """Issue 47: transformers' `dtype` written as `torch_dtype` is the one setting moved, not a removal and an
+    addition; `auto_map` (remote-code classes, never run) is removed as one value, not entry by entry."""
+    from eaglectl.checkpoint.plan import config_diff
+
+    got = config_diff({"dtype": "bfloat16", "auto_map": {"AutoConfig": "c.C", "AutoModel": "m.M"},
+                       "eagle_config": {"dtype": "float32"}},
+                      {"torch_dtype": "bfloat16", "eagle_config": {"torch_dtype": "float32"}})
+    assert got == [{"key": "auto_map", "change": "removed", "old": {"AutoConfig": "c.C", "AutoModel": "m.M"}},
+                   {"key": "eagle_config.torch_dtype", "change": "moved", "from": "eagle_config.dtype",
+                    "new": "float32"},
+                   {"key": "torch_dtype", "change": "moved", "from": "dtype", "new": "bfloat16"}]
+
+
 # ---------------------------------------------------------------------------------------- §5 smoke
 
 def test_smoke_has_one_headline_al_and_labels_baselines_by_path(invoke, tmp_path, monkeypatch):

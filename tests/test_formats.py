@@ -161,3 +161,20 @@ def test_a_torchspec_template_without_its_marker_is_named_in_the_evidence(invoke
     assert "also fits torchspec" in invoke("inspect", d).stdout
     plain = json.loads(invoke("inspect", DRAFTERS / "specforge-3", "--json").stdout)["dialect_evidence"]
     assert not any(e.startswith("also fits") for e in plain)  # SpecForge's own config: nothing else fits
+
+
+def test_a_torchspec_template_with_modelopts_keys_is_torchspec(invoke, tmp_path):
+    """Issue 47: TorchSpec's Kimi templates (configs/draft_models/kimi_k*_eagle3_*.json) carry ModelOpt's
+    eagle_config keys, which SpecForge never writes; with TorchSpec's midlayer names and no marker the checkpoint is
+    TorchSpec's (its raw-residual flag defaults), not SpecForge's. ModelOpt's own layout (layers.0) stays ModelOpt."""
+    from .helpers import edited
+
+    def template(c: dict) -> None:
+        c["eagle_config"].update(use_aux_hidden_state=True, use_input_layernorm_in_first_layer=True,
+                                 use_last_layernorm=True, use_mtp_layernorm=False)
+
+    d = edited(DRAFTERS / "specforge-3", tmp_path, name="kimi-template", config=template)
+    doc = json.loads(invoke("inspect", d, "--json").stdout)
+    assert doc["dialect"] == "torchspec", doc["dialect_evidence"]
+    assert "config has 'eagle_config.use_input_layernorm_in_first_layer'" in doc["dialect_evidence"]
+    assert json.loads(invoke("inspect", DRAFTERS / "modelopt-3", "--json").stdout)["dialect"] == "modelopt"

@@ -102,3 +102,19 @@ def test_unreachable_hub_falls_back_to_the_cache(tmp_path):
     assert json.loads(r.stdout)["inputs"]["sha"] == SHA
     r = _run(cache, "inspect", "acme/other", offline=False)
     assert r.returncode == 3 and "unreachable" in r.stderr
+
+
+def test_base_model_alone_names_the_verifiers_architectures_from_the_cache(tmp_path):
+    """Issue 47: `--base-model ORG/NAME` without --target records the verifier's architectures from its cached
+    config (offline); a base model not in the cache is written without them, and a warning says so."""
+    cache = _cache(tmp_path, "acme/tiny-llama", TARGET)
+    r = _run(cache, "convert", str(DRAFTERS / "eagle-3"), str(tmp_path / "a"), "--to", "speculators",
+             "--base-model", "acme/tiny-llama")
+    assert r.returncode == 0, r.stderr
+    verifier = json.loads((tmp_path / "a" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": "acme/tiny-llama",
+                        "architectures": json.loads((TARGET / "config.json").read_text())["architectures"]}
+    r = _run(cache, "convert", str(DRAFTERS / "eagle-3"), str(tmp_path / "b"), "--to", "speculators",
+             "--base-model", "acme/not-cached")
+    assert r.returncode == 0, r.stderr
+    assert "written with no architectures" in " ".join(r.stdout.split())

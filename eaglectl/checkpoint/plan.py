@@ -15,6 +15,7 @@ from .. import __version__
 from ..errors import ConversionError, EaglectlError
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.dtypes import DTYPE_BITS
+from ..io.hub import cached_architectures
 from ..io.jsonio import MISSING, config_get
 from ..io.safetensors import Written
 from .publish import public_name, public_value
@@ -96,6 +97,8 @@ def verifier(config: dict[str, Any] | None, target: TargetCheckpoint | None, bas
         return None
     name = base_model or (target.hub_id if target is not None else None) or (named if is_hub_id(named) else None)
     archs = list(target.architectures) if target is not None else existing.get("architectures") or []
+    if not archs and name is not None and is_hub_id(name):  # --base-model alone: its config, when cached here
+        archs = cached_architectures(name) or []
     return {"name_or_path": name, "architectures": archs}
 
 
@@ -120,12 +123,19 @@ def provenance(ckpt: Checkpoint, source_dialect: str, operation: str, to: str, *
     return out
 
 
+# keys whose object is one value in a diff: transformers' remote-code class map (never run here), not its entries
+WHOLE = frozenset({"auto_map"})
+# one setting under two names: transformers renamed `torch_dtype` to `dtype` (4.56); a rename is a move, not two keys
+SAME_SETTING = {"dtype": "torch_dtype", "torch_dtype": "dtype"}
+
+
 def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A config as {dotted key path: value}: objects are opened (an empty one is a value), lists are values."""
+    """A config as {dotted key path: value}: objects are opened (an empty one is a value, and so is one of WHOLE),
+    lists are values."""
     out: dict[str, Any] = {}
     for k, v in obj.items():
         path = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
+        if isinstance(v, dict) and v and k not in WHOLE:
             out.update(_flat(v, path + "."))
         else:
             out[path] = v
@@ -134,17 +144,20 @@ def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     """Key-level config changes: each changed leaf by its dotted path (`speculators_config.verifier.
-    name_or_path`), never a whole nested object; a key that only changed place (into or out of
-    `transformer_layer_config`, `eagle_config`) is one "moved" change naming both paths."""
+    name_or_path`), never a whole nested object (but those of WHOLE); a key that only changed place (into or out
+    of `transformer_layer_config`, `eagle_config`) or name (SAME_SETTING) is one "moved" change naming both
+    paths."""
     a, b = _flat(old), _flat(new)
     removed = [k for k in a if k not in b]
     added = [k for k in b if k not in a]
     moved: dict[str, str] = {}  # new path -> old path
     for k in added:
-        leaf = k.rsplit(".", 1)[-1]
-        # the same key under another parent: the value may also have changed
+        parent, _, leaf = k.rpartition(".")
+        # the same key under another parent (the value may also have changed), or the same setting renamed
         frm = next((r for r in removed if r not in moved.values() and r.rsplit(".", 1)[-1] == leaf
                     and (r.endswith("." + k) or k.endswith("." + r) or r.count(".") != k.count("."))), None)
+        if frm is None and leaf in SAME_SETTING:
+            frm = next((r for r in removed if r == ".".join(filter(None, (parent, SAME_SETTING[leaf])))), None)
         if frm is not None:
             moved[k] = frm
     out = []

@@ -335,8 +335,12 @@ def seed_option(help: str) -> Callable[[F], F]:
     return click.option("--seed", type=SEED, default=0, show_default=True, help=help)
 
 
-def vllm_python_option(help: str) -> Callable[[F], F]:
-    return click.option("--vllm-python", metavar="PATH", help=help)
+def vllm_python_option(used_for: str, without: str | None = None) -> Callable[[F], F]:
+    """--vllm-python, its default said one way on every command; `without`: what the command does when no
+    interpreter has vLLM (None: it needs one)."""
+    tail = f" if it has vLLM; else {without}" if without else ""
+    return click.option("--vllm-python", metavar="PATH", help=f"Interpreter with vLLM, {used_for} (default: "
+                        f"$EAGLECTL_VLLM_PYTHON, then this one{tail}).")
 
 
 sglang_python_option = click.option(
@@ -452,7 +456,8 @@ def gate_options(fn: F) -> F:
         engine_version_option,
         measure_option,
         states_option,
-        vllm_python_option("Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON)."),
+        vllm_python_option("asked what each model runner reads and running the smoke stage",
+                           without="eaglectl's table, and the smoke stage is undecided"),
         sglang_python_option,
         allow_pickle_option,
     ]):

@@ -249,7 +249,10 @@ class Pulse:
         took = now - step["started"]
         eta = f", about {took / done * (total - done):.0f} s left" if total and done else ""
         count = f"{done}" + (f" of {total}" if total else "") + " " if step["counted"] else ""
-        return ": ".join([*(s["label"] for s in outer), step["label"]]) + f": {count}after {took:.0f} s{eta}"
+        head, tail = ": ".join([*(s["label"] for s in outer), step["label"]]), f": {count}after {took:.0f} s{eta}"
+        # one line a beat (say_err's lines hold width - 4 cells): the labels give way, never the count and the time
+        room = stderr.width - 4 - len(tail)
+        return (head if len(head) <= room else head[: max(room - 1, 8)] + "…") + tail
 
 
 pulse = Pulse()

@@ -46,8 +46,7 @@ Examples:
 @params.engine_version_option
 @params.measure_option
 @params.states_option
-@params.vllm_python_option("Interpreter with vLLM, asked what each model runner reads (default: "
-                           "$EAGLECTL_VLLM_PYTHON, then this one if it has vLLM; else eaglectl's table).")
+@params.vllm_python_option("asked what each model runner reads", without="eaglectl's table")
 @params.sglang_python_option
 @params.allow_pickle_option
 @params.json_option
@@ -240,7 +239,7 @@ Examples:
 @click.argument("drafter")
 @params.target_option("Target model folder or Hub id (with a tokenizer).")
 @click.option("--states", metavar="DIR", type=click.Path(exists=True, file_okay=False),
-              help="Instead of --target, with --engine reference: a capture of greedy continuations (eaglectl "
+              help="Instead of --target, with --engine reference: a capture of greedy continuations (made with "
                    "capture --max-tokens N); the loop replays its prompts, in order, as many tokens as it holds "
                    "(or --max-tokens).")
 @click.option("--engine", type=click.Choice(["vllm", "reference"]), default=SmokeRequest.engine, show_default=True,
@@ -266,7 +265,7 @@ Examples:
               help="Comma list: none, ngram, draft_model:PATH, eagle3:PATH (or a drafter path).")
 @params.dtype_option("float32", "Precision the target (and the drafter) runs at.")
 @params.tensor_parallel_option("vLLM tensor parallelism of the target.")
-@params.vllm_python_option("Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
+@params.vllm_python_option("running the drafter (--engine vllm)")
 @click.option("--server", metavar="URL", help="Measure an already running vLLM server serving TARGET with DRAFTER: "
               "prompts via its completions API, acceptance from its /metrics counters (deltas around the run).")
 @click.option("--min-acceptance", type=params.Number(1.0, 65.0),
@@ -413,7 +412,7 @@ Examples:
               "longest prompt).")
 @click.option("--vllm-arg", "vllm_args", type=params.EngineArg(), multiple=True, metavar="KEY=VALUE",
               help="Extra vLLM engine argument, repeatable (e.g. quantization=fp8, gpu_memory_utilization=0.9).")
-@params.vllm_python_option("Interpreter with vLLM (default: $EAGLECTL_VLLM_PYTHON, then this one).")
+@params.vllm_python_option("running the target (--engine vllm)")
 @click.option("--print-recipe", is_flag=True, help="Run nothing: print the vllm serve flags and client loop that "
               "write the same folder from your own server.")
 @click.option("--timeout-s", type=params.Number(0.0, 7 * 86400.0, lo_open=True), default=CaptureRequest.timeout_s,

@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -139,16 +139,27 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
                           {"dialect": d.dialect.name, "eagle_version": d.spec.eagle_version, "summary": rep.summary},
                           requested=True)
     out = CheckReport(source, [inspect_stage], list(rep.findings), root=d.root)
-    out.stages.append(_timed(lambda: _parity(rep)))  # the CPU runs it: a failure here fails the gate anywhere
+
+    def timed(name: str, fn: Callable[[], Stage]) -> Stage:  # a stage the CI log's heartbeat names
+        stage = None
+        for _ in progress([0], label=f"check: {name}", total=1):
+            stage = _timed(fn)
+        assert stage is not None
+        return stage
+
+    out.stages.append(timed("parity", lambda: _parity(rep)))  # the CPU runs it: a failure here fails the gate anywhere
     if missing is None or not rep.servable:
-        smoke_stage = _timed(lambda: _smoke(rep.drafter, rep.opened_target, rep.servable, rep.measured, wants_smoke,
-                                            smoke, progress))
+        smoke_stage = timed("smoke", lambda: _smoke(rep.drafter, rep.opened_target, rep.servable, rep.measured,
+                                                    wants_smoke, smoke, progress))
     else:  # only the smoke stage is undecided: rerun the gate where it can run
         smoke_stage = undecided("smoke", missing, requested=True)
     out.stages.append(smoke_stage)
     smoke_doc = smoke_stage.data if smoke_stage.status == "pass" else None
-    out.stages.append(_timed(lambda: _card(out, rep, req.card, smoke_doc, req.base_model)))
-    out.stages.append(_timed(lambda: _publish(out, rep)))
+    out.stages.append(timed("card", lambda: _card(out, rep, req.card, smoke_doc, req.base_model)))
+    out.stages.append(timed("publish", lambda: _publish(out, rep)))
+    resolved = sorted({f.rule_id for f in rep.findings if f not in out.findings})
+    if resolved:  # the inspect row's counts are inspect's; the list shows what the later stages left of them
+        inspect_stage.detail += f" ({', '.join(resolved)} resolved by the later stages: not listed)"
     return out
 
 
@@ -158,16 +169,21 @@ def gates(sarif_path: str | None,
     """Yield `run` that keeps each report; when the block ends (an error or an exit included), the
     reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
     reports: list[CheckReport] = []
+    refused: list[tuple[str, EaglectlError]] = []  # items stopped before a report: each is a SARIF result too
 
     def gate(req: CheckRequest) -> CheckReport:
-        reports.append(run(req, progress))
+        try:
+            reports.append(run(req, progress))
+        except EaglectlError as e:
+            refused.append((req.source, e))
+            raise
         return reports[-1]
 
     try:
         yield gate
     finally:
-        if sarif_path and reports:
-            write_file(sarif_path, (json.dumps(sarif(reports), indent=1) + "\n").encode())
+        if sarif_path and (reports or refused):
+            write_file(sarif_path, (json.dumps(sarif(reports, refused), indent=1) + "\n").encode())
 
 
 def _publish(out: CheckReport, rep: InspectReport) -> Stage:
@@ -413,12 +429,14 @@ def name_verifier(d: DrafterCheckpoint, base: str) -> str | None:
 STAGE_LEVEL = {"fail": "error", "undecided": "warning"}  # a stage that did not pass is a SARIF result of its own
 
 
-def sarif(reports: list[CheckReport]) -> dict[str, Any]:
-    """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file, and every stage
+def sarif(reports: list[CheckReport], refused: Sequence[tuple[str, EaglectlError]] = ()) -> dict[str, Any]:
+    """SARIF 2.1.0 for code-scanning UIs: one run, eaglectl's rules, every finding with its file, every stage
     that failed or is undecided (a parity or smoke failure has no finding) as rule `check-STAGE` on the drafter's
-    config.json."""
+    config.json, and every item stopped before its report (a source not found, unreadable) as rule `check-error`
+    on the source, with the error's reference and message."""
     used = sorted({f.rule_id for r in reports for f in r.findings})
-    stages = sorted({s.name for r in reports for s in r.stages if s.status in STAGE_LEVEL})
+    stages = sorted({s.name for r in reports for s in r.stages if s.status in STAGE_LEVEL} |
+                    ({"error"} if refused else set()))
     ids = used + [f"check-{name}" for name in stages]
     level = {"error": "error", "warning": "warning", "info": "note"}
     results = []
@@ -436,6 +454,10 @@ def sarif(reports: list[CheckReport]) -> dict[str, Any]:
                 results.append({"ruleId": f"check-{s.name}", "ruleIndex": ids.index(f"check-{s.name}"),
                                 "level": STAGE_LEVEL[s.status], "message": {"text": f"{s.name} {s.status}: {s.detail}"},
                                 "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}]})
+    for source, e in refused:
+        results.append({"ruleId": "check-error", "ruleIndex": ids.index("check-error"), "level": "error",
+                        "message": {"text": f"error[{e.reference}] (exit {e.exit_code}): {e.message}"},
+                        "locations": [{"physicalLocation": {"artifactLocation": {"uri": _relative(Path(source))}}}]})
     return {
         "version": "2.1.0",
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -444,7 +466,9 @@ def sarif(reports: list[CheckReport]) -> dict[str, Any]:
                 {"id": rid, "shortDescription": {"text": RULES[rid].title},
                  **({"help": {"text": RULES[rid].hint()}} if RULES[rid].fix else {}),
                  "defaultConfiguration": {"level": level[RULES[rid].severity.value]}} for rid in used] + [
-                {"id": f"check-{name}", "shortDescription": {"text": f"the check gate's {name} stage did not pass"},
+                {"id": f"check-{name}", "shortDescription": {"text": "the check gate stopped before its report"
+                                                             if name == "error" else
+                                                             f"the check gate's {name} stage did not pass"},
                  "defaultConfiguration": {"level": "error"}} for name in stages]}},
             "results": results,
         }],
@@ -462,8 +486,12 @@ def _location(r: CheckReport, loc: str) -> tuple[str, str | None]:
         path = Path(file)
     else:
         path, name = (root / "config.json"), loc
+    return _relative(path), name or None
+
+
+def _relative(path: Path) -> str:
+    """A file's SARIF URI: relative to the working directory, else absolute (file://)."""
     try:
-        uri = str(path.resolve().relative_to(Path.cwd()))
+        return str(path.resolve().relative_to(Path.cwd()))
     except (ValueError, OSError):
-        uri = path.resolve().as_uri()
-    return uri, name or None
+        return path.resolve().as_uri()

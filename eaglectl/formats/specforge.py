@@ -34,6 +34,8 @@ DIALECT = Dialect(
         Signal("config-key", EAGLE_CONFIG_AUX_KEY, weight=2),
         Signal("config-key", "fc_norm", weight=0.5),
     ),
+    # ModelOpt's eagle_config keys, never SpecForge's: a midlayer checkpoint with them is TorchSpec's template
+    forbidden=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),),
     key_rules=MIDLAYER_KEYS,
     # SpecForge writes its ids in eagle_config only; the top-level key is vLLM's, added for vLLM (by eaglectl
     # or by hand), and read first, as vLLM reads it

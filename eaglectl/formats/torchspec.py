@@ -10,15 +10,19 @@ from ._base import BOTH_AUX_KEYS, BOTH_NUMBERINGS, MIDLAYER_KEYS, Dialect, Signa
 
 _MARKERS = (Signal("config-key", "_torchspec_version", weight=3), Signal("metadata-key", "torchspec_version", weight=3))
 
+# ModelOpt's eagle_config keys, which TorchSpec's draft-model templates (configs/draft_models/*.json, the Kimi ones too)
+# carry and SpecForge never writes: with TorchSpec's native `midlayer.*` names (ModelOpt's are `layers.0.*`), a
+# checkpoint trained from a template without a marker is TorchSpec's
+TEMPLATE = Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer")
+
 DIALECT = Dialect(
     name="torchspec",
     title="TorchSpec",
     producers="lightseekorg/TorchSpec `tools/convert_to_hf.py`",
     required=(),
-    required_any=_MARKERS,
+    required_any=(*_MARKERS, TEMPLATE),
     # the eagle_config keys TorchSpec's configs (its Kimi template too) carry and SpecForge's do not
-    supporting=(Signal("config-key", "eagle_config.use_input_layernorm_in_first_layer"),
-                Signal("config-key", "eagle_config.use_aux_hidden_state")),
+    supporting=(Signal("config-key", "eagle_config.use_aux_hidden_state"),),
     markers=_MARKERS,
     owned_config_keys=("_torchspec_version", "eagle_config"),
     consumer="sglang",

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from ..errors import CheckpointNotFoundError, first_line
+from ..errors import CheckpointNotFoundError, EaglectlError, first_line
+from .jsonio import load_object
 
 _HUB_ID = re.compile(
     r"^(?P<scheme>hf://)?(?:models/)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)"
@@ -171,3 +172,19 @@ def local_snapshot(source: str, patterns: list[str]) -> Path:
         raise CheckpointNotFoundError(f"{ref.display}: cannot get the files ({first_line(e)})", repo=ref.repo_id,
                                       hint="download it once with `hf download` while online") from None
     return folder / ref.subfolder if ref.subfolder else folder
+
+
+def cached_architectures(repo_id: str) -> list[str] | None:
+    """The `architectures` of a Hub model's config.json when the local Hugging Face cache holds it (never the
+    network: a verifier is named offline too); None when it is not cached or holds no list of names."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        path = try_to_load_from_cache(repo_id, "config.json")
+        if not isinstance(path, str) or Path(path).stat().st_size > 1 << 20:
+            return None
+        config = load_object(Path(path).read_bytes(), path)
+    except (OSError, ValueError, EaglectlError):  # an unusable id, an unreadable or broken cached file
+        return None
+    archs = config.get("architectures")
+    return list(archs) if isinstance(archs, list) and all(isinstance(a, str) for a in archs) else None

@@ -218,8 +218,8 @@ class Target:
         if self.states is not None or not self.runnable:
             raise IncompatibleDrafterError(f"{self.source}: acceptance needs a runnable target "
                                            f"({self.why_not_runnable()})",
-                                           hint="pass --target with weights and a tokenizer, or --states from "
-                                                "eaglectl capture --max-tokens N (greedy continuations)")
+                                           hint="pass --target with weights and a tokenizer, or --states DIR of a "
+                                                "capture made with --max-tokens (greedy continuations)")
         wanted = set(boundaries) | self._boundaries
         held = self._continuations
 

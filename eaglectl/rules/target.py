@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..engines.facts import TARGET_TABLE_RELEASES, target_capture
-from ..engines.facts import release_key
+from ..engines.facts import TARGET_TABLE_RELEASES, release_key, target_capture
 from ..engines.target_support import TARGET_ASSUMED, TargetSupport, captures_in
 from ..engines.target_support import said as how_known
 from ..io.hub import parse_hub_id

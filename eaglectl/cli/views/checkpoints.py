@@ -227,8 +227,11 @@ def render_config_changes(changes: list[dict[str, Any]]) -> None:
     console.stdout.print("config:")
     shown = [c for c in changes if not c["key"].startswith("eaglectl_provenance")]  # provenance: its own record
     moves: dict[tuple[str, str], list[str]] = defaultdict(list)
+    def renamed(c: dict[str, Any]) -> bool:  # the same setting under another name (dtype -> torch_dtype)
+        return c["key"].rsplit(".", 1)[-1] != c["from"].rsplit(".", 1)[-1]
+
     for c in shown:
-        if c["change"] == "moved" and "old" not in c:
+        if c["change"] == "moved" and "old" not in c and not renamed(c):
             leaf = c["key"].rsplit(".", 1)[-1]
             moves[(c["from"][: -len(leaf)].rstrip("."), c["key"][: -len(leaf)].rstrip("."))].append(leaf)
     for (frm, to), keys in moves.items():
@@ -239,6 +242,8 @@ def render_config_changes(changes: list[dict[str, Any]]) -> None:
         if c["change"] == "moved":
             if "old" in c:
                 say("  > ", f"{c['from']} -> {c['key']}: {old} -> {new}", indent=4)
+            elif renamed(c):
+                say("  > ", f"{c['from']} -> {c['key']} (renamed): {new}", indent=4)
             continue
         line = {"added": f"+ {c['key']} = {new}", "removed": f"- {c['key']} (was {old})",
                 "changed": f"~ {c['key']}: {old} -> {new}"}[c["change"]]
@@ -332,7 +337,7 @@ def _upgrade_ending(result: UpgradeResult) -> None:
             click.echo(f"    {acc['on_your_prompts']}")  # unwrapped: a command to copy
     elif result.changed:
         say("acceptance length: ", "not measured (that needs a runnable --target: weights and a tokenizer, or --states "
-            "from eaglectl capture --max-tokens N: the target's greedy continuations)", indent=2)
+            "DIR of a capture made with --max-tokens: the target's greedy continuations)", indent=2)
     if result.changed:
 
         out.print(f"[yellow]{safe(WARM_START)}[/]")
@@ -399,9 +404,15 @@ def batch_item(n: int, total: int, row: dict[str, Any], out: Console) -> None:
     if acc:
         kept = f" ({100 * acc['kept']:.1f}% kept)" if acc.get("kept") is not None else ""
         lines.append(("acceptance length ", f"{acc['before']:.3f} -> {acc['after']:.3f}{kept}"))
+    smoked = next((s["data"] for s in doc.get("stages", ()) if s["name"] == "smoke" and s.get("data")), None)
+    if smoked and smoked.get("mean_acceptance_length") is not None:  # check: the AL its smoke stage measured
+        lines.append(("acceptance length ", f"{smoked['mean_acceptance_length']:.3f} ({smoked.get('engine')}, "
+                      f"k={smoked.get('k')})"))
     lines += [("", doc.get("warm_start")), ("next: ", doc.get("next_command"))]
     for prefix, text in lines:
-        if text:
+        # once each: an upgrade's result line already says its AL and that it is a warm start
+        if text and f"{prefix}{text}".strip() not in row["summary_line"] and \
+                not (prefix == "acceptance length " and "acceptance length" in row["summary_line"]):
             say(f"    {prefix}", text, indent=6, out=out)
 
 

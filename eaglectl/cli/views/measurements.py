@@ -106,7 +106,8 @@ def render_smoke(rep: SmokeReport) -> None:
         if r is not doc and r.get("per_position_acceptance"):  # the drafter's: the bars below
             positions.append((name, [f"{x:.2f}" for x in r["per_position_acceptance"]]))
     # one line a configuration: the per-position rates (as many as k) go below, one line each, never a column
-    out.print(table(None, ["config", "AL", "accepted", "rate", "drafts", "=no-spec"], rows))
+    out.print(table(None, ["config", "AL", "accepted", "rate", "drafts", "match"], rows))
+    out.print("[dim]match: greedy output equal to the target's own, without speculation[/]")
     if positions:
         out.print("per-position acceptance (baselines):")
         for name, rates in positions:

@@ -459,6 +459,10 @@ def _dest_config(src: DrafterCheckpoint, spec: DrafterSpec, dialect: Dialect, au
                             "library's SpeculatorModel.from_pretrained raises OSError on it (rule verifier-unnamed), "
                             "and vllm serve needs --speculative-config and the target; pass --base-model ORG/NAME "
                             "to name it")
+        elif not named_verifier["architectures"]:
+            warnings.append(f"the speculators verifier {named_verifier['name_or_path']} is written with no "
+                            "architectures (its config is not in the local Hugging Face cache); pass --target "
+                            "(its folder or id) to record them")
         layer.update(model_type="qwen3" if spec.arch == "qwen3" else "llama",
                      architectures=["Qwen3ForCausalLM" if spec.arch == "qwen3" else "LlamaForCausalLM"],
                      torch_dtype=torch_dtype)

@@ -80,7 +80,7 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     assert t is not None
     if req.states is not None and not t.replays:
         raise UsageError(f"--states {req.states}: the capture holds no greedy continuations",
-                         hint="capture again with eaglectl capture TARGET --max-tokens N --engine hf --out DIR")
+                         hint="capture again with: eaglectl capture TARGET --max-tokens 64 --out DIR")
     if t.states is not None and t.states.continuation is not None and not req.max_tokens:
         req = replace(req, max_tokens=t.states.continuation.max_tokens)
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
