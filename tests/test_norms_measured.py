@@ -50,3 +50,33 @@ def test_a_flag_the_weights_cannot_tell_is_undecided_not_an_error(invoke, tmp_pa
     fact = doc["measured"]["norm_before_residual"]
     assert fact["measured"] in ("undecided", "true") and "sign test" in fact["reason"]
     assert "flag-reading-mismatch" not in found
+
+
+# ------------------------------------------------------------------------------ drafters inside their target
+
+def _with_mtp(tmp_path, name, parts):
+    """The fixture target with a block of tiny tensors under its own `mtp.0.` prefix (DeepSeek-V4's layout)."""
+    import torch
+
+    def add(state):
+        for part in parts:
+            state[f"mtp.0.{part}.weight"] = torch.zeros(4, 4, dtype=state["lm_head.weight"].dtype)
+
+    return edited(TARGET, tmp_path, name=name, tensors=add)
+
+
+@pytest.mark.parametrize(("parts", "said", "unsaid"), [
+    (("markov_head", "fc", "layers.0.mlp.up_proj", "norm"), "a DSpark drafter under mtp.*", "MTP block"),
+    (("enorm", "hnorm", "eh_proj", "shared_head.norm"), "an MTP block under mtp.*", "DSpark"),
+])
+def test_a_drafter_inside_its_target_is_named_from_the_headers(invoke, tmp_path, parts, said, unsaid):
+    """Issue 48: DeepSeek-V4-Flash-0731 ships a DSpark drafter under the target's `mtp.*` names (markov_head, no
+    enorm / hnorm), which method=mtp half-loads; a true MTP block has enorm, hnorm and eh_proj. inspect tells them
+    apart from the tensor names alone, in the one-line refusal of a target given as a drafter."""
+    t = _with_mtp(tmp_path, parts[0], parts)
+    r = invoke("inspect", t)
+    text = " ".join(r.stderr.split())
+    assert r.exit_code != 0 and "looks like a target model" in text and said in text and unsaid not in text, text
+    assert len(r.stderr.strip().splitlines()) <= 4
+    plain = " ".join(invoke("inspect", TARGET).stderr.split())
+    assert "looks like a target model" in plain and "mtp" not in plain

@@ -25,7 +25,14 @@ from .. import __version__
 from ..checkpoint.drafter import open_drafter
 from ..checkpoint.publish import is_local_path, upload_files
 from ..engines.engine_process import find_vllm_python
-from ..errors import EXIT_FINDINGS, EaglectlError, MissingDependencyError, ReferenceLimitError, filesystem_error
+from ..errors import (
+    EXIT_FINDINGS,
+    EaglectlError,
+    MissingDependencyError,
+    OutputOverlapError,
+    ReferenceLimitError,
+    filesystem_error,
+)
 from ..families.checkpoint import open_any
 from ..families.inspect import inspect_family
 from ..io.atomic import check_outputs, local_inputs, write_file
@@ -170,10 +177,14 @@ def gates(sarif_path: str | None,
     reports made so far are written to `sarif_path` as SARIF 2.1.0, all or nothing."""
     reports: list[CheckReport] = []
     refused: list[tuple[str, EaglectlError]] = []  # items stopped before a report: each is a SARIF result too
+    read: list[str] = []  # every local path an item named: the SARIF file never lands on one
 
     def gate(req: CheckRequest) -> CheckReport:
+        read.extend(local_inputs(req.source, req.target, req.states, *req.smoke_given().values()))
         try:
             reports.append(run(req, progress))
+        except OutputOverlapError:
+            raise  # the SARIF path (or another output) is an input: nothing is written
         except EaglectlError as e:
             refused.append((req.source, e))
             raise
@@ -183,7 +194,12 @@ def gates(sarif_path: str | None,
         yield gate
     finally:
         if sarif_path and (reports or refused):
-            write_file(sarif_path, (json.dumps(sarif(reports, refused), indent=1) + "\n").encode())
+            try:
+                check_outputs({"--sarif": sarif_path}, read)  # again, for the items that stopped before run's check
+            except EaglectlError:
+                pass  # refused already or refused now: never written over an input (the item's own error stands)
+            else:
+                write_file(sarif_path, (json.dumps(sarif(reports, refused), indent=1) + "\n").encode())
 
 
 def _publish(out: CheckReport, rep: InspectReport) -> Stage:
