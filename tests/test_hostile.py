@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -493,11 +494,19 @@ def test_a_release_number_takes_ascii_digits_only(invoke, version):
                                   ("check", DRAFTER, "--target", TARGET, "--no-card", "--sarif", "{t}/config.json"),
                                   ("capture", TARGET, "--out", "{t}/cap", "--layers", "2,4,5")])
 def test_an_output_on_an_input_is_output_overlaps_input_not_a_conversion(invoke, args):
+    import hashlib
+
+    def files():  # every input file, by its bytes: a refusal that still wrote (in a `finally`) changes one
+        return {f: hashlib.sha256(f.read_bytes()).hexdigest() for root in (DRAFTER, TARGET)
+                for f in sorted(Path(root).rglob("*")) if f.is_file()}
+
+    before = files()
     argv = [str(a).format(d=DRAFTER, t=TARGET) for a in args]
     r = invoke(*argv, "--json")
     assert r.exit_code == 23, r.output
     error = json.loads(r.stdout)["error"]
     assert error["reference"] == "output-overlaps-input" and "overlaps the source/input" in error["message"], error
+    assert files() == before and not (Path(TARGET) / "cap").exists()
 
 
 def test_a_full_disk_under_capture_is_a_filesystem_error(invoke, tmp_path, monkeypatch):
