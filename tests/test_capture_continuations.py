@@ -144,9 +144,33 @@ def test_what_a_capture_cannot_do_is_said(captured, invoke, tmp_path):
     out, prompts, _ = captured
     r = invoke("smoke", SOURCE, "--states", out)  # real vLLM cannot run from states
     assert r.exit_code == 2 and "--engine reference" in r.stderr
-    r = invoke("capture", TARGET, "--engine", "vllm", "--max-tokens", 8, "--out", tmp_path / "v")
-    assert r.exit_code == 2 and "--engine hf" in r.stderr and not (tmp_path / "v").exists()
+    r = invoke("capture", TARGET, "--engine", "server", "--server-url", "http://127.0.0.1:9", "--max-tokens", 8,
+               "--out", tmp_path / "v")
+    assert r.exit_code == 2 and "--engine vllm" in r.stderr and not (tmp_path / "v").exists()
     plain = tmp_path / "plain"
     assert invoke("capture", TARGET, "--prompts", prompts, "--num-prompts", 2, "--out", plain).exit_code == 0
     r = invoke("smoke", SOURCE, "--states", plain, "--engine", "reference")
     assert r.exit_code == 2 and "--max-tokens" in r.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_captures_its_own_greedy_continuations(captured, invoke, tmp_path, vllm_py):
+    """`capture --engine vllm --max-tokens N`: the engine decodes each prompt's continuation itself (its first
+    pass's dumps discarded), then captures prompt + continuation; the loop replayed from that capture counts what
+    it counts with the target running here (fp32, greedy: vLLM's continuation is the target's)."""
+    _, prompts, ps = captured
+    out = tmp_path / "v"
+    r = invoke("capture", TARGET, "--engine", "vllm", "--vllm-python", vllm_py, "--prompts", prompts,
+               "--num-prompts", 3, "--max-tokens", 24, "--layers", "0,2,4,5", "--out", out, "--json")
+    assert r.exit_code == 0, r.stderr
+    meta = json.loads((out / "capture.json").read_text())
+    assert meta["continuation"]["prompt_lengths"] == [len(p) for p in ps[:3]]
+    assert sorted(f.name for f in out.iterdir()) == ["00000.safetensors", "00001.safetensors", "00002.safetensors",
+                                                     "capture.json"]  # nothing of the decoding pass left
+    common = ("--engine", "reference", "--num-prompts", 3, "--max-tokens", 24, "--json")
+    a = invoke("smoke", SOURCE, "--states", out, *common)
+    b = invoke("smoke", SOURCE, "--target", TARGET, "--prompts", prompts, *common)
+    assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
+    x, y = json.loads(a.stdout), json.loads(b.stdout)
+    assert (x["num_drafts"], x["num_accepted_tokens"]) == (y["num_drafts"], y["num_accepted_tokens"])

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from rich.cells import cell_len
@@ -117,6 +118,10 @@ def test_a_piped_batch_has_a_heartbeat(invoke, width80, tmp_path, monkeypatch):
     beats = [line for line in r.stderr.splitlines() if line.startswith("upgrade 1/1 ")]
     assert beats and all(re.search(r": (\d+ (of \d+ )?)?after \d+ s(, about \d+ s left)?$", b) for b in beats), beats
     assert not _too_wide(r.stderr), r.stderr
+    from eaglectl.commands import check as gate
+
+    real_parity = gate._parity
+    monkeypatch.setattr(gate, "_parity", lambda rep: (time.sleep(0.3), real_parity(rep))[1])  # a stage that lasts
     check = invoke("check", DRAFTERS / "speculators-3", "--no-card", "--json")  # its beats name the stage running
     assert any(line.startswith("check: parity: ") for line in check.stderr.splitlines()), check.stderr
     r = invoke("upgrade", "--manifest", m, "--json", "--no-fidelity", "--force", "-q")

@@ -403,7 +403,7 @@ Examples:
 @click.option("--max-tokens", type=click.IntRange(0, 32768), default=CaptureRequest.max_tokens, show_default=True,
               help="Also decode each prompt's greedy continuation of this many tokens (+k) and capture prompt and "
                    "continuation in one prefill: acceptance then replays from the capture (upgrade, inspect, smoke "
-                   "--engine reference --states). --engine hf.")
+                   "--engine reference --states). --engine hf or vllm.")
 @click.option("-k", "--num-speculative-tokens", "k", type=click.IntRange(1, 16), default=CaptureRequest.k,
               show_default=True, help="Draft steps the continuations serve (with --max-tokens).")
 @params.dtype_option("float32", "Precision the target runs at (the states are stored at it).")

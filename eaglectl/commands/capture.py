@@ -121,10 +121,10 @@ def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
         req.timeout_s
     if engine == "server" and not req.server_url:
         raise UsageError("--engine server needs --server-url (a vllm serve started as --print-recipe says)")
-    if req.max_tokens and engine != "hf":
-        raise UsageError(f"--max-tokens with --engine {engine}: eaglectl decodes continuations with --engine hf "
-                         "only (vLLM's extract_hidden_states method captures prefills)",
-                         hint="capture with --engine hf, or without --max-tokens (states of the prompts alone)")
+    if req.max_tokens and engine == "server":
+        raise UsageError("--max-tokens with --engine server: continuations are decoded by --engine hf or vllm (a "
+                         "server's dumps are read one request at a time)",
+                         hint="capture with --engine vllm (or hf), or without --max-tokens (the prompts alone)")
     t = open_target(target)
     ids = choose_layers(t, req.layers, req.drafter)
     token_lists, how = prompt_set(t, prompts, req.num_prompts, req.length, req.seed)
@@ -133,7 +133,7 @@ def run(req: CaptureRequest, progress: Progress = passthrough) -> CaptureResult:
         if engine == "vllm":
             (versions, timings), log = _vllm(target, stage, ids, token_lists, dtype, req.tensor_parallel_size,
                                              req.max_model_len, dict(req.vllm_args or {}), req.vllm_python,
-                                             timeout_s, progress)
+                                             timeout_s, progress, req.max_tokens + req.k if req.max_tokens else 0)
         elif engine == "server":
             (versions, timings), log = _server(req.server_url, stage, ids, token_lists, timeout_s, progress,
                                                t.hidden_size, t.vocab_size, req.server_storage or storage_folder(out)
@@ -203,11 +203,14 @@ def _hf(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]]
 
 def _vllm(target: str, stage: Path, ids: tuple[int, ...], prompts: list[list[int]], dtype: str, tp: int,
           max_model_len: int | None, args: dict[str, Any], vllm_python: str | None, timeout_s: float,
-          progress: Progress) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
+          progress: Progress, continue_tokens: int = 0) -> tuple[tuple[dict[str, Any], dict[str, float]], str]:
+    """`continue_tokens`: the worker first decodes that many greedy tokens per prompt (the engine's own greedy
+    continuation), then captures prompt and continuation in one prefill."""
     python = find_vllm_python(vllm_python)
     request = {"target": engine_path(target), "dtype": dtype, "layer_ids": list(ids),
                "prompts": prompts, "out_dir": str(stage), "tensor_parallel_size": tp,
-               "max_model_len": max_model_len or max(len(p) for p in prompts) + 8, "engine_args": args}
+               "max_model_len": max_model_len or max(len(p) for p in prompts) + continue_tokens + 8,
+               "engine_args": args, "continue_tokens": continue_tokens}
     run = WorkerRun(python, request, timeout_s, worker=WORKER, error=CaptureFailedError)
 
     def written() -> int:  # the connector's dumps as requests finish, then the worker's renamed files

