@@ -41,6 +41,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU build of torch 2.13.0 (a local wheel on our machines); installed first so nothing pulls a CUDA build
 	$(PY) -m pip install -q "torch==2.13.0"
+	# eaglectl itself, editable; setuptools may print a BuildBackendWarning about the editable install of a flat
+	# layout: that warning is setuptools', not eaglectl's (strict mode would hide modules added after installing)
 	$(PY) -m pip install -q -e ".[test]"
 	if [ -d "$(LLAMA_CPP_WHEELS)" ]; then \
 		$(PY) -m pip install -q --find-links "$(LLAMA_CPP_WHEELS)" --only-binary llama-cpp-python "$(LLAMA_CPP_PACKAGE)"; \
