@@ -174,3 +174,17 @@ def test_vllm_captures_its_own_greedy_continuations(captured, invoke, tmp_path, 
     assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
     x, y = json.loads(a.stdout), json.loads(b.stdout)
     assert (x["num_drafts"], x["num_accepted_tokens"]) == (y["num_drafts"], y["num_accepted_tokens"])
+
+
+def test_the_gate_smokes_a_capture_of_continuations_with_the_reference_loop(captured, invoke):
+    """check --states DIR --smoke --engine reference replays the capture (as many tokens as it holds); the engine
+    itself cannot run from a capture: undecided (exit 10), never a failure of the drafter."""
+    out, _, _ = captured
+    r = invoke("check", SOURCE, "--states", out, "--smoke", "--engine", "reference", "--no-card", "--json")
+    smoke = next(s for s in json.loads(r.stdout)["stages"] if s["name"] == "smoke")
+    alone = json.loads(invoke("smoke", SOURCE, "--states", out, "--engine", "reference", "--json").stdout)
+    assert smoke["status"] == "pass" and smoke["data"]["mean_acceptance_length"] == alone["mean_acceptance_length"]
+    assert smoke["data"]["max_tokens"] == 40
+    r = invoke("check", SOURCE, "--states", out, "--smoke", "--no-card", "--json")
+    smoke = next(s for s in json.loads(r.stdout)["stages"] if s["name"] == "smoke")
+    assert r.exit_code == 10 and smoke["status"] == "undecided" and "reference loop" in smoke["detail"]

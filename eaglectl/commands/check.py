@@ -131,8 +131,10 @@ def run(req: CheckRequest, progress: Progress = passthrough) -> CheckReport:
 
         check_outputs({"the model card": Path(d.ckpt.root) / CARD}, [*others, *d.ckpt.identities])
     wants_smoke = req.run_smoke or req.min_acceptance is not None or bool(given)
+    # the target loaded once: one concurrency; a capture of continuations replays as many tokens as it holds
+    replayed = tgt is not None and tgt.states is not None and tgt.states.continuation is not None
     smoke = SmokeRequest(source, target or "", min_acceptance=req.min_acceptance, vllm_python=req.vllm_python,
-                         concurrency=(1,), preflight=False, **given)  # the target loaded once: one concurrency
+                         concurrency=(1,), preflight=False, **({"max_tokens": 0} if replayed else {}), **given)
     missing = _environment(wants_smoke and target is not None, smoke)  # before the slow stages, not after them
     if not d.eagle3_layout:  # DFlash, DSpark: their own layout
         return _family_gate(req, d, tgt, smoke, wants_smoke, missing, progress)  # type: ignore[arg-type]

@@ -81,8 +81,6 @@ def run(req: SmokeRequest, progress: Progress = passthrough) -> SmokeReport:
     if req.states is not None and not t.replays:
         raise UsageError(f"--states {req.states}: the capture holds no greedy continuations",
                          hint="capture again with: eaglectl capture TARGET --max-tokens 64 --out DIR")
-    if t.states is not None and t.states.continuation is not None and not req.max_tokens:
-        req = replace(req, max_tokens=t.states.continuation.max_tokens)
     baselines = [replace(b, opened=open_drafter(b.path)) if b.kind == "eagle3" and b.path else b
                  for b in req.baselines]
     for opened in ([d] if req.preflight else []) + [b.opened for b in baselines if b.opened is not None]:
@@ -126,6 +124,16 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
     engine, k, prompts, max_tokens, dtype, seed, timeout_s, runner, reference_layers = (
         req.engine, req.k, req.prompts, req.max_tokens, req.dtype, req.seed, req.timeout_s, req.runner,
         req.reference_layers)
+    if target.states is not None and (engine != "reference" or not target.replays):  # a capture, not a target
+        raise MissingDependencyError(
+            f"{target.states.root}: a capture stands in for the target only in the reference loop, and only when it "
+            "holds greedy continuations" + ("" if target.replays else " (this one holds none)"),
+            hint="pass --target (weights and a tokenizer), or --engine reference with a capture made with --max-tokens")
+    if not max_tokens:  # 0: as many as a capture's continuations hold
+        if target.states is None or target.states.continuation is None:
+            raise UsageError("max_tokens 0 means a capture's continuations: pass --states DIR (a capture made with "
+                             "--max-tokens) or a positive --max-tokens")
+        max_tokens = target.states.continuation.max_tokens
     server, plot, profile, context_lengths, vllm_python = (req.server, req.plot, req.profile, req.context_lengths,
                                                            req.vllm_python)
     check_outputs({"--plot": plot, "--profile": profile},
