@@ -124,16 +124,7 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
     engine, k, prompts, max_tokens, dtype, seed, timeout_s, runner, reference_layers = (
         req.engine, req.k, req.prompts, req.max_tokens, req.dtype, req.seed, req.timeout_s, req.runner,
         req.reference_layers)
-    if target.states is not None and (engine != "reference" or not target.replays):  # a capture, not a target
-        raise MissingDependencyError(
-            f"{target.states.root}: a capture stands in for the target only in the reference loop, and only when it "
-            "holds greedy continuations" + ("" if target.replays else " (this one holds none)"),
-            hint="pass --target (weights and a tokenizer), or --engine reference with a capture made with --max-tokens")
-    if not max_tokens:  # 0: as many as a capture's continuations hold
-        if target.states is None or target.states.continuation is None:
-            raise UsageError("max_tokens 0 means a capture's continuations: pass --states DIR (a capture made with "
-                             "--max-tokens) or a positive --max-tokens")
-        max_tokens = target.states.continuation.max_tokens
+    max_tokens = _tokens(target, engine, max_tokens)
     server, plot, profile, context_lengths, vllm_python = (req.server, req.plot, req.profile, req.context_lengths,
                                                            req.vllm_python)
     check_outputs({"--plot": plot, "--profile": profile},
@@ -200,6 +191,22 @@ def measure(d: DrafterCheckpoint | FamilyCheckpoint, target: Target, req: SmokeR
     if engine == "reference" and active:
         rep.reference_layers = runner_smoke.reference_record(active, reference_layers)
     return _judged(rep, d, target, active, measured, reference_layers, plot, profile, vllm=python is not None)
+
+
+def _tokens(target: Target, engine: str, max_tokens: int) -> int:
+    """New tokens a prompt gets: `max_tokens`, or with 0 as many as a capture's continuations hold. A capture stands
+    in for the target only in the reference loop, and only when it holds greedy continuations (else undecided)."""
+    if target.states is not None and (engine != "reference" or not target.replays):
+        raise MissingDependencyError(
+            f"{target.states.root}: a capture stands in for the target only in the reference loop, and only when it "
+            "holds greedy continuations" + ("" if target.replays else " (this one holds none)"),
+            hint="pass --target (weights and a tokenizer), or --engine reference with a capture made with --max-tokens")
+    if max_tokens:
+        return max_tokens
+    if target.states is None or target.states.continuation is None:
+        raise UsageError("max_tokens 0 means a capture's continuations: pass --states DIR (a capture made with "
+                         "--max-tokens) or a positive --max-tokens")
+    return target.states.continuation.max_tokens
 
 
 def _engine_for(engine: str, server: str | None, baselines: list[Baseline], context_lengths: tuple[int, ...]
