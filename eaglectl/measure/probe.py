@@ -340,13 +340,12 @@ def measure(d: DrafterCheckpoint, target: Target, *, tokens: int = 768, steps: i
                 spec.aux_layer_ids, default_aux_ids(L, "boundary"), loaded.args.num_aux, L) for i in c.boundary_ids})))
     wanted = {i for c in aux for i in c.boundary_ids}
     target.need(wanted, tokens + steps)
-    table = target.model().embedding().float() if target.states is None else None
+    table = target.embedding_table() if target.states is None else None
     session = states_session(target.text_states(wanted, tokens + steps), wanted, tokens, steps, table,
                              vocab=loaded.args.vocab_size)
     if target.replays and loop_prompts:  # the target runs, or its capture holds greedy continuations
         prompts = (probe_prompts(target.model().tokenizer, loop_prompts) if target.states is None else
                    target.captured_prompts()[:loop_prompts])
-        assert target.states is None or target.states.continuation is not None
         tokens = LOOP_TOKENS if target.states is None else min(LOOP_TOKENS, target.states.continuation.max_tokens)
         session.continuations = target.continuations(prompts, max_tokens=tokens, k=steps, boundaries=wanted)
         session.target_table = table if target.states is None else _capture_table(target, loaded.has_embed)

@@ -76,6 +76,8 @@ class Target:
     _tokens: int = 0
     _text_states: MemoryStates | None = None
     _continuations: dict[tuple[int, ...], Continuation] = field(default_factory=dict)
+    _table: torch.Tensor | None = None  # the embedding table, made once (from a capture it reads every request)
+    _prompts: list[list[int]] | None = None  # the prompts a capture continued, read once
 
     @classmethod
     def open(cls, target: str | None, states: str | None = None, *, progress: Progress = passthrough,
@@ -118,13 +120,20 @@ class Target:
     def captured_prompts(self) -> list[list[int]]:
         """The prompts a capture of greedy continuations continued, in request order."""
         assert self.states is not None and self.states.continuation is not None
-        lengths = self.states.continuation.prompt_lengths
-        return [r.token_ids[:n].tolist() for r, n in zip(self.states.requests(self.states.layer_ids[:1]), lengths,
-                                                         strict=True)]
+        if self._prompts is None:
+            lengths = self.states.continuation.prompt_lengths
+            self._prompts = [r.token_ids[:n].tolist() for r, n in zip(
+                self.states.requests(self.states.layer_ids[:1]), lengths, strict=True)]
+        return self._prompts
 
     def embedding_table(self) -> torch.Tensor:
-        """The target's input embedding table (fp32): from its weights, else, with only a capture, the rows of the
-        tokens seen read off boundary 0 (unseen tokens: zero rows, never drafted from)."""
+        """The target's input embedding table (fp32), made once per command: from its weights, else, with only a
+        capture, the rows of the tokens seen read off boundary 0 (unseen tokens: zero rows, never drafted from)."""
+        if self._table is None:
+            self._table = self._embedding_table()
+        return self._table
+
+    def _embedding_table(self) -> torch.Tensor:
         import torch
 
         from ..model.blocks import owned

@@ -83,7 +83,7 @@ class Workload:
 
 
 def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
-                  max_tokens: int) -> tuple[Workload, Workload, Workload, list[list[int]]]:
+                  max_tokens: int) -> tuple[Workload | None, Workload, Workload | None, list[list[int]]]:
     """(ranking, report, report by kind, the user's prompts calibration and `fit` read).
 
     With the user's `--prompts`, their own text comes first: the first third of up to 3 × `num_prompts` of them
@@ -105,10 +105,11 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
     given = loaded(3 * num_prompts).prompts if prompts is not None else []
     shown, ranked = split_given(len(given), num_prompts)
     got = loaded(shown or num_prompts)
-    said = ("" if prompts is None else f": the first {shown} of yours, never ranked or fitted on" if ranked else
+    said = (": smoke's default prompts, never ranked on" if prompts is None else
+            f": the first {shown} of yours, never ranked or fitted on" if ranked else
             ": yours (too few to hold any out: the inits are ranked on the bundled kinds of text)")
-    report = Workload(got.prompts, spec, got.description + (said or ": smoke's default prompts, never ranked on"),
-                      prompts is not None, max_tokens, shown or num_prompts)
+    report = Workload(got.prompts, spec, got.description + said, prompts is not None, max_tokens,
+                      shown or num_prompts)
     tokenizer = tgt.model().tokenizer
     per = per_kind(num_prompts)
     by_kind = _of_kinds(tokenizer, "report", per, max_tokens, num_prompts, code=heldout_prompts(
@@ -124,19 +125,20 @@ def workloads_for(tgt: Target, prompts: str | None, num_prompts: int,
     return ranking, report, by_kind, []
 
 
-def _of_capture(tgt: Target, num_prompts: int) -> tuple[Workload, Workload, None, list[list[int]]]:
+def _of_capture(tgt: Target, num_prompts: int) -> tuple[Workload | None, Workload, None, list[list[int]]]:
     """From a capture of greedy continuations, the user's prompts are the capture's, split as `split_given` splits
-    them, in request order; calibration and `fit` read the requests after the two (`measured_requests`)."""
+    them, in request order; calibration and `fit` read the requests after the two (`measured_requests`). Too few
+    to split: all are reported on and nothing ranks by acceptance (None)."""
     assert tgt.states is not None and tgt.states.continuation is not None
     given, where, c = tgt.captured_prompts(), str(tgt.states.root), tgt.states.continuation
     shown, ranked = split_given(len(given), num_prompts)
     said = "never ranked or fitted on" if ranked else "too few to hold any out: ranked and calibrated on them too"
-    report = Workload(given[:shown or num_prompts], where, f"the first {len(given[:shown or num_prompts])} of the "
-                      f"{len(given)} prompts the capture continued ({said})", True, c.max_tokens,
-                      shown or num_prompts, states=where)
+    shown_prompts = given[:shown or num_prompts]
+    report = Workload(shown_prompts, where, f"the first {len(shown_prompts)} of the {len(given)} prompts the capture "
+                      f"continued ({said})", True, c.max_tokens, shown or num_prompts, states=where)
     ranking = Workload(given[shown:shown + ranked], where, f"{ranked} prompts the capture continued (after the "
                        f"{shown} reported on)", True, c.max_tokens, num_prompts, states=where) if ranked else None
-    return ranking, report, None, []  # type: ignore[return-value]
+    return ranking, report, None, []
 
 
 def measured_requests(s: Setup) -> int:

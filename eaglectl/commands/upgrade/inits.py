@@ -210,14 +210,13 @@ def _fit_init(s: Setup, start: Fit, start_name: str, fit_fc: bool) -> tuple[Fit,
         seqs = fitting.from_continuations(conts, session_ids)
         data = (f"the target's greedy continuations of {len(calp) - len(s.fitting)} prompts of every kind (the "
                 f"calibration prompts: never ranked on){_of_yours(s)}")
-        table = None if loaded.has_embed else tgt.model().embedding().float()
     else:
         assert tgt.states is not None
         skip = measured_requests(s)  # never what the acceptance is ranked or reported on
         seqs = fitting.from_requests(tgt.states.requests(session_ids, slice(skip, None)), STEPS, FIT_CAPTURE_TOKENS)
         data = f"{sum(int(q.labels.shape[1]) for q in seqs)} anchors of the capture {tgt.states.root}" + (
             f" (after its first {skip} requests)" if skip else "")
-        table = None if loaded.has_embed else tgt.embedding_table()
+    table = None if loaded.has_embed else tgt.embedding_table()  # the target's weights, or a capture's boundary 0
     if len(seqs) < 2:
         raise ConversionError("--init fit needs at least two sequences of target states (one held out)")
     gammas, new_fc, st = start
