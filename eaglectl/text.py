@@ -7,9 +7,9 @@ serve line is: on one line, longer than the width if it must be, so that it past
 command. A prose column gets at least MIN_PROSE cells; when that cannot fit the width, a table
 turns into records (the identifiers on one line, or stacked when even they do not fit, the prose
 and the identifier columns that do not fit indented below, whole). Nothing here is wrapped again by
-the console (it prints with soft wrap): a line that must be longer than the width runs on. Long
-paths are shown short: relative to the working directory when under it, a Hub cache snapshot as
-its Hub id, anything else as `…/last/two`; JSON keeps them whole.
+the console (it prints with soft wrap): a line that must be longer than the width runs on. Paths
+are shown short but never cut, so that they can be opened as printed: relative to the working
+directory when under it, a Hub cache snapshot as its Hub id, the home directory as `~`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ _GLUE = "\ue000"  # stands for a space inside an unbreakable unit while text is 
 _SUBCOMMANDS = "inspect|convert|upgrade|verify|diff|smoke|check|upload|capture|drift|formats|rules|completion"
 COMMAND = re.compile(rf"(?<![\w/.-])eaglectl (?:{_SUBCOMMANDS})\b(?:(?!, )[^(;])*[^(;\s,]")
 _HUB_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/snapshots/[^/]+(?:/(.*))?$")
-SHORT_PATH = 40  # longer paths outside the working directory become …/last/two
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
@@ -41,9 +40,9 @@ def printable(text: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
-def short_path(path: Any, elide: bool = True) -> str:
-    """How a source is named in human output (the JSON keeps the full path); a title names it whole
-    (`elide=False`: never cut from the left)."""
+def short_path(path: Any) -> str:
+    """How a source is named in human output (the JSON keeps the full path): shorter where that loses nothing,
+    never cut (a path cut from the left, `…/last/two`, could not be opened or told from another)."""
     text = str(path)
     hub = _HUB_SNAPSHOT.search(text.rstrip("/"))
     if hub:
@@ -57,10 +56,10 @@ def short_path(path: Any, elide: bool = True) -> str:
         rel = text
     if not rel.startswith(".."):
         return rel
-    parts = [p for p in text.rstrip("/").split("/") if p]
-    if not elide or len(text) <= SHORT_PATH or len(parts) <= 2:
-        return text
-    return "…/" + "/".join(parts[-2:])
+    home = os.path.expanduser("~").rstrip("/")
+    if home and home != "~" and (text == home or text.startswith(home + "/")):
+        return "~" + text[len(home):]
+    return text
 
 
 def short_names(paths: list[str]) -> list[str]:

@@ -55,6 +55,7 @@ def edited(fixture: str | Path, tmp_path: Path, *, name: str | None = None, conf
                     state[key] = value
         save_file(state, str(path), metadata=kept if metadata is None else metadata)
     for file, text in (files or {}).items():
+        (dest / file).parent.mkdir(parents=True, exist_ok=True)
         (dest / file).write_text(text)
     return dest
 

@@ -367,3 +367,116 @@ def test_family_layer_tables_give_what_vllms_selection_code_gives(tmp_path, vllm
             assert (list(mine.boundary_ids) if mine.source != "model default" else None) == vllm_ids, \
                 (family, config, runner, got)
         assert by_id(family).reading is not None
+
+
+# ------------------------------------------------------------------------- DSpark's anchor convention, per engine
+
+_SPECULATORS_ONLY = ("architectures", "block_size", "markov_rank", "markov_head_type", "mask_token_id",
+                     "target_layer_ids", "num_anchors", "num_target_layers", "enable_confidence_head",
+                     "confidence_head_with_markov")
+
+
+def _speculators_dspark(config: dict, **extra) -> dict:
+    """The DSpark fixture's config as speculators' converter writes it (its PR #737): the decoder nested, the ids in
+    boundary numbering, the DSpark fields at the top level, no model_type."""
+    out = {"architectures": ["DSparkSpeculator"], "speculators_model_type": "dspark",
+           "transformer_layer_config": {k: v for k, v in config.items() if k not in _SPECULATORS_ONLY},
+           "aux_hidden_state_layer_ids": [i + 1 for i in config["target_layer_ids"]],
+           "speculators_config": {"algorithm": "dspark", "verifier": {"name_or_path": "org/target"},
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 6}]}}
+    out.update({k: config[k] for k in _SPECULATORS_ONLY[1:6] + _SPECULATORS_ONLY[8:]})
+    return out | extra
+
+
+@pytest.mark.parametrize(("layout", "anchor", "vllm_reads", "tokens", "warned"), [
+    ("hf", None, True, 7, False),  # both runtimes' default: the anchor is a query, a token per query
+    ("hf", False, False, 6, False),  # the anchor is the bonus token: block_size - 1 drafts
+    ("speculators", None, False, 6, True),  # vLLM's speculators reader fills false; speculators writes true
+    ("speculators", True, True, 7, False),
+])
+def test_dspark_anchor_convention_as_each_engine_reads_it(invoke, tmp_path, layout, anchor, vllm_reads, tokens,
+                                                          warned):
+    """Issue 48: DSpark's sample_from_anchor decides which slot predicts which token; read the other way than
+    trained, a drafter accepts almost nothing (sglang PR #30982). inspect says what vLLM and SGLang read from these
+    files, warns where an absent key is filled differently by the readers, sizes the serve line's drafts by vLLM's
+    reading, and names that SGLang 0.5.23 cannot load the speculators layout (an error for --for sglang)."""
+    src = FAM / "dspark"
+    config = json.loads((src / "config.json").read_text())
+    extra = {} if anchor is None else {"sample_from_anchor": anchor}
+    new = _speculators_dspark(config, **extra) if layout == "speculators" else config | extra
+    d = edited(src, tmp_path, name=layout, config=lambda c: (c.clear(), c.update(new)))
+    doc = _doc(invoke, d)
+    found = {f["rule_id"]: f for f in doc["findings"]}
+    reads = doc["spec"]["sample_from_anchor"]
+    assert reads["vllm 0.32-0.34"] is vllm_reads
+    assert reads["sglang 0.5.23"] is (None if layout == "speculators" else True if anchor is None else anchor)
+    assert ("family-anchor-absent" in found) is warned and ("family-anchor" in found) is not warned
+    assert (found.get("family-anchor-absent") or found["family-anchor"])["locator"].endswith(":sample_from_anchor")
+    if not warned:
+        assert doc["speculative_config"]["num_speculative_tokens"] == tokens, doc["speculative_config"]
+    sglang = _doc(invoke, d, "--for", "sglang")
+    engine_layout = [f for f in sglang["findings"] if f["rule_id"] == "family-engine-layout"]
+    assert [f["severity"] for f in engine_layout] == (["error"] if layout == "speculators" else [])
+
+
+_ASK_ANCHOR = """
+import ast, json, sys
+import vllm
+from vllm.transformers_utils.configs.speculators import algos
+root = vllm.__path__[0]
+src = open(root + "/v1/worker/gpu/spec_decode/dspark/speculator.py").read()
+defaults = [c.args[2].value for c in ast.walk(ast.parse(src)) if isinstance(c, ast.Call) and getattr(c.func, "id", "")
+            == "getattr" and len(c.args) == 3 and getattr(c.args[1], "value", None) == "sample_from_anchor"]
+out = {"runtime_default": defaults, "speculators": []}
+for cfg in json.load(sys.stdin):
+    pre = {}
+    algos.update_dspark(cfg, pre)
+    out["speculators"].append({k: pre.get(k) for k in ("sample_from_anchor", "architectures", "target_layer_ids",
+                                                        "eagle_aux_hidden_state_layer_ids", "markov_rank")})
+print(json.dumps(out))
+"""
+
+_ASK_ANCHOR_SGLANG = """
+import importlib.util, json, sys
+from types import SimpleNamespace
+spec = importlib.util.spec_from_file_location("worker", sys.argv[1])  # its torchvision placeholder, as it reads
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+worker._placeholder_torchvision()
+from sglang.srt.speculative.dspark_components.dspark_config import get_dspark_sample_from_anchor
+print(json.dumps([get_dspark_sample_from_anchor(SimpleNamespace(**cfg)) for cfg in json.load(sys.stdin)]))
+"""
+
+
+@pytest.mark.engines
+@pytest.mark.vllm
+def test_the_anchor_table_is_what_the_engines_code_reads(vllm_py, vllm034_py, sglang_py):
+    """formats/families.DSPARK_ANCHOR against the engines' own code: vLLM 0.32's and 0.34's speculators reader
+    (update_dspark, called) and their DSpark runtime's default (read from its source), SGLang 0.5.23's reader
+    (called). eaglectl's view of a speculators DSpark config is what update_dspark builds."""
+    import subprocess
+
+    from eaglectl.families.reading import family_view
+    from eaglectl.formats.families import DSPARK_ANCHOR
+
+    config = json.loads((FAM / "dspark" / "config.json").read_text())
+    cases = [_speculators_dspark(config), _speculators_dspark(config, sample_from_anchor=True),
+             _speculators_dspark(config, sample_from_anchor=False)]
+    table = {(r.engine, r.style): r.default for r in DSPARK_ANCHOR}
+    for python in (vllm_py, vllm034_py):
+        r = subprocess.run([python, "-c", _ASK_ANCHOR], input=json.dumps(cases), capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        asked = json.loads(r.stdout.strip().splitlines()[-1])
+        assert asked["runtime_default"] == [table["vllm", "hf"]]
+        assert asked["speculators"][0]["sample_from_anchor"] is table["vllm", "speculators"]
+        for case, got in zip(cases, asked["speculators"], strict=True):
+            view = family_view(case)
+            assert {k: view.get(k) for k in got} == got, (case, got)
+    hf = [config, config | {"sample_from_anchor": False}, config | {"sample_from_anchor": True}]
+    from eaglectl.engines.engine_process import WORKERS
+
+    r = subprocess.run([sglang_py, "-c", _ASK_ANCHOR_SGLANG, str(WORKERS / "sglang_reading.py")], input=json.dumps(hf), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [table["sglang", "hf"], False, True]

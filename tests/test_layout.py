@@ -111,7 +111,11 @@ def test_short_paths(tmp_path, monkeypatch):
     hub = "/root/.cache/huggingface/hub/models--yuhuili--EAGLE3-LLaMA3.1-Instruct-8B/snapshots/0123abcd"
     assert short_path(hub) == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
     assert short_path(hub + "/sub") == "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/sub"
-    assert short_path("/very/long/path/somewhere/else/on/disk/drafter/head") == "…/drafter/head"
+    far = "/very/long/path/somewhere/else/on/disk/drafter/head"
+    assert short_path(far) == far  # never cut: a locator must open as printed
+    monkeypatch.setenv("HOME", "/home/user")
+    assert short_path("/home/user/models/drafter/config.json") == "~/models/drafter/config.json"
+    assert short_path("/home/username/x") == "/home/username/x"
     assert short_path("org/name") == "org/name" and short_path("/opt/x") == "/opt/x"
 
 

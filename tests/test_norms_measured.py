@@ -52,6 +52,38 @@ def test_a_flag_the_weights_cannot_tell_is_undecided_not_an_error(invoke, tmp_pa
     assert "flag-reading-mismatch" not in found
 
 
+def _pre_879(state):
+    """What SpecForge between PRs #568 and #879 trains with `norm_output: false`: lm_head on the pre-norm state,
+    so the final norm never reaches the loss and keeps its init. Made from the trained drafter exactly, for greedy
+    decoding: the norm's weight folded into lm_head's columns (lm_head(w * x) on the unnormed state), the norm reset
+    to ones."""
+    w = state["norm.weight"].float()
+    state["lm_head.weight"] = (state["lm_head.weight"].float() * w[None, :]).to(state["lm_head.weight"].dtype)
+    state["norm.weight"] = state["norm.weight"].new_ones(state["norm.weight"].shape)
+
+
+def test_specforge_norm_output_false_is_settled_by_the_final_norms_weights(invoke, tmp_path):
+    """SpecForge's explicit `norm_output: false` meant "no final norm before lm_head" before PR #879. The weights
+    tell which: trained that way, norm.weight keeps one value; trained after #879, it varies and nothing is said.
+    The untrained one is served with the norm by every engine, which scales each token's logits only: greedy
+    acceptance is what the drafter was trained for (the reference loop's counts are equal), as the warning says."""
+    ids = {"norm_output": False, "eagle_aux_hidden_state_layer_ids": [3, 5, 6]}  # vLLM's key: no reading to doubt
+    after = edited(TRAINED / "eagle3-output", tmp_path, name="after-879", config=ids)
+    before = edited(TRAINED / "eagle3-output", tmp_path, name="before-879", config=ids, tensors=_pre_879)
+    r = invoke("inspect", after, "--json")
+    assert "specforge-norm-output-window" not in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}
+    r = invoke("inspect", before, "--json")
+    found = {f["rule_id"]: f for f in json.loads(r.stdout)["findings"]}
+    message = found["specforge-norm-output-window"]["message"]
+    assert "norm.weight is 1 everywhere" in message and "greedy tokens are unchanged" in message, message
+    common = ("--target", TARGET, "--engine", "reference", "--num-prompts", 4, "--max-tokens", 32, "--json")
+    a, b = invoke("smoke", after, *common), invoke("smoke", before, *common)
+    assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
+    x, y = json.loads(a.stdout), json.loads(b.stdout)
+    assert x["num_drafts"] > 0 and (x["num_accepted_tokens"], x["per_position_acceptance"]) == \
+        (y["num_accepted_tokens"], y["per_position_acceptance"])
+
+
 # ------------------------------------------------------------------------------ drafters inside their target
 
 def _with_mtp(tmp_path, name, parts):
@@ -65,18 +97,149 @@ def _with_mtp(tmp_path, name, parts):
     return edited(TARGET, tmp_path, name=name, tensors=add)
 
 
-@pytest.mark.parametrize(("parts", "said", "unsaid"), [
-    (("markov_head", "fc", "layers.0.mlp.up_proj", "norm"), "a DSpark drafter under mtp.*", "MTP block"),
-    (("enorm", "hnorm", "eh_proj", "shared_head.norm"), "an MTP block under mtp.*", "DSpark"),
+DSPARK_KEYS = {"dspark_target_layer_ids": [1, 3, 5], "dspark_markov_rank": 8, "dspark_block_size": 7}
+
+
+def _with_mtp(tmp_path, name, parts, config=None, prefix="mtp.0.", files=None):
+    """The fixture target with a block of tiny tensors under a prefix of its own (DeepSeek-V4's `mtp.0.`)."""
+    import torch
+
+    def add(state):
+        for part in parts:
+            state[f"{prefix}{part}.weight"] = torch.zeros(4, 4, dtype=state["lm_head.weight"].dtype)
+
+    return edited(TARGET, tmp_path, name=name, tensors=add if parts else None, config=config, files=files)
+
+
+@pytest.mark.parametrize(("parts", "said", "unsaid", "method"), [
+    (("markov_head", "fc", "layers.0.mlp.up_proj", "norm"), "a DSpark drafter under mtp.*", "MTP block", "dspark"),
+    (("enorm", "hnorm", "eh_proj", "shared_head.norm"), "an MTP block under mtp.*", "DSpark", "mtp"),
 ])
-def test_a_drafter_inside_its_target_is_named_from_the_headers(invoke, tmp_path, parts, said, unsaid):
+def test_a_drafter_inside_its_target_is_named_from_the_headers(invoke, tmp_path, parts, said, unsaid, method):
     """Issue 48: DeepSeek-V4-Flash-0731 ships a DSpark drafter under the target's `mtp.*` names (markov_head, no
-    enorm / hnorm), which method=mtp half-loads; a true MTP block has enorm, hnorm and eh_proj. inspect tells them
-    apart from the tensor names alone, in the one-line refusal of a target given as a drafter."""
-    t = _with_mtp(tmp_path, parts[0], parts)
-    r = invoke("inspect", t)
+    enorm / hnorm), which method=mtp half-loads; a true MTP block has enorm, hnorm and eh_proj. They are told
+    apart from the tensor names alone: `inspect TARGET` reads the drafter where vLLM reads it (the serve line's
+    method is the right one), and a command that wants a drafter refuses the target in one line naming it."""
+    t = _with_mtp(tmp_path, parts[0], parts, config=DSPARK_KEYS)
+    r = invoke("inspect", t, "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["in_target"]["name"] in said and doc["in_target"]["where"] == "mtp.*", doc
+    assert doc["speculative_config"]["method"] == method and unsaid not in json.dumps(doc["findings"])
+    r = invoke("convert", t, tmp_path / "out", "--to", "speculators")
     text = " ".join(r.stderr.split())
-    assert r.exit_code != 0 and "looks like a target model" in text and said in text and unsaid not in text, text
-    assert len(r.stderr.strip().splitlines()) <= 4
-    plain = " ".join(invoke("inspect", TARGET).stderr.split())
-    assert "looks like a target model" in plain and "mtp" not in plain
+    assert r.exit_code == 5 and "looks like a target model" in text and said in text and unsaid not in text, text
+    assert len(r.stderr.strip().splitlines()) <= 4 and not (tmp_path / "out").exists()
+    plain = invoke("inspect", TARGET)
+    assert plain.exit_code == 5 and "looks like a target model" in plain.stderr and "mtp" not in plain.stderr
+
+
+def _in_target(invoke, path):
+    r = invoke("inspect", path, "--json")
+    doc = json.loads(r.stdout)
+    return r.exit_code, doc, {f["locator"]: f for f in doc["findings"] if f["rule_id"] == "in-target-config"}
+
+
+def test_deepseek_v4_dspark_needs_the_targets_dspark_keys(invoke, tmp_path):
+    """vLLM's method dspark builds DeepSeek-V4's in-target drafter from the target's dspark_target_layer_ids and
+    dspark_markov_rank: without them it cannot, and ids past the target's last layer (+1, as vLLM captures them;
+    as they are for V4.1) are named."""
+    parts = ("markov_head.markov_w1", "main_proj")
+    code, doc, bad = _in_target(invoke, _with_mtp(tmp_path, "none", parts))
+    assert code == 1 and {k.rsplit(":", 1)[1] for k in bad} == {"dspark_target_layer_ids", "dspark_markov_rank"}
+    assert doc["serve_command"] is None
+    deep = DSPARK_KEYS | {"dspark_target_layer_ids": [1, 3, 8]}  # the fixture target has 8 layers
+    code, _, bad = _in_target(invoke, _with_mtp(tmp_path, "deep", parts, config=deep))
+    assert code == 1 and "captures boundaries [9]" in " ".join(f["message"] for f in bad.values())
+    code, doc, _ = _in_target(invoke, _with_mtp(tmp_path, "v41", parts, config=deep | {"model_type": "deepseek_v41"}))
+    assert code == 0 and "'num_speculative_tokens': 7" not in doc["serve_command"]
+    assert json.loads(doc["serve_command"].split("--speculative-config ")[1].strip("'")) == {
+        "method": "dspark", "num_speculative_tokens": 7}
+
+
+MISTRAL = {"dspark": {"markov_rank": 8}, "n_layers": 1, "depth": 4, "target_activation_layers": "1,3,5"}
+MISTRAL_BAD = {
+    "order": MISTRAL | {"target_activation_layers": "5,3"},
+    "head": MISTRAL | {"dspark": {"markov_rank": 8, "head_type": "gated"}},
+    "extra": MISTRAL | {"dspark": {"markov_rank": 8, "bonus": 1}},
+    "depth": {k: v for k, v in MISTRAL.items() if k != "depth"},
+}
+
+
+def _mistral(tmp_path, name, mtp):
+    return _with_mtp(tmp_path, name, ("backbone.layers.0.attention.wq", "autoregressive_head.embedding"),
+                     prefix="mtp_dspark.", files={"params.json": json.dumps({"mtp": mtp})})
+
+
+def test_mistral_large_4_dspark_is_read_from_params_mtp(invoke, tmp_path):
+    """vLLM 0.34 builds Mistral Large 4's DSpark drafter (`mtp_dspark.*`) from params.json's `mtp` (its mtp_config):
+    the block, its keys and values are checked where they are written, and the drafts per step are its depth."""
+    code, doc, _ = _in_target(invoke, _mistral(tmp_path, "good", MISTRAL))
+    assert code == 0 and "Mistral Large 4" in doc["in_target"]["name"]
+    assert doc["speculative_config"] == {"method": "dspark", "num_speculative_tokens": 4}
+    for name, mtp in MISTRAL_BAD.items():
+        code, doc, bad = _in_target(invoke, _mistral(tmp_path, name, mtp))
+        assert code == 1 and bad and all(":mtp." in k and "params.json" in k for k in bad), (name, bad)
+
+
+def _minimax(tmp_path, name, sub):
+    files = {"dspark/config.json": json.dumps(sub)} if sub is not None else None
+    return _with_mtp(tmp_path, name, (), config={"model_type": "minimax_m3_text"}, files=files)
+
+
+MINIMAX = {"architectures": ["DSparkMiniMaxDraftModel"], "dspark_markov_rank": 8, "dspark_use_dense_ffn": True}
+
+
+def test_minimax_m3_dspark_is_read_from_its_subfolder(invoke, tmp_path):
+    """vLLM 0.34 reads MiniMax-M3's DSpark drafter from the target's dspark/ subfolder (method dspark, no draft
+    model): inspect of the target checks that it is there and what vLLM requires of its config."""
+    code, doc, _ = _in_target(invoke, _minimax(tmp_path, "good", MINIMAX))
+    assert code == 0 and doc["in_target"]["where"] == "dspark/" and doc["speculative_config"] == {"method": "dspark"}
+    for name, sub in (("none", None), ("arch", MINIMAX | {"architectures": ["Qwen3DSparkModel"]}),
+                      ("ffn", MINIMAX | {"dspark_use_dense_ffn": False}),
+                      ("rank", {k: v for k, v in MINIMAX.items() if k != "dspark_markov_rank"})):
+        code, doc, bad = _in_target(invoke, _minimax(tmp_path, name, sub))
+        assert code == 1 and bad and doc["serve_command"] is None, (name, doc["findings"])
+
+
+_ASK_IN_TARGET = """
+import json, sys
+from types import SimpleNamespace
+from transformers import PretrainedConfig
+from vllm.config.speculative import _get_minimax_m3_dspark_draft
+from vllm.transformers_utils.configs.mistral import get_mistral_large_4_dspark_config
+req = json.load(sys.stdin)
+out = {"mistral": [], "minimax": []}
+for mtp in req["mistral"]:
+    try:
+        c = get_mistral_large_4_dspark_config(PretrainedConfig(mtp_config=mtp, vocab_size=320, hidden_size=128))
+        out["mistral"].append({"block": c.dspark_block_size, "ids": c.dflash_config["target_layer_ids"]})
+    except Exception as e:
+        out["mistral"].append({"error": repr(e)[:200]})
+for path in req["minimax"]:
+    try:
+        out["minimax"].append(_get_minimax_m3_dspark_draft(SimpleNamespace(model=path, revision=None), None))
+    except Exception as e:
+        out["minimax"].append({"error": repr(e)[:200]})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.engines
+def test_the_in_target_readings_are_vllm_034s(tmp_path, invoke, vllm034_py):
+    """The checks above against vLLM 0.34's own functions on the same files: its Mistral Large 4 DSpark config
+    builder refuses exactly the mtp blocks inspect refuses (and builds a block of the depth inspect serves), and its
+    MiniMax-M3 subfolder lookup finds the draft exactly where inspect does."""
+    import subprocess
+
+    mistral = [MISTRAL, *MISTRAL_BAD.values()]
+    minimax = [_minimax(tmp_path, "good", MINIMAX), _minimax(tmp_path, "none", None)]
+    r = subprocess.run([vllm034_py, "-c", _ASK_IN_TARGET], capture_output=True, text=True, timeout=300,
+                       input=json.dumps({"mistral": mistral, "minimax": [str(p) for p in minimax]}))
+    assert r.returncode == 0, r.stderr[-2000:]
+    asked = json.loads(r.stdout.strip().splitlines()[-1])
+    for i, (mtp, got) in enumerate(zip(mistral, asked["mistral"], strict=True)):
+        code, doc, _ = _in_target(invoke, _mistral(tmp_path, f"m{i}", mtp))
+        assert (code == 1) == ("error" in got), (mtp, got, doc["findings"])
+        if code == 0:
+            assert got == {"block": doc["speculative_config"]["num_speculative_tokens"], "ids": [1, 3, 5]}
+    assert asked["minimax"][0] == str(minimax[0] / "dspark") and "error" in asked["minimax"][1]

@@ -247,7 +247,11 @@ class Pulse:
         *outer, step = self.steps
         total, done = step["total"], step["done"]
         took = now - step["started"]
-        eta = f", about {took / done * (total - done):.0f} s left" if total and done else ""
+        # the rate after the first advance: the first item also pays for start-up (a worker, a model load), which
+        # made the estimate jump as later items came in
+        since, base = step["first"] or (step["started"], 0)
+        rate = (now - since) / (done - base) if done > base else took / max(done, 1)
+        eta = f", about {rate * (total - done):.0f} s left" if total and done else ""
         count = f"{done}" + (f" of {total}" if total else "") + " " if step["counted"] else ""
         head, tail = ": ".join([*(s["label"] for s in outer), step["label"]]), f": {count}after {took:.0f} s{eta}"
         # one line a beat (say_err's lines hold width - 4 cells): the labels give way, never the count and the time
@@ -262,7 +266,8 @@ pulse = Pulse()
 def step(label: str, total: int | None = None, counted: bool = False) -> Iterator[dict[str, Any]]:
     """A step the heartbeat names while it runs (a batch item, a progress() loop); yields its counter."""
 
-    entry = {"label": label, "total": total, "done": 0, "counted": counted, "started": time.perf_counter()}
+    entry = {"label": label, "total": total, "done": 0, "counted": counted, "started": time.perf_counter(),
+             "first": None}
     pulse.hold()
     with pulse.lock:
         pulse.steps.append(entry)
@@ -286,6 +291,8 @@ def progress(items: Iterable[T], *, label: str, total: int | None = None, weight
             for item in items:
                 yield item
                 counter["done"] += weight(item) if weight else 1
+                if counter["first"] is None:
+                    counter["first"] = (time.perf_counter(), counter["done"])
         return
     from rich.progress import (
         BarColumn,

@@ -16,9 +16,11 @@ from ..engines.asking import readings_for
 from ..engines.facts import engines_of, release_of
 from ..engines.readings import scope_note
 from ..engines.serving import serve_line, speculative_config
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_OK, UnknownFormatError
 from ..families.checkpoint import of_checkpoint, open_any
+from ..families.in_target import InTargetReport, in_target_of
 from ..families.inspect import inspect_family
+from ..io.checkpoint import open_checkpoint
 from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
@@ -208,11 +210,19 @@ class InspectReport(Result):
         }
 
 
-def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport:
+def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport | FamilyReport | InTargetReport:
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
 
-    d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+    try:
+        d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+    except UnknownFormatError as e:  # a target: the drafter it may ship inside is read where vLLM reads it
+        if not e.context.get("target") or req.target or req.states:
+            raise
+        found = in_target_of(open_checkpoint(req.source, allow_pickle=req.allow_pickle, revision=req.revision))
+        if found is None:
+            raise
+        return found
     if not d.eagle3_layout:  # a family read in its own layout (DFlash, DSpark): families/inspect.py
         return inspect_family(d, open_target(req.target) if req.target else None,  # type: ignore[arg-type]
                               strict=req.strict, for_engine=req.for_engine, scan=req.scan, progress=progress)

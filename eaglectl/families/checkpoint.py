@@ -13,7 +13,7 @@ from typing import Any
 
 from ..checkpoint.drafter import DrafterCheckpoint, open_drafter, probe_of
 from ..errors import UnknownFormatError
-from ..formats.families import Family, Layout, identify, layout_of
+from ..formats.families import DSPARK_ANCHOR, AnchorReading, Family, Layout, identify, layout_of
 from ..io.checkpoint import Checkpoint, open_checkpoint
 from ..io.jsonio import MISSING, config_get
 
@@ -77,6 +77,20 @@ class FamilyCheckpoint:
         """The vocabulary vLLM sizes the draft's head and d2t by: draft_vocab_size, else vocab_size."""
         return self.int_field("draft_vocab_size") or self.int_field("vocab_size")
 
+    @property
+    def anchor_style(self) -> str:
+        """The config style DSpark's engines read sample_from_anchor from (formats/families.DSPARK_ANCHOR)."""
+        return "speculators" if self.config.get("speculators_model_type") == "dspark" else "hf"
+
+    def anchor_reads(self) -> list[tuple[AnchorReading, bool | None]]:
+        """What each engine reads of DSpark's sample_from_anchor here: the config's value when it holds a boolean,
+        else the engine's default (None: the engine loads no config of this style). Empty for other families."""
+        if self.family.id != "dspark":
+            return []
+        raw = self.config.get("sample_from_anchor")
+        return [(r, r.default if r.default is None or not isinstance(raw, bool) else raw)
+                for r in DSPARK_ANCHOR if r.style == self.anchor_style]
+
     def spec(self) -> dict[str, Any]:
         """The canonical spec: each declared field with the key it came from, then what the weights say."""
         reading = self.family.reading
@@ -96,6 +110,9 @@ class FamilyCheckpoint:
         out["head_rows"] = head[0] if head else None
         out["embed_tokens"] = "own" if self.tensor("embed_tokens.weight") is not None else "target's"
         out["d2t"] = self.tensor("d2t") is not None
+        reads = {f"{r.engine} {r.releases}": value for r, value in self.anchor_reads()}
+        if reads:
+            out["sample_from_anchor"] = reads
         if reading.mask_hidden:
             out["mask_hidden_shape"] = list(self.shape("mask_hidden") or []) or None
         return out

@@ -57,8 +57,11 @@ class FamilyReport(Result):
         cfg: dict[str, Any] = {"method": reading.method, "model": ckpt.hub_ref.repo_id if ckpt.hub_ref is not None
                                else os.path.abspath(ckpt.root)}
         block = self.drafter.int_field("block_size")
+        # a block of queries: with the anchor among them (DSpark's sample_from_anchor, as vLLM reads it) it drafts a
+        # token per query; else the anchor is the bonus token and the rest draft
+        anchored = any(value for r, value in self.drafter.anchor_reads() if r.engine == "vllm")
         if block is not None and block > 1:
-            cfg["num_speculative_tokens"] = block - 1  # the anchor is the bonus token (sample_from_anchor false)
+            cfg["num_speculative_tokens"] = block if anchored else block - 1
         return cfg | dict(reading.serve_extra)
 
     def payload(self) -> dict[str, Any]:

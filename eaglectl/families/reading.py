@@ -28,6 +28,11 @@ DECODER_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention
                 "logit_scale")
 # dflash_config keys vLLM reads, with the value it assumes when absent
 DFLASH_KEYS = {"sample_from_anchor": False, "use_aux_hidden_state": True, "attention_value_scale": None}
+# what vLLM's speculators reader carries over from a DSpark config (algos.py update_dspark), and the architectures it
+# keeps (any other becomes Qwen3DSparkModel)
+DSPARK_SPECULATORS_KEYS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank", "markov_head_type",
+                           "block_size", "enable_confidence_head", "confidence_head_with_markov", "use_aux_hidden_state")
+DSPARK_SPECULATORS_ARCHS = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
 
 
 def drafter_config(view: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +46,13 @@ def family_view(config: dict[str, Any]) -> dict[str, Any]:
     `aux_hidden_state_layer_ids` become vLLM's top-level key and the family's own field one lower
     (transformers_utils/configs/speculators/algos.py update_dflash / update_dspark); any other config as it is."""
     kind = config.get("speculators_model_type")
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and archs[0] == "DSparkMiniMaxDraftModel":
+        # vLLM 0.34's hf_config_override: text_config promoted, its markov_rank from dspark_markov_rank
+        text = config.get("text_config")
+        view = {**config, **(text if isinstance(text, dict) else {})}
+        view["markov_rank"] = view.get("dspark_markov_rank")
+        return view
     if kind not in ("dflash", "dflash2", "dspark"):
         return dict(config)
     base = config.get("transformer_layer_config")
@@ -52,7 +64,12 @@ def family_view(config: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         own = None
     if kind == "dspark":
+        archs = [a for a in config.get("architectures") or [] if a in DSPARK_SPECULATORS_ARCHS]
+        view["architectures"] = archs or ["Qwen3DSparkModel"]
+        view["sample_from_anchor"] = config.get("sample_from_anchor", False)
+        view["dspark_bonus_anchor"] = not view["sample_from_anchor"]
         view["target_layer_ids"] = own
+        view.update({k: config[k] for k in DSPARK_SPECULATORS_KEYS if config.get(k) is not None})
         return view
     view["architectures"] = ["DFlash2DraftModel" if kind == "dflash2" else "DFlashDraftModel"]
     view["draft_vocab_size"] = config.get("draft_vocab_size")

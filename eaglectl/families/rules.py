@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..checkpoint.drafter import probe_of
 from ..engines.facts import from_release
-from ..formats.families import MASK_TOKEN_KEYS
+from ..formats.families import MASK_TOKEN_KEYS, SPECULATORS_DSPARK_ANCHOR
 from ..formats.speculators import SPECULATORS_READERS
 from ..io.dtypes import FLOAT_DTYPES
 from ..rules import catalogue as rule
@@ -85,6 +85,34 @@ def runner(fc: FamilyCheckpoint) -> Emitted:
     refused = "; ".join(f"{k.upper()}: {why}" for k, why in reading.runners.items() if why is not None)
     return [(rule.FAMILY_RUNNER, f"method {reading.method}{extra}: served by vLLM's {' and '.join(serving)} runner"
              + ("s" if len(serving) > 1 else "") + (f" only ({refused})" if refused else ""), None)]
+
+
+def anchor(fc: FamilyCheckpoint) -> Emitted:
+    """DSpark's anchor convention as each engine reads it from these files (formats/families.DSPARK_ANCHOR): an
+    engine that loads no config of this style, and engines that read an absent key differently, are named."""
+    reads = fc.anchor_reads()
+    if not reads:
+        return []
+    raw = fc.config.get("sample_from_anchor")
+    if "sample_from_anchor" in fc.config and not isinstance(raw, bool):
+        return []  # config-field-invalid says so (validate)
+    explicit = isinstance(raw, bool)
+    out: Emitted = []
+    for r, value in reads:
+        if value is None:
+            out.append((rule.FAMILY_ENGINE_LAYOUT, f"{r.engine} {r.releases} cannot load a speculators-format DSpark "
+                        f"drafter: {r.where}", None))
+    said = "; ".join(f"{r.engine} {r.releases} reads {str(v).lower()}" + ("" if explicit else " (its default)")
+                     for r, v in reads if v is not None)
+    if explicit:
+        return [*out, (rule.FAMILY_ANCHOR, f"sample_from_anchor {str(raw).lower()} (config): {said}",
+                       "sample_from_anchor")]
+    read = {v for _, v in reads if v is not None}
+    if read != {SPECULATORS_DSPARK_ANCHOR}:
+        return [*out, (rule.FAMILY_ANCHOR_ABSENT, f"no sample_from_anchor: {said}; speculators' DSpark class writes "
+                       f"{str(SPECULATORS_DSPARK_ANCHOR).lower()} and both DSpark runtimes default to true, so a "
+                       "drafter trained with the anchor as a query is read the other way", "sample_from_anchor")]
+    return [*out, (rule.FAMILY_ANCHOR, f"no sample_from_anchor: {said}", "sample_from_anchor")]
 
 
 def mask_token(fc: FamilyCheckpoint, target: TargetCheckpoint | None) -> Emitted:
@@ -192,7 +220,7 @@ def family_findings(fc: FamilyCheckpoint, target: TargetCheckpoint | None, readi
     """Every family rule for a DFlash / DSpark drafter read in its own layout, header-only (`scanned`: what --scan
     found in the tensors' values)."""
     depth, depth_from = target_depth(fc, target)
-    emitted = [*validate(fc), *loadable(fc), *layers(fc, readings, depth, depth_from), *runner(fc),
+    emitted = [*validate(fc), *loadable(fc), *layers(fc, readings, depth, depth_from), *runner(fc), *anchor(fc),
                *mask_token(fc, target), *head_d2t(fc, target), *target_sizes(fc, target), *(scanned or [])]
     return [Finding(r, message, f"{where}:{loc}" if loc is not None and fc.tensor(loc) is None else loc)
             for r, message, loc in emitted]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
 from .families import identify, writable_layouts
+from .in_target import IN_TARGET, in_target
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
            "detect", "evaluate", "get", "names", "register", "writable"]
@@ -71,7 +70,7 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
     family that is not EAGLE-3 (formats/families.py) is refused by name, whatever --from says."""
     if forced is None and (why := looks_like_target(probe)):  # first: a target names the drafter it holds inside
         raise UnknownFormatError(f"{where}: this looks like a target model ({why}), not an EAGLE drafter",
-                                 path=where, hint="give the drafter as SOURCE and this model as --target")
+                                 path=where, target=True, hint="give the drafter as SOURCE and this model as --target")
     not_eagle3(probe, where)
     detections = sorted((evaluate(d, probe) for d in DIALECTS.values()),
                         key=lambda d: -(d.score if d.score is not None else -1))
@@ -117,41 +116,7 @@ def not_eagle3(probe: Probe, where: str) -> None:
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-@dataclass(frozen=True)
-class InTarget:
-    """A drafter a target ships inside its own checkpoint, under a prefix of its own (DeepSeek-V4's `mtp.*`), told
-    apart from the others by its tensor names alone (header-only)."""
-
-    name: str
-    has: tuple[str, ...]  # name parts some tensor under the prefix holds, each of them
-    lacks: tuple[str, ...]  # name parts no tensor under the prefix holds
-    served: str
-
-
-# Ordered: the first that fits names the block. DeepSeek-V4-Flash-0731's `mtp.*` is a DSpark drafter (markov_head,
-# no enorm / hnorm): vLLM's method=mtp half-loads it (vLLM PR #41834's review, mlx-vlm PR #2097, MetaX-vLLM #338)
-IN_TARGET = (
-    InTarget("a DSpark drafter", (".markov_head.",), (".enorm.", ".hnorm."),
-             "serve it as DSpark (vLLM method dspark, from 0.25), never as MTP: method=mtp half-loads it"),
-    InTarget("an MTP block", (".enorm.", ".hnorm.", ".eh_proj."), (".markov_head.",),
-             "served by the target's own MTP method (vLLM method mtp), not as an EAGLE drafter"),
-)
-IN_TARGET_PREFIXES = ("mtp.", "model.mtp.")
-
-
-def in_target(tensors: Sequence[str]) -> str | None:
-    """What drafter a target's checkpoint holds under its MTP prefix, and the names that say so; None: none."""
-    for prefix in IN_TARGET_PREFIXES:
-        names = [t for t in tensors if t.startswith(prefix)]
-        for kind in IN_TARGET:
-            if names and all(any(h in t for t in names) for h in kind.has) and \
-                    not any(x in t for t in names for x in kind.lacks):
-                seen = ", ".join(h.strip(".") for h in kind.has)
-                lacking = f"; no {' / '.join(x.strip('.') for x in kind.lacks)}" if kind.lacks else ""
-                return f"it holds {kind.name} under {prefix}* ({len(names)} tensors: {seen}{lacking}): {kind.served}"
-    return None
+_IN_TARGET_PREFIXES = tuple(p for k in IN_TARGET for p in k.prefixes)
 
 
 def looks_like_target(probe: Probe) -> str | None:
@@ -159,7 +124,7 @@ def looks_like_target(probe: Probe) -> str | None:
     that fuses aux states, and one (rarely a few) decoder layers; a target has no fc and many (a drafter it
     ships inside, under its MTP prefix, is named: `in_target`)."""
     inside = in_target(list(probe.tensors))
-    own = [t for t in probe.tensors if not t.startswith(IN_TARGET_PREFIXES)]
+    own = [t for t in probe.tensors if not t.startswith(_IN_TARGET_PREFIXES)]
     fc = any(t == "fc.weight" or t.endswith(".fc.weight") for t in own)
     layers = {int(m.group(1)) for t in own if (m := _LAYER.search(t))}
     if (fc and inside is None) or len(layers) < 2:

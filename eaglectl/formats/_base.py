@@ -151,6 +151,10 @@ class Caveat:
     subject: str
     message: str
     explicit: tuple[str, ...] = ()  # spec fields that must be set by the config (not defaulted)
+    # a norm weight that settles the caveat from the weights (rules/norms.py): trained (its values vary), the later
+    # meaning holds and nothing is said; constant, it was never trained and `untrained` is said instead of `message`
+    settled_by: str | None = None
+    untrained: str = ""
 
 
 @dataclass(frozen=True)

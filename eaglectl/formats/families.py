@@ -32,6 +32,37 @@ MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise
 
 
 @dataclass(frozen=True)
+class AnchorReading:
+    """How an engine reads DSpark's `sample_from_anchor` from one config style ("hf": the drafter's own config;
+    "speculators": speculators' format, turned into the former by the engine's reader). True: the anchor is a query
+    and slot k predicts the token k+1 after it; false: the anchor is the bonus token and each mask slot predicts its
+    own position. A drafter read the other way than it was trained drafts almost nothing (sglang PR #30982: AL 1.1
+    against 4.05). Verified against the engines' code by tests/test_families.py."""
+
+    engine: str
+    releases: str
+    style: str
+    default: bool | None  # the value read when the key is absent; None: the engine loads no config of this style
+    where: str  # the code that reads it (or refuses the style)
+
+
+# Both DSpark runtimes read the top-level key, true when absent; vLLM's speculators reader defaults an absent key to
+# false before the runtime sees it; SGLang has no speculators reader at all (a speculators config has no model_type)
+DSPARK_ANCHOR = (
+    AnchorReading("vllm", "0.32-0.34", "hf", True,
+                  "v1/worker/gpu/spec_decode/dspark/speculator.py: getattr(hf_config, 'sample_from_anchor', True)"),
+    AnchorReading("vllm", "0.32-0.34", "speculators", False, "transformers_utils/configs/speculators/algos.py "
+                  "update_dspark: config_dict.get('sample_from_anchor', False)"),
+    AnchorReading("sglang", "0.5.23", "hf", True, "srt/speculative/dspark_components/dspark_config.py: "
+                  "_cfg_get(config, 'sample_from_anchor', True)"),
+    AnchorReading("sglang", "0.5.23", "speculators", None, "no speculators reader: transformers' AutoConfig refuses "
+                  "a config without model_type"),
+)
+# what speculators' DSpark config class writes when nothing sets it (its PR #760; DFlash's is false)
+SPECULATORS_DSPARK_ANCHOR = True
+
+
+@dataclass(frozen=True)
 class Reading:
     """How eaglectl reads a family and what vLLM 0.32 does with it (docs/families.md)."""
 
@@ -99,6 +130,31 @@ FAMILIES: tuple[Family, ...] = (
         "EAGLE-3 equivalent: every EAGLE-3 dialect and the reference drafter would drop part of it",
         id="eagle-4",
     ),
+    # before DFlash: a DSpark config may carry a dflash_config (MiniMax-M3's), never the reverse
+    Family(
+        "DSpark",
+        (*_archs("DSparkDraftModel", "DSparkV41DraftModel", "Qwen3DSparkModel", "Qwen3OmniDSparkModel",
+                 "K3DSparkModel", "Gemma4DSparkModel", "MuseSparkDSparkModel", "DSparkMiniMaxDraftModel",
+                 "MistralLarge4DSparkModel", "LingDSparkModel", "Lfm2DSparkDraftModel"),
+         Signal("config-key", "dspark_target_layer_ids"), Signal("config-value", "speculators_model_type", "dspark"),
+         Signal("config-key", "markov_head_type", weight=0.5), Signal("tensor-prefix", "markov_head.", weight=0.5)),
+        "vLLM (method dspark), SpecForge",
+        "a block-parallel drafter with a Markov head over target layers (dspark_target_layer_ids), not EAGLE-3",
+        id="dspark",
+        reading=Reading(
+            "dspark",
+            (("layer_ids", ("dspark_target_layer_ids", "dflash_config.target_layer_ids", "target_layer_ids",
+                           "aux_hidden_state_layer_ids")),
+             ("mask_token_id", MASK_TOKEN_KEYS), ("block_size", ("block_size", "dspark_block_size")),
+             ("markov_rank", ("markov_rank", "dspark_markov_rank", "text_config.dspark_markov_rank")), *_SIZES),
+            "output-of-layer: id k is target layer k's output, captured as boundary k+1 (a deepseek_v41 draft's ids "
+            "are read as they are)",
+            {"v1": "vLLM 0.32's V1 runner refuses method dspark (config/vllm.py lists it among V1's unsupported "
+                   "features), and every CPU build runs V1", "v2": None},
+            d2t_when="smaller",
+            reference="eaglectl's reference loop drafts EAGLE-3's chain; it has no DSpark drafter (block-parallel, "
+                      "with a Markov head)"),
+    ),
     Family(
         "DFlash",
         (*_archs("DFlashDraftModel", "DFlash2DraftModel", "DFlashLagunaForCausalLM", "Qwen3XPressModel",
@@ -119,28 +175,6 @@ FAMILIES: tuple[Family, ...] = (
             "(a speculators config's aux_hidden_state_layer_ids are boundaries: vLLM sets target_layer_ids = aux - 1)",
             {"v1": None, "v2": None},
             reference="eaglectl's reference loop drafts EAGLE-3's chain; it has no block-parallel DFlash drafter"),
-    ),
-    Family(
-        "DSpark",
-        (*_archs("DSparkDraftModel", "DSparkV41DraftModel", "Qwen3DSparkModel", "Qwen3OmniDSparkModel",
-                 "K3DSparkModel", "Gemma4DSparkModel", "MuseSparkDSparkModel"),
-         Signal("config-key", "dspark_target_layer_ids"), Signal("config-value", "speculators_model_type", "dspark"),
-         Signal("config-key", "markov_head_type", weight=0.5), Signal("tensor-prefix", "markov_head.", weight=0.5)),
-        "vLLM (method dspark), SpecForge",
-        "a block-parallel drafter with a Markov head over target layers (dspark_target_layer_ids), not EAGLE-3",
-        id="dspark",
-        reading=Reading(
-            "dspark",
-            (("layer_ids", ("dspark_target_layer_ids", "target_layer_ids", "aux_hidden_state_layer_ids")),
-             ("mask_token_id", MASK_TOKEN_KEYS), ("block_size", ("block_size", "dspark_block_size")),
-             ("markov_rank", ("markov_rank", "dspark_markov_rank")), *_SIZES),
-            "output-of-layer: id k is target layer k's output, captured as boundary k+1 (a deepseek_v41 draft's ids "
-            "are read as they are)",
-            {"v1": "vLLM 0.32's V1 runner refuses method dspark (config/vllm.py lists it among V1's unsupported "
-                   "features), and every CPU build runs V1", "v2": None},
-            d2t_when="smaller",
-            reference="eaglectl's reference loop drafts EAGLE-3's chain; it has no DSpark drafter (block-parallel, "
-                      "with a Markov head)"),
     ),
     Family(
         "MTP head",

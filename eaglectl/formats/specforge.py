@@ -49,9 +49,14 @@ DIALECT = Dialect(
     caveats=(Caveat("specforge-norm-output-window", {"fc_norm": True}, "norm_output",
                     "its meaning depends on the SpecForge commit that trained it"),
              # SpecForge 0.2.0 (the only PyPI release) reads an explicit false as "no final norm before lm_head"
+             # the weights settle it: trained that way, the final norm never reaches the loss, so it keeps one value
              Caveat("specforge-norm-output-window", {"norm_output": False}, "norm_output",
                     "SpecForge 0.2.0 and commits before PR #879 read an explicit false as no final norm before "
-                    "lm_head; engines apply the norm", explicit=("norm_output",))),
+                    "lm_head; engines apply the norm", explicit=("norm_output",), settled_by="norm.weight",
+                    untrained="the final norm was never trained, so SpecForge trained it with the meaning false had "
+                              "before PR #879 (no final norm before lm_head); engines apply the norm, which scales "
+                              "each token's logits: greedy tokens are unchanged, sampled acceptance (temperature > 0) "
+                              "is not")),
     consumer="sglang",
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3"},

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from ..checkpoint.drafter import FLAG_ALIASES, flag_alias
 from ..formats import ConfigStyle
 from . import catalogue as rule
@@ -78,10 +80,27 @@ def norms(ctx: Context) -> None:
         if caveat.rule in said or any(not spec.sources.get(k, "").startswith("config:") for k in caveat.explicit):
             continue
         if all(getattr(spec, k) == v for k, v in caveat.when.items()) and not eaglectl_wrote(ctx, caveat.subject):
+            constant = _constant(ctx, caveat.settled_by) if caveat.settled_by else None
+            if constant is None and caveat.settled_by and caveat.settled_by in view:
+                continue  # the weights settle it: that norm was trained, so the later meaning holds
             said.add(caveat.rule)
             value = getattr(spec, caveat.subject)
+            why = (f"{view.stored[caveat.settled_by]} is {constant:g} everywhere: {caveat.untrained}"
+                   if constant is not None else caveat.message)
             ctx.emit(RULES[caveat.rule], f"{caveat.subject} is {str(value).lower()} "
-                     f"({spec.sources.get(caveat.subject)}); {caveat.message}", ctx.at(caveat.subject))
+                     f"({spec.sources.get(caveat.subject)}); {why}", ctx.at(caveat.subject))
+
+
+def _constant(ctx: Context, canon: str) -> float | None:
+    """The one value a stored norm weight holds everywhere (a norm no loss reached keeps its init, or that init
+    uniformly decayed), or None: absent, not a norm vector, or trained (its values vary)."""
+    if canon not in ctx.view:
+        return None
+    info = ctx.view.info(canon)
+    if len(info.shape) != 1 or not 1 < info.numel <= 1 << 20 or info.dtype not in ("BF16", "F16", "F32", "F64"):
+        return None
+    values = ctx.array(canon)
+    return float(values[0]) if bool(np.all(values == values[0])) else None
 
 
 def eaglectl_wrote(ctx: Context, flag: str) -> bool:

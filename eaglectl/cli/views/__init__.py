@@ -13,6 +13,7 @@ from .checkpoints import (
     render_conversion,
     render_diff,
     render_family,
+    render_in_target,
     render_inspect,
     render_upgrade,
     render_upload,
@@ -25,9 +26,9 @@ RENDERERS: dict[str, Callable[[Any], None]] = {
     "InspectReport": render_inspect, "ParityReport": render_verify, "ConversionResult": render_conversion,
     "UpgradeResult": render_upgrade, "SmokeReport": render_smoke, "CheckReport": render_check,
     "CaptureResult": render_capture, "DriftReport": render_drift, "DiffReport": render_diff,
-    "UploadReport": render_upload, "FamilyReport": render_family,
+    "UploadReport": render_upload, "FamilyReport": render_family, "InTargetReport": render_in_target,
 }
 
 __all__ = ["RENDERERS", "batch_item", "render_batch", "render_capture", "render_check", "render_conversion",
-           "render_diff", "render_drift", "render_family", "render_inspect", "render_smoke", "render_upgrade",
-           "render_upload", "render_verify"]
+           "render_diff", "render_drift", "render_family", "render_in_target", "render_inspect", "render_smoke",
+           "render_upgrade", "render_upload", "render_verify"]

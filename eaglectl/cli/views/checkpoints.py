@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...commands.inspect import InspectReport
     from ...commands.upgrade.command import UpgradeResult
     from ...commands.upload import UploadReport
+    from ...families.in_target import InTargetReport
     from ...families.inspect import FamilyReport
     from ...result import BatchResult
 
@@ -37,7 +38,7 @@ def render_inspect(report: InspectReport) -> None:
     table and the detection evidence with -v (all of it in --json)."""
     d, spec, out = report.drafter, report.drafter.spec, console.stdout
     s = report.summary
-    say("", items=[short_path(d.source, elide=False)], style="bold")
+    say("", items=[short_path(d.source)], style="bold")
     out.print(f"dialect  [bold]{d.dialect.name}[/] ({safe(d.dialect.title)})"
               + ("  [dim](--from)[/]" if d.forced else ""))
     if SETTINGS.verbose:
@@ -188,12 +189,30 @@ def render_family(report: FamilyReport) -> None:
         out.print(table("spec", ["field", "value"], [(k, v) for k, v in d.spec().items()]))
 
 
+def render_in_target(report: InTargetReport) -> None:
+    """Human view of an InTargetReport (a drafter shipped inside its target, read header-only): what it is, the
+    findings and the serve line (the target serves as its own draft)."""
+    out, s = console.stdout, report.summary
+    out.print(f"[bold]{safe(short_path(report.target.source))}[/]")
+    say("drafter  ", items=[f"{report.kind.name} inside the target ({report.where})"])
+    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
+    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info")
+    findings(report.findings)
+    out.print()
+    cfg = report.speculative_config()
+    if cfg is None:
+        out.print("vLLM: no serve command until the errors above are fixed")
+        return
+    out.print(f"vLLM{f' {report.kind.releases}' if report.kind.releases else ''}:")
+    out.print(f"  {safe(serve_line(report.target.source, cfg))}", soft_wrap=True)
+
+
 def render_conversion(result: ConversionResult) -> None:
     """Human view of a ConversionResult (the plan, and what the check established)."""
     plan, out = result.plan, console.stdout
     verb = "plan (dry run: nothing written)" if not result.written else "converted"
-    say(f"[bold]{verb}[/]  ", items=[short_path(plan.source, elide=False), f"({plan.source_dialect}) ->",
-                                     short_path(plan.dest, elide=False), f"({plan.dest_dialect})"], indent=2, sep=" ")
+    say(f"[bold]{verb}[/]  ", items=[short_path(plan.source), f"({plan.source_dialect}) ->",
+                                     short_path(plan.dest), f"({plan.dest_dialect})"], indent=2, sep=" ")
     rows = []
     for a in plan.tensors:
         src = a.source if a.source and a.source != a.dest else ("" if a.source else a.note)
@@ -350,7 +369,7 @@ def _upgrade_ending(result: UpgradeResult) -> None:
 
 def render_check(rep: CheckReport) -> None:
     out = console.stdout
-    say("[bold]check[/]  ", items=[short_path(rep.source, elide=False)], indent=2)
+    say("[bold]check[/]  ", items=[short_path(rep.source)], indent=2)
     out.print(table(None, ["stage", "status", "s", "what was checked"],
                     ((s.name, s.status, f"{s.seconds:.1f}", s.detail) for s in rep.stages),
                     style={"status": STATUS_STYLE.get}))
@@ -390,7 +409,7 @@ def batch_item(n: int, total: int, row: dict[str, Any], out: Console) -> None:
     """One finished batch item, printed as it finishes (on stdout, or on stderr beside --json): its exit code and
     result, then what its own run would have said last — why it failed and the hint, each failed or undecided
     stage's reason, the fixes of its errors, AL before -> after, the warm-start note, the command to run next."""
-    dest = [f"-> {short_path(row['dest'])}"] if row.get("dest") else []
+    dest = ["->", short_path(row["dest"])] if row.get("dest") else []  # the arrow apart: a long path takes a line
     say(f"[bold]{escape(f'[{n}/{total}]')}[/] exit {row['exit_code']}  ", items=[short_path(row["source"]), *dest],
         sep=" ", indent=4, out=out)
     doc, error = row.get("result") or {}, row.get("error") or {}

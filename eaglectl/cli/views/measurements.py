@@ -24,7 +24,7 @@ def render_verify(report: ParityReport) -> None:
     c, r = report.candidate, report.reference
     out.print(f"[bold]verify[/] ({report.mode})")
     for label, side in (("candidate", c), ("reference", r)):
-        say(f"{label}  ", items=[short_path(side["source"], elide=False),
+        say(f"{label}  ", items=[short_path(side["source"]),
                                  f"({side['dialect']}, EAGLE {side['eagle_version']},",
                                  f"{side['dtype']} on {side['device']})"], indent=11, sep=" ")
     say("inputs     ", f"{report.inputs}; {report.tokens} anchors x {report.steps} steps, teacher-forced")
@@ -79,7 +79,7 @@ def _config_label(name: str) -> str:
 def render_smoke(rep: SmokeReport) -> None:
     out = console.stdout
     doc = rep.payload()  # the drafter's and the baselines' figures, as the JSON gives them
-    drafter, target = short_path(rep.drafter, elide=False), short_path(rep.target, elide=False)
+    drafter, target = short_path(rep.drafter), short_path(rep.target)
     say(f"[bold]smoke[/] ({rep.engine})  ", items=[f"{drafter} on {target}",
                                                    f"k={rep.k}", rep.dtype, rep.prompts.description,
                                                    f"{rep.max_tokens} new tokens", "greedy"], indent=2)
