@@ -427,7 +427,7 @@ root = vllm.__path__[0]
 src = open(root + "/v1/worker/gpu/spec_decode/dspark/speculator.py").read()
 defaults = [c.args[2].value for c in ast.walk(ast.parse(src)) if isinstance(c, ast.Call) and getattr(c.func, "id", "")
             == "getattr" and len(c.args) == 3 and getattr(c.args[1], "value", None) == "sample_from_anchor"]
-out = {"runtime_default": defaults, "speculators": []}
+out = {"runtime_default": defaults, "speculators": [], "types": sorted(algos.SUPPORTED_SPECULATORS_TYPES)}
 for cfg in json.load(sys.stdin):
     pre = {}
     algos.update_dspark(cfg, pre)
@@ -457,7 +457,7 @@ def test_the_anchor_table_is_what_the_engines_code_reads(vllm_py, vllm034_py, sg
     import subprocess
 
     from eaglectl.families.reading import family_view
-    from eaglectl.formats.families import DSPARK_ANCHOR
+    from eaglectl.formats.families import DSPARK_ANCHOR, VLLM_SPECULATORS_TYPES
 
     config = json.loads((FAM / "dspark" / "config.json").read_text())
     cases = [_speculators_dspark(config), _speculators_dspark(config, sample_from_anchor=True),
@@ -469,6 +469,7 @@ def test_the_anchor_table_is_what_the_engines_code_reads(vllm_py, vllm034_py, sg
         assert r.returncode == 0, r.stderr[-2000:]
         asked = json.loads(r.stdout.strip().splitlines()[-1])
         assert asked["runtime_default"] == [table["vllm", "hf"]]
+        assert asked["types"] == sorted(VLLM_SPECULATORS_TYPES)  # speculators' "mtp" is none of them
         assert asked["speculators"][0]["sample_from_anchor"] is table["vllm", "speculators"]
         for case, got in zip(cases, asked["speculators"], strict=True):
             view = family_view(case)
@@ -480,3 +481,21 @@ def test_the_anchor_table_is_what_the_engines_code_reads(vllm_py, vllm034_py, sg
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [table["sglang", "hf"], False, True]
+
+
+def test_speculators_mtp_format_is_refused_as_no_engine_loads_it(invoke, tmp_path):
+    """speculators' MTP and FastMTP converters write `speculators_model_type: mtp` (FastMTPSpeculator, its
+    `mtp_layers.0.*`): no engine loads that format (vLLM's speculators reader builds other types, SGLang has no
+    reader), so the refusal says so instead of naming the target's own MTP method as where it is served."""
+    from safetensors.torch import save_file
+
+    d = tmp_path / "fast-mtp"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["FastMTPSpeculator"], "speculators_model_type": "mtp", "num_nextn_predict_layers": 1,
+        "transformer_layer_config": {"model_type": "qwen3_next"}, "speculators_config": {"algorithm": "mtp"}}))
+    save_file({"mtp_layers.0.input_proj.weight": torch.zeros(4, 8), "embed_tokens.weight": torch.zeros(8, 4)},
+              str(d / "model.safetensors"))
+    r = invoke("inspect", d)
+    text = " ".join(r.stderr.split())
+    assert r.exit_code == 5 and "MTP head" in text and "in speculators' 'mtp' format no engine loads it" in text, text

@@ -12,7 +12,7 @@ import shlex
 
 from ..errors import AmbiguousFormatError, UnknownFormatError
 from ._base import VLLM_AUX_KEY, Caveat, ConfigStyle, Detection, Dialect, Probe, Signal, Writer
-from .families import identify, writable_layouts
+from .families import VLLM_SPECULATORS_TYPES, identify, writable_layouts
 from .in_target import IN_TARGET, in_target
 
 __all__ = ["DIALECTS", "VLLM_AUX_KEY", "Caveat", "ConfigStyle", "Detection", "Dialect", "Probe", "Signal", "Writer",
@@ -101,9 +101,14 @@ def not_eagle3(probe: Probe, where: str) -> None:
         return
     family, evidence = found
     read = family.reading is not None
+    kind = (probe.config or {}).get("speculators_model_type")
+    served = f"served by {family.served_by}"
+    if isinstance(kind, str) and kind not in VLLM_SPECULATORS_TYPES:  # speculators' MTP / FastMTP format
+        served = (f"in speculators' '{kind}' format no engine loads it (vLLM 0.32-0.34's speculators reader builds "
+                  f"{', '.join(VLLM_SPECULATORS_TYPES)}; SGLang 0.5.23 has none); the {family.name} is {served}")
     raise UnknownFormatError(
-        f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; served by "
-        f"{family.served_by}", path=where, family=family.name, served_by=family.served_by,
+        f"{where}: {family.name}, not EAGLE-3 ({'; '.join(evidence[:3])}): {family.why}; {served}",
+        path=where, family=family.name, served_by=family.served_by,
         family_id=family.id if read else None,
         hint=(f"eaglectl inspect {shlex.quote(where)} (reads it header-only: its layers, mask token and head); "
               f"eaglectl smoke {shlex.quote(where)} --target TARGET (measures it where vLLM serves the method); "

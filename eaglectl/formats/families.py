@@ -31,6 +31,12 @@ MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "dspark_noise
                    "ptd_token_id")
 
 
+# The speculators_model_type values vLLM 0.32-0.34's speculators reader builds a config from (algos.py
+# register_speculator); SGLang 0.5.23 has no speculators reader. speculators' own MTP / FastMTP converters write
+# "mtp", which no engine loads in that format.
+VLLM_SPECULATORS_TYPES = ("eagle3", "peagle", "dflash", "dflash2", "dspark")
+
+
 @dataclass(frozen=True)
 class AnchorReading:
     """How an engine reads DSpark's `sample_from_anchor` from one config style ("hf": the drafter's own config;
