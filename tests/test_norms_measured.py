@@ -9,7 +9,7 @@ import json
 import pytest
 
 from .conftest import FIXTURES
-from .helpers import edited
+from .helpers import edited, smoke
 
 TRAINED = FIXTURES / "trained"
 TARGET = TRAINED / "target"
@@ -66,36 +66,27 @@ def test_specforge_norm_output_false_is_settled_by_the_final_norms_weights(invok
     """SpecForge's explicit `norm_output: false` meant "no final norm before lm_head" before PR #879. The weights
     tell which: trained that way, norm.weight keeps one value; trained after #879, it varies and nothing is said.
     The untrained one is served with the norm by every engine, which scales each token's logits only: greedy
-    acceptance is what the drafter was trained for (the reference loop's counts are equal), as the warning says."""
+    acceptance is what the drafter was trained for (the reference loop's counts are equal), as the error says;
+    sampled acceptance is not, so the verdict is never OK."""
     ids = {"norm_output": False, "eagle_aux_hidden_state_layer_ids": [3, 5, 6]}  # vLLM's key: no reading to doubt
     after = edited(TRAINED / "eagle3-output", tmp_path, name="after-879", config=ids)
     before = edited(TRAINED / "eagle3-output", tmp_path, name="before-879", config=ids, tensors=_pre_879)
     r = invoke("inspect", after, "--json")
-    assert "specforge-norm-output-window" not in {f["rule_id"] for f in json.loads(r.stdout)["findings"]}
+    assert not {"specforge-norm-output-window", "final-norm-untrained"} & {
+        f["rule_id"] for f in json.loads(r.stdout)["findings"]} and r.exit_code == 0
     r = invoke("inspect", before, "--json")
     found = {f["rule_id"]: f for f in json.loads(r.stdout)["findings"]}
-    message = found["specforge-norm-output-window"]["message"]
+    message = found["final-norm-untrained"]["message"]
     assert "norm.weight is 1 everywhere" in message and "greedy tokens are unchanged" in message, message
-    common = ("--target", TARGET, "--engine", "reference", "--num-prompts", 4, "--max-tokens", 32, "--json")
-    a, b = invoke("smoke", after, *common), invoke("smoke", before, *common)
-    assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
-    x, y = json.loads(a.stdout), json.loads(b.stdout)
+    assert found["final-norm-untrained"]["severity"] == "error" and r.exit_code == 1
+    # measured past the gate that refuses it (smoke's pre-flight): the reference loop serves it as engines do
+    x, y = (smoke(str(d), str(TARGET), engine="reference", num_prompts=4, max_tokens=32, preflight=False).to_json()
+            for d in (after, before))
     assert x["num_drafts"] > 0 and (x["num_accepted_tokens"], x["per_position_acceptance"]) == \
         (y["num_accepted_tokens"], y["per_position_acceptance"])
 
 
 # ------------------------------------------------------------------------------ drafters inside their target
-
-def _with_mtp(tmp_path, name, parts):
-    """The fixture target with a block of tiny tensors under its own `mtp.0.` prefix (DeepSeek-V4's layout)."""
-    import torch
-
-    def add(state):
-        for part in parts:
-            state[f"mtp.0.{part}.weight"] = torch.zeros(4, 4, dtype=state["lm_head.weight"].dtype)
-
-    return edited(TARGET, tmp_path, name=name, tensors=add)
-
 
 DSPARK_KEYS = {"dspark_target_layer_ids": [1, 3, 5], "dspark_markov_rank": 8, "dspark_block_size": 7}
 
@@ -125,6 +116,7 @@ def test_a_drafter_inside_its_target_is_named_from_the_headers(invoke, tmp_path,
     doc = json.loads(r.stdout)
     assert r.exit_code == 0 and doc["in_target"]["name"] in said and doc["in_target"]["where"] == "mtp.*", doc
     assert doc["speculative_config"]["method"] == method and unsaid not in json.dumps(doc["findings"])
+    assert [f["rule_id"] for f in doc["findings"]] == ["in-target-drafter"]
     r = invoke("convert", t, tmp_path / "out", "--to", "speculators")
     text = " ".join(r.stderr.split())
     assert r.exit_code == 5 and "looks like a target model" in text and said in text and unsaid not in text, text
@@ -243,3 +235,20 @@ def test_the_in_target_readings_are_vllm_034s(tmp_path, invoke, vllm034_py):
         if code == 0:
             assert got == {"block": doc["speculative_config"]["num_speculative_tokens"], "ids": [1, 3, 5]}
     assert asked["minimax"][0] == str(minimax[0] / "dspark") and "error" in asked["minimax"][1]
+
+
+def test_the_acceptance_inspect_prints_is_smokes_figure(invoke):
+    """Issue 48: inspect --target prints an acceptance estimate without vLLM: the reference loop's acceptance length
+    on held-out prompts (smoke's first four builtin:short prompts, 64 tokens, k = 3), which is the figure smoke
+    --engine reference gives on them (and vLLM's counts equal the loop's: tests/test_smoke.py). The teacher-forced
+    agreement per step is not printed as one: it reads natural text, harder than the target's own continuation."""
+    r = invoke("inspect", TRAINED / "eagle3.1", "--target", TARGET, "--json")
+    doc = json.loads(r.stdout)
+    aux = doc["measured"]["aux_convention"]
+    winner = next(c for c in aux["candidates"] if c["reading"] == aux["measured"])
+    said = next(f["message"] for f in doc["findings"] if f["rule_id"] == "measured-reading")
+    assert f"acceptance length {winner['acceptance_length']:.2f} under the reference loop" in said, said
+    s = invoke("smoke", TRAINED / "eagle3.1", "--target", TARGET, "--engine", "reference", "--num-prompts", 4,
+               "--max-tokens", 64, "-k", 3, "--json")
+    assert s.exit_code == 0, s.stderr
+    assert json.loads(s.stdout)["mean_acceptance_length"] == pytest.approx(winner["acceptance_length"], abs=1e-4)

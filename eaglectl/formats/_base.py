@@ -152,9 +152,10 @@ class Caveat:
     message: str
     explicit: tuple[str, ...] = ()  # spec fields that must be set by the config (not defaulted)
     # a norm weight that settles the caveat from the weights (rules/norms.py): trained (its values vary), the later
-    # meaning holds and nothing is said; constant, it was never trained and `untrained` is said instead of `message`
+    # meaning holds and nothing is said; constant, it was never trained: rule `untrained_rule` says `untrained`
     settled_by: str | None = None
     untrained: str = ""
+    untrained_rule: str = ""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ DIALECT = Dialect(
                     untrained="the final norm was never trained, so SpecForge trained it with the meaning false had "
                               "before PR #879 (no final norm before lm_head); engines apply the norm, which scales "
                               "each token's logits: greedy tokens are unchanged, sampled acceptance (temperature > 0) "
-                              "is not")),
+                              "is not", untrained_rule="final-norm-untrained")),
     consumer="sglang",
     writer=Writer(
         architectures={"llama": "LlamaForCausalLMEagle3"},

@@ -56,7 +56,12 @@ def measured(ctx: Context) -> None:
     if trained is not None:
         how = (f"{m.convention} numbering of the stored ids {list(spec.aux_layer_ids)}" if spec.aux_layer_ids is not None
                else "no ids stored: every engine's default for this target")
-        ctx.emit(rule.MEASURED_READING, f"trained on boundaries {list(trained)} ({how}; {m.aux.reason})", ctx.where)
+        winner = m.aux.winner
+        al = (f"; acceptance length {winner.acceptance_length:.2f} under the reference loop on held-out prompts "
+              "(smoke --engine reference's figure, an estimate without vLLM)"
+              if winner is not None and winner.acceptance_length else "")
+        ctx.emit(rule.MEASURED_READING, f"trained on boundaries {list(trained)} ({how}; {m.aux.reason}){al}",
+                 ctx.where)
 
 
 def _reading(ctx: Context, engine: str, L: int) -> EngineReading | None:

@@ -85,10 +85,13 @@ def norms(ctx: Context) -> None:
                 continue  # the weights settle it: that norm was trained, so the later meaning holds
             said.add(caveat.rule)
             value = getattr(spec, caveat.subject)
-            why = (f"{view.stored[caveat.settled_by]} is {constant:g} everywhere: {caveat.untrained}"
-                   if constant is not None else caveat.message)
-            ctx.emit(RULES[caveat.rule], f"{caveat.subject} is {str(value).lower()} "
-                     f"({spec.sources.get(caveat.subject)}); {why}", ctx.at(caveat.subject))
+            declared = f"{caveat.subject} is {str(value).lower()} ({spec.sources.get(caveat.subject)})"
+            if constant is None:
+                ctx.emit(RULES[caveat.rule], f"{declared}; {caveat.message}", ctx.at(caveat.subject))
+            else:  # measured: the weights were trained the other way than every engine serves them
+                stored = caveat.settled_by or ""
+                ctx.emit(RULES[caveat.untrained_rule], f"{declared}; {view.stored[stored]} is {constant:g} "
+                         f"everywhere: {caveat.untrained}", view.locate(stored))
 
 
 def _constant(ctx: Context, canon: str) -> float | None:
