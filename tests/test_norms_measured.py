@@ -142,7 +142,12 @@ def test_deepseek_v4_dspark_needs_the_targets_dspark_keys(invoke, tmp_path):
     deep = DSPARK_KEYS | {"dspark_target_layer_ids": [1, 3, 8]}  # the fixture target has 8 layers
     code, _, bad = _in_target(invoke, _with_mtp(tmp_path, "deep", parts, config=deep))
     assert code == 1 and "captures boundaries [9]" in " ".join(f["message"] for f in bad.values())
+    v4 = _with_mtp(tmp_path, "v4", parts, config=DSPARK_KEYS | {"model_type": "deepseek_v4"})
+    sglang = json.loads(invoke("inspect", v4, "--for", "sglang", "--json").stdout)
+    disagree = [f for f in sglang["findings"] if f["rule_id"] == "in-target-engines-disagree"]
+    assert [f["severity"] for f in disagree] == ["warning"] and "boundaries [2, 4, 6]" in disagree[0]["message"]
     code, doc, _ = _in_target(invoke, _with_mtp(tmp_path, "v41", parts, config=deep | {"model_type": "deepseek_v41"}))
+    assert not [f for f in doc["findings"] if f["rule_id"] == "in-target-engines-disagree"]
     assert code == 0 and "'num_speculative_tokens': 7" not in doc["serve_command"]
     assert json.loads(doc["serve_command"].split("--speculative-config ")[1].strip("'")) == {
         "method": "dspark", "num_speculative_tokens": 7}
@@ -252,3 +257,24 @@ def test_the_acceptance_inspect_prints_is_smokes_figure(invoke):
                "--max-tokens", 64, "-k", 3, "--json")
     assert s.exit_code == 0, s.stderr
     assert json.loads(s.stdout)["mean_acceptance_length"] == pytest.approx(winner["acceptance_length"], abs=1e-4)
+
+
+_SGLANG_CAPTURE = """
+import ast, sys, sglang
+src = open(sglang.__path__[0] + "/srt/models/deepseek_v4.py").read()
+fn = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef)
+          and n.name == "set_dspark_layers_to_capture")
+print(ast.unparse(fn))
+"""
+
+
+@pytest.mark.engines
+def test_sglang_captures_deepseek_v4s_ids_as_they_are(sglang_py):
+    """in-target-engines-disagree rests on SGLang 0.5.23's DeepSeek-V4 capturing the configured ids unchanged (the
+    attention input of each layer) for V4 and V4.1 alike, where vLLM adds one for V4 (tests/test_families.py asks
+    vLLM's selection code)."""
+    import subprocess
+
+    r = subprocess.run([sglang_py, "-c", _SGLANG_CAPTURE], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "self.model.dspark_layers_to_capture = list(layer_ids)" in r.stdout and "+ 1" not in r.stdout, r.stdout

@@ -219,7 +219,8 @@ def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport 
     except UnknownFormatError as e:  # a target: the drafter it may ship inside is read where vLLM reads it
         if not e.context.get("target") or req.target or req.states:
             raise
-        found = in_target_of(open_checkpoint(req.source, allow_pickle=req.allow_pickle, revision=req.revision))
+        found = in_target_of(open_checkpoint(req.source, allow_pickle=req.allow_pickle, revision=req.revision),
+                             req.for_engine)
         if found is None:
             raise
         return found

@@ -18,7 +18,7 @@ from ..formats.in_target import InTarget, beside, held
 from ..io.checkpoint import Checkpoint
 from ..io.jsonio import MISSING, config_get
 from ..result import Result
-from ..rules import Finding, summarise
+from ..rules import Finding, scope, summarise
 from ..rules import catalogue as rule
 
 _JSON_MAX = 1 << 20  # a Mistral params.json, a drafter's config.json: a few KiB
@@ -98,8 +98,9 @@ def _config(ckpt: Checkpoint) -> dict[str, Any]:
     return config
 
 
-def in_target_of(ckpt: Checkpoint) -> InTargetReport | None:
-    """The report on the drafter this target holds (None: it holds none eaglectl knows)."""
+def in_target_of(ckpt: Checkpoint, for_engine: str = "vllm") -> InTargetReport | None:
+    """The report on the drafter this target holds (None: it holds none eaglectl knows), for the engines
+    `for_engine` names (inspect --for: a finding about another engine is advice)."""
     found = held(list(ckpt.tensor_file))
     config = _config(ckpt)
     if found is not None:
@@ -117,7 +118,8 @@ def in_target_of(ckpt: Checkpoint) -> InTargetReport | None:
     else:
         findings += [Finding(rule.IN_TARGET_CONFIG, f"{why}: vLLM's method {kind.method} cannot build it",
                              _locate(ckpt, key)) for key, why in _needs(kind, config)]
-    return InTargetReport(ckpt, kind, where, count, findings)
+        findings += _engines_disagree(ckpt, kind, config)
+    return InTargetReport(ckpt, kind, where, count, scope(findings, for_engine))
 
 
 def _needs(kind: InTarget, config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -145,6 +147,18 @@ def _needs(kind: InTarget, config: dict[str, Any]) -> list[tuple[str, str]]:
         out.append((kind.ids, f"'{kind.ids}' {ids}: vLLM captures boundaries {beyond} (ids" + (" +1" if shift else "")
                     + f"), beyond the {depth}-layer target"))
     return out
+
+
+def _engines_disagree(ckpt: Checkpoint, kind: InTarget, config: dict[str, Any]) -> list[Finding]:
+    """vLLM captures DeepSeek-V4's ids + 1 (V4.1's as they are); SGLang 0.5.23 captures them as they are for both:
+    on a V4 target the two engines feed the drafter different layers."""
+    ids = _layer_ids(config_get(config, kind.ids)) if kind.ids else None
+    if ids is None or not kind.sglang_as_is or config.get("model_type") in kind.ids_as_is:
+        return []
+    return [Finding(rule.IN_TARGET_ENGINES_DISAGREE, f"'{kind.ids}' {ids}: vLLM captures boundaries "
+                    f"{[i + 1 for i in ids]} (ids +1 for model_type {config.get('model_type')!r}), SGLang 0.5.23 "
+                    f"boundaries {ids} (the attention input of each layer, for every model type): at most one of "
+                    "them feeds the drafter the layers it was trained on", _locate(ckpt, kind.ids))]
 
 
 def _layer_ids(value: Any) -> list[int] | None:

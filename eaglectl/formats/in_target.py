@@ -36,6 +36,9 @@ class InTarget:
     dspark: bool = True
     ids: str = ""  # the key of the target layers it reads (output-of-layer ids: vLLM captures each + 1)
     ids_as_is: tuple[str, ...] = ()  # target model types whose ids vLLM captures as they are (DeepSeek-V4.1)
+    # SGLang 0.5.23 captures the ids as they are, for every model type: the attention input of each layer
+    # (models/deepseek_v4.py set_dspark_layers_to_capture); None: SGLang has no reader for it
+    sglang_as_is: bool | None = None
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # keys with the values vLLM accepts (absent: the first)
     closed: tuple[str, tuple[str, ...]] | None = None  # an object whose other keys vLLM refuses
 
@@ -46,7 +49,8 @@ IN_TARGET = (
              "serve it as DSpark (vLLM method dspark, from 0.25), never as MTP: vLLM's method mtp refuses a V4.1 "
              "target and cannot load DSpark's tensors on V4, SGLang's NextN loads part of it with a warning",
              "dspark", "0.25-0.34", needs=("dspark_target_layer_ids", "dspark_markov_rank"),
-             block=("dspark_block_size",), ids="dspark_target_layer_ids", ids_as_is=("deepseek_v41",)),
+             block=("dspark_block_size",), ids="dspark_target_layer_ids", ids_as_is=("deepseek_v41",),
+             sglang_as_is=True),
     InTarget("a DSpark drafter (Mistral Large 4)", ("mtp_dspark.",), ("backbone.",), (),
              "vLLM 0.34 builds it from the target's mtp_config (method dspark); vLLM 0.33 and older and SGLang 0.5.23 "
              "have no reader for it", "dspark", "0.34",
