@@ -116,7 +116,7 @@ def test_a_drafter_inside_its_target_is_named_from_the_headers(invoke, tmp_path,
     doc = json.loads(r.stdout)
     assert r.exit_code == 0 and doc["in_target"]["name"] in said and doc["in_target"]["where"] == "mtp.*", doc
     assert doc["speculative_config"]["method"] == method and unsaid not in json.dumps(doc["findings"])
-    assert [f["rule_id"] for f in doc["findings"]] == ["in-target-drafter"]
+    assert doc["findings"][0]["rule_id"] == "in-target-drafter" and doc["summary"]["error"] == 0
     r = invoke("convert", t, tmp_path / "out", "--to", "speculators")
     text = " ".join(r.stderr.split())
     assert r.exit_code == 5 and "looks like a target model" in text and said in text and unsaid not in text, text
