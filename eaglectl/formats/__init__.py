@@ -69,8 +69,11 @@ def detect(probe: Probe, forced: str | None = None, where: str = "") -> tuple[Di
     """The dialect with the highest score, or the forced one; never a guess between equals. A drafter of a
     family that is not EAGLE-3 (formats/families.py) is refused by name, whatever --from says."""
     if forced is None and (why := looks_like_target(probe)):  # first: a target names the drafter it holds inside
+        inside = f"eaglectl inspect {shlex.quote(where)} reads the drafter inside it; " if in_target(
+            list(probe.tensors)) else ""
         raise UnknownFormatError(f"{where}: this looks like a target model ({why}), not an EAGLE drafter",
-                                 path=where, target=True, hint="give the drafter as SOURCE and this model as --target")
+                                 path=where, target=True,
+                                 hint=f"{inside}give the drafter as SOURCE and this model as --target")
     not_eagle3(probe, where)
     detections = sorted((evaluate(d, probe) for d in DIALECTS.values()),
                         key=lambda d: -(d.score if d.score is not None else -1))
