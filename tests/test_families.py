@@ -369,6 +369,40 @@ def test_family_layer_tables_give_what_vllms_selection_code_gives(tmp_path, vllm
         assert by_id(family).reading is not None
 
 
+_ASK_V2 = """
+import json, sys
+from types import SimpleNamespace
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+out = []
+for cfg in json.load(sys.stdin):
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(**cfg)))
+    out.append(list(get_eagle3_aux_layers_from_config(spec) or []) or None)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.engines
+def test_family_layer_tables_hold_for_vllm_034(vllm034_py):
+    """vLLM 0.34 (no V1 runner) selects the layers of the same DFlash / DSpark configs as the table's V2 reading
+    says: the family readings, checked on 0.32, hold for the release `VLLM_PACKAGE=vllm` installs."""
+    import subprocess
+
+    from eaglectl.families.reading import family_readings, family_view
+
+    dspark = json.loads((FAM / "dspark" / "config.json").read_text())
+    cases = [json.loads((FAM / "dflash" / "config.json").read_text()), dspark,
+             dict(dspark, model_type="deepseek_v41", dspark_target_layer_ids=[1, 2, 3]),
+             {"speculators_model_type": "dspark", "aux_hidden_state_layer_ids": [2, 4, 6], "mask_token_id": MASK,
+              "transformer_layer_config": {"model_type": "qwen3"}}]
+    r = subprocess.run([vllm034_py, "-c", _ASK_V2], input=json.dumps([family_view(c) for c in cases]),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for config, got in zip(cases, json.loads(r.stdout.strip().splitlines()[-1]), strict=True):
+        v2 = family_readings(config, {"v1": None, "v2": None}, 8).get("v2")
+        assert (list(v2.boundary_ids) if v2.source != "model default" else None) == (
+            sorted(set(got)) if got else None), (config, got)
+
+
 # ------------------------------------------------------------------------- DSpark's anchor convention, per engine
 
 _SPECULATORS_ONLY = ("architectures", "block_size", "markov_rank", "markov_head_type", "mask_token_id",

@@ -5,7 +5,8 @@ selection).
 
 `convert` between DFlash layouts compares this reading of the source with that of what it writes (before writing
 and again on the written files): equal readings mean vLLM builds the same drafter from both. Labelled as a table
-(engines/readings.ASSUMED); a test marked `vllm` calls vLLM's own functions on the same configs.
+(engines/readings.ASSUMED); tests call vLLM 0.32's functions (both runners) and 0.34's (V2, its only runner) on the
+same configs.
 """
 
 from __future__ import annotations
