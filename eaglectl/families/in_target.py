@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..engines.serving import serve_line
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..formats.in_target import InTarget, beside, held
 from ..io.checkpoint import Checkpoint
@@ -58,8 +59,6 @@ class InTargetReport(Result):
 
     def payload(self) -> dict[str, Any]:
         cfg = self.speculative_config()
-        from ..engines.serving import serve_line
-
         return {
             "inputs": self.target.inputs(),
             "dialect": None,
