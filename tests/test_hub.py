@@ -118,3 +118,27 @@ def test_base_model_alone_names_the_verifiers_architectures_from_the_cache(tmp_p
              "--base-model", "acme/not-cached")
     assert r.returncode == 0, r.stderr
     assert "written with no architectures" in " ".join(r.stdout.split())
+
+
+def test_minimax_m3s_dspark_subfolder_is_read_from_the_hub_cache(tmp_path):
+    """Issue 48: vLLM 0.34 reads MiniMax-M3's DSpark drafter from the target repository's dspark/ subfolder.
+    inspect ORG/TARGET reads it there (a cached snapshot), and hf://ORG/TARGET/dspark reads the subfolder as the
+    DSpark drafter it is; a snapshot fetched without the subfolder is not called broken: the next command is named."""
+    from .conftest import FIXTURES
+
+    cache = _cache(tmp_path, "acme/minimax-m3", TARGET)
+    snap = cache / "models--acme--minimax-m3" / "snapshots" / SHA
+    config = json.loads((snap / "config.json").read_text())
+    (snap / "config.json").write_text(json.dumps(config | {"model_type": "minimax_m3_text"}))
+    r = _run(cache, "inspect", "acme/minimax-m3", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["in_target"]["where"] == "dspark/", r.stderr
+    assert "eaglectl inspect hf://acme/minimax-m3/dspark" in json.dumps(doc["findings"])
+    shutil.copytree(FIXTURES / "families" / "dspark", snap / "dspark")
+    draft = json.loads((snap / "dspark" / "config.json").read_text())
+    (snap / "dspark" / "config.json").write_text(json.dumps(
+        draft | {"architectures": ["DSparkMiniMaxDraftModel"], "dspark_markov_rank": 8, "dspark_use_dense_ffn": True}))
+    r = _run(cache, "inspect", "acme/minimax-m3", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["summary"]["error"] == 0, r.stdout
+    r = _run(cache, "inspect", "hf://acme/minimax-m3/dspark", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["family"]["id"] == "dspark", r.stderr

@@ -175,9 +175,12 @@ def _subfolder(ckpt: Checkpoint, kind: InTarget) -> list[Finding]:
     """MiniMax-M3: the subfolder vLLM 0.34 reads, and the keys its DSpark model requires."""
     folder = os.path.join(ckpt.root, kind.subfolder)
     config_path = os.path.join(folder, "config.json")
-    if not os.path.isdir(ckpt.root):  # a Hub target: its subfolder is a source of its own
-        return [Finding(rule.IN_TARGET_DRAFTER, f"not fetched here: eaglectl inspect {ckpt.source}/{kind.subfolder} "
-                        "reads it", f"{kind.subfolder}/")]
+    ref = ckpt.hub_ref
+    if not os.path.isfile(config_path) and (ref is not None or not os.path.isdir(ckpt.root)):
+        # a Hub target whose subfolder was not fetched with it: the subfolder is a source of its own
+        sub = f"hf://{ref.repo_id}/{kind.subfolder}" if ref is not None else f"{ckpt.source}/{kind.subfolder}"
+        return [Finding(rule.IN_TARGET_DRAFTER, f"not fetched with the target: eaglectl inspect {sub} reads it",
+                        f"{kind.subfolder}/")]
     if not os.path.isfile(config_path):
         return [Finding(rule.IN_TARGET_CONFIG, f"no {kind.subfolder}/config.json: vLLM 0.34 refuses method "
                         f"{kind.method} for this target (\"found no draft checkpoint in the '{kind.subfolder}/' "
