@@ -55,14 +55,21 @@ def test_specforge_3_1_output_is_written_with_a_warning(invoke, tmp_path):
     assert "warning:" in r.stdout and "SpecForge 0.2.0" in r.stdout
 
 
-def test_an_explicit_norm_output_false_in_a_specforge_checkpoint_gets_the_caveat(invoke, tmp_path):
-    """On input, the SpecForge caveat fired only with fc_norm true; an old checkpoint that says norm_output
-    false was trained (by 0.2.0 or a commit before PR #879) without a final norm before lm_head."""
+def test_an_explicit_norm_output_false_in_a_specforge_checkpoint_is_settled_by_its_final_norm(invoke, tmp_path):
+    """An explicit norm_output false meant "no final norm before lm_head" in SpecForge 0.2.0 and before PR #879. The
+    final norm's weight settles which: one that varies was trained (after #879: nothing said); one that holds one
+    value never reached the loss (before #879: final-norm-untrained, an error); without one, the caveat warns."""
     cfg = _config(DRAFTERS / "specforge-3")
     assert "norm_output" not in cfg and not cfg.get("fc_norm")
     assert "specforge-norm-output-window" not in _rules(invoke, DRAFTERS / "specforge-3")
-    src = edited(DRAFTERS / "specforge-3", tmp_path, name="old", config={"norm_output": False})
-    found = _rules(invoke, src)["specforge-norm-output-window"]
+    src = edited(DRAFTERS / "specforge-3", tmp_path, name="after", config={"norm_output": False})
+    assert not {"specforge-norm-output-window", "final-norm-untrained"} & set(_rules(invoke, src))
+    old = edited(DRAFTERS / "specforge-3", tmp_path, name="before", config={"norm_output": False},
+                 tensors=lambda state: state.update({"norm.weight": state["norm.weight"] * 0 + 1}))
+    assert _rules(invoke, old)["final-norm-untrained"]["severity"] == "error"
+    bare = edited(DRAFTERS / "specforge-3", tmp_path, name="bare", config={"norm_output": False},
+                  tensors={"norm.weight": None})
+    found = _rules(invoke, bare)["specforge-norm-output-window"]
     assert found["severity"] == "warning" and "explicit false" in found["message"]
     # a 3.1 checkpoint: the caveat once, not twice
     doc = json.loads(invoke("inspect", DRAFTERS / "specforge-3.1", "--json").stdout)
