@@ -278,3 +278,38 @@ def test_sglang_captures_deepseek_v4s_ids_as_they_are(sglang_py):
     r = subprocess.run([sglang_py, "-c", _SGLANG_CAPTURE], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "self.model.dspark_layers_to_capture = list(layer_ids)" in r.stdout and "+ 1" not in r.stdout, r.stdout
+
+
+_WILD = [None, True, -1, 0, 2**63, 1.5, "", "1,,3", "9" * 5000, "a,b", [], [1, "2"], [3, 1], {"x": 1}, [[1]],
+         list(range(1000)), "5,3", "0,1,2"]
+
+
+def test_hostile_in_target_configs_never_break_inspect(invoke, tmp_path):
+    """Seeded: any value at every key the in-target reader reads (DeepSeek-V4's dspark_* keys, Mistral's mtp block
+    and its parts, MiniMax-M3's subfolder config) gives a report, exit 0 or 1, never an internal error."""
+    import random
+
+    rng = random.Random(48)
+    dsv4 = _with_mtp(tmp_path, "dsv4", ("markov_head.markov_w1", "main_proj"))
+    mistral = _mistral(tmp_path, "mistral", MISTRAL)
+    minimax = _minimax(tmp_path, "minimax", MINIMAX)
+    cases = [(dsv4 / "config.json", k) for k in (*DSPARK_KEYS, "model_type", "num_hidden_layers")]
+    cases += [(mistral / "params.json", k) for k in ("mtp", "mtp.dspark", "mtp.dspark.markov_rank",
+                                                      "mtp.dspark.head_type", "mtp.n_layers", "mtp.depth",
+                                                      "mtp.target_activation_layers")]
+    cases += [(minimax / "dspark" / "config.json", k) for k in ("architectures", "dspark_markov_rank",
+                                                                "dspark_use_dense_ffn", "text_config")]
+    for path, key in cases:
+        original = path.read_text()
+        for value in rng.sample(_WILD, 6):
+            doc = json.loads(original)
+            node = doc
+            *parents, last = key.split(".")
+            for part in parents:
+                node = node[part]  # the clean files hold every parent as an object
+            node[last] = value
+            path.write_text(json.dumps(doc))
+            r = invoke("inspect", path.parent if path.parent.name != "dspark" else path.parent.parent, "--json")
+            assert r.exit_code in (0, 1), (key, value, r.stderr[-400:], r.exception)
+            assert json.loads(r.stdout)["in_target"]["name"], (key, value)
+        path.write_text(original)
