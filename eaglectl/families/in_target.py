@@ -34,6 +34,7 @@ class InTargetReport(Result):
     where: str  # the tensor prefix, or the subfolder
     tensors: int
     findings: list[Finding]
+    config: dict[str, Any]  # the target's config as vLLM reads it (read once: params.json's mtp included)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -52,7 +53,7 @@ class InTargetReport(Result):
         if self.summary["error"]:
             return None
         cfg: dict[str, Any] = {"method": self.kind.method}
-        block = next((v for k in self.kind.block if _count(v := config_get(_config(self.target), k))), None)
+        block = next((v for k in self.kind.block if _count(v := config_get(self.config, k))), None)
         if block is not None:
             cfg["num_speculative_tokens"] = block  # DSpark's block: sample_from_anchor, true for these
         return cfg
@@ -118,7 +119,7 @@ def in_target_of(ckpt: Checkpoint, for_engine: str = "vllm") -> InTargetReport |
         findings += [Finding(rule.IN_TARGET_CONFIG, f"{why}: vLLM's method {kind.method} cannot build it",
                              _locate(ckpt, key)) for key, why in _needs(kind, config)]
         findings += _engines_disagree(ckpt, kind, config)
-    return InTargetReport(ckpt, kind, where, count, scope(findings, for_engine))
+    return InTargetReport(ckpt, kind, where, count, scope(findings, for_engine), config)
 
 
 def _needs(kind: InTarget, config: dict[str, Any]) -> list[tuple[str, str]]:
