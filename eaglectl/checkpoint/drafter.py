@@ -169,10 +169,15 @@ class DrafterCheckpoint:
 def open_drafter(source: str, *, from_dialect: str | None = None, allow_pickle: bool = False,
                  revision: str | None = None) -> DrafterCheckpoint:
     """Open SOURCE (folder, file, index, .bin with allow_pickle, Hub id) and interpret it."""
+    return interpret(open_files(source, allow_pickle=allow_pickle, revision=revision), from_dialect)
+
+
+def open_files(source: str, *, allow_pickle: bool = False, revision: str | None = None) -> Checkpoint:
+    """SOURCE's files, opened (headers and config) and not yet interpreted: a GGUF draft or any other checkpoint."""
     path = local_path(source)
     if path is not None and not revision and (entry := gguf_entry(path)) is not None:  # llama.cpp's one-file draft
-        return interpret(open_gguf(source, entry), from_dialect)
-    return interpret(open_checkpoint(source, allow_pickle=allow_pickle, revision=revision), from_dialect)
+        return open_gguf(source, entry)
+    return open_checkpoint(source, allow_pickle=allow_pickle, revision=revision)
 
 
 def interpret(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint:

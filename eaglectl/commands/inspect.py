@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint.drafter import DrafterCheckpoint
+from ..checkpoint.drafter import DrafterCheckpoint, open_files
 from ..checkpoint.target import TargetCheckpoint, open_target
 from ..engines import sglang
 from ..engines.asking import readings_for
@@ -17,10 +17,9 @@ from ..engines.facts import engines_of, release_of
 from ..engines.readings import scope_note
 from ..engines.serving import serve_line, speculative_config
 from ..errors import EXIT_FINDINGS, EXIT_OK, UnknownFormatError
-from ..families.checkpoint import of_checkpoint, open_any
+from ..families.checkpoint import interpret_any, of_checkpoint
 from ..families.in_target import InTargetReport, in_target_of
 from ..families.inspect import inspect_family
-from ..io.checkpoint import open_checkpoint
 from ..measure.target import Target
 from ..progress import Progress, passthrough
 from ..result import Result
@@ -214,13 +213,12 @@ def run(req: InspectRequest, progress: Progress = passthrough) -> InspectReport 
     """Open SOURCE, name its dialect and run every rule. With a target, check against its config and, when it can
     be run (weights and a tokenizer), measure what the files cannot settle (`probe.measure`)."""
 
+    files = open_files(req.source, allow_pickle=req.allow_pickle, revision=req.revision)
     try:
-        d = open_any(req.source, from_dialect=req.from_dialect, allow_pickle=req.allow_pickle, revision=req.revision)
+        d = interpret_any(files, req.from_dialect)
     except UnknownFormatError as e:  # a target: the drafter it may ship inside is read where vLLM reads it
-        if not e.context.get("target") or req.target or req.states:
-            raise
-        found = in_target_of(open_checkpoint(req.source, allow_pickle=req.allow_pickle, revision=req.revision),
-                             req.for_engine)
+        found = in_target_of(files, req.for_engine) if e.context.get("target") and not (req.target or req.states) \
+            else None
         if found is None:
             raise
         return found

@@ -11,10 +11,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkpoint.drafter import DrafterCheckpoint, open_drafter, probe_of
+from ..checkpoint.drafter import DrafterCheckpoint, interpret, open_files, probe_of
 from ..errors import UnknownFormatError
 from ..formats.families import DSPARK_ANCHOR, AnchorReading, Family, Layout, identify, layout_of
-from ..io.checkpoint import Checkpoint, open_checkpoint
+from ..io.checkpoint import Checkpoint
 from ..io.jsonio import MISSING, config_get
 
 HEAD = "lm_head.weight"
@@ -122,12 +122,17 @@ def open_any(source: str, *, from_dialect: str | None = None, allow_pickle: bool
              revision: str | None = None) -> DrafterCheckpoint | FamilyCheckpoint:
     """SOURCE as an EAGLE-3 drafter (P-EAGLE among them), else as a drafter of a family read in its own layout
     (DFlash, DSpark: the refusal names its `family_id`); anything else is refused as open_drafter refuses it."""
+    return interpret_any(open_files(source, allow_pickle=allow_pickle, revision=revision), from_dialect)
+
+
+def interpret_any(ckpt: Checkpoint, from_dialect: str | None = None) -> DrafterCheckpoint | FamilyCheckpoint:
+    """Opened files as open_any reads them (the files are opened once, whichever reading holds)."""
     try:
-        return open_drafter(source, from_dialect=from_dialect, allow_pickle=allow_pickle, revision=revision)
+        return interpret(ckpt, from_dialect)
     except UnknownFormatError as e:
         if "family_id" not in e.context:
             raise
-        found = of_checkpoint(open_checkpoint(source, allow_pickle=allow_pickle, revision=revision), own_layout=True)
+        found = of_checkpoint(ckpt, own_layout=True)
         if found is None:
             raise
         return found

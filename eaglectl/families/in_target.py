@@ -7,22 +7,21 @@ DSpark drafter of its own: `inspect TARGET/dspark` reads it as one (families/ins
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..engines.serving import serve_line
-from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..errors import EXIT_FINDINGS, EXIT_OK, CorruptCheckpointError, EaglectlError
 from ..formats.in_target import InTarget, beside, held
+from ..io.bounded import read_regular
 from ..io.checkpoint import Checkpoint
-from ..io.jsonio import MISSING, config_get
+from ..io.jsonio import MISSING, config_get, load_object
+from ..limits import limit
 from ..result import Result
 from ..rules import Finding, scope, summarise
 from ..rules import catalogue as rule
-
-_JSON_MAX = 1 << 20  # a Mistral params.json, a drafter's config.json: a few KiB
+from .reading import with_text_config
 
 
 @dataclass
@@ -88,14 +87,20 @@ def _config(ckpt: Checkpoint) -> dict[str, Any]:
     """The target's config as vLLM reads it: config.json, with a Mistral params.json's `mtp` as `mtp_config`."""
     config = dict(ckpt.config or {})
     params = os.path.join(ckpt.root, "params.json")
-    if "mtp_config" not in config and os.path.isfile(params) and os.path.getsize(params) <= _JSON_MAX:
+    if "mtp_config" not in config and os.path.isfile(params):
         try:
-            mtp = json.loads(Path(params).read_text(encoding="utf-8")).get("mtp")
-        except (OSError, ValueError, AttributeError):
+            mtp = _json_object(params).get("mtp")
+        except EaglectlError:  # unreadable: no mtp_config, whose keys are then named missing
             mtp = None
         if isinstance(mtp, dict):
             config["mtp_config"] = mtp
     return config
+
+
+def _json_object(path: str) -> dict[str, Any]:
+    """A small JSON object file, read as every config is (a regular file, bounded); raises EaglectlError."""
+    raw = read_regular(path, lambda p, why: CorruptCheckpointError(f"{p}: {why}", file=p), limit("json_bytes"))
+    return load_object(raw, path)
 
 
 def in_target_of(ckpt: Checkpoint, for_engine: str = "vllm") -> InTargetReport | None:
@@ -187,12 +192,10 @@ def _subfolder(ckpt: Checkpoint, kind: InTarget) -> list[Finding]:
                         f"{kind.method} for this target (\"found no draft checkpoint in the '{kind.subfolder}/' "
                         "subfolder\")", f"{kind.subfolder}/config.json")]
     try:
-        sub = json.loads(Path(config_path).read_text(encoding="utf-8")) if os.path.getsize(config_path) <= _JSON_MAX \
-            else None
-    except (OSError, ValueError) as e:
-        return [Finding(rule.IN_TARGET_CONFIG, f"{kind.subfolder}/config.json unreadable ({e})", config_path)]
-    sub = sub if isinstance(sub, dict) else {}
-    view = {**sub, **(sub.get("text_config") if isinstance(sub.get("text_config"), dict) else {})}
+        sub = _json_object(config_path)
+    except EaglectlError as e:
+        return [Finding(rule.IN_TARGET_CONFIG, f"{kind.subfolder}/config.json unreadable ({e.message})", config_path)]
+    view = with_text_config(sub)
     out = []
     archs = sub.get("architectures")
     if not (isinstance(archs, list) and archs and archs[0] == kind.architecture):

@@ -31,8 +31,9 @@ DECODER_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention
 DFLASH_KEYS = {"sample_from_anchor": False, "use_aux_hidden_state": True, "attention_value_scale": None}
 # what vLLM's speculators reader carries over from a DSpark config (algos.py update_dspark), and the architectures it
 # keeps (any other becomes Qwen3DSparkModel)
-DSPARK_SPECULATORS_KEYS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank", "markov_head_type",
-                           "block_size", "enable_confidence_head", "confidence_head_with_markov", "use_aux_hidden_state")
+DSPARK_SPECULATORS_KEYS = ("draft_vocab_size", "target_hidden_size", "mask_token_id", "markov_rank",
+                           "markov_head_type", "block_size", "enable_confidence_head", "confidence_head_with_markov",
+                           "use_aux_hidden_state")
 DSPARK_SPECULATORS_ARCHS = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel")
 
 
@@ -40,6 +41,12 @@ def drafter_config(view: dict[str, Any]) -> dict[str, Any]:
     """`dflash_config` as vLLM's model reads it (anything but an object reads as none: config-field-invalid says so)."""
     dc = view.get("dflash_config")
     return dc if isinstance(dc, dict) else {}
+
+
+def with_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config with its `text_config` promoted over the top level, as vLLM 0.34 reads MiniMax-M3's DSpark draft."""
+    text = config.get("text_config")
+    return {**config, **(text if isinstance(text, dict) else {})}
 
 
 def family_view(config: dict[str, Any]) -> dict[str, Any]:
@@ -50,8 +57,7 @@ def family_view(config: dict[str, Any]) -> dict[str, Any]:
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and archs[0] == "DSparkMiniMaxDraftModel":
         # vLLM 0.34's hf_config_override: text_config promoted, its markov_rank from dspark_markov_rank
-        text = config.get("text_config")
-        view = {**config, **(text if isinstance(text, dict) else {})}
+        view = with_text_config(config)
         view["markov_rank"] = view.get("dspark_markov_rank")
         return view
     if kind not in ("dflash", "dflash2", "dspark"):

@@ -33,7 +33,6 @@ class InTarget:
     model_types: tuple[str, ...] = ()  # a subfolder drafter: the target model types it belongs to
     subfolder: str = ""
     architecture: str = ""  # a subfolder drafter's config architectures[0], as vLLM requires it
-    dspark: bool = True
     ids: str = ""  # the key of the target layers it reads (output-of-layer ids: vLLM captures each + 1)
     ids_as_is: tuple[str, ...] = ()  # target model types whose ids vLLM captures as they are (DeepSeek-V4.1)
     # SGLang 0.5.23 captures the ids as they are, for every model type: the attention input of each layer
@@ -61,8 +60,7 @@ IN_TARGET = (
                       ("mtp_config.dspark.draft_input", ("shared_mask", "position_specific"))),
              closed=("mtp_config.dspark", ("markov_rank", "head_type", "draft_input"))),
     InTarget("an MTP block", ("mtp.", "model.mtp."), (".enorm.", ".hnorm.", ".eh_proj."), (".markov_head.",),
-             "served by the target's own MTP method (vLLM method mtp), not as an EAGLE drafter", "mtp", "",
-             dspark=False),
+             "served by the target's own MTP method (vLLM method mtp), not as an EAGLE drafter", "mtp", ""),
     InTarget("a DSpark drafter (MiniMax-M3)", (), (), (),
              "vLLM 0.34 reads it from the target's dspark/ subfolder with method dspark and no draft model; vLLM 0.33 "
              "and older have no reader for it", "dspark", "0.34",

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointNotFoundError, EaglectlError, first_line
+from ..limits import limit
+from .bounded import read_regular
 from .jsonio import load_object
 
 _HUB_ID = re.compile(
@@ -181,9 +183,10 @@ def cached_architectures(repo_id: str) -> list[str] | None:
 
     try:
         path = try_to_load_from_cache(repo_id, "config.json")
-        if not isinstance(path, str) or Path(path).stat().st_size > 1 << 20:
+        if not isinstance(path, str):
             return None
-        config = load_object(Path(path).read_bytes(), path)
+        config = load_object(read_regular(path, lambda p, why: CheckpointNotFoundError(f"{p}: {why}"),
+                                          limit("json_bytes")), path)
     except (OSError, ValueError, EaglectlError):  # an unusable id, an unreadable or broken cached file
         return None
     archs = config.get("architectures")

@@ -225,6 +225,18 @@ class Context:
             self._arrays[canon] = self.view.read(canon)
         return self._arrays[canon]
 
+    def constant_norm(self, canon: str) -> float | None:
+        """The one value a stored norm weight holds everywhere (a norm no loss reached keeps its init), or None:
+        absent, not a float vector of at most 2^20 values (read without --scan: norm vectors are small), or
+        trained (its values vary)."""
+        if canon not in self.view:
+            return None
+        info = self.view.info(canon)
+        if len(info.shape) != 1 or not 0 < info.numel <= 1 << 20 or info.dtype not in ("BF16", "F16", "F32", "F64"):
+            return None
+        values = self.array(canon)
+        return float(values[0]) if bool((values == values[0]).all()) else None
+
     @property
     def where(self) -> str:
         return self.ckpt.config_name or f"{self.ckpt.root}/config.json"

@@ -89,11 +89,7 @@ def untrained_norms(ctx: Context) -> None:
     for canon in ctx.view.names():
         if not _NORM.search(canon) or (upgraded and canon.startswith("fc_norm.")):
             continue
-        info = ctx.view.info(canon)
-        if len(info.shape) != 1 or info.numel > 1 << 20 or info.dtype not in ("BF16", "F16", "F32", "F64"):
-            continue
-        values = ctx.array(canon)
-        if values.size and bool(np.all(values == 1.0)):
+        if ctx.constant_norm(canon) == 1.0:
             ones.append(ctx.view.stored[canon])
     if ones:
         ctx.emit(rule.UNTRAINED_NORMS, f"{len(ones)} norm weight(s) exactly 1.0: {', '.join(ones[:4])}"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from ..checkpoint.drafter import FLAG_ALIASES, flag_alias
 from ..formats import ConfigStyle
 from . import catalogue as rule
@@ -79,8 +77,9 @@ def norms(ctx: Context) -> None:
     for caveat in ctx.dialect.caveats:
         if caveat.rule in said or any(not spec.sources.get(k, "").startswith("config:") for k in caveat.explicit):
             continue
-        if all(getattr(spec, k) == v for k, v in caveat.when.items()) and not eaglectl_wrote(ctx, caveat.subject):
-            constant = _constant(ctx, caveat.settled_by) if caveat.settled_by else None
+        if all(getattr(spec, k) == v for k, v in caveat.when.items()) \
+                and not ctx.drafter.set_by_upgrade(caveat.subject):  # an upgrade's flag: eaglectl's meaning
+            constant = ctx.constant_norm(caveat.settled_by) if caveat.settled_by else None
             if constant is None and caveat.settled_by and caveat.settled_by in view:
                 continue  # the weights settle it: that norm was trained, so the later meaning holds
             said.add(caveat.rule)
@@ -92,21 +91,3 @@ def norms(ctx: Context) -> None:
                 stored = caveat.settled_by or ""
                 ctx.emit(RULES[caveat.untrained_rule], f"{declared}; {view.stored[stored]} is {constant:g} "
                          f"everywhere: {caveat.untrained}", view.locate(stored))
-
-
-def _constant(ctx: Context, canon: str) -> float | None:
-    """The one value a stored norm weight holds everywhere (a norm no loss reached keeps its init, or that init
-    uniformly decayed), or None: absent, not a norm vector, or trained (its values vary)."""
-    if canon not in ctx.view:
-        return None
-    info = ctx.view.info(canon)
-    if len(info.shape) != 1 or not 1 < info.numel <= 1 << 20 or info.dtype not in ("BF16", "F16", "F32", "F64"):
-        return None
-    values = ctx.array(canon)
-    return float(values[0]) if bool(np.all(values == values[0])) else None
-
-
-def eaglectl_wrote(ctx: Context, flag: str) -> bool:
-    """eaglectl's own upgrade set this flag (checkpoint/drafter.py): its meaning is the one eaglectl writes
-    (norm_output: post-norm feedback), not a question about who trained the drafter."""
-    return ctx.drafter.set_by_upgrade(flag)

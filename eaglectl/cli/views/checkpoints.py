@@ -162,7 +162,7 @@ def _serve_sglang(report: InspectReport) -> None:
 def render_family(report: FamilyReport) -> None:
     """Human view of a FamilyReport (a DFlash / DSpark drafter, read header-only): the family and its evidence,
     what each vLLM runner captures, the findings and the serve line; the spec with -v (all of it in --json)."""
-    d, out, s = report.drafter, console.stdout, report.summary
+    d, out = report.drafter, console.stdout
     out.print(f"[bold]{safe(short_path(d.source))}[/]")
     out.print(f"family   [bold]{d.family.name}[/] (not EAGLE-3: read header-only; "
               f"served by {safe(d.family.served_by)})")
@@ -172,19 +172,7 @@ def render_family(report: FamilyReport) -> None:
         tg = report.target.summary()
         say("target   ", items=[f"{short_path(tg['source'])}: {num(tg.get('num_hidden_layers'))} layers",
                                 f"vocab {num(tg.get('vocab_size'))}"])
-    verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
-    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
-              + ("  (--strict: warnings fail)" if report.strict else ""))
-    findings(report.findings)
-    out.print()
-    cfg = report.speculative_config()
-    if cfg is not None:
-
-        out.print("vLLM:")
-        out.print(f"  {safe(serve_line(report.target.source if report.target else '<target-model>', cfg))}",
-                  soft_wrap=True)
-    else:
-        out.print("vLLM: no serve command until the errors above are fixed")
+    _verdict_and_serve(report, report.target.source if report.target else "<target-model>", strict=report.strict)
     if SETTINGS.verbose:
         out.print(table("spec", ["field", "value"], [(k, v) for k, v in d.spec().items()]))
 
@@ -192,19 +180,28 @@ def render_family(report: FamilyReport) -> None:
 def render_in_target(report: InTargetReport) -> None:
     """Human view of an InTargetReport (a drafter shipped inside its target, read header-only): what it is, the
     findings and the serve line (the target serves as its own draft)."""
-    out, s = console.stdout, report.summary
-    out.print(f"[bold]{safe(short_path(report.target.source))}[/]")
+    console.stdout.print(f"[bold]{safe(short_path(report.target.source))}[/]")
     say("drafter  ", items=[f"{report.kind.name} inside the target ({report.where})"])
+    _verdict_and_serve(report, report.target.source,
+                       engine=f"vLLM {report.kind.releases}" if report.kind.releases else "vLLM")
+
+
+def _verdict_and_serve(report: FamilyReport | InTargetReport, served: str, *, strict: bool = False,
+                       engine: str = "vLLM") -> None:
+    """The verdict with its counts, the findings and the serve line (or why there is none): a report read
+    header-only, of a family drafter or of one inside its target."""
+    out, s = console.stdout, report.summary
     verdict = "[bold red]FAIL[/]" if report.exit_code else "[bold green]OK[/]"
-    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info")
+    out.print(f"{verdict}  {s['error']} error(s), {s['warning']} warning(s), {s['info']} info"
+              + ("  (--strict: warnings fail)" if strict else ""))
     findings(report.findings)
     out.print()
     cfg = report.speculative_config()
     if cfg is None:
-        out.print("vLLM: no serve command until the errors above are fixed")
+        out.print(f"{engine}: no serve command until the errors above are fixed")
         return
-    out.print(f"vLLM{f' {report.kind.releases}' if report.kind.releases else ''}:")
-    out.print(f"  {safe(serve_line(report.target.source, cfg))}", soft_wrap=True)
+    out.print(f"{engine}:")
+    out.print(f"  {safe(serve_line(served, cfg))}", soft_wrap=True)
 
 
 def render_conversion(result: ConversionResult) -> None:
